@@ -1,0 +1,270 @@
+/**
+ * AdamW with global L2 gradient clipping and a non-finite skip, as PROTOCOL.md section 3
+ * (`optim_step`) defines it. The update is `torch.optim.AdamW` (single-tensor path, which torch
+ * uses on CPU) with its float32 operation order reproduced, so a float32 run agrees with torch to
+ * a few ulps (test/optim.test.ts checks committed torch vectors):
+ *
+ *   p   <- p * (1 - lr * wd)                       (skipped when wd == 0, as multiplying by 1)
+ *   m   <- lerp(m, g, 1 - b1)                      (torch `exp_avg.lerp_`)
+ *   v   <- v * b2 + ((1 - b2) * g) * g             (torch `mul_` then `addcmul_`)
+ *   t   <- t + 1
+ *   den <- sqrt(v) / sqrt(1 - b2^t) + eps
+ *   p   <- p + (-(lr / (1 - b1^t)) * m) / den      (torch `addcdiv_`)
+ *
+ * Scalars (bias corrections, step size) are computed in float64 as torch does in Python, then
+ * applied as float32 scalars. The step counter is shared by all parameters (every parameter gets
+ * a gradient at every step here, so torch's per-parameter counters would all be equal).
+ */
+import * as tf from '@tensorflow/tfjs';
+
+export type OptimErrorCode =
+  | 'bad_option' // an AdamW option outside its range
+  | 'grad_mismatch' // gradients whose names or shapes do not match the parameters
+  | 'bad_moments'; // moments that do not match the parameters (create/import)
+
+/** The optimizer's one error type; `code` says which check failed. */
+export class OptimError extends Error {
+  readonly code: OptimErrorCode;
+  constructor(code: OptimErrorCode, message: string) {
+    super(message);
+    this.name = 'OptimError';
+    this.code = code;
+  }
+}
+
+/** Options of one `optim_step`, named as PROTOCOL.md's arguments in camelCase. */
+export interface AdamWOptions {
+  /** Step size, > 0 and finite. */
+  learningRate: number;
+  /** First-moment decay, in [0, 1). */
+  beta1: number;
+  /** Second-moment decay, in [0, 1). */
+  beta2: number;
+  /** Added to the bias-corrected sqrt of the second moment, >= 0. */
+  eps: number;
+  /** Decoupled weight decay (multiplies p by 1 - lr * wd), >= 0. */
+  weightDecay: number;
+  /** Global L2 clipping threshold; 0 turns clipping off. */
+  gradClipNorm: number;
+}
+
+/** PROTOCOL.md section 3 defaults of `optim_step`. */
+export const DEFAULT_ADAMW: Readonly<AdamWOptions> = Object.freeze({
+  learningRate: 1e-4,
+  beta1: 0.9,
+  beta2: 0.95,
+  eps: 1e-12,
+  weightDecay: 0,
+  gradClipNorm: 0,
+});
+
+/**
+ * Checks every option's range; throws OptimError('bad_option') naming the option and its value.
+ */
+export function validateAdamWOptions(opts: AdamWOptions): void {
+  const bad = (name: string, value: unknown, want: string): never => {
+    throw new OptimError('bad_option', `${name} is ${String(value)}; it must be ${want}`);
+  };
+  const num = (v: unknown): v is number => typeof v === 'number' && Number.isFinite(v);
+  if (!num(opts.learningRate) || opts.learningRate <= 0) bad('learning_rate', opts.learningRate, 'a finite number > 0');
+  if (!num(opts.beta1) || opts.beta1 < 0 || opts.beta1 >= 1) bad('beta1', opts.beta1, 'in [0, 1)');
+  if (!num(opts.beta2) || opts.beta2 < 0 || opts.beta2 >= 1) bad('beta2', opts.beta2, 'in [0, 1)');
+  if (!num(opts.eps) || opts.eps < 0) bad('eps', opts.eps, 'a finite number >= 0');
+  if (!num(opts.weightDecay) || opts.weightDecay < 0) bad('weight_decay', opts.weightDecay, 'a finite number >= 0');
+  if (!num(opts.gradClipNorm) || opts.gradClipNorm < 0) bad('grad_clip_norm', opts.gradClipNorm, 'a finite number >= 0 (0 = off)');
+}
+
+/** DEFAULT_ADAMW overlaid with the given options (undefined keeps the default), validated. */
+export function resolveAdamWOptions(partial: Partial<AdamWOptions> = {}): AdamWOptions {
+  const opts = { ...DEFAULT_ADAMW };
+  for (const key of Object.keys(DEFAULT_ADAMW) as (keyof AdamWOptions)[]) {
+    const value = partial[key];
+    if (value !== undefined) opts[key] = value;
+  }
+  validateAdamWOptions(opts);
+  return opts;
+}
+
+/** One exported moment tensor: float32 data in row-major order. */
+export interface ExportedTensor {
+  shape: number[];
+  data: Float32Array;
+}
+
+/** The moments in a form for `optimizer.safetensors` (tensors) and `trainer_state.json` (step). */
+export interface ExportedMoments {
+  step: number;
+  /** `<param>.exp_avg` and `<param>.exp_avg_sq` for every parameter (torch's state names). */
+  tensors: Record<string, ExportedTensor>;
+}
+
+function sameShape(a: readonly number[], b: readonly number[]): boolean {
+  return a.length === b.length && a.every((d, i) => d === b[i]);
+}
+
+/**
+ * AdamW state: the step count and float32 first/second moments (`exp_avg`, `exp_avg_sq`) per
+ * parameter, held as non-trainable variables so that an update assigns in place.
+ */
+export class AdamWMoments {
+  step: number;
+  m: Map<string, tf.Variable>;
+  v: Map<string, tf.Variable>;
+
+  private constructor(step: number, m: Map<string, tf.Variable>, v: Map<string, tf.Variable>) {
+    this.step = step;
+    this.m = m;
+    this.v = v;
+  }
+
+  /** Zero moments with each parameter's shape; step 0. */
+  static create(params: Map<string, tf.Variable>): AdamWMoments {
+    const m = new Map<string, tf.Variable>();
+    const v = new Map<string, tf.Variable>();
+    for (const [name, p] of params) {
+      // Unnamed variables: TF.js names must be unique per process and many sessions coexist.
+      m.set(name, tf.variable(tf.zeros(p.shape, 'float32'), false));
+      v.set(name, tf.variable(tf.zeros(p.shape, 'float32'), false));
+    }
+    return new AdamWMoments(0, m, v);
+  }
+
+  /** Copies the state out (reads each moment with dataSync). */
+  export(): ExportedMoments {
+    const tensors: Record<string, ExportedTensor> = {};
+    for (const [name, m] of this.m) {
+      const v = this.v.get(name)!;
+      tensors[`${name}.exp_avg`] = { shape: [...m.shape], data: m.dataSync() as Float32Array };
+      tensors[`${name}.exp_avg_sq`] = { shape: [...v.shape], data: v.dataSync() as Float32Array };
+    }
+    return { step: this.step, tensors };
+  }
+
+  /**
+   * Rebuilds moments for `params` from an export. Every parameter needs both tensors with its
+   * shape; extra tensors are refused too, since they mean the state belongs to another model.
+   * Throws OptimError('bad_moments').
+   */
+  static import(params: Map<string, tf.Variable>, state: ExportedMoments): AdamWMoments {
+    if (!Number.isInteger(state.step) || state.step < 0) {
+      throw new OptimError('bad_moments', `optimizer step is ${state.step}; it must be an integer >= 0`);
+    }
+    const expected = new Set<string>();
+    for (const [name, p] of params) {
+      for (const suffix of ['exp_avg', 'exp_avg_sq']) {
+        const key = `${name}.${suffix}`;
+        expected.add(key);
+        const t = state.tensors[key];
+        if (!t) throw new OptimError('bad_moments', `optimizer state has no tensor ${key}`);
+        if (!sameShape(t.shape, p.shape)) {
+          throw new OptimError('bad_moments', `${key} has shape [${t.shape}]; the parameter has [${p.shape}]`);
+        }
+        const size = p.shape.reduce((a, b) => a * b, 1);
+        if (t.data.length !== size) {
+          throw new OptimError('bad_moments', `${key} holds ${t.data.length} values; shape [${t.shape}] needs ${size}`);
+        }
+      }
+    }
+    const extra = Object.keys(state.tensors).filter((k) => !expected.has(k));
+    if (extra.length > 0) {
+      throw new OptimError('bad_moments', `optimizer state has tensors for unknown parameters: ${extra.slice(0, 5).join(', ')}`);
+    }
+    const m = new Map<string, tf.Variable>();
+    const v = new Map<string, tf.Variable>();
+    for (const [name, p] of params) {
+      const a = state.tensors[`${name}.exp_avg`]!;
+      const b = state.tensors[`${name}.exp_avg_sq`]!;
+      m.set(name, tf.variable(tf.tensor(a.data, p.shape, 'float32'), false));
+      v.set(name, tf.variable(tf.tensor(b.data, p.shape, 'float32'), false));
+    }
+    return new AdamWMoments(state.step, m, v);
+  }
+
+  /** Frees every moment variable. */
+  dispose(): void {
+    for (const t of this.m.values()) t.dispose();
+    for (const t of this.v.values()) t.dispose();
+    this.m.clear();
+    this.v.clear();
+  }
+}
+
+/**
+ * Global L2 norm over all tensors: per-tensor float32 sums of squares, summed in float64.
+ * One device read for all tensors.
+ */
+export function globalNorm(tensors: Iterable<tf.Tensor>): number {
+  const list = [...tensors];
+  if (list.length === 0) return 0;
+  const sums = tf.tidy(() => tf.stack(list.map((g) => tf.sum(tf.square(g)))));
+  const data = sums.dataSync();
+  sums.dispose();
+  let total = 0;
+  for (const s of data) total += s;
+  return Math.sqrt(total);
+}
+
+/**
+ * One AdamW step on `params` (updated in place) with `grads`, which must already be the mean
+ * gradient G / D (PROTOCOL.md section 3). `grads` must have exactly the parameters' names and
+ * shapes (OptimError 'grad_mismatch'); it is not disposed.
+ *
+ * Returns `gradNorm`, the global L2 norm of `grads` before clipping, and `skipped`: true when
+ * that norm is not finite, in which case no parameter, moment or step count changes. With
+ * `gradClipNorm` > 0 and gradNorm > gradClipNorm every gradient is scaled by clip / gradNorm
+ * (exactly that factor; torch's clip_grad_norm_ would use clip / (norm + 1e-6)).
+ */
+export function adamwStep(
+  params: Map<string, tf.Variable>,
+  grads: Map<string, tf.Tensor>,
+  moments: AdamWMoments,
+  opts: AdamWOptions,
+): { gradNorm: number; skipped: boolean } {
+  validateAdamWOptions(opts);
+  if (grads.size !== params.size) {
+    throw new OptimError('grad_mismatch', `${grads.size} gradients for ${params.size} parameters`);
+  }
+  for (const [name, p] of params) {
+    const g = grads.get(name);
+    if (!g) throw new OptimError('grad_mismatch', `no gradient for parameter ${name}`);
+    if (!sameShape(g.shape, p.shape)) {
+      throw new OptimError('grad_mismatch', `gradient of ${name} has shape [${g.shape}]; the parameter has [${p.shape}]`);
+    }
+    if (!moments.m.has(name) || !moments.v.has(name)) {
+      throw new OptimError('bad_moments', `optimizer state has no moments for parameter ${name}`);
+    }
+  }
+
+  const gradNorm = globalNorm(grads.values());
+  if (!Number.isFinite(gradNorm)) return { gradNorm, skipped: true };
+
+  const { learningRate: lr, beta1: b1, beta2: b2, eps, weightDecay: wd, gradClipNorm: clip } = opts;
+  const clipScale = clip > 0 && gradNorm > clip ? clip / gradNorm : 1;
+  const t = moments.step + 1;
+  const stepSize = lr / (1 - b1 ** t);
+  const bc2Sqrt = Math.sqrt(1 - b2 ** t);
+  const w = 1 - b1; // torch lerp weight
+
+  for (const [name, p] of params) {
+    const m = moments.m.get(name)!;
+    const v = moments.v.get(name)!;
+    const [pNew, mNew, vNew] = tf.tidy(() => {
+      const g = clipScale === 1 ? grads.get(name)! : tf.mul(grads.get(name)!, clipScale);
+      const pDecayed = wd === 0 ? p : tf.mul(p, 1 - lr * wd);
+      // torch's lerp kernel switches formula at weight 0.5 for accuracy; match both branches.
+      const mNext = w < 0.5 ? tf.add(m, tf.mul(w, tf.sub(g, m))) : tf.sub(g, tf.mul(tf.sub(g, m), 1 - w));
+      const vNext = tf.add(tf.mul(v, b2), tf.mul(tf.mul(g, 1 - b2), g));
+      const denom = tf.add(tf.div(tf.sqrt(vNext), bc2Sqrt), eps);
+      const pNext = tf.add(pDecayed, tf.div(tf.mul(mNext, -stepSize), denom));
+      return [pNext, mNext, vNext];
+    });
+    p.assign(pNew);
+    m.assign(mNew);
+    v.assign(vNew);
+    pNew.dispose();
+    mNew.dispose();
+    vNew.dispose();
+  }
+  moments.step = t;
+  return { gradNorm, skipped: false };
+}
