@@ -1,0 +1,209 @@
+/**
+ * zstd (RFC 8878) for observations and ZPNG payloads, on @bokuweb/zstd-wasm.
+ *
+ * The wasm library allocates whatever a frame's header asks for, so every frame is checked here
+ * first, in JS, before any byte reaches it: exactly one zstd frame (no skippable frames, nothing
+ * after it), whole (its blocks are walked to their end), declaring its decompressed size, that
+ * size within the caller's bound, and made with the dictionary we hold.
+ *
+ * Call (and await) `initZstd()` once before the synchronous functions.
+ */
+import { readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { ProtocolError } from './errors.ts';
+
+type ZstdWasm = typeof import('@bokuweb/zstd-wasm');
+
+/** The first four bytes of every zstd frame (magic 0xFD2FB528, little-endian). */
+export const ZSTD_MAGIC = Uint8Array.of(0x28, 0xb5, 0x2f, 0xfd);
+/** The first four bytes of a zstd dictionary in the standard format (magic 0xEC30A437). */
+const DICT_MAGIC = 0xec30a437;
+const BLOCK_HEADER_BYTES = 3;
+
+let wasm: ZstdWasm | null = null;
+let initializing: Promise<void> | null = null;
+let cctx = 0;
+let dctx = 0;
+
+/** Loads the wasm module. Idempotent: concurrent and repeated calls share one load. */
+export function initZstd(): Promise<void> {
+  if (wasm) return Promise.resolve();
+  initializing ??= (async () => {
+    // The package's ESM build calls `require`, so load its CommonJS build.
+    const mod = createRequire(import.meta.url)('@bokuweb/zstd-wasm') as ZstdWasm;
+    await mod.init();
+    cctx = mod.createCCtx();
+    dctx = mod.createDCtx();
+    wasm = mod;
+  })();
+  return initializing;
+}
+
+function lib(): ZstdWasm {
+  if (!wasm) throw new Error('zstd is not initialised: await initZstd() first');
+  return wasm;
+}
+
+/** True when `bytes` starts with the zstd frame magic `28 B5 2F FD`. */
+export function isZstdFrame(bytes: Uint8Array): boolean {
+  return bytes.byteLength >= 4 && ZSTD_MAGIC.every((b, i) => bytes[i] === b);
+}
+
+/**
+ * The id of a dictionary: the u32 after its magic for a standard (trained) dictionary, 0 for a
+ * raw-content dictionary, which carries no id.
+ */
+export function dictionaryId(dict: Uint8Array): number {
+  if (dict.byteLength < 8) return 0;
+  const view = new DataView(dict.buffer, dict.byteOffset, dict.byteLength);
+  return view.getUint32(0, true) === DICT_MAGIC ? view.getUint32(4, true) : 0;
+}
+
+/** What a zstd frame header says, plus the frame's total length found by walking its blocks. */
+export interface ZstdFrameInfo {
+  /** Frame_Content_Size in bytes; null when the frame does not declare it. */
+  contentSize: number | null;
+  /** Dictionary_ID; 0 when the frame names none. */
+  dictionaryId: number;
+  /** Bytes from the magic to the end of the checksum (or last block). */
+  frameBytes: number;
+}
+
+function bad(message: string): ProtocolError {
+  return new ProtocolError('bad_zstd', message);
+}
+
+/**
+ * Parses a zstd frame header (RFC 8878 section 3.1.1) and walks its block headers to find the end.
+ * @throws ProtocolError `bad_zstd` for a missing magic, a reserved bit set, a truncated frame, a
+ *   reserved block type, or bytes after the frame.
+ */
+export function parseZstdFrame(bytes: Uint8Array): ZstdFrameInfo {
+  const n = bytes.byteLength;
+  if (!isZstdFrame(bytes)) {
+    const head = Array.from(bytes.subarray(0, 4), (b) => b.toString(16).padStart(2, '0')).join(' ');
+    throw bad(`not a zstd frame: starts with [${head}]; expected 28 b5 2f fd`);
+  }
+  if (n < 5) throw bad(`truncated zstd frame: ${n} bytes, no frame header descriptor`);
+  const fhd = bytes[4]!;
+  const fcsFlag = fhd >> 6;
+  const singleSegment = (fhd >> 5) & 1;
+  if ((fhd >> 3) & 1) throw bad(`corrupt zstd frame: reserved bit set in descriptor 0x${fhd.toString(16)}`);
+  const hasChecksum = (fhd >> 2) & 1;
+  const didBytes = [0, 1, 2, 4][fhd & 3]!;
+  const fcsBytes = [singleSegment ? 1 : 0, 2, 4, 8][fcsFlag]!;
+  const headerBytes = 5 + (singleSegment ? 0 : 1) + didBytes + fcsBytes;
+  if (n < headerBytes) throw bad(`truncated zstd frame: ${n} bytes; its header alone needs ${headerBytes}`);
+  let pos = 5 + (singleSegment ? 0 : 1);
+  let dictId = 0;
+  for (let i = 0; i < didBytes; i++) dictId += bytes[pos + i]! * 2 ** (8 * i);
+  pos += didBytes;
+  let contentSize: number | null = null;
+  if (fcsBytes > 0) {
+    let v = 0;
+    // Sizes past 2^53 lose precision but stay huge, which is all the bound check needs.
+    for (let i = 0; i < fcsBytes; i++) v += bytes[pos + i]! * 2 ** (8 * i);
+    contentSize = fcsBytes === 2 ? v + 256 : v;
+    pos += fcsBytes;
+  }
+  for (;;) {
+    if (pos + BLOCK_HEADER_BYTES > n) throw bad(`truncated zstd frame: ${n} bytes, a block header was cut at byte ${pos}`);
+    const h = bytes[pos]! | (bytes[pos + 1]! << 8) | (bytes[pos + 2]! << 16);
+    const last = h & 1;
+    const type = (h >> 1) & 3;
+    const size = h >>> 3;
+    if (type === 3) throw bad(`corrupt zstd frame: reserved block type at byte ${pos}`);
+    pos += BLOCK_HEADER_BYTES + (type === 1 ? 1 : size);
+    if (pos > n) throw bad(`truncated zstd frame: ${n} bytes; a block runs to byte ${pos}`);
+    if (last) break;
+  }
+  if (hasChecksum) pos += 4;
+  if (pos > n) throw bad(`truncated zstd frame: ${n} bytes; its checksum ends at byte ${pos}`);
+  if (pos < n) throw bad(`${n - pos} bytes follow the zstd frame (frame is ${pos} bytes); expected exactly one frame`);
+  return { contentSize, dictionaryId: dictId, frameBytes: pos };
+}
+
+/** Options of `zstdCompress`. */
+export interface ZstdCompressOptions {
+  /** Compression level, 1 (fast, the protocol's default) to 22. */
+  level?: number;
+  /** A dictionary (standard or raw content); its id is written into the frame. */
+  dict?: Uint8Array;
+}
+
+/**
+ * Compresses `data` into one zstd frame that declares its content size (and the dictionary id
+ * when `dict` is a standard dictionary). Requires `initZstd()`.
+ */
+export function zstdCompress(data: Uint8Array, opts: ZstdCompressOptions = {}): Uint8Array {
+  const z = lib();
+  const level = opts.level ?? 1;
+  return opts.dict ? z.compressUsingDict(cctx, data, opts.dict, level) : z.compress(data, level);
+}
+
+/** Options of `zstdDecompress`. */
+export interface ZstdDecompressOptions {
+  /** The dictionary the frame was made with; needed when the frame names a dictionary id. */
+  dict?: Uint8Array;
+  /** Upper bound on the decompressed size in bytes, checked against the header before decoding. */
+  maxBytes: number;
+}
+
+/**
+ * Decompresses exactly one zstd frame. Requires `initZstd()`.
+ *
+ * A frame that names no dictionary is decoded without one even when `dict` is given: zstd writes
+ * the id whenever it compresses with a standard dictionary, and loading a dictionary for a frame
+ * made without one would change its initial repeat offsets.
+ * @throws ProtocolError `bad_zstd` (not one whole, valid frame; checksum or content mismatch),
+ *   `too_large` (no declared content size, or one over `maxBytes`), `dictionary_mismatch` (the
+ *   frame names a dictionary id other than `dict`'s, or one when no dictionary is given).
+ */
+export function zstdDecompress(data: Uint8Array, opts: ZstdDecompressOptions): Uint8Array {
+  const z = lib();
+  const info = parseZstdFrame(data);
+  if (info.contentSize === null) {
+    throw new ProtocolError(
+      'too_large',
+      'zstd frame does not declare its content size, so its size cannot be bounded before decoding; ' +
+        'compress it in one shot (or pass the size to a streaming compressor)',
+    );
+  }
+  if (info.contentSize > opts.maxBytes) {
+    throw new ProtocolError('too_large', `zstd frame decompresses to ${info.contentSize} bytes; the limit is ${opts.maxBytes}`);
+  }
+  if (info.dictionaryId !== 0) {
+    const have = opts.dict ? dictionaryId(opts.dict) : null;
+    if (have !== info.dictionaryId) {
+      const given = have === null ? 'no dictionary was given' : `the given dictionary has id ${have}`;
+      throw new ProtocolError(
+        'dictionary_mismatch',
+        `zstd dictionary mismatch: the frame was made with dictionary id ${info.dictionaryId}; ${given}`,
+      );
+    }
+  }
+  if (info.contentSize === 0) return new Uint8Array(0);
+  let out: Uint8Array;
+  try {
+    // The library sizes its output buffer from the (already bounded) header.
+    out = info.dictionaryId !== 0 ? z.decompressUsingDict(dctx, data, opts.dict!) : z.decompress(data);
+  } catch (e) {
+    throw bad(`corrupt zstd frame (${info.frameBytes} bytes, content size ${info.contentSize}): ${(e as Error).message}`);
+  }
+  if (out.byteLength !== info.contentSize) {
+    throw bad(`corrupt zstd frame: decoded ${out.byteLength} bytes; the header declares ${info.contentSize}`);
+  }
+  return out;
+}
+
+let observationDict: Uint8Array | null = null;
+
+/**
+ * The project's observation dictionary (protocol/observation.zdict, trained by
+ * scripts/train_zdict.py on OpenPI-style msgpack observations), read once and cached. It is the
+ * dictionary served at `GET /v1/observation.zdict` (PROTOCOL.md section 6).
+ */
+export function loadObservationDictionary(): Uint8Array {
+  observationDict ??= new Uint8Array(readFileSync(new URL('./observation.zdict', import.meta.url)));
+  return observationDict;
+}
