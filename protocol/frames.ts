@@ -1,0 +1,354 @@
+/**
+ * Camera frames on the wire (PROTOCOL.md sections 3 and 5): decoding every codec to one layout,
+ * uint8 `[H, W, 3]` RGB in C order, encoders for each codec, and the model's resize with padding.
+ *
+ * Codecs: `RAW` (an ndarray), `LOSSLESS` (ZPNG), `PNG`, `JPEG` and `CODEC_JPEG_Q<N>` (N 1..100).
+ * PNG and JPEG go through sharp (libvips) off the event loop; the bytes' signature must match the
+ * codec, so no other libvips loader ever sees client bytes. Sizes are checked from headers before
+ * any pixel is decoded.
+ */
+import sharp, { type Metadata, type OutputInfo } from 'sharp';
+import { ProtocolError } from './errors.ts';
+import { initZstd, zstdCompress, zstdDecompress } from './zstd.ts';
+
+/** A decoded frame: `data` is uint8 `[height, width, 3]` RGB, C order. */
+export interface Frame {
+  data: Uint8Array;
+  height: number;
+  width: number;
+}
+
+/** Pixels with any channel count (1 gray, 2 gray+alpha, 3 RGB, 4 RGBA): uint8 `[height, width, channels]`. */
+export interface Pixels extends Frame {
+  channels: number;
+}
+
+/** The structural shape of an ndarray (protocol/ndarray.ts): raw C-order bytes of `dtype`. */
+export interface NDArrayLike {
+  dtype: string;
+  shape: readonly number[];
+  data: ArrayBufferView;
+}
+
+/** Decoding limits. */
+export interface FrameLimits {
+  /** Largest width * height accepted; default 4096 * 4096 (PROTOCOL.md section 8). */
+  maxPixels?: number;
+}
+
+export const DEFAULT_MAX_PIXELS = 4096 * 4096;
+/** Quality of the plain `JPEG` codec when encoding. */
+export const DEFAULT_JPEG_QUALITY = 90;
+
+export type CodecKind = 'RAW' | 'LOSSLESS' | 'PNG' | 'JPEG';
+
+/**
+ * Parses a codec name (case-insensitive). `CODEC_JPEG_Q<N>` gives `{kind: 'JPEG', quality: N}`.
+ * @throws ProtocolError `unknown_codec`.
+ */
+export function parseCodec(name: string): { kind: CodecKind; quality: number | null } {
+  const up = typeof name === 'string' ? name.toUpperCase() : '';
+  if (up === 'RAW' || up === 'LOSSLESS' || up === 'PNG' || up === 'JPEG') return { kind: up, quality: null };
+  const m = /^CODEC_JPEG_Q(\d{1,3})$/.exec(up);
+  if (m && Number(m[1]) >= 1 && Number(m[1]) <= 100) return { kind: 'JPEG', quality: Number(m[1]) };
+  throw new ProtocolError(
+    'unknown_codec',
+    `unknown image codec ${JSON.stringify(name)}; expected RAW, LOSSLESS, PNG, JPEG or CODEC_JPEG_Q<1..100>`,
+  );
+}
+
+function badFrame(message: string): ProtocolError {
+  return new ProtocolError('bad_frame', message);
+}
+
+function checkPixels(what: string, width: number, height: number, limits: FrameLimits): void {
+  const max = limits.maxPixels ?? DEFAULT_MAX_PIXELS;
+  if (width * height > max) {
+    throw new ProtocolError('too_large', `${what} is ${width}x${height} = ${width * height} pixels; the limit is ${max}`);
+  }
+  if (width < 1 || height < 1) throw badFrame(`${what} is ${width}x${height}: an empty image`);
+}
+
+/**
+ * Decodes one frame to uint8 `[H, W, 3]` RGB.
+ *
+ * `RAW` takes a uint8 ndarray: `[H, W, C]` or `[C, H, W]` (C in 1, 3, 4; channels-last wins when
+ * both readings fit) or `[H, W]`. Gray is replicated to RGB and alpha is dropped, as PIL's
+ * `convert("RGB")` does. Other codecs take bytes; grayscale, CMYK, 16-bit and alpha images are
+ * converted to 8-bit sRGB.
+ * @throws ProtocolError `unknown_codec`; `too_large` (over `limits.maxPixels`); `bad_frame`
+ *   (truncated or corrupt bytes, wrong signature, bad channel count or dtype, bytes for RAW or an
+ *   ndarray for another codec); `shape_mismatch` (an ndarray whose data does not fill its shape).
+ */
+export async function decodeFrame(codec: string, input: Uint8Array | NDArrayLike, limits: FrameLimits = {}): Promise<Frame> {
+  const { kind } = parseCodec(codec);
+  if (kind === 'RAW') {
+    if (input instanceof Uint8Array) throw badFrame(`codec RAW expects an ndarray; got ${input.byteLength} bytes`);
+    return decodeRaw(input, limits);
+  }
+  if (!(input instanceof Uint8Array)) {
+    throw badFrame(`codec ${codec} expects bytes; got an ndarray of shape [${input.shape}] (use codec RAW)`);
+  }
+  if (kind === 'LOSSLESS') {
+    await initZstd();
+    return toRgb(decodeZpng(input, limits));
+  }
+  return decodeWithSharp(kind, input, limits);
+}
+
+const UINT8_DTYPES = new Set(['|u1', 'u1', '<u1', '>u1', '=u1', 'uint8', 'B']);
+
+function decodeRaw(arr: NDArrayLike, limits: FrameLimits): Frame {
+  if (!UINT8_DTYPES.has(arr.dtype)) throw badFrame(`RAW frames must be uint8 ("|u1"); got dtype "${arr.dtype}"`);
+  const shape = arr.shape;
+  const bytes = new Uint8Array(arr.data.buffer, arr.data.byteOffset, arr.data.byteLength);
+  const isChannels = (c: number | undefined) => c === 1 || c === 3 || c === 4;
+  let h: number, w: number, c: number, chw: boolean;
+  if (shape.length === 2) [h, w, c, chw] = [shape[0]!, shape[1]!, 1, false];
+  else if (shape.length === 3 && isChannels(shape[2])) [h, w, c, chw] = [shape[0]!, shape[1]!, shape[2]!, false];
+  else if (shape.length === 3 && isChannels(shape[0])) [h, w, c, chw] = [shape[1]!, shape[2]!, shape[0]!, true];
+  else throw badFrame(`RAW frame has shape [${shape}]; expected [H, W, C] or [C, H, W] with C in 1, 3, 4, or [H, W]`);
+  checkPixels('RAW frame', w, h, limits);
+  if (bytes.byteLength !== h * w * c) {
+    throw new ProtocolError('shape_mismatch', `RAW frame of shape [${shape}] needs ${h * w * c} bytes; got ${bytes.byteLength}`);
+  }
+  if (!chw) return toRgb({ data: bytes, height: h, width: w, channels: c });
+  const plane = h * w;
+  const hwc = new Uint8Array(plane * c);
+  for (let k = 0; k < c; k++) {
+    for (let i = 0; i < plane; i++) hwc[i * c + k] = bytes[k * plane + i]!;
+  }
+  return toRgb({ data: hwc, height: h, width: w, channels: c });
+}
+
+/**
+ * Converts pixels of 1 to 4 channels to an RGB frame (gray replicated, alpha dropped). Always
+ * returns a fresh buffer, so the result never aliases a message buffer.
+ * @throws ProtocolError `bad_frame` for another channel count.
+ */
+export function toRgb(p: Pixels): Frame {
+  const n = p.width * p.height;
+  const c = p.channels;
+  if (c < 1 || c > 4) throw badFrame(`frame has ${c} channels; expected 1 to 4`);
+  if (c === 3) return { data: p.data.slice(0, n * 3), height: p.height, width: p.width };
+  const out = new Uint8Array(n * 3);
+  for (let i = 0; i < n; i++) {
+    if (c <= 2) {
+      const v = p.data[i * c]!;
+      out[i * 3] = v;
+      out[i * 3 + 1] = v;
+      out[i * 3 + 2] = v;
+    } else {
+      out[i * 3] = p.data[i * 4]!;
+      out[i * 3 + 1] = p.data[i * 4 + 1]!;
+      out[i * 3 + 2] = p.data[i * 4 + 2]!;
+    }
+  }
+  return { data: out, height: p.height, width: p.width };
+}
+
+const PNG_SIGNATURE = [0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a];
+const JPEG_SIGNATURE = [0xff, 0xd8, 0xff];
+
+function hexHead(bytes: Uint8Array): string {
+  return Array.from(bytes.subarray(0, 8), (b) => b.toString(16).padStart(2, '0')).join(' ');
+}
+
+async function decodeWithSharp(kind: 'PNG' | 'JPEG', bytes: Uint8Array, limits: FrameLimits): Promise<Frame> {
+  const signature = kind === 'PNG' ? PNG_SIGNATURE : JPEG_SIGNATURE;
+  if (bytes.byteLength < signature.length || signature.some((b, i) => bytes[i] !== b)) {
+    throw badFrame(`${kind} frame does not start with the ${kind} signature: [${hexHead(bytes)}] (${bytes.byteLength} bytes)`);
+  }
+  const max = limits.maxPixels ?? DEFAULT_MAX_PIXELS;
+  let meta: Metadata;
+  try {
+    meta = await sharp(bytes).metadata();
+  } catch (e) {
+    throw badFrame(`${kind} header could not be read (${bytes.byteLength} bytes): ${(e as Error).message}`);
+  }
+  checkPixels(`${kind} frame`, meta.width ?? 0, meta.height ?? 0, limits);
+  let out: { data: Buffer; info: OutputInfo };
+  try {
+    // failOn 'error' also refuses truncated data; limitInputPixels is a second guard on the header.
+    out = await sharp(bytes, { failOn: 'error', limitInputPixels: max })
+      .toColourspace('srgb')
+      .removeAlpha()
+      .raw({ depth: 'uchar' })
+      .toBuffer({ resolveWithObject: true });
+  } catch (e) {
+    throw badFrame(`${kind} frame could not be decoded (${bytes.byteLength} bytes): ${(e as Error).message}`);
+  }
+  const { width, height, channels } = out.info;
+  if (channels !== 3 || out.data.byteLength !== width * height * 3) {
+    throw badFrame(`${kind} frame decoded to ${width}x${height}x${channels} (${out.data.byteLength} bytes); expected 3 uint8 channels`);
+  }
+  return { data: new Uint8Array(out.data.buffer, out.data.byteOffset, out.data.byteLength), height, width };
+}
+
+// ---- ZPNG (PROTOCOL.md section 5) ----
+
+const ZPNG_MAGIC = 0xfbf8;
+const ZPNG_HEADER_BYTES = 8;
+
+/**
+ * Decodes ZPNG (`LOSSLESS`) bytes to pixels of 1 to 4 channels. Requires `initZstd()`.
+ *
+ * Layout: u16 magic 0xFBF8, u16 width, u16 height, u8 channels, u8 bytes_per_channel (LE), then
+ * one zstd frame holding the row-wise horizontal deltas; 3 and 4 channels as planes b, g - b,
+ * g - r (then alpha), other counts interleaved.
+ * @throws ProtocolError `bad_frame` (short header, wrong magic, channels outside 1..4,
+ *   bytes_per_channel other than 1, corrupt or wrongly sized payload); `too_large`.
+ */
+export function decodeZpng(bytes: Uint8Array, limits: FrameLimits = {}): Pixels {
+  if (bytes.byteLength < ZPNG_HEADER_BYTES) {
+    throw badFrame(`ZPNG frame is ${bytes.byteLength} bytes; its header alone is ${ZPNG_HEADER_BYTES}`);
+  }
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const magic = view.getUint16(0, true);
+  if (magic !== ZPNG_MAGIC) throw badFrame(`ZPNG magic is 0x${magic.toString(16)}; expected 0xfbf8 (bytes [${hexHead(bytes)}])`);
+  const width = view.getUint16(2, true);
+  const height = view.getUint16(4, true);
+  const channels = view.getUint8(6);
+  const bytesPerChannel = view.getUint8(7);
+  if (channels < 1 || channels > 4) throw badFrame(`ZPNG frame has ${channels} channels; expected 1 to 4`);
+  if (bytesPerChannel !== 1) throw badFrame(`ZPNG bytes_per_channel is ${bytesPerChannel}; only 1 (uint8) is supported`);
+  checkPixels('ZPNG frame', width, height, limits);
+  const n = width * height;
+  const expected = n * channels;
+  let payload: Uint8Array;
+  try {
+    payload = zstdDecompress(bytes.subarray(ZPNG_HEADER_BYTES), { maxBytes: expected });
+  } catch (e) {
+    if (!(e instanceof ProtocolError)) throw e;
+    throw badFrame(`ZPNG ${width}x${height}x${channels} payload: ${e.message}`);
+  }
+  if (payload.byteLength !== expected) {
+    throw badFrame(`ZPNG payload is ${payload.byteLength} bytes; ${width}x${height}x${channels} needs ${expected}`);
+  }
+  const out = new Uint8Array(expected);
+  const c = channels;
+  if (c >= 3) {
+    for (let y = 0; y < height; y++) {
+      let r = 0, g = 0, b = 0, a = 0;
+      for (let x = 0; x < width; x++) {
+        const i = y * width + x;
+        const bf = payload[i]!;
+        const gf = payload[n + i]! + bf;
+        const rf = gf - payload[2 * n + i]!;
+        r = (r + rf) & 255;
+        g = (g + gf) & 255;
+        b = (b + bf) & 255;
+        out[i * c] = r;
+        out[i * c + 1] = g;
+        out[i * c + 2] = b;
+        if (c === 4) out[i * 4 + 3] = a = (a + payload[3 * n + i]!) & 255;
+      }
+    }
+  } else {
+    const row = width * c;
+    for (let y = 0; y < height; y++) {
+      const o = y * row;
+      for (let k = 0; k < row; k++) out[o + k] = (payload[o + k]! + (k >= c ? out[o + k - c]! : 0)) & 255;
+    }
+  }
+  return { data: out, height, width, channels };
+}
+
+/**
+ * Encodes uint8 `[H, W, C]` pixels (C 1 to 4, width and height 1..65535) as ZPNG with zstd at
+ * `level`. Requires `initZstd()`.
+ */
+export function encodeZpng(p: Pixels, level = 1): Uint8Array {
+  const { width, height, channels: c } = p;
+  if (c < 1 || c > 4) throw badFrame(`ZPNG encodes 1 to 4 channels; got ${c}`);
+  if (width < 1 || height < 1 || width > 0xffff || height > 0xffff) {
+    throw badFrame(`ZPNG encodes 1..65535 x 1..65535 pixels; got ${width}x${height}`);
+  }
+  const n = width * height;
+  if (p.data.byteLength !== n * c) throw badFrame(`pixels are ${p.data.byteLength} bytes; ${width}x${height}x${c} needs ${n * c}`);
+  const payload = new Uint8Array(n * c);
+  const src = p.data;
+  for (let y = 0; y < height; y++) {
+    for (let x = 0; x < width; x++) {
+      const i = y * width + x;
+      const j = i * c;
+      const prev = x > 0 ? j - c : -1;
+      if (c >= 3) {
+        const rf = src[j]! - (prev >= 0 ? src[prev]! : 0);
+        const gf = src[j + 1]! - (prev >= 0 ? src[prev + 1]! : 0);
+        const bf = src[j + 2]! - (prev >= 0 ? src[prev + 2]! : 0);
+        payload[i] = bf;
+        payload[n + i] = gf - bf;
+        payload[2 * n + i] = gf - rf;
+        if (c === 4) payload[3 * n + i] = src[j + 3]! - (prev >= 0 ? src[prev + 3]! : 0);
+      } else {
+        for (let k = 0; k < c; k++) payload[j + k] = src[j + k]! - (prev >= 0 ? src[prev + k]! : 0);
+      }
+    }
+  }
+  const body = zstdCompress(payload, { level });
+  const out = new Uint8Array(ZPNG_HEADER_BYTES + body.byteLength);
+  const view = new DataView(out.buffer);
+  view.setUint16(0, ZPNG_MAGIC, true);
+  view.setUint16(2, width, true);
+  view.setUint16(4, height, true);
+  view.setUint8(6, c);
+  view.setUint8(7, 1);
+  out.set(body, ZPNG_HEADER_BYTES);
+  return out;
+}
+
+// ---- encoding and resizing ----
+
+/**
+ * Encodes a frame (3 channels, or `Pixels` of 1 to 4) with `codec`. `RAW` gives an ndarray
+ * `{dtype: "|u1", shape: [H, W, C], data}`; the others give bytes. `JPEG` uses quality
+ * `DEFAULT_JPEG_QUALITY`; JPEG drops alpha.
+ * @throws ProtocolError `unknown_codec`, `bad_frame` (a buffer that does not fill the frame).
+ */
+export async function encodeFrame(codec: string, frame: Frame | Pixels): Promise<Uint8Array | NDArrayLike> {
+  const { kind, quality } = parseCodec(codec);
+  const channels = 'channels' in frame ? frame.channels : 3;
+  const { width, height, data } = frame;
+  if (data.byteLength !== width * height * channels) {
+    throw badFrame(`frame data is ${data.byteLength} bytes; ${width}x${height}x${channels} needs ${width * height * channels}`);
+  }
+  if (kind === 'RAW') return { dtype: '|u1', shape: [height, width, channels], data: data.slice() };
+  if (kind === 'LOSSLESS') {
+    await initZstd();
+    return encodeZpng({ data, width, height, channels });
+  }
+  const img = sharp(data, { raw: { width, height, channels: channels as 1 | 2 | 3 | 4 } });
+  const buf =
+    kind === 'PNG'
+      ? await img.png().toBuffer()
+      : await img.removeAlpha().jpeg({ quality: quality ?? DEFAULT_JPEG_QUALITY }).toBuffer();
+  return new Uint8Array(buf.buffer, buf.byteOffset, buf.byteLength);
+}
+
+/**
+ * Resizes `frame` to fit `size` x `size` keeping its aspect ratio, then pads it with black,
+ * centred (MODEL.md D12). Geometry as openpi_client.image_tools.resize_with_pad: ratio =
+ * max(W / size, H / size), resized to int(W / ratio) x int(H / ratio) (at least 1), offset
+ * int((size - side) / 2). Bilinear (triangle) filter, as OpenPI's PIL path. A frame already
+ * `size` x `size` comes back as a copy.
+ * @returns a uint8 `[size, size, 3]` frame.
+ */
+export async function resizeWithPad(frame: Frame, size: number): Promise<Frame> {
+  const { width, height } = frame;
+  if (width === size && height === size) return { data: frame.data.slice(), height, width };
+  const ratio = Math.max(width / size, height / size);
+  const rw = Math.max(1, Math.trunc(width / ratio));
+  const rh = Math.max(1, Math.trunc(height / ratio));
+  const top = Math.trunc((size - rh) / 2);
+  const left = Math.trunc((size - rw) / 2);
+  const { data, info } = await sharp(frame.data, { raw: { width, height, channels: 3 } })
+    .resize(rw, rh, { fit: 'fill', kernel: 'linear' })
+    .extend({ top, bottom: size - rh - top, left, right: size - rw - left, background: { r: 0, g: 0, b: 0 } })
+    .raw()
+    .toBuffer({ resolveWithObject: true });
+  if (info.width !== size || info.height !== size || info.channels !== 3) {
+    throw new Error(`resizeWithPad produced ${info.width}x${info.height}x${info.channels}; expected ${size}x${size}x3`);
+  }
+  return { data: new Uint8Array(data.buffer, data.byteOffset, data.byteLength), height: size, width: size };
+}
