@@ -75,7 +75,8 @@ function checkPixels(what: string, width: number, height: number, limits: FrameL
  * `RAW` takes a uint8 ndarray: `[H, W, C]` or `[C, H, W]` (C in 1, 3, 4; channels-last wins when
  * both readings fit) or `[H, W]`. Gray is replicated to RGB and alpha is dropped, as PIL's
  * `convert("RGB")` does. Other codecs take bytes; grayscale, CMYK, 16-bit and alpha images are
- * converted to 8-bit sRGB.
+ * converted to 8-bit sRGB. The input is read or copied before this returns its promise, so the
+ * caller may release its buffer at once.
  * @throws ProtocolError `unknown_codec`; `too_large` (over `limits.maxPixels`); `bad_frame`
  *   (truncated or corrupt bytes, wrong signature, bad channel count or dtype, bytes for RAW or an
  *   ndarray for another codec); `shape_mismatch` (an ndarray whose data does not fill its shape).
@@ -89,11 +90,13 @@ export async function decodeFrame(codec: string, input: Uint8Array | NDArrayLike
   if (!(input instanceof Uint8Array)) {
     throw badFrame(`codec ${codec} expects bytes; got an ndarray of shape [${input.shape}] (use codec RAW)`);
   }
+  // Copied before the first await: a websocket message's buffer dies when its callback returns.
+  const own = input.slice();
   if (kind === 'LOSSLESS') {
     await initZstd();
-    return toRgb(decodeZpng(input, limits));
+    return toRgb(decodeZpng(own, limits));
   }
-  return decodeWithSharp(kind, input, limits);
+  return decodeWithSharp(kind, own, limits);
 }
 
 const UINT8_DTYPES = new Set(['|u1', 'u1', '<u1', '>u1', '=u1', 'uint8', 'B']);

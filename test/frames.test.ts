@@ -342,3 +342,16 @@ describe('resizeWithPad', () => {
     }
   });
 });
+
+describe('input ownership', () => {
+  it('copies byte inputs before the first await', async () => {
+    for (const codec of ['LOSSLESS', 'PNG', 'JPEG']) {
+      const px = smooth(8, 8);
+      const bytes = (await encodeFrame(codec, px)) as Uint8Array;
+      const want = await decodeFrame(codec, bytes.slice());
+      const pending = decodeFrame(codec, bytes);
+      bytes.fill(0); // what a released websocket buffer may hold by the time decoding runs
+      expect((await pending).data).toEqual(want.data);
+    }
+  });
+});
