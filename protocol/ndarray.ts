@@ -265,14 +265,25 @@ function hasKey(entries: [unknown, unknown][], name: string, bin: Buffer): boole
  * keys read as UTF-8; integer-like keys come first in a JS object, whatever the wire order), bin
  * values Buffers. Every byte array in the result is a copy, so nothing aliases the message.
  * @throws ProtocolError as `decodeNDArray`/`decodeNpScalar`; `bad_request` for map keys that are
- *   not strings, numbers or UTF-8 bin, or a key given twice (as str and as bin).
+ *   not strings, numbers or UTF-8 bin, a key given twice (as str and as bin), or nesting deeper
+ *   than 1000; `bad_msgpack` for a map or array reached twice (msgpackr's reference extension
+ *   can make cycles or exponentially shared trees; Python never writes them).
  */
 export function fromWire(value: unknown): unknown {
-  if (Array.isArray(value)) return value.map(fromWire);
+  return walk(value, new Set(), 0);
+}
+
+const MAX_DEPTH = 1000;
+
+function walk(value: unknown, seen: Set<object>, depth: number): unknown {
   if (value instanceof Uint8Array) return Buffer.from(value);
   const isMap = value instanceof Map;
-  if (!isMap && !isPlainObject(value)) return value;
-  const entries: [unknown, unknown][] = isMap ? [...value] : Object.entries(value);
+  if (!Array.isArray(value) && !isMap && !isPlainObject(value)) return value;
+  if (seen.has(value as object)) throw new ProtocolError('bad_msgpack', 'the message refers to one map or array twice (a msgpackr reference)');
+  seen.add(value as object);
+  if (depth >= MAX_DEPTH) throw new ProtocolError('bad_request', `the message nests deeper than ${MAX_DEPTH} levels`);
+  if (Array.isArray(value)) return value.map((v) => walk(v, seen, depth + 1));
+  const entries: [unknown, unknown][] = isMap ? [...value] : Object.entries(value as object);
   // OpenPI's unpack_array tests key presence only, __ndarray__ first
   if (hasKey(entries, '__ndarray__', KEY.ndarray)) return decodeNDArray(value);
   if (hasKey(entries, '__npgeneric__', KEY.npgeneric)) return decodeNpScalar(value);
@@ -281,7 +292,7 @@ export function fromWire(value: unknown): unknown {
     const key = keyString(k);
     if (Object.hasOwn(out, key)) throw new ProtocolError('bad_request', `the map key '${key}' appears twice`);
     // defineProperty, so that a '__proto__' key is data, never the object's prototype
-    Object.defineProperty(out, key, { value: fromWire(v), enumerable: true, writable: true, configurable: true });
+    Object.defineProperty(out, key, { value: walk(v, seen, depth + 1), enumerable: true, writable: true, configurable: true });
   }
   return out;
 }

@@ -299,6 +299,18 @@ describe('refusals', () => {
 });
 
 describe('decoding details', () => {
+  it('refuses msgpackr references: a cycle, and a shared subtree (2^40 nodes if walked)', () => {
+    // d6 69 = msgpackr's "this map has id 1", d6 70 = "the map with id 1": {x: 1, self: <itself>}
+    const cyclic = Buffer.from('d6690000000182a17801a473656c66d67000000001', 'hex');
+    expectCode(() => unpackNumpy(cyclic), 'bad_msgpack', 'twice');
+    let shared: unknown = [1];
+    for (let i = 0; i < 40; i++) shared = [shared, shared];
+    expectCode(() => fromWire(shared), 'bad_msgpack', 'twice');
+    let deep: unknown = 1;
+    for (let i = 0; i < 1001; i++) deep = [deep];
+    expectCode(() => fromWire(deep), 'bad_request', '1000');
+  });
+
   it('accepts string keys, in a Map or a plain object, in any order', () => {
     const data = Buffer.from(Float32Array.of(1, 2, 3, 4).buffer);
     const forms = [
