@@ -1,0 +1,199 @@
+/**
+ * The session websocket's requests (PROTOCOL.md section 3) as a discriminated union on `op`, and
+ * `parseRequest`, the one function that turns a decoded msgpack value into a typed request or
+ * throws a `ProtocolError` naming the field. Arrays arrive as `NDArray`s (ndarray.ts) and frames
+ * stay encoded here: decoding them is the server's job.
+ */
+import { ProtocolError } from './errors.ts';
+import { NDArray } from './ndarray.ts';
+
+/** A camera frame as it came on the wire: encoded bytes (PNG/JPEG/ZPNG) or a uint8 ndarray (RAW). */
+export type WireFrame = Uint8Array | NDArray;
+
+/** One training example. Shapes: state [S] (S <= state_dim), actions [H', A'] (H' <= horizon, A' <= action_dim). */
+export interface WireDatum {
+  images: Map<string, WireFrame>; // camera name -> frame, in the order the client wrote them
+  state: NDArray | null;
+  prompt: string;
+  actions: NDArray | null;
+  weight: number; // >= 0, default 1
+}
+
+export type LossFn = 'mse' | 'l1';
+
+export type SessionRequest =
+  | { id: number; op: 'forward_backward'; data: WireDatum[]; codec: string; loss_fn: LossFn }
+  | { id: number; op: 'forward'; data: WireDatum[]; codec: string; keep: boolean }
+  | { id: number; op: 'backward'; velocity_grad: NDArray }
+  | { id: number; op: 'optim_step'; learning_rate: number; beta1: number; beta2: number; eps: number; weight_decay: number; grad_clip_norm: number }
+  | { id: number; op: 'sample'; data: WireDatum[]; codec: string; num_steps: number; weights: string | null; seed: number | null }
+  | { id: number; op: 'save_state' | 'load_state' | 'save_weights'; name: string; overwrite: boolean }
+  | { id: number; op: 'abort_gradient_epoch' }
+  | { id: number; op: 'heartbeat' };
+
+export type SessionOp = SessionRequest['op'];
+
+export const SESSION_OPS: readonly SessionOp[] = [
+  'forward_backward', 'forward', 'backward', 'optim_step', 'sample', 'save_state', 'load_state', 'save_weights', 'abort_gradient_epoch', 'heartbeat',
+];
+
+export const NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+
+export interface RequestLimits {
+  maxBatch: number;
+  maxPromptBytes: number;
+}
+
+const ARGS: Record<SessionOp, readonly string[]> = {
+  forward_backward: ['data', 'codec', 'loss_fn'],
+  forward: ['data', 'codec', 'keep'],
+  backward: ['velocity_grad'],
+  optim_step: ['learning_rate', 'beta1', 'beta2', 'eps', 'weight_decay', 'grad_clip_norm'],
+  sample: ['data', 'codec', 'num_steps', 'weights', 'seed'],
+  save_state: ['name', 'overwrite'],
+  load_state: ['name'],
+  save_weights: ['name', 'overwrite'],
+  abort_gradient_epoch: [],
+  heartbeat: [],
+};
+
+function isNDArray(v: unknown): v is NDArray {
+  return v instanceof NDArray;
+}
+
+function bad(msg: string): never {
+  throw new ProtocolError('bad_request', msg);
+}
+
+function num(obj: Record<string, unknown>, key: string, def: number, check: (x: number) => boolean, rule: string): number {
+  const v = obj[key];
+  if (v === undefined || v === null) return def;
+  const n = typeof v === 'bigint' ? Number(v) : v;
+  if (typeof n !== 'number' || !Number.isFinite(n) || !check(n)) bad(`${key} must be ${rule}, got ${JSON.stringify(typeof v === 'bigint' ? String(v) : v)}`);
+  return n;
+}
+
+function name(obj: Record<string, unknown>): string {
+  const v = obj.name;
+  if (typeof v !== 'string' || !NAME_PATTERN.test(v)) {
+    bad(`name must match ${NAME_PATTERN.source} (letters, digits, '.', '_', '-', at most 128), got ${JSON.stringify(v)}`);
+  }
+  return v;
+}
+
+/** The request id of a decoded message, if it has a usable one (for error answers). */
+export function requestIdOf(value: unknown): number | null {
+  if (typeof value !== 'object' || value === null) return null;
+  const id = (value as Record<string, unknown>).id;
+  if (typeof id === 'bigint') return Number(id);
+  return typeof id === 'number' && Number.isInteger(id) ? id : null;
+}
+
+function parseDatum(v: unknown, i: number, limits: RequestLimits): WireDatum {
+  if (typeof v !== 'object' || v === null || Array.isArray(v)) bad(`data[${i}] must be a map`);
+  const d = v as Record<string, unknown>;
+  for (const k of Object.keys(d)) if (!['observation', 'actions', 'weight'].includes(k)) bad(`data[${i}] has an unknown field "${k}"`);
+  const obs = d.observation;
+  if (typeof obs !== 'object' || obs === null || Array.isArray(obs)) bad(`data[${i}].observation must be a map`);
+  const o = obs as Record<string, unknown>;
+  for (const k of Object.keys(o)) if (!['image', 'state', 'prompt'].includes(k)) bad(`data[${i}].observation has an unknown field "${k}"`);
+  const images = new Map<string, WireFrame>();
+  if (o.image !== undefined && o.image !== null) {
+    if (typeof o.image !== 'object' || Array.isArray(o.image) || o.image instanceof Uint8Array || isNDArray(o.image)) {
+      bad(`data[${i}].observation.image must be a map of camera name -> frame`);
+    }
+    for (const [cam, frame] of Object.entries(o.image as Record<string, unknown>)) {
+      if (!(frame instanceof Uint8Array) && !isNDArray(frame)) bad(`data[${i}].observation.image.${cam} must be bytes or an ndarray`);
+      images.set(cam, frame as WireFrame);
+    }
+  }
+  const prompt = o.prompt ?? '';
+  if (typeof prompt !== 'string') bad(`data[${i}].observation.prompt must be a string`);
+  const promptBytes = Buffer.byteLength(prompt, 'utf8');
+  if (promptBytes > limits.maxPromptBytes) {
+    throw new ProtocolError('too_large', `data[${i}].observation.prompt is ${promptBytes} bytes; the limit is ${limits.maxPromptBytes}`);
+  }
+  const state = o.state ?? null;
+  if (state !== null && !isNDArray(state)) bad(`data[${i}].observation.state must be an ndarray`);
+  const actions = d.actions ?? null;
+  if (actions !== null && !isNDArray(actions)) bad(`data[${i}].actions must be an ndarray`);
+  const weight = num(d, 'weight', 1, (x) => x >= 0, 'a number >= 0');
+  return { images, state: state as NDArray | null, prompt, actions: actions as NDArray | null, weight };
+}
+
+function parseData(req: Record<string, unknown>, limits: RequestLimits): WireDatum[] {
+  const data = req.data;
+  if (!Array.isArray(data)) bad('data must be a list of datums');
+  if (data.length === 0) bad('data is empty: send at least one datum');
+  if (data.length > limits.maxBatch) throw new ProtocolError('too_large', `data has ${data.length} datums; the limit is ${limits.maxBatch}`);
+  return data.map((d, i) => parseDatum(d, i, limits));
+}
+
+function codec(req: Record<string, unknown>): string {
+  const c = req.codec ?? 'RAW';
+  if (typeof c !== 'string') bad('codec must be a string');
+  return c;
+}
+
+/**
+ * Validate one decoded request (plain object, ndarrays already recognised).
+ * @throws ProtocolError `bad_request` naming the field, or `too_large` for a limit.
+ */
+export function parseRequest(value: unknown, limits: RequestLimits): SessionRequest {
+  if (typeof value !== 'object' || value === null || Array.isArray(value) || isNDArray(value) || value instanceof Uint8Array) {
+    bad('a request must be a map {"id": <int>, "op": <op>, ...}');
+  }
+  const req = value as Record<string, unknown>;
+  const id = requestIdOf(req);
+  if (id === null) bad('the request has no integer "id"');
+  const op = req.op;
+  if (typeof op !== 'string') bad('the request has no "op" string');
+  if (!(SESSION_OPS as readonly string[]).includes(op)) bad(`unknown op "${op}"; known ops: ${SESSION_OPS.join(', ')}`);
+  const allowed = ARGS[op as SessionOp];
+  for (const k of Object.keys(req)) {
+    if (k !== 'id' && k !== 'op' && !allowed.includes(k)) bad(`op ${op} has no argument "${k}"; it takes ${allowed.join(', ') || 'none'}`);
+  }
+  switch (op as SessionOp) {
+    case 'forward_backward': {
+      const lossFn = req.loss_fn ?? 'mse';
+      if (lossFn !== 'mse' && lossFn !== 'l1') bad(`loss_fn must be "mse" or "l1", got ${JSON.stringify(lossFn)}`);
+      return { id, op: 'forward_backward', data: parseData(req, limits), codec: codec(req), loss_fn: lossFn };
+    }
+    case 'forward':
+      if (req.keep !== undefined && typeof req.keep !== 'boolean') bad('keep must be true or false');
+      return { id, op: 'forward', data: parseData(req, limits), codec: codec(req), keep: req.keep === true };
+    case 'backward':
+      if (!isNDArray(req.velocity_grad)) bad('velocity_grad must be an ndarray [B, H, A]');
+      return { id, op: 'backward', velocity_grad: req.velocity_grad };
+    case 'optim_step':
+      return {
+        id,
+        op: 'optim_step',
+        learning_rate: num(req, 'learning_rate', 1e-4, (x) => x > 0 && x <= 1, 'in (0, 1]'),
+        beta1: num(req, 'beta1', 0.9, (x) => x >= 0 && x < 1, 'in [0, 1)'),
+        beta2: num(req, 'beta2', 0.95, (x) => x >= 0 && x < 1, 'in [0, 1)'),
+        eps: num(req, 'eps', 1e-12, (x) => x >= 0, '>= 0'),
+        weight_decay: num(req, 'weight_decay', 0, (x) => x >= 0, '>= 0'),
+        grad_clip_norm: num(req, 'grad_clip_norm', 0, (x) => x >= 0, '>= 0 (0 = off)'),
+      };
+    case 'sample': {
+      const w = req.weights ?? null;
+      if (w !== null && (typeof w !== 'string' || !NAME_PATTERN.test(w))) bad(`weights must be a saved name or null, got ${JSON.stringify(w)}`);
+      const seed = req.seed === undefined || req.seed === null ? null : num(req, 'seed', 0, (x) => Number.isInteger(x) && x >= 0, 'a non-negative integer');
+      return {
+        id, op: 'sample', data: parseData(req, limits), codec: codec(req),
+        num_steps: num(req, 'num_steps', 10, (x) => Number.isInteger(x) && x >= 1 && x <= 1000, 'an integer in 1..1000'),
+        weights: w as string | null, seed,
+      };
+    }
+    case 'save_state':
+    case 'save_weights':
+    case 'load_state':
+      if (req.overwrite !== undefined && typeof req.overwrite !== 'boolean') bad('overwrite must be true or false');
+      return { id, op: op as 'save_state', name: name(req), overwrite: req.overwrite === true };
+    case 'abort_gradient_epoch':
+      return { id, op: 'abort_gradient_epoch' };
+    case 'heartbeat':
+      return { id, op: 'heartbeat' };
+  }
+}

@@ -1,0 +1,117 @@
+/**
+ * The Vela server: one uWebSockets.js app with the REST routes, the session websocket and the
+ * health checks. `startServer` opens the store, makes sure an API key exists, listens, and
+ * returns a handle whose `close()` shuts down gracefully.
+ */
+import uWS from 'uWebSockets.js';
+import { createRequire } from 'node:module';
+import { HttpError, route, sendJson, sendText, type Req } from './http.ts';
+import { requireOwner } from './auth.ts';
+import { log } from './log.ts';
+import { Store } from './store.ts';
+import { SessionManager, parseSessionConfig, type EngineFactory } from './sessions.ts';
+import { mountSessionSocket } from './session-ws.ts';
+import type { ServerConfig } from './config.ts';
+
+/**
+ * uWS silently swaps in a pure-JS `ws` shim when its native binary fails to load; that shim has
+ * other limits and speed, so refuse it rather than run on it unknowingly.
+ * @throws Error naming the cause when the native binary is not in use.
+ */
+export function assertNativeUws(): void {
+  const require = createRequire(import.meta.url);
+  const main = require.resolve('uWebSockets.js');
+  const nativeLoaded = Object.keys(require.cache).some((k) => k.endsWith('.node') && k.includes('uws_'));
+  const fallbackLoaded = Object.keys(require.cache).some((k) => k.startsWith(main.replace(/src[/\\]uws\.js$/, 'dist')));
+  if (!nativeLoaded || fallbackLoaded || process.env.UWS_USE_FALLBACK) {
+    throw new Error(
+      `uWebSockets.js could not load its native binary for ${process.platform}-${process.arch} (Node ABI ${process.versions.modules}) ` +
+        'and fell back to a pure-JS shim; Vela refuses to run on it. Use Node 20 on linux-x64/arm64 or darwin.',
+    );
+  }
+}
+
+export interface ServerHandle {
+  port: number;
+  host: string;
+  baseUrl: string;
+  store: Store;
+  sessions: SessionManager;
+  /** Stop accepting, close every session (answering what is in flight), close engines and the store. */
+  close(): Promise<void>;
+}
+
+export interface StartOptions {
+  engineFactory?: EngineFactory;
+  /** Called once with a key that was created because the store had none. */
+  onNewKey?: (key: string) => void;
+}
+
+export async function startServer(config: ServerConfig, opts: StartOptions = {}): Promise<ServerHandle> {
+  assertNativeUws();
+  const store = new Store(config.dataDir);
+  const orphans = store.closeOrphanSessions('the server restarted; session memory is lost (load a saved state in a new session)');
+  if (orphans > 0) log.info(`closed ${orphans} session(s) left open by the previous run`);
+  if (config.apiKey) store.ensureApiKey(config.apiKey);
+  else if (store.countApiKeys() === 0) {
+    const { key } = store.createApiKey('first key');
+    (opts.onNewKey ?? ((k) => log.info(`created an API key (shown once): ${k}`)))(key);
+  }
+  const sessions = new SessionManager(store, config, opts.engineFactory);
+  const app = uWS.App();
+  let baseUrl = '';
+  const wsBase = () => (config.publicUrl ?? baseUrl).replace(/^http/, 'ws').replace(/\/$/, '');
+
+  app.get('/healthz', route(0, (r) => sendText(r, 200, 'OK')));
+  app.get('/health', route(0, (r) => sendJson(r, 200, { status: 'ok', backend: config.backend })));
+
+  app.post('/v1/training_sessions', route(0, async (r) => {
+    const owner = requireOwner(store, r);
+    const cfg = parseSessionConfig(await r.json());
+    const row = sessions.create(owner, cfg, baseUrl);
+    sendJson(r, 200, sessions.toJson(row, wsBase()));
+  }));
+  app.get('/v1/training_sessions', route(0, (r) => {
+    const owner = requireOwner(store, r);
+    sendJson(r, 200, { object: 'list', data: store.listSessions(owner).map((s) => sessions.toJson(s, wsBase())) });
+  }));
+  const ownSession = (r: Req) => {
+    const owner = requireOwner(store, r);
+    const row = store.getSession(r.params[0]!);
+    if (!row || row.owner !== owner) throw new HttpError(404, `no training session ${r.params[0]}`);
+    return row;
+  };
+  app.get('/v1/training_sessions/:id', route(1, (r) => sendJson(r, 200, sessions.toJson(ownSession(r), wsBase()))));
+  app.post('/v1/training_sessions/:id/close', route(1, async (r) => {
+    const row = ownSession(r);
+    await sessions.close(row.id);
+    sendJson(r, 200, sessions.toJson(store.getSession(row.id)!, wsBase()));
+  }));
+
+  mountSessionSocket(app, { store, sessions, config });
+
+  app.any('/*', route(0, (r) => {
+    throw new HttpError(404, `no route ${r.method} ${r.url}`);
+  }));
+
+  const listenSocket = await new Promise<uWS.us_listen_socket>((resolve, reject) => {
+    app.listen(config.host, config.port, (ls) => (ls ? resolve(ls) : reject(new Error(`cannot listen on ${config.host}:${config.port} (in use?)`))));
+  });
+  const port = uWS.us_socket_local_port(listenSocket);
+  baseUrl = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`;
+
+  let closing: Promise<void> | null = null;
+  return {
+    port,
+    host: config.host,
+    baseUrl,
+    store,
+    sessions,
+    close: () =>
+      (closing ??= (async () => {
+        uWS.us_listen_socket_close(listenSocket);
+        await sessions.shutdown();
+        store.close();
+      })()),
+  };
+}

@@ -1,0 +1,136 @@
+/**
+ * Operator settings (PROTOCOL.md sections 8 and 9): every setting is a flag and an environment
+ * variable. Flags win over the environment, the environment over the defaults.
+ */
+import os from 'node:os';
+import path from 'node:path';
+
+export class ConfigError extends Error {
+  readonly code = 'bad_config';
+  constructor(message: string) {
+    super(message);
+    this.name = 'ConfigError';
+  }
+}
+
+const MiB = 1024 * 1024;
+
+/** One setting: its flag, its environment variable, its default and how to parse it. */
+interface Setting {
+  key: keyof ServerConfig;
+  flag: string;
+  env: string;
+  help: string;
+  kind: 'string' | 'int' | 'number' | 'bool';
+  def: (env: NodeJS.ProcessEnv) => string | number | boolean | undefined;
+}
+
+export interface ServerConfig {
+  host: string;
+  port: number;
+  dataDir: string;
+  datasetsDir: string;
+  apiKey: string | undefined;
+  backend: string;
+  publicUrl: string | undefined;
+  allowAbsoluteDatasets: boolean;
+  maxSessionMessageBytes: number;
+  maxPolicyMessageBytes: number;
+  maxObservationBytes: number;
+  maxImagePixels: number;
+  maxBatch: number;
+  maxPromptBytes: number;
+  sessionsPerKey: number;
+  sessionIdleTimeoutS: number;
+  futureTtlS: number;
+  readAhead: number;
+  logLevel: string;
+}
+
+function defaultDatasetsDir(env: NodeJS.ProcessEnv): string {
+  if (env.HF_LEROBOT_HOME) return env.HF_LEROBOT_HOME;
+  return path.join(os.homedir(), '.cache', 'huggingface', 'lerobot');
+}
+
+export const SETTINGS: Setting[] = [
+  { key: 'host', flag: '--host', env: 'VELA_HOST', kind: 'string', def: () => '127.0.0.1', help: 'address to bind' },
+  { key: 'port', flag: '--port', env: 'VELA_PORT', kind: 'int', def: () => 8080, help: 'port to listen on (0 picks a free one)' },
+  { key: 'dataDir', flag: '--data-dir', env: 'VELA_DATA_DIR', kind: 'string', def: () => './vela-data', help: 'the SQLite file, checkpoints and job outputs' },
+  { key: 'datasetsDir', flag: '--datasets-dir', env: 'VELA_DATASETS_DIR', kind: 'string', def: defaultDatasetsDir, help: 'root that dataset_name resolves under (default $HF_LEROBOT_HOME, else ~/.cache/huggingface/lerobot)' },
+  { key: 'apiKey', flag: '--api-key', env: 'VELA_API_KEY', kind: 'string', def: () => undefined, help: 'an API key to accept (one is created and printed when the store has none)' },
+  { key: 'backend', flag: '--backend', env: 'VELA_BACKEND', kind: 'string', def: () => 'auto', help: 'auto | node-gpu | node | wasm | cpu (TF.js backend of the engines)' },
+  { key: 'publicUrl', flag: '--public-url', env: 'VELA_PUBLIC_URL', kind: 'string', def: () => undefined, help: 'base of session and policy URLs behind a proxy' },
+  { key: 'allowAbsoluteDatasets', flag: '--allow-absolute-datasets', env: 'VELA_ALLOW_ABSOLUTE_DATASETS', kind: 'bool', def: () => false, help: 'let dataset_name be an absolute path' },
+  { key: 'maxSessionMessageBytes', flag: '--max-session-message-bytes', env: 'VELA_MAX_SESSION_MESSAGE_BYTES', kind: 'int', def: () => 64 * MiB, help: 'session websocket message limit' },
+  { key: 'maxPolicyMessageBytes', flag: '--max-policy-message-bytes', env: 'VELA_MAX_POLICY_MESSAGE_BYTES', kind: 'int', def: () => 16 * MiB, help: 'policy websocket message limit' },
+  { key: 'maxObservationBytes', flag: '--max-observation-bytes', env: 'VELA_MAX_OBSERVATION_BYTES', kind: 'int', def: () => 64 * MiB, help: 'decompressed observation limit' },
+  { key: 'maxImagePixels', flag: '--max-image-pixels', env: 'VELA_MAX_IMAGE_PIXELS', kind: 'int', def: () => 4096 * 4096, help: 'largest frame, in pixels' },
+  { key: 'maxBatch', flag: '--max-batch', env: 'VELA_MAX_BATCH', kind: 'int', def: () => 256, help: 'datums per request' },
+  { key: 'maxPromptBytes', flag: '--max-prompt-bytes', env: 'VELA_MAX_PROMPT_BYTES', kind: 'int', def: () => 1024, help: 'prompt length in UTF-8 bytes' },
+  { key: 'sessionsPerKey', flag: '--sessions-per-key', env: 'VELA_SESSIONS_PER_KEY', kind: 'int', def: () => 4, help: 'open training sessions per API key' },
+  { key: 'sessionIdleTimeoutS', flag: '--session-idle-timeout-s', env: 'VELA_SESSION_IDLE_TIMEOUT_S', kind: 'number', def: () => 1800, help: 'close a session after this long without a message' },
+  { key: 'futureTtlS', flag: '--future-ttl-s', env: 'VELA_FUTURE_TTL_S', kind: 'number', def: () => 3600, help: 'how long futures results are kept' },
+  { key: 'readAhead', flag: '--read-ahead', env: 'VELA_READ_AHEAD', kind: 'int', def: () => 32, help: 'queued requests per session connection before new ones are refused as busy' },
+  { key: 'logLevel', flag: '--log-level', env: 'VELA_LOG_LEVEL', kind: 'string', def: () => 'info', help: 'error | warn | info | debug' },
+];
+
+function parseValue(s: Setting, raw: string, from: string): string | number | boolean {
+  switch (s.kind) {
+    case 'string':
+      return raw;
+    case 'bool':
+      if (/^(1|true|yes|on)$/i.test(raw)) return true;
+      if (/^(0|false|no|off)$/i.test(raw)) return false;
+      throw new ConfigError(`${from} must be true or false, got "${raw}"`);
+    case 'int':
+    case 'number': {
+      const n = Number(raw);
+      if (raw.trim() === '' || !Number.isFinite(n) || n < 0 || (s.kind === 'int' && !Number.isInteger(n))) {
+        throw new ConfigError(`${from} must be a non-negative ${s.kind === 'int' ? 'integer' : 'number'}, got "${raw}"`);
+      }
+      return n;
+    }
+  }
+}
+
+/**
+ * Resolve the configuration from flags (`--port 9000` or `--port=9000`), the environment and
+ * the defaults. Returns the config and the arguments that were not settings.
+ * @throws ConfigError for an unknown `--flag` or a value that does not parse.
+ */
+export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env): { config: ServerConfig; rest: string[] } {
+  const out: Record<string, unknown> = {};
+  for (const s of SETTINGS) {
+    const fromEnv = env[s.env];
+    out[s.key] = fromEnv !== undefined && fromEnv !== '' ? parseValue(s, fromEnv, s.env) : s.def(env);
+  }
+  const rest: string[] = [];
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!;
+    if (!arg.startsWith('--')) {
+      rest.push(arg);
+      continue;
+    }
+    const eq = arg.indexOf('=');
+    const flag = eq >= 0 ? arg.slice(0, eq) : arg;
+    const s = SETTINGS.find((x) => x.flag === flag);
+    if (!s) {
+      rest.push(arg);
+      continue;
+    }
+    let raw: string | undefined;
+    if (eq >= 0) raw = arg.slice(eq + 1);
+    else if (s.kind === 'bool' && (argv[i + 1] === undefined || argv[i + 1]!.startsWith('--'))) raw = 'true';
+    else raw = argv[++i];
+    if (raw === undefined) throw new ConfigError(`${flag} needs a value`);
+    out[s.key] = parseValue(s, raw, flag);
+  }
+  const config = out as unknown as ServerConfig;
+  if (config.port > 65535) throw new ConfigError(`--port must be at most 65535, got ${config.port}`);
+  return { config, rest };
+}
+
+/** The settings table for `--help`. */
+export function settingsHelp(): string {
+  return SETTINGS.map((s) => `  ${(s.flag + (s.kind === 'bool' ? '' : ' V')).padEnd(32)} ${s.env.padEnd(32)} ${s.help}`).join('\n');
+}

@@ -1,0 +1,150 @@
+/**
+ * The engine host: the main thread's handle on one engine worker (one per preset and backend).
+ * The worker holds the shared base weights and every session's adapter, gradients and optimizer
+ * state; the host only queues calls. Calls of one session run in order; sessions take turns
+ * (round-robin), so one client's pipeline cannot starve another's. One call is in the worker
+ * at a time, which keeps a crash or a long op attributable to one session.
+ */
+import { Worker } from 'node:worker_threads';
+import { EngineError, type EngineInfo, type FromWorker, type ToWorker } from './messages.ts';
+import { log } from '../log.ts';
+
+interface Pending {
+  callId: number;
+  session: string;
+  op: string;
+  args: Record<string, unknown>;
+  transfer: ArrayBuffer[];
+  resolve: (v: any) => void;
+  reject: (e: Error) => void;
+}
+
+export interface EngineOptions {
+  preset: string;
+  backend: string;
+  seed?: number;
+  baseWeightsPath?: string;
+}
+
+/** The interface the session server, jobs and the policy server use (tests inject stubs). */
+export interface EngineLike {
+  readonly info: EngineInfo;
+  call<T = unknown>(session: string, op: string, args?: Record<string, unknown>, transfer?: ArrayBuffer[]): Promise<T>;
+  stats(): { queued: number; sessions: number; calls: number };
+  close(): Promise<void>;
+}
+
+export class Engine implements EngineLike {
+  private queues = new Map<string, Pending[]>();
+  private order: string[] = []; // round-robin order of sessions with queued calls
+  private inFlight: Pending | null = null;
+  private nextCallId = 1;
+  private calls = 0;
+  private dead: Error | null = null;
+
+  private constructor(private worker: Worker, readonly info: EngineInfo) {
+    worker.on('message', (m: FromWorker) => this.onMessage(m));
+    worker.on('error', (e) => this.fail(new Error(`engine worker crashed: ${e.message}`)));
+    worker.on('exit', (code) => this.fail(new Error(`engine worker exited with code ${code}`)));
+  }
+
+  /**
+   * Start a worker and build the preset's base weights in it.
+   * @throws Error with the worker's reason when the model cannot be built (unknown preset, backend).
+   */
+  static async start(opts: EngineOptions): Promise<Engine> {
+    const worker = new Worker(new URL('./bootstrap.mjs', import.meta.url), {
+      workerData: { entry: new URL('./worker.ts', import.meta.url).href },
+    });
+    const info = await new Promise<EngineInfo>((resolve, reject) => {
+      const onMsg = (m: FromWorker) => {
+        if (m.kind === 'ready') resolve(m.info);
+        else if (m.kind === 'init_failed') reject(new Error(m.error));
+        else if (m.kind === 'log') relayLog(m);
+      };
+      worker.on('message', onMsg);
+      worker.once('error', reject);
+      worker.once('exit', (code) => reject(new Error(`engine worker exited with code ${code} while starting`)));
+      const init: ToWorker = { kind: 'init', preset: opts.preset, backend: opts.backend, seed: opts.seed ?? 0, baseWeightsPath: opts.baseWeightsPath };
+      worker.postMessage(init);
+    }).catch(async (e) => {
+      await worker.terminate();
+      throw e;
+    });
+    worker.removeAllListeners();
+    return new Engine(worker, info);
+  }
+
+  /**
+   * Queue one op for a session; resolves with its result.
+   * @throws EngineError for a client-caused failure (the message is safe to show), Error otherwise.
+   */
+  call<T = unknown>(session: string, op: string, args: Record<string, unknown> = {}, transfer: ArrayBuffer[] = []): Promise<T> {
+    if (this.dead) return Promise.reject(this.dead);
+    return new Promise<T>((resolve, reject) => {
+      const p: Pending = { callId: this.nextCallId++, session, op, args, transfer, resolve, reject };
+      let q = this.queues.get(session);
+      if (!q) this.queues.set(session, (q = []));
+      if (q.length === 0) this.order.push(session);
+      q.push(p);
+      this.pump();
+    });
+  }
+
+  stats() {
+    let queued = 0;
+    for (const q of this.queues.values()) queued += q.length;
+    return { queued, sessions: this.queues.size, calls: this.calls };
+  }
+
+  private pump(): void {
+    if (this.inFlight || this.order.length === 0) return;
+    const session = this.order.shift()!;
+    const q = this.queues.get(session)!;
+    const p = q.shift()!;
+    if (q.length > 0) this.order.push(session);
+    else this.queues.delete(session);
+    this.inFlight = p;
+    this.calls++;
+    const msg: ToWorker = { kind: 'call', callId: p.callId, session: p.session, op: p.op, args: p.args };
+    this.worker.postMessage(msg, p.transfer);
+  }
+
+  private onMessage(m: FromWorker): void {
+    if (m.kind === 'log') return relayLog(m);
+    if (m.kind !== 'result' && m.kind !== 'error') return;
+    const p = this.inFlight;
+    if (!p || p.callId !== m.callId) {
+      log.error(`engine answered call ${m.callId} but ${p?.callId ?? 'none'} was in flight`);
+      return;
+    }
+    this.inFlight = null;
+    if (m.kind === 'result') p.resolve(m.result);
+    else if (!m.internal) p.reject(new EngineError(m.code, m.error));
+    else {
+      log.error(`engine op ${p.op} of ${p.session} failed: ${m.error}\n${m.stack ?? ''}`);
+      p.reject(new Error(m.error));
+    }
+    this.pump();
+  }
+
+  private fail(err: Error): void {
+    if (this.dead) return;
+    this.dead = err;
+    log.error(err.message);
+    const all = [...(this.inFlight ? [this.inFlight] : []), ...[...this.queues.values()].flat()];
+    this.inFlight = null;
+    this.queues.clear();
+    this.order = [];
+    for (const p of all) p.reject(err);
+  }
+
+  async close(): Promise<void> {
+    this.fail(new Error('engine closed'));
+    await this.worker.terminate();
+  }
+}
+
+function relayLog(m: Extract<FromWorker, { kind: 'log' }>): void {
+  log[m.level](`[engine] ${m.message}`);
+}

@@ -1,0 +1,143 @@
+/**
+ * A small layer over uWebSockets.js HTTP: a copied request, body reading with a limit, JSON
+ * answers, and the mapping of errors to PROTOCOL.md section 0's status codes. uWS rules kept
+ * here once: copy everything from `HttpRequest` synchronously, register `onAborted` before any
+ * await, and `cork` every write made after an await.
+ */
+import type { HttpRequest, HttpResponse } from 'uWebSockets.js';
+import { ProtocolError } from '../protocol/errors.ts';
+import { log } from './log.ts';
+import { randomId } from './store.ts';
+
+/** An HTTP error that the client caused or must see: `{"error": message}` with `status`. */
+export class HttpError extends Error {
+  constructor(readonly status: number, message: string, readonly extra: Record<string, unknown> = {}) {
+    super(message);
+    this.name = 'HttpError';
+  }
+}
+
+const STATUS_TEXT: Record<number, string> = {
+  200: '200 OK', 201: '201 Created', 204: '204 No Content', 400: '400 Bad Request', 401: '401 Unauthorized',
+  404: '404 Not Found', 405: '405 Method Not Allowed', 409: '409 Conflict', 410: '410 Gone', 413: '413 Payload Too Large',
+  429: '429 Too Many Requests', 500: '500 Internal Server Error', 503: '503 Service Unavailable', 507: '507 Insufficient Storage',
+};
+
+export function statusLine(status: number): string {
+  return STATUS_TEXT[status] ?? `${status} Status`;
+}
+
+/** What a handler sees of a request: copied out of uWS's stack-allocated `HttpRequest`. */
+export interface Req {
+  method: string;
+  url: string;
+  query: URLSearchParams;
+  headers: Record<string, string>;
+  params: string[];
+  res: HttpResponse;
+  aborted: boolean;
+  /** Reads the whole body (at most `limitBytes`, else 413). */
+  body(limitBytes?: number): Promise<Buffer>;
+  /** Reads and parses a JSON object body (400 when it is not one). */
+  json<T = Record<string, unknown>>(limitBytes?: number): Promise<T>;
+}
+
+export function copyRequest(res: HttpResponse, req: HttpRequest, paramCount: number): Req {
+  const headers: Record<string, string> = {};
+  req.forEach((k, v) => (headers[k] = v));
+  const params: string[] = [];
+  for (let i = 0; i < paramCount; i++) params.push(decodeURIComponent(req.getParameter(i) ?? ''));
+
+  // onData must be attached synchronously; chunks past the limit are counted, not kept.
+  const chunks: Buffer[] = [];
+  let size = 0;
+  let limit = Infinity;
+  let done = false;
+  let wake: (() => void) | null = null;
+  res.onData((chunk, isLast) => {
+    size += chunk.byteLength;
+    if (size <= limit) chunks.push(Buffer.from(chunk.slice(0)));
+    if (isLast) {
+      done = true;
+      wake?.();
+    }
+  });
+
+  const r: Req = {
+    method: req.getMethod().toUpperCase(),
+    url: req.getUrl(),
+    query: new URLSearchParams(req.getQuery() ?? ''),
+    headers,
+    params,
+    res,
+    aborted: false,
+    async body(limitBytes = 1024 * 1024) {
+      const declared = Number(headers['content-length'] ?? 0);
+      if (declared > limitBytes) throw new HttpError(413, `body is ${declared} bytes; the limit is ${limitBytes}`);
+      limit = limitBytes;
+      if (!done) await new Promise<void>((resolve) => (wake = resolve));
+      if (size > limitBytes) throw new HttpError(413, `body is ${size} bytes; the limit is ${limitBytes}`);
+      return Buffer.concat(chunks);
+    },
+    async json<T>(limitBytes?: number) {
+      const buf = await r.body(limitBytes);
+      if (buf.length === 0) return {} as T;
+      let value: unknown;
+      try {
+        value = JSON.parse(buf.toString('utf8'));
+      } catch (e) {
+        throw new HttpError(400, `body is not valid JSON: ${(e as Error).message}`);
+      }
+      if (value === null || typeof value !== 'object' || Array.isArray(value)) throw new HttpError(400, 'body must be a JSON object');
+      return value as T;
+    },
+  };
+  return r;
+}
+
+/** Send a JSON answer (corked: safe after an await). No-op when the client went away. */
+export function sendJson(r: Req, status: number, body: unknown, headers: Record<string, string> = {}): void {
+  if (r.aborted) return;
+  r.aborted = true; // a response is ended once
+  r.res.cork(() => {
+    r.res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json');
+    for (const [k, v] of Object.entries(headers)) r.res.writeHeader(k, v);
+    r.res.end(JSON.stringify(body));
+  });
+}
+
+export function sendText(r: Req, status: number, text: string, contentType = 'text/plain; charset=utf-8'): void {
+  if (r.aborted) return;
+  r.aborted = true;
+  r.res.cork(() => {
+    r.res.writeStatus(statusLine(status)).writeHeader('content-type', contentType).end(text);
+  });
+}
+
+/** Map any thrown value to an answer; unexpected ones are 500 with a request id, logged with the stack. */
+export function sendError(r: Req, err: unknown): void {
+  if (err instanceof HttpError) return sendJson(r, err.status, { error: err.message, ...err.extra });
+  if (err instanceof ProtocolError) return sendJson(r, err.code === 'too_large' ? 413 : 400, { error: err.message, code: err.code });
+  const code = (err as { code?: unknown })?.code;
+  if (err instanceof Error && typeof code === 'string' && (err as any).status) {
+    return sendJson(r, (err as any).status, { error: err.message, code });
+  }
+  const requestId = randomId('req-');
+  log.error(`${r.method} ${r.url} failed (${requestId})`, err);
+  sendJson(r, 500, { error: 'internal error', request_id: requestId });
+}
+
+export type Handler = (r: Req) => Promise<void> | void;
+
+/** Wrap a handler: copy the request, track aborts, and turn every throw into an answer. */
+export function route(paramCount: number, handler: Handler) {
+  return (res: HttpResponse, req: HttpRequest) => {
+    const r = copyRequest(res, req, paramCount);
+    res.onAborted(() => {
+      r.aborted = true;
+    });
+    Promise.resolve()
+      .then(() => handler(r))
+      .catch((err) => sendError(r, err));
+  };
+}

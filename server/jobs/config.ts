@@ -1,0 +1,96 @@
+/**
+ * The fine-tune config of `POST /v1/fine-tunes` (PROTOCOL.md section 1): validation with a 400
+ * naming the field, defaults filled in, and the dataset name resolved under the data root.
+ */
+import path from 'node:path';
+import { PRESETS, PRESET_ALIASES, resolvePreset } from '../../kernels/config.ts';
+import { HttpError } from '../http.ts';
+
+export interface FineTuneConfig {
+  model: string;
+  dataset_name: string;
+  batch_size: number;
+  learning_rate: number;
+  steps: number;
+  finetune: 'lora' | 'full';
+  lora_rank: number;
+  lora_alpha: number;
+  targets: string[];
+  cameras: string[] | null; // null: every camera of the dataset, up to the model's slots
+  action_space: 'delta' | 'absolute' | null; // null: the dataset's default (MODEL.md)
+  name: string | null;
+  seed: number;
+  eval_every: number; // steps between evaluations on held-out episodes (0 = only at the end)
+  checkpoint_every: number; // steps between resumable checkpoints
+}
+
+const TARGETS = ['attn', 'mlp', 'action_expert', 'prefix_expert', 'all'];
+const FIELDS = ['model', 'dataset_name', 'batch_size', 'learning_rate', 'steps', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed', 'eval_every', 'checkpoint_every'];
+
+function bad(msg: string): never {
+  throw new HttpError(400, msg);
+}
+
+function int(body: Record<string, unknown>, k: string, def: number, lo: number, hi: number): number {
+  const v = body[k] ?? def;
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < lo || v > hi) bad(`${k} must be an integer in ${lo}..${hi}, got ${JSON.stringify(v)}`);
+  return v;
+}
+
+/**
+ * Validate a fine-tune body and fill defaults.
+ * @throws HttpError 400 naming the field that is wrong.
+ */
+export function parseFineTuneConfig(body: Record<string, unknown>): FineTuneConfig {
+  for (const k of Object.keys(body)) if (!FIELDS.includes(k)) bad(`unknown field "${k}"; known fields: ${FIELDS.join(', ')}`);
+  const names = [...Object.keys(PRESETS), ...Object.keys(PRESET_ALIASES)];
+  if (typeof body.model !== 'string' || !names.includes(body.model)) bad(`model must be one of ${names.join(', ')}, got ${JSON.stringify(body.model)}`);
+  const ds = body.dataset_name;
+  if (typeof ds !== 'string' || ds.length === 0 || ds.length > 512) bad('dataset_name is required: a LeRobot dataset folder under the datasets root, e.g. "lerobot/pusht_image"');
+  const lr = body.learning_rate ?? 1e-4;
+  if (typeof lr !== 'number' || !(lr > 0) || lr > 1) bad(`learning_rate must be > 0 and <= 1, got ${JSON.stringify(lr)}`);
+  const finetune = body.finetune ?? 'lora';
+  if (finetune !== 'lora' && finetune !== 'full') bad(`finetune must be "lora" or "full", got ${JSON.stringify(finetune)}`);
+  const alpha = body.lora_alpha ?? 32;
+  if (typeof alpha !== 'number' || !(alpha > 0) || !Number.isFinite(alpha)) bad(`lora_alpha must be a number > 0, got ${JSON.stringify(alpha)}`);
+  const targets = body.targets ?? ['all'];
+  if (!Array.isArray(targets) || targets.length === 0 || !targets.every((t) => TARGETS.includes(t as string))) bad(`targets must be a non-empty list of ${TARGETS.join(', ')}, got ${JSON.stringify(targets)}`);
+  const cameras = body.cameras ?? null;
+  if (cameras !== null && (!Array.isArray(cameras) || cameras.length === 0 || !cameras.every((c) => typeof c === 'string' && c.length > 0))) bad(`cameras must be a non-empty list of camera names, got ${JSON.stringify(cameras)}`);
+  const space = body.action_space ?? null;
+  if (space !== null && space !== 'delta' && space !== 'absolute') bad(`action_space must be "delta" or "absolute", got ${JSON.stringify(space)}`);
+  const name = body.name ?? null;
+  if (name !== null && (typeof name !== 'string' || name.length > 128)) bad('name must be a string of at most 128 characters');
+  const steps = int(body, 'steps', 1000, 1, 1_000_000);
+  return {
+    model: resolvePreset(body.model as string),
+    dataset_name: ds,
+    batch_size: int(body, 'batch_size', 32, 1, 1024),
+    learning_rate: lr,
+    steps,
+    finetune,
+    lora_rank: int(body, 'lora_rank', 16, 1, 256),
+    lora_alpha: alpha,
+    targets: targets as string[],
+    cameras: cameras as string[] | null,
+    action_space: space,
+    name: name as string | null,
+    seed: int(body, 'seed', 0, 0, 2 ** 31 - 1),
+    eval_every: int(body, 'eval_every', Math.max(1, Math.min(500, Math.ceil(steps / 4))), 0, 1_000_000),
+    checkpoint_every: int(body, 'checkpoint_every', Math.max(1, Math.min(500, Math.ceil(steps / 10))), 1, 1_000_000),
+  };
+}
+
+/**
+ * Resolve `dataset_name` under the datasets root: `lerobot/pusht_image` -> `<root>/lerobot/pusht_image`.
+ * @throws HttpError 400 for `..` segments, or an absolute path the operator did not allow.
+ */
+export function resolveDatasetDir(name: string, root: string, allowAbsolute: boolean): string {
+  if (path.isAbsolute(name)) {
+    if (!allowAbsolute) bad(`dataset_name "${name}" is an absolute path; the operator has not allowed that (--allow-absolute-datasets)`);
+    return path.resolve(name);
+  }
+  const segments = name.split(/[\\/]/);
+  if (segments.some((s) => s === '..' || s === '.' || s === '')) bad(`dataset_name "${name}" must be plain relative segments (no "..", ".", or empty parts)`);
+  return path.resolve(root, ...segments);
+}

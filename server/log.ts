@@ -1,0 +1,22 @@
+/** One-line server log on stderr, with a level filter (VELA_LOG_LEVEL). Stacks stay here, never on the wire. */
+const LEVELS = { error: 0, warn: 1, info: 2, debug: 3 } as const;
+type Level = keyof typeof LEVELS;
+let threshold: number = LEVELS.info;
+
+function write(level: Level, msg: string, err?: unknown): void {
+  if (LEVELS[level] > threshold) return;
+  const line = `${new Date().toISOString()} ${level.padEnd(5)} ${msg}`;
+  process.stderr.write(line + '\n');
+  if (err !== undefined) process.stderr.write(((err as Error)?.stack ?? String(err)) + '\n');
+}
+
+export const log = {
+  setLevel(level: string): void {
+    if (!(level in LEVELS)) throw new Error(`log level must be one of ${Object.keys(LEVELS).join(', ')}, got "${level}"`);
+    threshold = LEVELS[level as Level];
+  },
+  error: (msg: string, err?: unknown) => write('error', msg, err),
+  warn: (msg: string, err?: unknown) => write('warn', msg, err),
+  info: (msg: string) => write('info', msg),
+  debug: (msg: string) => write('debug', msg),
+};

@@ -1,0 +1,174 @@
+/**
+ * Running one session request: decode its frames and arrays into the model's batch layout (on
+ * the main thread; sharp decodes off the event loop), then hand it to the engine, then shape the
+ * result for the wire. A session's engine calls are chained in request order; frame decoding of
+ * request n + 1 overlaps the engine's work on request n.
+ */
+import { ProtocolError } from '../protocol/errors.ts';
+import { decodeFrame, resizeWithPad } from '../protocol/frames.ts';
+import { ndarray, type NDArray } from '../protocol/ndarray.ts';
+import type { SessionRequest, WireDatum } from '../protocol/messages.ts';
+import { makeBatch, type DatumInput, type ModelBatch } from '../kernels/batch.ts';
+import { makeConfig, type PolicyConfig } from '../kernels/config.ts';
+import type { ServerConfig } from './config.ts';
+import type { LiveSession } from './sessions.ts';
+
+/** Numbers of any numeric ndarray as float32 (int64 via Number). */
+export function toFloat32(a: NDArray): Float32Array {
+  if (a.data instanceof Float32Array) return a.data;
+  const out = new Float32Array(a.data.length);
+  for (let i = 0; i < out.length; i++) out[i] = Number(a.data[i]);
+  return out;
+}
+
+const configs = new Map<string, PolicyConfig>();
+function configOf(preset: string): PolicyConfig {
+  let c = configs.get(preset);
+  if (!c) configs.set(preset, (c = makeConfig(preset)));
+  return c;
+}
+
+/** The slot of each camera of a datum, binding new camera names to free slots in first-seen order. */
+function slotsFor(live: LiveSession, cams: Iterable<string>, slots: number, i: number): Map<string, number> {
+  const out = new Map<string, number>();
+  for (const cam of cams) {
+    let k = live.cameras.indexOf(cam);
+    if (k < 0) {
+      if (live.cameras.length >= slots) {
+        throw new ProtocolError('bad_request', `data[${i}] has camera "${cam}"; the model's ${slots} image slots are bound to ${live.cameras.join(', ')}`);
+      }
+      live.cameras.push(cam);
+      k = live.cameras.length - 1;
+    }
+    out.set(cam, k);
+  }
+  return out;
+}
+
+/** Decode the frames and arrays of `data` into a ModelBatch. @throws ProtocolError / ShapeError. */
+export async function buildBatch(live: LiveSession, data: WireDatum[], codec: string, server: ServerConfig): Promise<ModelBatch> {
+  const cfg = configOf(live.config.base_model);
+  // Bind cameras synchronously, in request order, before any await.
+  const bindings = data.map((d, i) => slotsFor(live, d.images.keys(), cfg.slots, i));
+  const datums = await Promise.all(
+    data.map(async (d, i): Promise<DatumInput> => {
+      const images: (Uint8Array | null)[] = new Array(cfg.slots).fill(null);
+      await Promise.all(
+        [...d.images].map(async ([cam, frame]) => {
+          let decoded;
+          try {
+            decoded = await decodeFrame(codec, frame, { maxPixels: server.maxImagePixels });
+          } catch (e) {
+            if (e instanceof ProtocolError) throw new ProtocolError(e.code, `data[${i}].observation.image.${cam}: ${e.message}`);
+            throw e;
+          }
+          images[bindings[i]!.get(cam)!] = (await resizeWithPad(decoded, cfg.imageSize)).data;
+        }),
+      );
+      let actions: DatumInput['actions'];
+      if (d.actions) {
+        if (d.actions.shape.length !== 2) throw new ProtocolError('shape_mismatch', `data[${i}].actions has shape [${d.actions.shape}]; expected [H, A]`);
+        actions = { data: toFloat32(d.actions), horizon: d.actions.shape[0]!, dim: d.actions.shape[1]! };
+        if (actions.horizon > live.actionHorizon) {
+          throw new ProtocolError('shape_mismatch', `data[${i}].actions has ${actions.horizon} steps; this session's action_horizon is ${live.actionHorizon}`);
+        }
+      }
+      if (d.state && d.state.shape.length !== 1) throw new ProtocolError('shape_mismatch', `data[${i}].observation.state has shape [${d.state.shape}]; expected [S]`);
+      return { images, state: d.state ? toFloat32(d.state) : new Float32Array(0), prompt: d.prompt, actions, weight: d.weight };
+    }),
+  );
+  return makeBatch(cfg, datums, { maxPromptBytes: server.maxPromptBytes });
+}
+
+function batchTransfer(b: ModelBatch): ArrayBuffer[] {
+  return [b.images, b.imageMask, b.tokens, b.tokenMask, b.state, b.actions, b.actionMask, b.weight].map((a) => a.buffer as ArrayBuffer);
+}
+
+/** Wire form of a [B, H, A] float32 result, trimmed to the session's action_horizon. */
+function chunk(data: Float32Array, b: number, cfg: PolicyConfig, horizon: number): NDArray {
+  if (horizon === cfg.horizon) return ndarray(data, [b, cfg.horizon, cfg.actionDim]);
+  const out = new Float32Array(b * horizon * cfg.actionDim);
+  for (let i = 0; i < b; i++) out.set(data.subarray(i * cfg.horizon * cfg.actionDim, (i * cfg.horizon + horizon) * cfg.actionDim), i * horizon * cfg.actionDim);
+  return ndarray(out, [b, horizon, cfg.actionDim]);
+}
+
+interface EngineAnswer<T> {
+  result: T;
+  pending_gradients: number;
+}
+
+/**
+ * Run one request of a live session and return its wire result. The engine call waits for every
+ * earlier request of the session (whatever connection sent it); preparation does not.
+ * @throws ProtocolError, ShapeError or EngineError for client-caused failures.
+ */
+export function runOp(live: LiveSession, req: SessionRequest, server: ServerConfig): Promise<unknown> {
+  const run = prepareOp(live, req, server);
+  const done = live.chain.then(run);
+  live.chain = done.catch(() => undefined);
+  return done;
+}
+
+/** Starts the request's preparation now and returns the part that must run in order. */
+function prepareOp(live: LiveSession, req: SessionRequest, server: ServerConfig): () => Promise<unknown> {
+  const engine = live.engine!;
+  const cfg = configOf(live.config.base_model);
+  const call = async <T>(op: string, args: Record<string, unknown>, transfer: ArrayBuffer[] = []): Promise<T> => {
+    const a = await engine.call<EngineAnswer<T>>(live.id, op, args, transfer);
+    live.pendingGradients = a.pending_gradients;
+    return a.result;
+  };
+  switch (req.op) {
+    case 'heartbeat':
+      return async () => ({});
+    case 'forward_backward':
+    case 'forward':
+    case 'sample': {
+      const prepared = buildBatch(live, req.data, req.codec, server);
+      prepared.catch(() => undefined); // observed in order below; avoid an unhandled rejection meanwhile
+      return async () => {
+        const batch = await prepared;
+        const b = batch.size;
+        const transfer = batchTransfer(batch);
+        if (req.op === 'forward_backward') {
+          const r = await call<{ loss: number; lossPerDatum: Float32Array }>('forward_backward', { batch, lossFn: req.loss_fn }, transfer);
+          return { loss: r.loss, loss_per_datum: ndarray(r.lossPerDatum, [b]) };
+        }
+        if (req.op === 'forward') {
+          const r = await call<Record<string, Float32Array>>('forward', { batch, keep: req.keep }, transfer);
+          return {
+            velocity: chunk(r.velocity!, b, cfg, cfg.horizon), target: chunk(r.target!, b, cfg, cfg.horizon),
+            x_t: chunk(r.xT!, b, cfg, cfg.horizon), noise: chunk(r.noise!, b, cfg, cfg.horizon), time: ndarray(r.time!, [b]),
+          };
+        }
+        const r = await call<{ actions: Float32Array }>('sample', { batch, numSteps: req.num_steps, seed: req.seed, weights: req.weights }, transfer);
+        return { actions: chunk(r.actions, b, cfg, live.actionHorizon) };
+      };
+    }
+    case 'backward': {
+      const g = req.velocity_grad;
+      if (g.shape.length !== 3 || g.shape[1] !== cfg.horizon || g.shape[2] !== cfg.actionDim) {
+        const err = new ProtocolError('shape_mismatch', `velocity_grad has shape [${g.shape}]; expected [B, ${cfg.horizon}, ${cfg.actionDim}] like forward's velocity`);
+        return () => Promise.reject(err);
+      }
+      const data = Float32Array.from(toFloat32(g));
+      return () => call('backward', { velocityGrad: data, batchSize: g.shape[0] }, [data.buffer]).then(() => ({}));
+    }
+    case 'optim_step':
+      return () =>
+        call<{ gradNorm: number; skipped: boolean }>('optim_step', {
+          learningRate: req.learning_rate, beta1: req.beta1, beta2: req.beta2, eps: req.eps, weightDecay: req.weight_decay, gradClipNorm: req.grad_clip_norm,
+        }).then((r) => ({ grad_norm: r.gradNorm, skipped: r.skipped }));
+    case 'save_state':
+    case 'save_weights':
+      return () => call(req.op, { name: req.name, overwrite: req.overwrite, cameras: [...live.cameras], actionHorizon: live.actionHorizon });
+    case 'load_state':
+      return () =>
+        call<{ cameras?: string[] }>('load_state', { name: req.name }).then((r) => {
+          if (r.cameras) live.cameras = [...r.cameras];
+          return {};
+        });
+    case 'abort_gradient_epoch':
+      return () => call('abort_gradient_epoch', {});
+  }
+}

@@ -1,0 +1,162 @@
+/**
+ * The session websocket (PROTOCOL.md section 3): binary msgpack requests in, answers out in
+ * request order. Pipelining: frames of a request are decoded while the engine runs the one
+ * before; the engine sees a session's ops in request order. Read-ahead is bounded: past
+ * `readAhead` unanswered requests a request is answered `busy` at once and its payload dropped
+ * (uWS 20.30 cannot pause a websocket's reads), so memory stays bounded whatever a client sends.
+ */
+import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket, us_socket_context_t } from 'uWebSockets.js';
+import { ProtocolError } from '../protocol/errors.ts';
+import { pack, unpack } from '../protocol/msgpack.ts';
+import { fromWire, toWire } from '../protocol/ndarray.ts';
+import { parseRequest, requestIdOf, type SessionRequest } from '../protocol/messages.ts';
+import { credentialOf, safeEqual } from './auth.ts';
+import { EngineError } from './engine/messages.ts';
+import { statusLine } from './http.ts';
+import { log } from './log.ts';
+import { runOp } from './ops.ts';
+import type { LiveSession, SessionManager } from './sessions.ts';
+import type { ServerConfig } from './config.ts';
+import type { Store } from './store.ts';
+
+interface Entry {
+  id: number | null;
+  answer: Buffer | null; // set when ready
+}
+
+interface ConnData {
+  sessionId: string;
+  live?: LiveSession;
+  queue: Entry[];
+  closed: boolean;
+  ws?: WebSocket<ConnData>;
+  handle?: { takeOver(reason: string): void };
+}
+
+/** Turn a thrown value into the error text of an answer; internal errors are logged, not shown. */
+export function errorText(err: unknown, context: string): { error: string; code: string } {
+  if (err instanceof ProtocolError) return { error: err.message, code: err.code };
+  if (err instanceof EngineError) return { error: err.message, code: err.code };
+  const code = (err as { code?: unknown })?.code;
+  if (err instanceof Error && typeof code === 'string' && err.name !== 'Error' && err.name !== 'TypeError') return { error: err.message, code };
+  log.error(`${context}: internal error`, err);
+  return { error: 'internal error (see the server log)', code: 'internal' };
+}
+
+function answerBytes(id: number | null, body: { result: unknown } | { error: string; code: string }): Buffer {
+  return pack(toWire({ id, ...body }));
+}
+
+/** Send every answer at the head of the queue that is ready, in order. */
+function flush(conn: ConnData): void {
+  const ws = conn.ws;
+  if (!ws || conn.closed) return;
+  ws.cork(() => {
+    while (conn.queue.length > 0 && conn.queue[0]!.answer !== null) {
+      const e = conn.queue.shift()!;
+      if (ws.send(e.answer!, true) === 2) {
+        log.warn(`session ${conn.sessionId}: answer ${e.id} dropped by backpressure; closing the connection`);
+        ws.end(1013, 'answers are not being read: backpressure limit reached');
+        return;
+      }
+    }
+  });
+}
+
+export function mountSessionSocket(app: TemplatedApp, deps: { store: Store; sessions: SessionManager; config: ServerConfig }): void {
+  const { store, sessions, config } = deps;
+  const limit = config.maxSessionMessageBytes;
+  app.ws<ConnData>('/v1/training_sessions/:id/ws', {
+    // uWS drops bigger messages with a bare 1006; accept up to a ceiling so that our own check
+    // can close with 1009 and a reason that names the limit.
+    maxPayloadLength: Math.max(2 * limit, limit + 16 * 1024 * 1024),
+    maxBackpressure: 512 * 1024 * 1024,
+    closeOnBackpressureLimit: 0,
+    idleTimeout: 120,
+    sendPingsAutomatically: true,
+    upgrade: (res: HttpResponse, req: HttpRequest, ctx: us_socket_context_t) => {
+      const id = req.getParameter(0) ?? '';
+      const headers: Record<string, string> = {};
+      req.forEach((k, v) => (headers[k] = v));
+      const reject = (status: number, msg: string): void => {
+        res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json').end(JSON.stringify({ error: msg }));
+      };
+      const row = store.getSession(id);
+      const token = credentialOf(headers);
+      if (!row || !token || !safeEqual(token, row.token)) return reject(row && token ? 401 : row ? 401 : 404, row ? 'invalid or missing session token' : `no session ${id}`);
+      if (row.status === 'starting') return reject(409, `session ${id} is starting: poll GET /v1/training_sessions/${id} until ready`);
+      const live = sessions.live.get(id);
+      if (row.status !== 'ready' || !live?.engine) return reject(409, `session ${id} is ${row.status}${row.error ? `: ${row.error}` : ''}`);
+      res.upgrade<ConnData>(
+        { sessionId: id, live, queue: [], closed: false },
+        headers['sec-websocket-key']!, headers['sec-websocket-protocol'] ?? '', headers['sec-websocket-extensions'] ?? '', ctx,
+      );
+    },
+    open: (ws) => {
+      const conn = ws.getUserData();
+      conn.ws = ws;
+      const live = conn.live!;
+      live.connection?.takeOver('taken over by a new connection to the same session');
+      conn.handle = {
+        takeOver: (reason: string) => {
+          if (!conn.closed) ws.end(4001, reason);
+        },
+      };
+      live.connection = conn.handle;
+      live.touch();
+      const info = live.engine!.info;
+      ws.send(pack(toWire({
+        info: {
+          session_id: live.id, model: live.config.base_model, action_horizon: live.actionHorizon, action_dim: info.actionDim,
+          trainable_params: live.trainableParams, image_slots: info.imageSlots, image_size: info.imageSize,
+          state_dim: info.stateDim, max_token_len: info.maxTokenLen, backend: info.backend, cameras: live.cameras,
+          last_request_id: live.lastRequestId, pending_gradients: live.pendingGradients, max_message_bytes: limit, read_ahead: config.readAhead,
+        },
+      })), true);
+    },
+    message: (ws, message, isBinary) => {
+      const conn = ws.getUserData();
+      const live = conn.live!;
+      live.touch();
+      if (message.byteLength > limit) {
+        ws.end(1009, `message is ${message.byteLength} bytes; the limit is ${limit} (--max-session-message-bytes)`);
+        return;
+      }
+      const entry: Entry = { id: null, answer: null };
+      conn.queue.push(entry);
+      const fail = (err: unknown) => {
+        entry.answer = answerBytes(entry.id, errorText(err, `session ${live.id} request ${entry.id}`));
+        flush(conn);
+      };
+      if (!isBinary) return fail(new ProtocolError('bad_request', 'text frames are not accepted: send one binary msgpack value per message'));
+      let req: SessionRequest;
+      try {
+        // The ArrayBuffer dies when this callback returns: decoding copies what it keeps.
+        const value = unpack(new Uint8Array(message));
+        entry.id = requestIdOf(value);
+        if (conn.queue.length > config.readAhead) {
+          throw new ProtocolError('bad_request', `busy: ${conn.queue.length - 1} requests are unanswered (read-ahead ${config.readAhead}); wait for answers before sending more`);
+        }
+        req = parseRequest(fromWire(value), { maxBatch: config.maxBatch, maxPromptBytes: config.maxPromptBytes });
+      } catch (err) {
+        return fail(err);
+      }
+      runOp(live, req, config)
+        .then((result) => {
+          live.lastRequestId = req.id;
+          entry.answer = answerBytes(req.id, { result });
+          flush(conn);
+        })
+        .catch(fail);
+    },
+    drain: (ws) => flush(ws.getUserData()),
+    close: (ws, code) => {
+      const conn = ws.getUserData();
+      conn.closed = true;
+      const live = conn.live;
+      if (live && live.connection === conn.handle) live.connection = null;
+      live?.touch();
+      log.debug(`session ${conn.sessionId}: connection closed (${code})`);
+    },
+  });
+}

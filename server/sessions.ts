@@ -1,0 +1,199 @@
+/**
+ * Training sessions (PROTOCOL.md section 2): creation, the engines behind them, idle cleanup.
+ * A session lives in its engine's memory (adapter, gradients, optimizer moments); the store keeps
+ * its row so that clients can list it and so that a restart can close what was lost.
+ */
+import path from 'node:path';
+import { PRESETS, PRESET_ALIASES, resolvePreset } from '../kernels/config.ts';
+import { Engine, type EngineLike } from './engine/host.ts';
+import { HttpError } from './http.ts';
+import { log } from './log.ts';
+import { newToken } from './auth.ts';
+import { nowS, randomId, type SessionRow, type Store } from './store.ts';
+import type { ServerConfig } from './config.ts';
+
+const PRESET_NAMES = [...Object.keys(PRESETS), ...Object.keys(PRESET_ALIASES)];
+const TARGETS = ['attn', 'mlp', 'action_expert', 'prefix_expert', 'all'];
+
+/** The validated body of `POST /v1/training_sessions`, defaults filled in. */
+export interface SessionConfig {
+  base_model: string;
+  finetune: 'lora' | 'full';
+  rank: number;
+  alpha: number;
+  targets: string[];
+  action_horizon: number | null; // null: the preset's horizon
+  seed: number;
+}
+
+/** Validate a create-session body. @throws HttpError 400 naming the field. */
+export function parseSessionConfig(body: Record<string, unknown>): SessionConfig {
+  const known = ['base_model', 'finetune', 'rank', 'alpha', 'targets', 'action_horizon', 'seed'];
+  for (const k of Object.keys(body)) if (!known.includes(k)) throw new HttpError(400, `unknown field "${k}"; known fields: ${known.join(', ')}`);
+  const base = body.base_model;
+  if (typeof base !== 'string' || !PRESET_NAMES.includes(base)) {
+    throw new HttpError(400, `base_model must be one of ${PRESET_NAMES.join(', ')}, got ${JSON.stringify(base)}`);
+  }
+  const finetune = body.finetune ?? 'lora';
+  if (finetune !== 'lora' && finetune !== 'full') throw new HttpError(400, `finetune must be "lora" or "full", got ${JSON.stringify(finetune)}`);
+  const int = (k: string, def: number, lo: number, hi: number): number => {
+    const v = body[k] ?? def;
+    if (typeof v !== 'number' || !Number.isInteger(v) || v < lo || v > hi) throw new HttpError(400, `${k} must be an integer in ${lo}..${hi}, got ${JSON.stringify(v)}`);
+    return v;
+  };
+  const rank = int('rank', 16, 1, 256);
+  const alpha = body.alpha ?? 32;
+  if (typeof alpha !== 'number' || !(alpha > 0) || !Number.isFinite(alpha)) throw new HttpError(400, `alpha must be a number > 0, got ${JSON.stringify(alpha)}`);
+  const targets = body.targets ?? ['all'];
+  if (!Array.isArray(targets) || targets.length === 0 || !targets.every((t) => typeof t === 'string' && TARGETS.includes(t))) {
+    throw new HttpError(400, `targets must be a non-empty list of ${TARGETS.join(', ')}, got ${JSON.stringify(targets)}`);
+  }
+  const ah = body.action_horizon ?? null;
+  if (ah !== null && (typeof ah !== 'number' || !Number.isInteger(ah) || ah < 1)) throw new HttpError(400, `action_horizon must be a positive integer, got ${JSON.stringify(ah)}`);
+  const seed = int('seed', 0, 0, 2 ** 31 - 1);
+  return { base_model: resolvePreset(base), finetune, rank, alpha, targets: targets as string[], action_horizon: ah as number | null, seed };
+}
+
+/** A session that is open in an engine. */
+export class LiveSession {
+  cameras: string[] = []; // camera name -> slot index, in the order first seen (saved with weights)
+  lastRequestId: number | null = null;
+  pendingGradients = 0;
+  lastActivityMs = Date.now();
+  connection: { takeOver(reason: string): void } | null = null;
+  actionHorizon = 0;
+  trainableParams: number | null = null;
+  /** Tail of the session's ordered engine calls (ops.ts). */
+  chain: Promise<unknown> = Promise.resolve();
+  constructor(readonly row: SessionRow, readonly config: SessionConfig, public engine: EngineLike | null) {}
+  get id(): string {
+    return this.row.id;
+  }
+  touch(): void {
+    this.lastActivityMs = Date.now();
+  }
+}
+
+export type EngineFactory = (preset: string) => Promise<EngineLike>;
+
+export class SessionManager {
+  private engines = new Map<string, Promise<EngineLike>>();
+  readonly live = new Map<string, LiveSession>();
+  private idleTimer: NodeJS.Timeout;
+
+  constructor(
+    private store: Store,
+    private config: ServerConfig,
+    private engineFactory: EngineFactory = (preset) => Engine.start({ preset, backend: config.backend }),
+  ) {
+    this.idleTimer = setInterval(() => this.closeIdle(), Math.min(60_000, config.sessionIdleTimeoutS * 250)).unref();
+  }
+
+  /** The engine of a preset, started on first use and shared by every session of that preset. */
+  engineFor(preset: string): Promise<EngineLike> {
+    let e = this.engines.get(preset);
+    if (!e) {
+      e = this.engineFactory(preset);
+      this.engines.set(preset, e);
+      e.catch(() => this.engines.delete(preset)); // a later session may retry
+    }
+    return e;
+  }
+
+  /** Root folder of a session's saved states and weights. */
+  sessionDir(owner: string, id: string): string {
+    return path.resolve(this.config.dataDir, 'checkpoints', owner, id);
+  }
+
+  /** Create a session row (`starting`) and open it in its engine in the background. */
+  create(owner: string, cfg: SessionConfig, baseUrl: string): SessionRow {
+    const open = this.store.countOpenSessions(owner);
+    if (open >= this.config.sessionsPerKey) {
+      throw new HttpError(429, `this key has ${open} open sessions; the limit is ${this.config.sessionsPerKey}: close one first`);
+    }
+    const id = randomId('ts-');
+    const row: SessionRow = { id, owner, status: 'starting', created_at: nowS(), config: cfg as unknown as Record<string, unknown>, token: newToken(), error: null, closed_at: null };
+    this.store.insertSession(row);
+    const live = new LiveSession(row, cfg, null);
+    this.live.set(id, live);
+    void this.open(live);
+    return row;
+  }
+
+  private async open(live: LiveSession): Promise<void> {
+    try {
+      const engine = await this.engineFor(live.config.base_model);
+      const horizon = live.config.action_horizon ?? engine.info.actionHorizon;
+      if (horizon > engine.info.actionHorizon) {
+        throw new Error(`action_horizon ${horizon} is larger than ${live.config.base_model}'s ${engine.info.actionHorizon}`);
+      }
+      live.actionHorizon = horizon;
+      const created = await engine.call<{ result: { trainableParams: number } }>(live.id, 'create_session', {
+        finetune: live.config.finetune, rank: live.config.rank, alpha: live.config.alpha, targets: live.config.targets,
+        seed: live.config.seed, dir: this.sessionDir(live.row.owner, live.id),
+      });
+      live.trainableParams = created.result.trainableParams;
+      live.engine = engine;
+      if (this.live.get(live.id) !== live) {
+        await engine.call(live.id, 'close_session').catch(() => {}); // closed while starting
+        return;
+      }
+      this.store.updateSession(live.id, { status: 'ready' });
+      log.info(`session ${live.id} ready (${live.config.base_model}, ${live.config.finetune})`);
+    } catch (e) {
+      const reason = (e as Error).message;
+      log.warn(`session ${live.id} failed to start: ${reason}`);
+      this.store.updateSession(live.id, { status: 'error', error: reason, closed_at: nowS() });
+      this.live.delete(live.id);
+    }
+  }
+
+  /** Close a session: its connection ends, its engine memory is freed. Idempotent. */
+  async close(id: string, reason = 'closed by the client'): Promise<void> {
+    const live = this.live.get(id);
+    this.live.delete(id);
+    const row = this.store.getSession(id);
+    if (row && (row.status === 'starting' || row.status === 'ready')) this.store.updateSession(id, { status: 'closed', closed_at: nowS(), error: reason === 'closed by the client' ? null : reason });
+    if (live) {
+      live.connection?.takeOver(`session closed: ${reason}`);
+      if (live.engine) await live.engine.call(id, 'close_session').catch((e) => log.warn(`closing ${id}: ${(e as Error).message}`));
+    }
+  }
+
+  private closeIdle(): void {
+    const limitMs = this.config.sessionIdleTimeoutS * 1000;
+    for (const live of this.live.values()) {
+      if (live.engine && Date.now() - live.lastActivityMs > limitMs) {
+        log.info(`session ${live.id} idle for ${this.config.sessionIdleTimeoutS} s: closing`);
+        void this.close(live.id, `idle for more than ${this.config.sessionIdleTimeoutS} s`);
+      }
+    }
+  }
+
+  /** Public JSON of a session (PROTOCOL.md section 2). */
+  toJson(row: SessionRow, baseWsUrl: string): Record<string, unknown> {
+    const live = this.live.get(row.id);
+    return {
+      id: row.id,
+      object: 'training_session',
+      status: row.status,
+      created_at: row.created_at,
+      ...row.config,
+      action_horizon: live?.actionHorizon || (row.config as any).action_horizon,
+      url: `${baseWsUrl}/v1/training_sessions/${row.id}/ws`,
+      token: row.token,
+      error: row.error,
+      closed_at: row.closed_at,
+    };
+  }
+
+  /** Let in-flight requests finish (up to `graceMs`), then close every session and engine. */
+  async shutdown(graceMs = 10_000): Promise<void> {
+    clearInterval(this.idleTimer);
+    const inFlight = [...this.live.values()].map((l) => l.chain);
+    await Promise.race([Promise.all(inFlight), new Promise((r) => setTimeout(r, graceMs).unref())]);
+    for (const id of [...this.live.keys()]) await this.close(id, 'server shutting down');
+    for (const e of this.engines.values()) await e.then((x) => x.close()).catch(() => {});
+    this.engines.clear();
+  }
+}

@@ -1,0 +1,129 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { api, startTestServer, type TestServer } from './helpers/server.ts';
+import type { EngineLike } from '../server/engine/host.ts';
+import { Store } from '../server/store.ts';
+import { loadConfig } from '../server/config.ts';
+
+/** An engine that answers instantly: these tests are about REST, auth and the store. */
+function stubEngine(): EngineLike {
+  return {
+    info: { preset: 'pi05-tiny', backend: 'stub', backendFallbacks: [], imageSize: 96, imageSlots: 3, stateDim: 32, actionDim: 32, actionHorizon: 16, maxTokenLen: 48, baseParams: 1 },
+    call: async (_s, op) => ({ result: op === 'create_session' ? { trainableParams: 42 } : {}, pending_gradients: 0 }) as any,
+    stats: () => ({ queued: 0, sessions: 0, calls: 0 }),
+    close: async () => {},
+  };
+}
+
+let server: TestServer;
+beforeAll(async () => {
+  server = await startTestServer({ engineFactory: async () => stubEngine() });
+});
+afterAll(() => server.close());
+
+describe('REST training sessions', () => {
+  it('answers healthz without a key', async () => {
+    const res = await fetch(server.baseUrl + '/healthz');
+    expect(res.status).toBe(200);
+    expect(await res.text()).toBe('OK');
+  });
+
+  it('refuses missing and wrong keys with 401', async () => {
+    expect((await api(server, 'GET', '/v1/training_sessions', undefined, null)).status).toBe(401);
+    const wrong = await api(server, 'GET', '/v1/training_sessions', undefined, 'nope');
+    expect(wrong.status).toBe(401);
+    expect(wrong.json.error).toBe('invalid API key');
+  });
+
+  it('creates a session with defaults filled, then it becomes ready', async () => {
+    const { status, json } = await api(server, 'POST', '/v1/training_sessions', { base_model: 'pi05-tiny' });
+    expect(status).toBe(200);
+    expect(json.id).toMatch(/^ts-/);
+    expect(json).toMatchObject({ base_model: 'pi05-tiny', finetune: 'lora', rank: 16, alpha: 32, targets: ['all'], status: 'starting' });
+    expect(json.url).toBe(`${server.baseUrl.replace('http', 'ws')}/v1/training_sessions/${json.id}/ws`);
+    expect(json.token).toMatch(/^tok-/);
+    await new Promise((r) => setTimeout(r, 50));
+    const got = await api(server, 'GET', `/v1/training_sessions/${json.id}`);
+    expect(got.json.status).toBe('ready');
+    expect(got.json.action_horizon).toBe(16);
+    const list = await api(server, 'GET', '/v1/training_sessions');
+    expect(list.json.data.map((s: any) => s.id)).toContain(json.id);
+    const closed = await api(server, 'POST', `/v1/training_sessions/${json.id}/close`);
+    expect(closed.json.status).toBe('closed');
+  });
+
+  it('validates the body with 400s that name the field', async () => {
+    const cases: [unknown, RegExp][] = [
+      [{ base_model: 'gpt-5' }, /base_model must be one of/],
+      [{ base_model: 'pi0-tiny', rank: 0 }, /rank must be an integer in 1..256/],
+      [{ base_model: 'pi0-tiny', targets: ['attn', 'nope'] }, /targets must be/],
+      [{ base_model: 'pi0-tiny', finetune: 'qlora' }, /finetune must be/],
+      [{ base_model: 'pi0-tiny', colour: 'red' }, /unknown field "colour"/],
+      ['{"base_model":', /body is not valid JSON/],
+    ];
+    for (const [body, re] of cases) {
+      const { status, json } = await api(server, 'POST', '/v1/training_sessions', body);
+      expect(status).toBe(400);
+      expect(json.error).toMatch(re);
+    }
+  });
+
+  it('hides a session from another key (404) and refuses a wrong session token', async () => {
+    const other = server.store.createApiKey('other').key;
+    const { json } = await api(server, 'POST', '/v1/training_sessions', { base_model: 'pi0-tiny' });
+    expect((await api(server, 'GET', `/v1/training_sessions/${json.id}`, undefined, other)).status).toBe(404);
+    expect((await api(server, 'POST', `/v1/training_sessions/${json.id}/close`, undefined, other)).status).toBe(404);
+    const list = await api(server, 'GET', '/v1/training_sessions', undefined, other);
+    expect(list.json.data).toEqual([]);
+    await new Promise((r) => setTimeout(r, 50));
+    const ws = await import('ws');
+    const code = await new Promise<number>((resolve) => {
+      const c = new ws.default(json.url, { headers: { authorization: 'Bearer tok-wrong' } });
+      c.on('unexpected-response', (_q, res) => resolve(res.statusCode ?? 0));
+      c.on('open', () => resolve(101));
+    });
+    expect(code).toBe(401);
+    await api(server, 'POST', `/v1/training_sessions/${json.id}/close`);
+  });
+
+  it('limits open sessions per key with 429', async () => {
+    const made: string[] = [];
+    let last = 0;
+    for (let i = 0; i < 6; i++) {
+      const r = await api(server, 'POST', '/v1/training_sessions', { base_model: 'pi0-tiny' });
+      last = r.status;
+      if (r.status === 200) made.push(r.json.id);
+      else expect(r.json.error).toMatch(/limit is 4/);
+    }
+    expect(last).toBe(429);
+    for (const id of made) await api(server, 'POST', `/v1/training_sessions/${id}/close`);
+  });
+
+  it('answers unknown routes with a JSON 404', async () => {
+    const r = await api(server, 'GET', '/v1/nothing');
+    expect(r.status).toBe(404);
+    expect(r.json.error).toMatch(/no route GET \/v1\/nothing/);
+  });
+});
+
+describe('store', () => {
+  it('migrates a fresh file to the current schema and keeps only key hashes', async () => {
+    const s = new Store(server.dataDir);
+    expect(s.schemaVersion).toBeGreaterThanOrEqual(1);
+    const { key, row } = s.createApiKey('t');
+    expect(s.findApiKey(key)).toBe(row.id);
+    const raw = JSON.stringify(s.db.prepare('SELECT * FROM api_keys').all());
+    expect(raw).not.toContain(key);
+    s.close();
+  });
+});
+
+describe('config', () => {
+  it('reads flags over environment over defaults, and refuses bad values', () => {
+    const { config } = loadConfig(['--port', '9001', '--host=0.0.0.0'], { VELA_PORT: '9000', VELA_MAX_BATCH: '8' });
+    expect(config.port).toBe(9001);
+    expect(config.host).toBe('0.0.0.0');
+    expect(config.maxBatch).toBe(8);
+    expect(config.dataDir).toBe('./vela-data');
+    expect(() => loadConfig(['--port', 'x'], {})).toThrow(/--port must be a non-negative integer, got "x"/);
+  });
+});
