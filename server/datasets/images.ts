@@ -46,7 +46,7 @@ async function decodeOne(bytes: Uint8Array, size: number | null, where: string):
  */
 export async function decodeImageFeature(root: string, h: ParquetHandle, ep: EpisodeMeta, key: string, size: number | null): Promise<EpisodeFrames> {
   if (!h.columns.includes(key)) throw new DatasetError('bad_metadata', `${h.rel} lacks the image column ${key}`);
-  const rows = await readRows(h, [key], ep.rowStart, ep.rowStart + ep.length);
+  const rows = await readRows(h, [key], ep.rowStart, ep.rowStart + ep.length, false);
   let out: EpisodeFrames | null = null;
   for (let start = 0; start < rows.length; start += PARALLEL_DECODES) {
     const batch = rows.slice(start, start + PARALLEL_DECODES);

@@ -75,6 +75,8 @@ export async function openParquet(root: string, rel: string): Promise<ParquetHan
 
 /**
  * Reads rows [rowStart, rowEnd) of the named columns as objects (int64 come back as bigint).
+ * `utf8: false` keeps unannotated byte arrays (image bytes) as Uint8Array; strings annotated as
+ * such still decode as strings.
  * @throws DatasetError `corrupt_file` naming the file when a page fails to decode.
  */
 export async function readRows(
@@ -82,10 +84,11 @@ export async function readRows(
   columns: string[],
   rowStart = 0,
   rowEnd = h.numRows,
+  utf8 = true,
 ): Promise<Record<string, unknown>[]> {
   try {
     const compressors = await loadCompressors();
-    return await parquetReadObjects({ file: h.file, metadata: h.metadata, columns, rowStart, rowEnd, compressors });
+    return await parquetReadObjects({ file: h.file, metadata: h.metadata, columns, rowStart, rowEnd, compressors, utf8 });
   } catch (err) {
     throw new DatasetError('corrupt_file', `parquet file ${h.rel} is corrupt: ${(err as Error).message}`);
   }
