@@ -1,0 +1,148 @@
+/**
+ * The policy's configuration: the presets of MODEL.md's table, validated and frozen. The model
+ * (kernels/policy.ts) is built from a PolicyConfig and nothing else.
+ *
+ * Axis legend used in shape comments across kernels/: `b` batch, `ah` action horizon, `ad`
+ * action dim, `s` state dim, `p` prefix tokens, `t` tokens, `w` width, `h` heads, `hd` head
+ * dim, `n` rows (b * tokens), `m` mlp width.
+ */
+
+export type ConfigErrorCode = 'unknown_preset' | 'bad_config';
+
+/** The kernels' configuration error: an unknown preset or a field out of range. */
+export class ConfigError extends Error {
+  readonly code: ConfigErrorCode;
+  constructor(code: ConfigErrorCode, message: string) {
+    super(message);
+    this.name = 'ConfigError';
+    this.code = code;
+  }
+}
+
+/** pi0: the state is one suffix token, time enters the action tokens by an MLP.
+ * pi05: the state is discretised into prefix tokens, time conditions adaptive RMSNorm. */
+export type Variant = 'pi0' | 'pi05';
+
+export interface PolicyConfig {
+  readonly preset: string;
+  readonly variant: Variant;
+  readonly imageSize: number; // pixels, square
+  readonly patch: number; // pixels, square patches
+  readonly slots: number; // image slots (cameras)
+  readonly width: number;
+  readonly depth: number;
+  readonly heads: number;
+  readonly headDim: number;
+  readonly mlpDim: number;
+  readonly maxTokenLen: number; // prompt bytes
+  readonly stateDim: number;
+  readonly actionDim: number;
+  readonly horizon: number; // action horizon
+  // Derived.
+  readonly patchesPerSlot: number; // (imageSize / patch)^2
+  readonly patchDim: number; // patch * patch * 3
+  readonly vocab: number; // 257: bytes 0..255 and padding 256 (D5)
+  readonly padToken: number; // 256
+}
+
+export type ConfigFields = Omit<PolicyConfig, 'preset' | 'patchesPerSlot' | 'patchDim' | 'vocab' | 'padToken'>;
+
+const TINY = { imageSize: 96, patch: 16, slots: 3, width: 128, depth: 4, heads: 4, headDim: 32, mlpDim: 512, maxTokenLen: 48, stateDim: 32, actionDim: 32, horizon: 16 };
+const SMALL = { imageSize: 224, patch: 16, slots: 3, width: 384, depth: 8, heads: 6, headDim: 64, mlpDim: 1536, maxTokenLen: 48, stateDim: 32, actionDim: 32, horizon: 50 };
+
+/** MODEL.md "Presets", verbatim. */
+export const PRESETS: Readonly<Record<string, ConfigFields>> = Object.freeze({
+  'pi0-tiny': { variant: 'pi0', ...TINY },
+  'pi05-tiny': { variant: 'pi05', ...TINY },
+  'pi0-small': { variant: 'pi0', ...SMALL },
+  'pi05-small': { variant: 'pi05', ...SMALL },
+});
+
+/** `pi0` and `pi05` name the small presets. */
+export const PRESET_ALIASES: Readonly<Record<string, string>> = Object.freeze({ pi0: 'pi0-small', pi05: 'pi05-small' });
+
+/** The canonical preset name of `name` (aliases resolved); throws ConfigError('unknown_preset'). */
+export function resolvePreset(name: string): string {
+  const canonical = PRESET_ALIASES[name] ?? name;
+  if (!(canonical in PRESETS)) {
+    const known = [...Object.keys(PRESETS), ...Object.keys(PRESET_ALIASES)].join(', ');
+    throw new ConfigError('unknown_preset', `unknown preset '${name}'; known presets: ${known}`);
+  }
+  return canonical;
+}
+
+function positiveInt(name: string, value: unknown): void {
+  if (typeof value !== 'number' || !Number.isInteger(value) || value <= 0) {
+    throw new ConfigError('bad_config', `${name} is ${String(value)}; it must be a positive integer`);
+  }
+}
+
+/**
+ * Builds a validated, frozen config from a preset (or alias) and optional overrides; tests use
+ * overrides for micro configs (e.g. `{ width: 16, depth: 1 }`). The `preset` field keeps the
+ * preset name, with `+custom` appended when overrides change anything, so checkpoints of a
+ * modified config are never mistaken for the preset.
+ * Throws ConfigError: 'unknown_preset', or 'bad_config' for a non-positive size, a patch that
+ * does not divide image_size, or an unknown variant.
+ */
+export function makeConfig(preset: string, overrides: Partial<ConfigFields> = {}): PolicyConfig {
+  const name = resolvePreset(preset);
+  const base = PRESETS[name]!;
+  const fields: ConfigFields = { ...base, ...overrides };
+  const changed = (Object.keys(overrides) as (keyof ConfigFields)[]).some((k) => overrides[k] !== base[k]);
+  if (fields.variant !== 'pi0' && fields.variant !== 'pi05') {
+    throw new ConfigError('bad_config', `variant is '${String(fields.variant)}'; expected 'pi0' or 'pi05'`);
+  }
+  for (const key of ['imageSize', 'patch', 'slots', 'width', 'depth', 'heads', 'headDim', 'mlpDim', 'maxTokenLen', 'stateDim', 'actionDim', 'horizon'] as const) {
+    positiveInt(key, fields[key]);
+  }
+  if (fields.imageSize % fields.patch !== 0) {
+    throw new ConfigError('bad_config', `patch ${fields.patch} does not divide image_size ${fields.imageSize}`);
+  }
+  if (fields.width % 2 !== 0) {
+    throw new ConfigError('bad_config', `width is ${fields.width}; the sine-cosine time embedding needs an even width`);
+  }
+  const grid = fields.imageSize / fields.patch;
+  return Object.freeze({
+    preset: changed ? `${name}+custom` : name,
+    ...fields,
+    patchesPerSlot: grid * grid,
+    patchDim: fields.patch * fields.patch * 3,
+    vocab: 257,
+    padToken: 256,
+  });
+}
+
+/**
+ * The parameter count of a config by MODEL.md's closed form (pure arithmetic, no tensors);
+ * kernels/policy.ts's parameter table must agree (a test checks both against the presets).
+ * pi0-tiny 1,790,752; pi05-tiny 2,202,272; pi0-small 29,368,352; pi05-small 36,408,992.
+ */
+export function countParams(c: PolicyConfig): number {
+  const w = c.width;
+  const hd = c.heads * c.headDim;
+  const linear = (i: number, o: number) => i * o + o; // D1: every linear has a bias
+  const grid = c.imageSize / c.patch;
+  const patchDim = c.patch * c.patch * 3;
+  const embeddings =
+    linear(patchDim, w) + grid * grid * w + c.slots * w + 257 * w + c.maxTokenLen * w + linear(c.actionDim, w) + c.horizon * w;
+  const block = linear(w, 3 * hd) + linear(hd, w) + linear(w, c.mlpDim) + linear(c.mlpDim, w); // without norms
+  const prefixLayer = block + 2 * w;
+  const actionLayer = c.variant === 'pi0' ? block + 2 * w : block + 2 * linear(w, 3 * w);
+  const variantParts =
+    c.variant === 'pi0'
+      ? linear(c.stateDim, w) + linear(2 * w, w) + linear(w, w)
+      : 256 * w + c.stateDim * w + 2 * linear(w, w);
+  const head = w + linear(w, c.actionDim); // final norm + velocity head
+  return embeddings + variantParts + c.depth * (prefixLayer + actionLayer) + head;
+}
+
+/** One line per preset with its parameter count, e.g. "pi0-tiny    1,790,752 parameters". */
+export function describePresets(): string {
+  const rows = Object.keys(PRESETS).map((name) => {
+    const aliases = Object.entries(PRESET_ALIASES).filter(([, v]) => v === name).map(([k]) => k);
+    const count = countParams(makeConfig(name)).toLocaleString('en-US');
+    return `${name.padEnd(11)} ${count.padStart(11)} parameters${aliases.length ? ` (alias: ${aliases.join(', ')})` : ''}`;
+  });
+  return rows.join('\n');
+}

@@ -1,0 +1,80 @@
+/**
+ * Flow matching, openpi convention: t = 1 is noise. Training draws noise, then one u per
+ * datum (D11), t = 0.999 * u^(2/3) + 0.001 (Beta(1.5, 1) by its inverse CDF), x_t = t * noise +
+ * (1 - t) * actions, target u_t = noise - actions. Randomness is drawn in JS (kernels/rng.ts),
+ * so it is the same on every backend and can be saved. The loss is PROTOCOL.md section 3's.
+ */
+import * as tf from '@tensorflow/tfjs';
+import type { Rng } from './rng.ts';
+
+export type LossFn = 'mse' | 'l1';
+
+/** One training draw: noise [b, ah, ad] then time [b] (D11 order). */
+export function drawNoiseTime(rng: Rng, batch: number, horizon: number, actionDim: number): { noise: Float32Array; time: Float32Array } {
+  const noise = rng.normals(batch * horizon * actionDim);
+  const u = rng.uniforms(batch);
+  const time = u.map((x) => 0.999 * Math.pow(x, 2 / 3) + 0.001);
+  return { noise, time };
+}
+
+/** x_t = t * noise + (1 - t) * actions and target = noise - actions, float32, [b, ah, ad]. */
+export function noisyActions(actions: Float32Array, noise: Float32Array, time: Float32Array): { xT: Float32Array; target: Float32Array } {
+  const per = actions.length / time.length;
+  const xT = new Float32Array(actions.length);
+  const target = new Float32Array(actions.length);
+  for (let i = 0; i < actions.length; i++) {
+    const t = time[Math.floor(i / per)]!;
+    xT[i] = t * noise[i]! + (1 - t) * actions[i]!;
+    target[i] = noise[i]! - actions[i]!;
+  }
+  return { xT, target };
+}
+
+/**
+ * Per-datum loss [b]: the mean over datum i's valid (h, a) entries of (v - u)^2 (mse) or
+ * |v - u| (l1); 0 for a datum without valid entries (D11). velocity, target, mask [b, ah, ad].
+ */
+export function lossPerDatum(velocity: tf.Tensor, target: tf.Tensor, mask: tf.Tensor, lossFn: LossFn): tf.Tensor {
+  const diff = tf.sub(velocity, target);
+  const err = lossFn === 'l1' ? tf.abs(diff) : tf.square(diff);
+  const sum = tf.sum(tf.mul(err, mask), [1, 2]); // [b]
+  const count = tf.maximum(tf.sum(mask, [1, 2]), 1); // [b]
+  return tf.div(sum, count);
+}
+
+/** d/dvelocity of sum_i w_i * loss_i for mse: 2 w_i (v - u) mask / n_i, as Float32Array [b, ah, ad]. */
+export function mseVelocityGrad(velocity: Float32Array, target: Float32Array, mask: Float32Array, weight: Float32Array): Float32Array {
+  const B = weight.length;
+  const per = velocity.length / B;
+  const out = new Float32Array(velocity.length);
+  for (let i = 0; i < B; i++) {
+    let n = 0;
+    for (let j = 0; j < per; j++) n += mask[i * per + j]!;
+    if (n === 0) continue;
+    for (let j = 0; j < per; j++) {
+      const k = i * per + j;
+      out[k] = (2 * weight[i]! * (velocity[k]! - target[k]!) * mask[k]!) / n;
+    }
+  }
+  return out;
+}
+
+/**
+ * Euler integration from noise (t = 1) to t = 0: dt = -1 / numSteps, `x += dt * v(x, t)`,
+ * `t += dt` while t >= -dt / 2 (MODEL.md "Sampling"); t is kept in float32 as openpi does.
+ * `velocityAt(x, t)` returns a new tensor; x starts as `noise` [b, ah, ad]. Returns the final x
+ * (the caller owns it).
+ */
+export function eulerSample(noise: tf.Tensor, numSteps: number, velocityAt: (x: tf.Tensor, t: number) => tf.Tensor): tf.Tensor {
+  if (!Number.isInteger(numSteps) || numSteps < 1) throw new RangeError(`num_steps is ${numSteps}; it must be an integer >= 1`);
+  const dt = Math.fround(-1 / numSteps);
+  let t = 1;
+  let x = tf.clone(noise);
+  while (t >= -dt / 2) {
+    const next = tf.tidy(() => tf.add(x, tf.mul(velocityAt(x, t), dt)));
+    x.dispose();
+    x = next;
+    t = Math.fround(t + dt);
+  }
+  return x;
+}

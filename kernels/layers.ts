@@ -1,0 +1,178 @@
+/**
+ * The model's building blocks on TF.js ops, with gradients shaped for the wasm backend: its
+ * XNNPACK path only covers matMuls without transposed operands (MODEL.md "Backends"), so every
+ * matMul here has a custom gradient that transposes explicitly, then multiplies plainly:
+ * dA = dY · transpose(B), dB = transpose(A) · dY. Heads use 4-D transposes only.
+ * Axis legend: see kernels/config.ts.
+ */
+import * as tf from '@tensorflow/tfjs';
+
+function swapLast(x: tf.Tensor): tf.Tensor {
+  const r = x.rank;
+  const perm = [...Array(r).keys()];
+  perm[r - 2] = r - 1;
+  perm[r - 1] = r - 2;
+  return tf.transpose(x, perm);
+}
+
+/**
+ * `a · b` for rank-2 (or equal-rank batched) operands, both differentiable; gradients use
+ * explicit transposes (see the module comment). a [..., n, k], b [..., k, m] -> [..., n, m].
+ */
+export const matmul = tf.customGrad(((a: tf.Tensor, b: tf.Tensor, save: tf.GradSaveFunc) => {
+  save([a, b]);
+  return {
+    value: tf.matMul(a, b),
+    gradFunc: (dy: tf.Tensor, saved: tf.Tensor[]) => {
+      const [sa, sb] = saved as [tf.Tensor, tf.Tensor];
+      return [tf.matMul(dy, swapLast(sb)), tf.matMul(swapLast(sa), dy)];
+    },
+  };
+}) as unknown as Parameters<typeof tf.customGrad>[0]) as (a: tf.Tensor, b: tf.Tensor) => tf.Tensor;
+
+/**
+ * `a · b` where `b` is constant (a frozen base weight): only dA is computed, since the closure
+ * keeps `b` off the gradient tape. a [n, k], b [k, m] -> [n, m].
+ */
+export function matmulConstB(a: tf.Tensor, b: tf.Tensor): tf.Tensor {
+  const f = tf.customGrad(((x: tf.Tensor, save: tf.GradSaveFunc) => {
+    save([x]);
+    return {
+      value: tf.matMul(x, b),
+      gradFunc: (dy: tf.Tensor) => [tf.matMul(dy, swapLast(b))],
+    };
+  }) as unknown as Parameters<typeof tf.customGrad>[0]) as (x: tf.Tensor) => tf.Tensor;
+  return f(a);
+}
+
+/** LoRA factors of one linear layer: y += scale * (x · a) · b (MODEL.md "LoRA"). */
+export interface LoraFactors {
+  a: tf.Tensor; // [in, r], Kaiming uniform
+  b: tf.Tensor; // [r, out], zero at creation
+  scale: number; // alpha / rank
+}
+
+/** One linear layer's tensors. `weight` is [in, out] (x · W), so the forward needs no transpose. */
+export interface LinearParams {
+  weight: tf.Tensor; // [in, out]
+  bias: tf.Tensor; // [out]
+  /** false for a frozen base weight: its gradient is never computed. */
+  trainable: boolean;
+  lora?: LoraFactors;
+}
+
+/**
+ * y = x · W + b (+ LoRA). x [..., in] -> [..., out]; leading axes are flattened into rows for
+ * one rank-2 matMul.
+ */
+export function linear(x: tf.Tensor, p: LinearParams): tf.Tensor {
+  const inDim = p.weight.shape[0]!;
+  const outDim = p.weight.shape[1]!;
+  if (x.shape[x.rank - 1] !== inDim) {
+    throw new Error(`linear: x has last axis ${x.shape[x.rank - 1]}; the weight is [${inDim}, ${outDim}]`);
+  }
+  const lead = x.shape.slice(0, -1);
+  const x2 = x.rank === 2 ? x : tf.reshape(x, [-1, inDim]); // [n, in]
+  let y = p.trainable ? matmul(x2, p.weight) : matmulConstB(x2, p.weight); // [n, out]
+  y = tf.add(y, p.bias);
+  if (p.lora) {
+    const low = matmul(matmul(x2, p.lora.a), p.lora.b); // [n, out]
+    y = tf.add(y, tf.mul(low, p.lora.scale));
+  }
+  return x.rank === 2 ? y : tf.reshape(y, [...lead, outDim]);
+}
+
+const RMS_EPS = 1e-6;
+
+/** x / sqrt(mean(x^2) + 1e-6) over the last axis (D3), without weight. */
+export function rmsNormalize(x: tf.Tensor): tf.Tensor {
+  return tf.mul(x, tf.rsqrt(tf.add(tf.mean(tf.square(x), -1, true), RMS_EPS)));
+}
+
+/** RMSNorm with a learnable weight [w] (D3). x [..., w]. */
+export function rmsNorm(x: tf.Tensor, weight: tf.Tensor): tf.Tensor {
+  return tf.mul(rmsNormalize(x), weight);
+}
+
+/**
+ * Adaptive RMSNorm (D3): `mod` [b, 3w] is the zero-initialised Linear(w, 3w) of the
+ * conditioning, split as scale, shift, gate. x [b, t, w] -> normed * (1 + scale) + shift, and
+ * the gate [b, 1, w] that multiplies the sub-layer's output.
+ */
+export function adaRmsNorm(x: tf.Tensor, mod: tf.Tensor): { y: tf.Tensor; gate: tf.Tensor } {
+  const w = x.shape[x.rank - 1]!;
+  const b = mod.shape[0]!;
+  const [scale, shift, gate] = tf.split(tf.reshape(mod, [b, 1, 3 * w]), 3, 2) as [tf.Tensor, tf.Tensor, tf.Tensor]; // [b, 1, w] each
+  const y = tf.add(tf.mul(rmsNormalize(x), tf.add(scale, 1)), shift);
+  return { y, gate };
+}
+
+/** GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+export function geluTanh(x: tf.Tensor): tf.Tensor {
+  const inner = tf.mul(tf.add(x, tf.mul(tf.mul(tf.mul(x, x), x), 0.044715)), Math.sqrt(2 / Math.PI));
+  return tf.mul(tf.mul(x, 0.5), tf.add(tf.tanh(inner), 1));
+}
+
+/** swish(x) = x * sigmoid(x). */
+export function swish(x: tf.Tensor): tf.Tensor {
+  return tf.mul(x, tf.sigmoid(x));
+}
+
+/** MLP: Linear(w, m), GELU (tanh), Linear(m, w). x [..., w]. */
+export function mlp(x: tf.Tensor, up: LinearParams, down: LinearParams): tf.Tensor {
+  return linear(geluTanh(linear(x, up)), down);
+}
+
+/** [b, t, h*hd] -> [b, h, t, hd] (a 4-D transpose). */
+export function splitHeads(x: tf.Tensor, heads: number): tf.Tensor {
+  const [b, t, d] = x.shape as [number, number, number];
+  return tf.transpose(tf.reshape(x, [b, t, heads, d / heads]), [0, 2, 1, 3]);
+}
+
+/** [b, t, h*hd] -> keys transposed for a plain matMul, [b, h, hd, t]. */
+export function splitHeadsT(x: tf.Tensor, heads: number): tf.Tensor {
+  const [b, t, d] = x.shape as [number, number, number];
+  return tf.transpose(tf.reshape(x, [b, t, heads, d / heads]), [0, 2, 3, 1]);
+}
+
+/** [b, h, t, hd] -> [b, t, h*hd]. */
+export function mergeHeads(x: tf.Tensor): tf.Tensor {
+  const [b, h, t, hd] = x.shape as [number, number, number, number];
+  return tf.reshape(tf.transpose(x, [0, 2, 1, 3]), [b, t, h * hd]);
+}
+
+/**
+ * Attention softmax(q kᵀ / sqrt(hd) + bias) v (D9) on pre-split heads.
+ * q [b, h, tq, hd], kT [b, h, hd, tk], v [b, h, tk, hd], bias broadcastable to [b, h, tq, tk]
+ * (0 where allowed, -1e9 where masked) -> [b, h, tq, hd].
+ */
+export function attention(q: tf.Tensor, kT: tf.Tensor, v: tf.Tensor, bias: tf.Tensor): tf.Tensor {
+  const hd = q.shape[3]!;
+  const scores = tf.add(matmul(tf.mul(q, 1 / Math.sqrt(hd)), kT), bias); // [b, h, tq, tk]
+  return matmul(tf.softmax(scores), v); // [b, h, tq, hd]
+}
+
+/**
+ * Embedding lookup table[indices] -> [n, w]. The gradient of TF.js's gather needs
+ * UnsortedSegmentSum, which the wasm backend lacks, so it is written as a plain matMul with a
+ * one-hot matrix built in JS: dTable = onehot(indices)ᵀ · dy, onehotᵀ [vocab, n].
+ */
+export function embed(table: tf.Tensor, indices: Int32Array): tf.Tensor {
+  const [vocab] = table.shape as [number, number];
+  for (const i of indices) {
+    if (!(i >= 0 && i < vocab)) throw new Error(`embed: index ${i} is outside the table of ${vocab} rows`);
+  }
+  const f = tf.customGrad(((t: tf.Tensor, save: tf.GradSaveFunc) => {
+    save([]);
+    return {
+      value: tf.gather(t, tf.tensor1d(indices, 'int32')),
+      gradFunc: (dy: tf.Tensor) => {
+        const n = indices.length;
+        const oneHotT = new Float32Array(vocab * n);
+        for (let j = 0; j < n; j++) oneHotT[indices[j]! * n + j] = 1;
+        return [tf.matMul(tf.tensor2d(oneHotT, [vocab, n]), dy)];
+      },
+    };
+  }) as unknown as Parameters<typeof tf.customGrad>[0]) as (t: tf.Tensor) => tf.Tensor;
+  return f(table);
+}
