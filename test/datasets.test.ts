@@ -288,6 +288,7 @@ describe('v3.0 fixture (many episodes per file, h264)', () => {
   });
 
   it('seeks each episode in the shared video by its from_timestamp', async () => {
+    await ds.checkVideos();
     let g = 0;
     for (const e of [0, 1, 2]) {
       const f = await ds.frames(e, 'front', null);
@@ -322,6 +323,9 @@ describe('v3.0 fixture (many episodes per file, h264)', () => {
     fs.rmSync(path.join(dir, rel));
     fs.writeFileSync(path.join(dir, rel), Buffer.alloc(4000, 0x5a));
     const copy = await openDataset(dir);
+    const probe = await datasetError(copy.checkVideos());
+    expect(probe.code).toBe('bad_video');
+    expect(probe.message).toContain(rel);
     const err = await datasetError(copy.frames(2, 'front', 16));
     expect(err.code).toBe('bad_video');
     expect(err.message).toContain(rel);

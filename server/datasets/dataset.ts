@@ -10,7 +10,7 @@ import { readMeta } from './meta.ts';
 import type { ParquetHandle } from './parquet.ts';
 import { readFileTables } from './tables.ts';
 import type { CameraMeta, DatasetMeta, EpisodeFrames, EpisodeMeta, EpisodeTable, Frame } from './types.ts';
-import { decodeVideo } from './video.ts';
+import { decodeVideo, probeVideo } from './video.ts';
 
 export const DEFAULT_FRAME_CACHE_BYTES = 512 * 1024 * 1024;
 const MAX_IMAGE_SIZE = 4096;
@@ -104,6 +104,28 @@ export class Dataset {
         ffmpeg: this.opts.ffmpeg,
       });
     });
+  }
+
+  /**
+   * Decodes (into the cache) the frames of these episodes and cameras ahead of sampling, at most
+   * `maxConcurrentDecodes` at a time, so the first training steps do not wait on ffmpeg.
+   */
+  async prefetch(episodes: readonly number[], cameras: readonly string[], size: number | null): Promise<void> {
+    await Promise.all(episodes.flatMap((e) => cameras.map((c) => this.frames(e, c, size))));
+  }
+
+  /**
+   * Opens every video file once and decodes its first frame (ffmpeg, about 0.2 s per file), so a
+   * job can refuse a dataset with an unreadable video before any work.
+   * @throws DatasetError `bad_video` naming the first bad file.
+   */
+  async checkVideos(concurrency = 2): Promise<void> {
+    const files = [...new Set(this.meta.episodes.flatMap((e) => Object.values(e.videos).map((v) => v.file)))];
+    let next = 0;
+    const worker = async () => {
+      while (next < files.length) await probeVideo(this.meta.root, files[next++], this.opts.ffmpeg);
+    };
+    await Promise.all(Array.from({ length: Math.max(1, concurrency) }, worker));
   }
 
   /** Frame t of an episode and camera (a view into the cached episode frames). */

@@ -109,3 +109,26 @@ export function decodeVideo(req: DecodeRequest): Promise<EpisodeFrames> {
     });
   });
 }
+
+/**
+ * Opens a video and decodes its first frame (about 0.2 s for a G1 AV1 file): catches missing
+ * containers, truncated headers and undecodable streams before a job starts, without decoding
+ * the whole file.
+ * @throws DatasetError `bad_video` naming the file with ffmpeg's stderr tail.
+ */
+export function probeVideo(root: string, file: string, ffmpeg?: string): Promise<void> {
+  const args = ['-nostdin', '-hide_banner', '-loglevel', 'error', '-i', path.join(root, file), '-map', '0:v:0', '-frames:v', '1', '-f', 'null', '-'];
+  return new Promise((resolve, reject) => {
+    const child = spawn(ffmpegPath(ffmpeg), args, { stdio: ['ignore', 'ignore', 'pipe'] });
+    let stderr = '';
+    child.stderr.on('data', (chunk: Buffer) => {
+      stderr = (stderr + chunk.toString('utf8')).slice(-STDERR_TAIL_BYTES);
+    });
+    const fail = (msg: string) => {
+      const tail = stderr.trim().split('\n').slice(-6).join('\n');
+      reject(new DatasetError('bad_video', `video file ${file}: ${msg}${tail ? `; ffmpeg said: ${tail}` : ''}`));
+    };
+    child.on('error', (err) => fail(`could not run ffmpeg (${err.message})`));
+    child.on('close', (code, signal) => (code === 0 ? resolve() : fail(`ffmpeg exited with ${code ?? signal}`)));
+  });
+}
