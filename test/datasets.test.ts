@@ -155,6 +155,7 @@ describe('G1 pick-bottle (v2.1, AV1)', () => {
     expect(d.state).toEqual(ds.table(0).state.subarray(287 * 26, 288 * 26));
     expect(d.prompt).toBe('Pick up the yellow bottle on the table.');
     expect(d.actionMask.reduce((s, v) => s + v, 0)).toBe(3);
+    expect(ds.frameBytes([0, 1], ['cam_high'], 96)).toBe((290 + 421) * 96 * 96 * 3);
     const opts = { episodes: [0], batchSize: 6, horizon: 16, cameras: ['cam_high'], imageSize: 96, actionSpace: 'delta' as const };
     const a = await sampleBatch(ds, { ...opts, seed: 7 });
     const b = await sampleBatch(ds, { ...opts, seed: 7 });
