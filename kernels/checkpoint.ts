@@ -1,0 +1,300 @@
+/**
+ * Checkpoint folders (PROTOCOL.md section 4), written atomically: files go into a temporary
+ * sibling folder (`.<name>.tmp-<pid>-<random>`, a name no valid checkpoint name can take), each
+ * is fsynced, then the folder, then it is renamed to its final name and the parent is fsynced.
+ * A crash at any point leaves either no folder under the final name or a complete one.
+ * Overwriting renames the old folder away (`.<name>.old-...`), renames the new one in, then
+ * removes the old; a crash between the two renames leaves the old folder under its `.old` name.
+ *
+ * Layout:
+ *   config.json                 preset, sizes, action_horizon, camera slots, finetune, LoRA ...
+ *   model.safetensors           full weights (F32), and/or
+ *   adapter_model.safetensors   LoRA tensors (F32) + adapter_config.json
+ *   norm_stats.json             openpi layout (kernels/normalize.ts), where known
+ *   optimizer.safetensors       a saved state: AdamW moments (`<param>.exp_avg`, `.exp_avg_sq`)
+ *   trainer_state.json            + step, RNG state, ...
+ */
+import { randomBytes } from 'node:crypto';
+import { mkdir, open, readFile, readdir, rename, rm, stat } from 'node:fs/promises';
+import path from 'node:path';
+import { normStatsToJson, parseNormStats, type NormStatsSet } from './normalize.ts';
+import { CheckpointError, decodeSafetensors, encodeSafetensors, type SafeTensor, type SafetensorsContent } from './safetensors.ts';
+
+export { CheckpointError, type CheckpointErrorCode } from './safetensors.ts';
+
+/** config.json. Only `preset` is required here; the model defines the rest (snake_case). */
+export interface CheckpointConfig {
+  preset: string;
+  [key: string]: unknown;
+}
+
+/** Float32 tensors by name, row-major (the form of AdamWMoments.export().tensors). */
+export type NamedTensors = Record<string, { shape: number[]; data: Float32Array }>;
+
+/** What a checkpoint holds; see the layout in the module comment. */
+export interface CheckpointContent {
+  config: CheckpointConfig;
+  weights?: NamedTensors;
+  adapter?: { tensors: NamedTensors; config: Record<string, unknown> };
+  optimizer?: NamedTensors;
+  trainerState?: { step: number; [key: string]: unknown };
+  normStats?: NormStatsSet;
+}
+
+export interface WriteOptions {
+  /** Replace an existing folder of that name (default false: CheckpointError 'exists'). */
+  overwrite?: boolean;
+  /**
+   * For tests: replaces the durable write of one file (open, write, fsync, close), e.g. to
+   * simulate a crash mid-write.
+   */
+  writeFile?: (file: string, data: Uint8Array) => Promise<void>;
+}
+
+const FILE_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+
+async function durableWrite(file: string, data: Uint8Array): Promise<void> {
+  const fh = await open(file, 'wx');
+  try {
+    await fh.writeFile(data);
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+}
+
+/** fsync of a folder so that the names in it are durable; platforms without it are skipped. */
+async function syncDir(dir: string): Promise<void> {
+  let fh;
+  try {
+    fh = await open(dir, 'r');
+    await fh.sync();
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code !== 'EISDIR' && code !== 'EPERM' && code !== 'EINVAL' && code !== 'EBADF') throw err;
+  } finally {
+    await fh?.close();
+  }
+}
+
+async function exists(p: string): Promise<boolean> {
+  try {
+    await stat(p);
+    return true;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false;
+    throw err;
+  }
+}
+
+function ioError(what: string, err: unknown): CheckpointError {
+  if (err instanceof CheckpointError) return err;
+  return new CheckpointError('io', `${what}: ${(err as Error).message}`);
+}
+
+/**
+ * Writes `files` (name -> bytes, or a string written as UTF-8) as the folder `dir`, atomically
+ * (see the module comment). File names are plain (`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`).
+ * Throws CheckpointError: 'exists' when `dir` exists and overwrite is off; 'bad_config' for a
+ * bad file name; 'io' when the filesystem fails (the temporary folder is then removed).
+ */
+export async function writeCheckpointDir(dir: string, files: Record<string, Uint8Array | string>, opts: WriteOptions = {}): Promise<void> {
+  const target = path.resolve(dir);
+  const parent = path.dirname(target);
+  const base = path.basename(target);
+  for (const name of Object.keys(files)) {
+    if (!FILE_NAME.test(name)) throw new CheckpointError('bad_config', `checkpoint file name '${name}' is not a plain file name`);
+  }
+  if (!opts.overwrite && (await exists(target))) {
+    throw new CheckpointError('exists', `checkpoint ${target} exists; pass overwrite to replace it`);
+  }
+  const tag = `${process.pid}-${randomBytes(4).toString('hex')}`;
+  const tmp = path.join(parent, `.${base}.tmp-${tag}`);
+  const write = opts.writeFile ?? durableWrite;
+  try {
+    await mkdir(parent, { recursive: true });
+    await mkdir(tmp);
+    for (const [name, content] of Object.entries(files)) {
+      await write(path.join(tmp, name), typeof content === 'string' ? Buffer.from(content, 'utf8') : content);
+    }
+    await syncDir(tmp);
+  } catch (err) {
+    await rm(tmp, { recursive: true, force: true }).catch(() => undefined);
+    throw ioError(`writing checkpoint ${target}`, err);
+  }
+
+  let old: string | undefined;
+  try {
+    if (await exists(target)) {
+      if (!opts.overwrite) throw new CheckpointError('exists', `checkpoint ${target} exists; pass overwrite to replace it`);
+      old = path.join(parent, `.${base}.old-${tag}`);
+      await rename(target, old);
+    }
+    // rename(2) onto an existing non-empty folder fails, so a concurrent writer cannot be clobbered.
+    await rename(tmp, target);
+    await syncDir(parent);
+  } catch (err) {
+    await rm(tmp, { recursive: true, force: true }).catch(() => undefined);
+    if (old && !(await exists(target))) await rename(old, target).catch(() => undefined);
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ENOTEMPTY' || code === 'EEXIST') {
+      throw new CheckpointError('exists', `checkpoint ${target} appeared while writing; not replaced`);
+    }
+    throw ioError(`installing checkpoint ${target}`, err);
+  }
+  if (old) await rm(old, { recursive: true, force: true });
+}
+
+/**
+ * Reads every regular file of a checkpoint folder and parses config.json. Throws
+ * CheckpointError: 'missing_file' (no folder or no config.json), 'bad_config' (config.json not
+ * a JSON object with a string `preset`), 'io'.
+ */
+export async function readCheckpointDir(dir: string): Promise<{ config: CheckpointConfig; files: Record<string, Uint8Array> }> {
+  let names: string[];
+  try {
+    names = (await readdir(dir, { withFileTypes: true })).filter((e) => e.isFile()).map((e) => e.name);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') throw new CheckpointError('missing_file', `checkpoint ${dir} does not exist`);
+    throw ioError(`reading checkpoint ${dir}`, err);
+  }
+  if (!names.includes('config.json')) throw new CheckpointError('missing_file', `checkpoint ${dir} has no config.json`);
+  const files: Record<string, Uint8Array> = {};
+  for (const name of names) {
+    try {
+      files[name] = new Uint8Array(await readFile(path.join(dir, name)));
+    } catch (err) {
+      throw ioError(`reading ${path.join(dir, name)}`, err);
+    }
+  }
+  return { config: parseConfig(files['config.json']!, dir), files };
+}
+
+function parseJson(bytes: Uint8Array, what: string): unknown {
+  try {
+    return JSON.parse(Buffer.from(bytes).toString('utf8'));
+  } catch (err) {
+    throw new CheckpointError('bad_config', `${what} is not JSON: ${(err as Error).message}`);
+  }
+}
+
+function parseConfig(bytes: Uint8Array, dir: string): CheckpointConfig {
+  const config = parseJson(bytes, `${dir}/config.json`) as CheckpointConfig | null;
+  if (!config || typeof config !== 'object' || Array.isArray(config) || typeof config.preset !== 'string') {
+    throw new CheckpointError('bad_config', `${dir}/config.json has no string "preset"`);
+  }
+  return config;
+}
+
+const PRESET_ALIASES: Record<string, string> = { pi0: 'pi0-small', pi05: 'pi05-small' };
+const canonicalPreset = (p: string): string => PRESET_ALIASES[p] ?? p;
+
+/**
+ * Refuses a checkpoint made for another model. The preset is compared first (aliases `pi0`,
+ * `pi05` equal `pi0-small`, `pi05-small`): CheckpointError('wrong_preset', "checkpoint is for
+ * preset pi0-tiny; this session runs pi05-tiny"). Every other key of `expected` must equal the
+ * config's (JSON equality): CheckpointError('bad_config') naming the key and both values.
+ */
+export function checkCompatible(config: CheckpointConfig, expected: { preset: string; [key: string]: unknown }): void {
+  if (canonicalPreset(config.preset) !== canonicalPreset(expected.preset)) {
+    throw new CheckpointError('wrong_preset', `checkpoint is for preset ${config.preset}; this session runs ${expected.preset}`);
+  }
+  for (const [key, want] of Object.entries(expected)) {
+    if (key === 'preset') continue;
+    const have = JSON.stringify(config[key]);
+    if (have !== JSON.stringify(want)) {
+      throw new CheckpointError('bad_config', `checkpoint has ${key} ${have ?? 'missing'}; this session has ${JSON.stringify(want)}`);
+    }
+  }
+}
+
+function toSafeTensors(tensors: NamedTensors): Record<string, SafeTensor> {
+  const out: Record<string, SafeTensor> = {};
+  for (const [name, t] of Object.entries(tensors)) {
+    Object.defineProperty(out, name, { value: { dtype: 'F32', shape: t.shape, data: t.data }, enumerable: true });
+  }
+  return out;
+}
+
+/**
+ * Float32 tensors of a decoded safetensors file: F32 as is, F16 / BF16 / F64 converted (F64
+ * rounds to float32). Integer or BOOL tensors: CheckpointError('bad_dtype').
+ */
+export function toFloat32Tensors(content: SafetensorsContent, what = 'safetensors'): NamedTensors {
+  const out: NamedTensors = {};
+  for (const [name, t] of Object.entries(content.tensors)) {
+    if (t.dtype !== 'F32' && t.dtype !== 'F16' && t.dtype !== 'BF16' && t.dtype !== 'F64') {
+      throw new CheckpointError('bad_dtype', `${what}: tensor ${name} is ${t.dtype}; weights must be floating point`);
+    }
+    const data = t.data instanceof Float32Array ? t.data : Float32Array.from(t.data as Float64Array);
+    Object.defineProperty(out, name, { value: { shape: t.shape, data }, enumerable: true });
+  }
+  return out;
+}
+
+const ST_META = { format: 'pt' }; // what transformers/peft expect in safetensors metadata
+
+/**
+ * Saves a checkpoint folder (layout above) atomically. Needs `weights` or `adapter` (or both);
+ * `optimizer` and `trainerState` go together. Throws CheckpointError ('bad_config' for a bad
+ * combination, plus writeCheckpointDir's errors and the encoders' 'shape_mismatch' / 'bad_dtype').
+ */
+export async function saveCheckpoint(dir: string, content: CheckpointContent, opts: WriteOptions = {}): Promise<void> {
+  const { config, weights, adapter, optimizer, trainerState, normStats } = content;
+  if (!config || typeof config.preset !== 'string') throw new CheckpointError('bad_config', 'checkpoint config needs a string "preset"');
+  if (!weights && !adapter) throw new CheckpointError('bad_config', 'a checkpoint needs weights or an adapter');
+  if (!optimizer !== !trainerState) {
+    throw new CheckpointError('bad_config', `a saved state needs both optimizer tensors and trainer_state; got ${optimizer ? 'optimizer' : 'trainer_state'} only`);
+  }
+  const files: Record<string, Uint8Array | string> = { 'config.json': JSON.stringify(config, null, 2) + '\n' };
+  if (weights) files['model.safetensors'] = encodeSafetensors(toSafeTensors(weights), ST_META);
+  if (adapter) {
+    files['adapter_model.safetensors'] = encodeSafetensors(toSafeTensors(adapter.tensors), ST_META);
+    files['adapter_config.json'] = JSON.stringify(adapter.config, null, 2) + '\n';
+  }
+  if (normStats) files['norm_stats.json'] = normStatsToJson(normStats);
+  if (optimizer && trainerState) {
+    files['optimizer.safetensors'] = encodeSafetensors(toSafeTensors(optimizer), ST_META);
+    files['trainer_state.json'] = JSON.stringify(trainerState, null, 2) + '\n';
+  }
+  await writeCheckpointDir(dir, files, opts);
+}
+
+/**
+ * Loads a checkpoint folder. With `expected`, refuses another preset (checkCompatible) before
+ * decoding any tensor. Throws CheckpointError: 'missing_file' (no weights or adapter, an adapter
+ * without adapter_config.json, an optimizer without trainer_state.json or the reverse),
+ * 'bad_config' (JSON files), the safetensors decoder's codes; NormError for norm_stats.json.
+ */
+export async function loadCheckpoint(dir: string, expected?: { preset: string; [key: string]: unknown }): Promise<CheckpointContent> {
+  const { config, files } = await readCheckpointDir(dir);
+  if (expected) checkCompatible(config, expected);
+  const has = (name: string) => Object.hasOwn(files, name);
+  if (!has('model.safetensors') && !has('adapter_model.safetensors')) {
+    throw new CheckpointError('missing_file', `checkpoint ${dir} has neither model.safetensors nor adapter_model.safetensors`);
+  }
+  if (has('adapter_model.safetensors') !== has('adapter_config.json')) {
+    throw new CheckpointError('missing_file', `checkpoint ${dir} has ${has('adapter_config.json') ? 'adapter_config.json' : 'adapter_model.safetensors'} without its pair`);
+  }
+  if (has('optimizer.safetensors') !== has('trainer_state.json')) {
+    throw new CheckpointError('missing_file', `checkpoint ${dir} has ${has('trainer_state.json') ? 'trainer_state.json' : 'optimizer.safetensors'} without its pair`);
+  }
+  const tensors = (name: string) => toFloat32Tensors(decodeSafetensors(files[name]!), `${dir}/${name}`);
+  const out: CheckpointContent = { config };
+  if (has('model.safetensors')) out.weights = tensors('model.safetensors');
+  if (has('adapter_model.safetensors')) {
+    const cfg = parseJson(files['adapter_config.json']!, `${dir}/adapter_config.json`);
+    if (!cfg || typeof cfg !== 'object' || Array.isArray(cfg)) throw new CheckpointError('bad_config', `${dir}/adapter_config.json is not a JSON object`);
+    out.adapter = { tensors: tensors('adapter_model.safetensors'), config: cfg as Record<string, unknown> };
+  }
+  if (has('optimizer.safetensors')) {
+    out.optimizer = tensors('optimizer.safetensors');
+    const st = parseJson(files['trainer_state.json']!, `${dir}/trainer_state.json`) as { step?: unknown } | null;
+    if (!st || typeof st !== 'object' || !Number.isInteger(st.step)) {
+      throw new CheckpointError('bad_config', `${dir}/trainer_state.json has no integer "step"`);
+    }
+    out.trainerState = st as { step: number };
+  }
+  if (has('norm_stats.json')) out.normStats = parseNormStats(Buffer.from(files['norm_stats.json']!).toString('utf8'));
+  return out;
+}
