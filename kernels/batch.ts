@@ -169,3 +169,26 @@ export function fakeBatch(config: PolicyConfig, size: number, seed = 0, options:
   }
   return makeBatch(config, datums);
 }
+
+/** Datums [start, end) of a batch as a new batch (copies). Throws ShapeError for an empty range. */
+export function sliceBatch(batch: ModelBatch, start: number, end: number): ModelBatch {
+  if (!(start >= 0 && end <= batch.size && start < end)) {
+    throw new ShapeError('empty_batch', `slice [${start}, ${end}) of a batch of ${batch.size} is empty or out of range`);
+  }
+  const B = batch.size;
+  const part = <T extends Uint8Array | Int32Array | Float32Array>(a: T): T => {
+    const per = a.length / B;
+    return a.slice(start * per, end * per) as T;
+  };
+  return {
+    size: end - start,
+    images: part(batch.images),
+    imageMask: part(batch.imageMask),
+    tokens: part(batch.tokens),
+    tokenMask: part(batch.tokenMask),
+    state: part(batch.state),
+    actions: part(batch.actions),
+    actionMask: part(batch.actionMask),
+    weight: part(batch.weight),
+  };
+}

@@ -124,6 +124,12 @@ export interface ExportedState {
   trainerState?: { step: number; rng: RngState; sample_rng: RngState };
 }
 
+/** Optional explicit noise [b, ah, ad] and time [b] (tests, exact replays); both or neither. */
+export interface NoiseTime {
+  noise?: Float32Array;
+  time?: Float32Array;
+}
+
 interface Kept {
   batch: ModelBatch;
   xT: Float32Array;
@@ -268,9 +274,20 @@ export class TrainingState {
     }
   }
 
-  private draw(batch: ModelBatch) {
+  /** Noise and time from the state's generator, or the caller's (then the generator does not advance). */
+  private draw(batch: ModelBatch, given: NoiseTime) {
     const c = this.config;
-    const { noise, time } = drawNoiseTime(this.rng, batch.size, c.horizon, c.actionDim);
+    const n = batch.size * c.horizon * c.actionDim;
+    let noise: Float32Array;
+    let time: Float32Array;
+    if (given.noise || given.time) {
+      if (!given.noise || !given.time) throw new TrainerError('bad_option', 'noise and time must be given together');
+      if (given.noise.length !== n) throw new ShapeError('shape_mismatch', `noise has ${given.noise.length} values; the batch needs ${n}`);
+      if (given.time.length !== batch.size) throw new ShapeError('shape_mismatch', `time has ${given.time.length} values; the batch needs ${batch.size}`);
+      ({ noise, time } = given as Required<NoiseTime>);
+    } else {
+      ({ noise, time } = drawNoiseTime(this.rng, batch.size, c.horizon, c.actionDim));
+    }
     return { noise, time, ...noisyActions(batch.actions, noise, time) };
   }
 
@@ -279,13 +296,13 @@ export class TrainingState {
    * sum_i w_i to D. Returns loss = sum w_i loss_i / sum w_i (0 when every weight is 0) and
    * loss_per_datum [b]. Throws ShapeError for a batch that does not fit the config.
    */
-  forwardBackward(batch: ModelBatch, options: { lossFn?: LossFn } = {}): { loss: number; lossPerDatum: Float32Array } {
+  forwardBackward(batch: ModelBatch, options: { lossFn?: LossFn } & NoiseTime = {}): { loss: number; lossPerDatum: Float32Array } {
     this.checkBatch(batch);
     const lossFn = options.lossFn ?? 'mse';
     if (lossFn !== 'mse' && lossFn !== 'l1') throw new TrainerError('bad_option', `loss_fn is '${String(lossFn)}'; expected 'mse' or 'l1'`);
     const c = this.config;
     const B = batch.size;
-    const { xT, target, time } = this.draw(batch);
+    const { xT, target, time } = this.draw(batch, options);
     const shape = [B, c.horizon, c.actionDim];
     let per: tf.Tensor | undefined;
     const { value, grads } = tf.variableGrads(() => {
@@ -313,10 +330,10 @@ export class TrainingState {
    * inputs. With keep, remembers the batch, x_t and time for one backward (a later keep
    * replaces it).
    */
-  forward(batch: ModelBatch, options: { keep?: boolean } = {}): ForwardResult {
+  forward(batch: ModelBatch, options: { keep?: boolean } & NoiseTime = {}): ForwardResult {
     this.checkBatch(batch);
     const c = this.config;
-    const { noise, time, xT, target } = this.draw(batch);
+    const { noise, time, xT, target } = this.draw(batch, options);
     const v = tf.tidy(() => velocity(this.view, batch, tf.tensor(xT, [batch.size, c.horizon, c.actionDim]), time));
     const vel = v.dataSync() as Float32Array;
     v.dispose();
