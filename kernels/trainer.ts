@@ -113,11 +113,15 @@ export interface TrainingOptions {
   seed?: number;
 }
 
-/** What save_state / save_weights write (PROTOCOL.md section 4); checkpoint.ts serialises it. */
+/**
+ * What save_state / save_weights write (PROTOCOL.md section 4), in kernels/checkpoint.ts's
+ * CheckpointContent form: full fine-tunes carry `weights` (every parameter), LoRA sessions an
+ * `adapter` (tensors `<linear>.lora_a` [in, r] / `.lora_b` [r, out], PEFT-style config).
+ */
 export interface ExportedState {
-  config: { finetune: 'lora' | 'full'; lora_rank: number; lora_alpha: number; lora_targets: string[]; preset: string };
-  /** LoRA: `<linear>.lora_a` / `.lora_b`; full: every parameter. */
-  weights: NamedTensors;
+  config: { preset: string; finetune: 'lora' | 'full'; lora_rank: number; lora_alpha: number; lora_targets: string[] };
+  weights?: NamedTensors;
+  adapter?: { tensors: NamedTensors; config: { r: number; lora_alpha: number; target_modules: string[] } };
   /** exportState only: `<param>.exp_avg` / `.exp_avg_sq`. */
   optimizer?: NamedTensors;
   /** exportState only. */
@@ -461,11 +465,19 @@ export class TrainingState {
     return { finetune: this.finetune, lora_rank: this.rank, lora_alpha: this.alpha, lora_targets: [...this.targets], preset: this.config.preset };
   }
 
-  /** save_weights: the trainable tensors (adapters, or every parameter for full). */
+  /** The trainable tensors (copies) by name. */
+  trainableTensors(): NamedTensors {
+    const out: NamedTensors = {};
+    for (const [name, v] of this.params) out[name] = { shape: [...v.shape], data: v.dataSync() as Float32Array };
+    return out;
+  }
+
+  /** save_weights: the adapter (LoRA) or every parameter (full). */
   exportWeights(): ExportedState {
-    const weights: NamedTensors = {};
-    for (const [name, v] of this.params) weights[name] = { shape: [...v.shape], data: v.dataSync() as Float32Array };
-    return { config: this.exportConfig(), weights };
+    const tensors = this.trainableTensors();
+    const config = this.exportConfig();
+    if (this.finetune === 'full') return { config, weights: tensors };
+    return { config, adapter: { tensors, config: { r: this.rank, lora_alpha: this.alpha, target_modules: [...this.targets] } } };
   }
 
   /** save_state: weights + AdamW moments + step and generator states. */
@@ -478,15 +490,21 @@ export class TrainingState {
     };
   }
 
-  /** Loads trainable tensors saved by exportWeights (same finetune mode and adapter layout);
-   * discards G, D and the capture. Throws TrainerError('bad_weights'). */
-  importWeights(state: Pick<ExportedState, 'weights'> & { config?: Partial<ExportedState['config']> }): void {
-    if (state.config?.finetune && state.config.finetune !== this.finetune) {
-      throw new TrainerError('bad_weights', `the weights are for finetune '${state.config.finetune}'; this session is '${this.finetune}'`);
+  /**
+   * Loads trainable tensors saved by exportWeights: `weights` for a full session, `adapter`
+   * for LoRA (same targets and rank); discards G, D and the capture. All checks run before
+   * anything changes. Throws TrainerError('bad_weights').
+   */
+  importWeights(state: Pick<ExportedState, 'weights' | 'adapter'> & { config?: Partial<ExportedState['config']> }): void {
+    const finetune = state.config?.finetune ?? (state.adapter ? 'lora' : 'full');
+    if (finetune !== this.finetune) {
+      throw new TrainerError('bad_weights', `the weights are for finetune '${finetune}'; this session is '${this.finetune}'`);
     }
-    checkNamed(state.weights, new Map([...this.params].map(([n, v]) => [n, [...v.shape]])), 'weights');
+    const named = this.finetune === 'full' ? state.weights : state.adapter?.tensors;
+    if (!named) throw new TrainerError('bad_weights', `the checkpoint has no ${this.finetune === 'full' ? 'model weights' : 'adapter'}`);
+    checkNamed(named, new Map([...this.params].map(([n, v]) => [n, [...v.shape]])), this.finetune === 'full' ? 'weights' : 'adapter');
     for (const [name, v] of this.params) {
-      const t = state.weights[name]!;
+      const t = named[name]!;
       tf.tidy(() => v.assign(tf.tensor(t.data, v.shape, 'float32')));
     }
     this.clearEpoch();
@@ -497,6 +515,7 @@ export class TrainingState {
   importState(state: ExportedState): void {
     if (!state.optimizer || !state.trainerState) throw new TrainerError('bad_state', 'the state has no optimizer tensors or trainer state');
     const ts = state.trainerState;
+    if (!Array.isArray(ts.rng) || !Array.isArray(ts.sample_rng)) throw new TrainerError('bad_state', 'trainer_state lacks the generator states rng and sample_rng');
     const rng = Rng.fromState(ts.rng);
     const sampleRng = Rng.fromState(ts.sample_rng);
     const moments = AdamWMoments.import(this.params, { step: ts.step, tensors: state.optimizer });
