@@ -114,14 +114,13 @@ export interface TrainingOptions {
 }
 
 /**
- * What save_state / save_weights write (PROTOCOL.md section 4), in kernels/checkpoint.ts's
- * CheckpointContent form: full fine-tunes carry `weights` (every parameter), LoRA sessions an
- * `adapter` (tensors `<linear>.lora_a` [in, r] / `.lora_b` [r, out], PEFT-style config).
+ * What save_state / save_weights write (PROTOCOL.md section 4); the engine maps it onto
+ * kernels/checkpoint.ts's CheckpointContent. `weights` holds the trainable tensors: every
+ * parameter (full) or the adapter, `<linear>.lora_a` [in, r] / `.lora_b` [r, out] (LoRA).
  */
 export interface ExportedState {
   config: { preset: string; finetune: 'lora' | 'full'; lora_rank: number; lora_alpha: number; lora_targets: string[] };
-  weights?: NamedTensors;
-  adapter?: { tensors: NamedTensors; config: { r: number; lora_alpha: number; target_modules: string[] } };
+  weights: NamedTensors;
   /** exportState only: `<param>.exp_avg` / `.exp_avg_sq`. */
   optimizer?: NamedTensors;
   /** exportState only. */
@@ -474,10 +473,7 @@ export class TrainingState {
 
   /** save_weights: the adapter (LoRA) or every parameter (full). */
   exportWeights(): ExportedState {
-    const tensors = this.trainableTensors();
-    const config = this.exportConfig();
-    if (this.finetune === 'full') return { config, weights: tensors };
-    return { config, adapter: { tensors, config: { r: this.rank, lora_alpha: this.alpha, target_modules: [...this.targets] } } };
+    return { config: this.exportConfig(), weights: this.trainableTensors() };
   }
 
   /** save_state: weights + AdamW moments + step and generator states. */
@@ -491,17 +487,17 @@ export class TrainingState {
   }
 
   /**
-   * Loads trainable tensors saved by exportWeights: `weights` for a full session, `adapter`
-   * for LoRA (same targets and rank); discards G, D and the capture. All checks run before
-   * anything changes. Throws TrainerError('bad_weights').
+   * Loads trainable tensors saved by exportWeights (same finetune mode, targets and rank);
+   * `weights`, or a checkpoint's `adapter.tensors`, are accepted. Discards G, D and the
+   * capture. All checks run before anything changes. Throws TrainerError('bad_weights').
    */
-  importWeights(state: Pick<ExportedState, 'weights' | 'adapter'> & { config?: Partial<ExportedState['config']> }): void {
-    const finetune = state.config?.finetune ?? (state.adapter ? 'lora' : 'full');
+  importWeights(state: { weights?: NamedTensors; adapter?: { tensors: NamedTensors }; config?: Partial<ExportedState['config']> }): void {
+    const finetune = state.config?.finetune ?? this.finetune;
     if (finetune !== this.finetune) {
       throw new TrainerError('bad_weights', `the weights are for finetune '${finetune}'; this session is '${this.finetune}'`);
     }
-    const named = this.finetune === 'full' ? state.weights : state.adapter?.tensors;
-    if (!named) throw new TrainerError('bad_weights', `the checkpoint has no ${this.finetune === 'full' ? 'model weights' : 'adapter'}`);
+    const named = state.weights ?? state.adapter?.tensors;
+    if (!named) throw new TrainerError('bad_weights', 'the checkpoint has no weights or adapter tensors');
     checkNamed(named, new Map([...this.params].map(([n, v]) => [n, [...v.shape]])), this.finetune === 'full' ? 'weights' : 'adapter');
     for (const [name, v] of this.params) {
       const t = named[name]!;
@@ -512,7 +508,7 @@ export class TrainingState {
 
   /** Loads a state saved by exportState: weights, moments, step and generators. All checks
    * run before anything changes. Throws TrainerError('bad_state' / 'bad_weights'), OptimError. */
-  importState(state: ExportedState): void {
+  importState(state: Omit<ExportedState, 'weights'> & { weights?: NamedTensors; adapter?: { tensors: NamedTensors } }): void {
     if (!state.optimizer || !state.trainerState) throw new TrainerError('bad_state', 'the state has no optimizer tensors or trainer state');
     const ts = state.trainerState;
     if (!Array.isArray(ts.rng) || !Array.isArray(ts.sample_rng)) throw new TrainerError('bad_state', 'trainer_state lacks the generator states rng and sample_rng');
