@@ -66,13 +66,13 @@ export function initBackend(
   prefer: string = process.env.VELA_BACKEND ?? 'auto',
   log: ((line: string) => void) | null = (line) => console.log(line),
 ): Promise<BackendReport> {
+  const choice = prefer.trim().toLowerCase() as BackendChoice;
+  if (choice !== 'auto' && !ORDER.includes(choice as never)) {
+    return Promise.reject(new Error(`VELA_BACKEND is '${prefer}'; expected one of auto, ${ORDER.join(', ')}`));
+  }
   if (report) return Promise.resolve(report);
   if (pending) return pending;
   pending = (async () => {
-    const choice = prefer.trim().toLowerCase() as BackendChoice;
-    if (choice !== 'auto' && !ORDER.includes(choice as never)) {
-      throw new Error(`VELA_BACKEND is '${prefer}'; expected one of auto, ${ORDER.join(', ')}`);
-    }
     const candidates = choice === 'auto' ? ORDER : [choice as Exclude<BackendChoice, 'auto'>];
     const fallbacks: { backend: string; reason: string }[] = [];
     for (const kind of candidates) {
