@@ -1,0 +1,219 @@
+/**
+ * The policy websocket (PROTOCOL.md section 6, OpenPI's protocol): metadata on connect, then per
+ * binary message decode -> infer -> add timing -> encode -> send, answers in request order.
+ *
+ * Errors: a text frame with the message (and the stack trace only with --debug; an internal
+ * error shows a request id, its stack goes to the server log), then close 1011; an oversize
+ * message gets its text frame and close 1009 (Message Too Big). Other connections go on.
+ * `__ctrl__` messages of OpenPI's client (episode_start, episode_end) get `{"__ack__": ctrl}`.
+ */
+import { performance } from 'node:perf_hooks';
+import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket, us_socket_context_t } from 'uWebSockets.js';
+import { ProtocolError } from '../../protocol/errors.ts';
+import { packNumpy } from '../../protocol/ndarray.ts';
+import { EngineError } from '../engine/messages.ts';
+import { HttpError, statusLine } from '../http.ts';
+import { log } from '../log.ts';
+import { randomId } from '../store.ts';
+import { decodeMessage, DEFAULT_POLICY_LIMITS } from './observation.ts';
+import { MAX_STREAM_CHARS, seedStream } from './seeds.ts';
+import type { PolicyAnswer, PolicyServer } from './service.ts';
+
+/** What a resolver sees of the upgrade request (copied out of uWS). */
+export interface PolicyUpgrade {
+  url: string;
+  query: URLSearchParams;
+  headers: Record<string, string>;
+  /** The route pattern's parameters, in order (e.g. the fine-tune id). */
+  params: string[];
+}
+
+/**
+ * Finds the policy a connection is for, checking its credentials. Throw HttpError(401/404/503)
+ * to refuse the upgrade with that status.
+ */
+export type PolicyResolver = (req: PolicyUpgrade) => PolicyServer | Promise<PolicyServer>;
+
+interface Entry {
+  arrivedMs: number;
+  answer: PolicyAnswer | Buffer | null; // Buffer: a ready control ack
+  doneMs: number;
+  error: unknown;
+}
+
+interface Conn {
+  policy: PolicyServer;
+  seeds: { next(): number };
+  queue: Entry[];
+  prevTotalMs: number | null;
+  closed: boolean;
+  failed: boolean;
+  ws?: WebSocket<Conn>;
+}
+
+const CLIENT_ERRORS = new Set(['ShapeError', 'NormError', 'PolicyConfigError']);
+const CLOSE_INTERNAL = 1011;
+const CLOSE_TOO_BIG = 1009;
+const CLOSE_BACKPRESSURE = 1013;
+
+/** The text of an error frame: the message for client errors, a request id for internal ones. */
+function errorFrame(err: unknown, debug: boolean, context: string): string {
+  const e = err as Error;
+  const client = err instanceof ProtocolError || err instanceof EngineError || CLIENT_ERRORS.has(e?.name);
+  let text: string;
+  if (client) text = e.message;
+  else {
+    const id = randomId('req-');
+    log.error(`${context}: internal error (${id})`, err);
+    text = debug ? `internal error (${id}): ${e?.message ?? String(err)}` : `internal error (${id}; see the server log)`;
+  }
+  return debug && e?.stack ? `${text}\n\n${e.stack}` : text;
+}
+
+/** A close reason must fit 123 bytes. */
+function shortReason(text: string): string {
+  const first = text.split('\n')[0]!;
+  return Buffer.byteLength(first) <= 120 ? first : Buffer.from(first).subarray(0, 117).toString('utf8').replace(/\uFFFD$/, '') + '...';
+}
+
+function fail(conn: Conn, err: unknown, code = CLOSE_INTERNAL): void {
+  const ws = conn.ws;
+  if (!ws || conn.closed || conn.failed) return;
+  conn.failed = true;
+  conn.policy.counters.errors++;
+  const text = errorFrame(err, conn.policy.debug, 'policy request');
+  ws.cork(() => {
+    ws.send(text, false);
+    ws.end(code, shortReason(text));
+  });
+}
+
+/** Send every answer at the head of the queue that is ready, in order; an error ends the connection. */
+function flush(conn: Conn): void {
+  const ws = conn.ws;
+  if (!ws || conn.closed || conn.failed) return;
+  while (conn.queue.length > 0) {
+    const e = conn.queue[0]!;
+    if (e.error !== null) return fail(conn, e.error);
+    if (e.answer === null) return;
+    conn.queue.shift();
+    let bytes: Buffer;
+    if (Buffer.isBuffer(e.answer)) bytes = e.answer;
+    else {
+      const serverTiming: Record<string, number> = { infer_ms: e.doneMs - e.arrivedMs };
+      if (conn.prevTotalMs !== null) serverTiming.prev_total_ms = conn.prevTotalMs;
+      bytes = packNumpy({ actions: e.answer.actions, policy_timing: { infer_ms: e.answer.policyInferMs }, server_timing: serverTiming });
+    }
+    let status = 1;
+    ws.cork(() => (status = ws.send(bytes, true)));
+    if (status === 2) {
+      conn.failed = true;
+      log.warn('policy connection: an answer was dropped by backpressure; closing the connection');
+      ws.cork(() => ws.end(CLOSE_BACKPRESSURE, 'answers are not being read: backpressure limit reached'));
+      return;
+    }
+    conn.prevTotalMs = performance.now() - e.arrivedMs;
+  }
+}
+
+function paramCount(pattern: string): number {
+  return pattern.split('/').filter((s) => s.startsWith(':')).length;
+}
+
+/**
+ * Mounts the policy websocket at `pattern` (`/` standalone, `/v1/fine-tunes/:id/policy` on the
+ * main server). `resolve` picks the policy (and checks the key) per connection; it may be async.
+ * `maxMessageBytes` is the route's ceiling; each policy's own limit is checked per message.
+ */
+export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: PolicyResolver, opts: { maxMessageBytes?: number; sockets?: Set<WebSocket<unknown>> } = {}): void {
+  const ceiling = opts.maxMessageBytes ?? DEFAULT_POLICY_LIMITS.maxMessageBytes;
+  const nParams = paramCount(pattern);
+  app.ws<Conn>(pattern, {
+    // uWS closes bigger messages with a bare 1006; accept more so that our own check can answer
+    // with a text frame and 1009 naming the limit.
+    maxPayloadLength: Math.max(2 * ceiling, ceiling + 16 * 1024 * 1024),
+    maxBackpressure: 64 * 1024 * 1024,
+    closeOnBackpressureLimit: 0,
+    idleTimeout: 120,
+    sendPingsAutomatically: true,
+    upgrade: (res: HttpResponse, req: HttpRequest, ctx: us_socket_context_t) => {
+      const headers: Record<string, string> = {};
+      req.forEach((k, v) => (headers[k] = v));
+      const params: string[] = [];
+      for (let i = 0; i < nParams; i++) params.push(decodeURIComponent(req.getParameter(i) ?? ''));
+      const upgrade: PolicyUpgrade = { url: req.getUrl(), query: new URLSearchParams(req.getQuery() ?? ''), headers, params };
+      let aborted = false;
+      res.onAborted(() => (aborted = true));
+      const refuse = (status: number, message: string) => {
+        if (aborted) return;
+        res.cork(() => res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json').end(JSON.stringify({ error: message })));
+      };
+      Promise.resolve()
+        .then(() => resolve(upgrade))
+        .then((policy) => {
+          const stream = upgrade.query.get('stream') ?? '0';
+          if (stream.length > MAX_STREAM_CHARS) return refuse(400, `stream is ${stream.length} characters; the limit is ${MAX_STREAM_CHARS}`);
+          if (aborted) return;
+          const conn: Conn = { policy, seeds: seedStream(policy.seed, stream), queue: [], prevTotalMs: null, closed: false, failed: false };
+          res.cork(() => res.upgrade<Conn>(conn, headers['sec-websocket-key']!, headers['sec-websocket-protocol'] ?? '', headers['sec-websocket-extensions'] ?? '', ctx));
+        })
+        .catch((err) => {
+          if (err instanceof HttpError) return refuse(err.status, err.message);
+          const id = randomId('req-');
+          log.error(`policy upgrade ${upgrade.url} failed (${id})`, err);
+          refuse(500, `internal error (${id})`);
+        });
+    },
+    open: (ws) => {
+      const conn = ws.getUserData();
+      conn.ws = ws;
+      conn.policy.counters.connections++;
+      opts.sockets?.add(ws as WebSocket<unknown>);
+      ws.send(packNumpy(conn.policy.metadata()), true);
+    },
+    message: (ws, message, isBinary) => {
+      const conn = ws.getUserData();
+      if (conn.closed || conn.failed) return;
+      const arrivedMs = performance.now();
+      const { limits } = conn.policy;
+      if (message.byteLength > limits.maxMessageBytes) {
+        return fail(conn, new ProtocolError('too_large', `message is ${message.byteLength} bytes; the limit is ${limits.maxMessageBytes} (--max-message-bytes)`), CLOSE_TOO_BIG);
+      }
+      if (!isBinary) return fail(conn, new ProtocolError('bad_request', 'text frames are not accepted: send the observation as msgpack bytes'));
+      if (conn.queue.length >= limits.readAhead) {
+        return fail(conn, new ProtocolError('bad_request', `${conn.queue.length} observations are unanswered (the limit is ${limits.readAhead}); wait for each answer before sending the next`));
+      }
+      let obs: Record<string, unknown>;
+      try {
+        // The ArrayBuffer dies when this callback returns: decoding copies everything it keeps.
+        obs = decodeMessage(new Uint8Array(message), conn.policy.dictionary, limits.maxDecompressedBytes);
+      } catch (err) {
+        return fail(conn, err);
+      }
+      const entry: Entry = { arrivedMs, answer: null, doneMs: 0, error: null };
+      conn.queue.push(entry);
+      if ('__ctrl__' in obs) {
+        const ctrl = obs.__ctrl__;
+        entry.answer = packNumpy({ __ack__: ctrl === 'episode_start' || ctrl === 'episode_end' ? ctrl : 'ignored' });
+        return flush(conn);
+      }
+      conn.policy
+        .infer(obs, conn.seeds.next())
+        .then((answer) => {
+          entry.answer = answer;
+          entry.doneMs = performance.now();
+        })
+        .catch((err) => {
+          entry.error = err;
+        })
+        .finally(() => flush(conn));
+    },
+    drain: (ws) => flush(ws.getUserData()),
+    close: (ws) => {
+      const conn = ws.getUserData();
+      conn.closed = true;
+      conn.policy.counters.connections--;
+      opts.sockets?.delete(ws as WebSocket<unknown>);
+    },
+  });
+}

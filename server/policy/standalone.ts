@@ -1,0 +1,92 @@
+/**
+ * `vela policy`'s server: one policy at the root path. Routes: the websocket at `/`,
+ * `GET /healthz` (OK), `GET /v1/observation.zdict` (the zstd dictionary), `GET /stats` (batch
+ * sizes served, open connections, errors). Binds 127.0.0.1 unless told otherwise.
+ */
+import uWS from 'uWebSockets.js';
+import { assertNativeUws } from '../app.ts';
+import { credentialOf, safeEqual } from '../auth.ts';
+import { HttpError, route, sendJson, sendText, statusLine, type Req } from '../http.ts';
+import { createPolicyServer, type PolicyServer, type PolicyServerOptions } from './service.ts';
+import { mountPolicySocket } from './socket.ts';
+
+export interface StandaloneOptions extends PolicyServerOptions {
+  /** Default 127.0.0.1 (OpenPI's server binds every interface; ours does not by default). */
+  host?: string;
+  /** Default 8000, OpenPI's port; 0 picks a free one. */
+  port?: number;
+}
+
+export interface PolicyServerHandle {
+  host: string;
+  port: number;
+  /** `http://host:port` */
+  baseUrl: string;
+  /** `ws://host:port/` */
+  wsUrl: string;
+  policy: PolicyServer;
+  /** Stop listening, close every connection (1001), refuse queued requests. The engine stays open. */
+  close(): Promise<void>;
+}
+
+/**
+ * Checks a request's key against the policy's configured key (none configured: open).
+ * @throws HttpError 401.
+ */
+export function checkPolicyKey(policy: PolicyServer, headers: Record<string, string>): void {
+  if (!policy.apiKey) return;
+  const key = credentialOf(headers);
+  if (!key) throw new HttpError(401, 'missing API key: send "Authorization: Api-Key <key>" or "Authorization: Bearer <key>"');
+  if (!safeEqual(key, policy.apiKey)) throw new HttpError(401, 'invalid API key');
+}
+
+/** Loads the checkpoint (see createPolicyServer) and listens. @throws Error when the port is taken. */
+export async function startPolicyServer(opts: StandaloneOptions): Promise<PolicyServerHandle> {
+  assertNativeUws();
+  const policy = await createPolicyServer(opts);
+  const host = opts.host ?? '127.0.0.1';
+  const app = uWS.App();
+  const sockets = new Set<uWS.WebSocket<unknown>>();
+  const authed = (r: Req) => checkPolicyKey(policy, r.headers);
+
+  app.get('/healthz', route(0, (r) => sendText(r, 200, 'OK')));
+  app.get('/v1/observation.zdict', route(0, (r) => {
+    authed(r);
+    if (r.aborted) return;
+    r.aborted = true;
+    r.res.cork(() => {
+      r.res.writeStatus(statusLine(200)).writeHeader('content-type', 'application/octet-stream').end(policy.dictionary);
+    });
+  }));
+  app.get('/stats', route(0, (r) => {
+    authed(r);
+    sendJson(r, 200, policy.stats());
+  }));
+  mountPolicySocket(app, '/', (req) => {
+    checkPolicyKey(policy, req.headers);
+    return policy;
+  }, { maxMessageBytes: policy.limits.maxMessageBytes, sockets });
+  app.any('/*', route(0, (r) => {
+    throw new HttpError(404, `no route ${r.method} ${r.url}; the policy websocket is at /`);
+  }));
+
+  const listenSocket = await new Promise<uWS.us_listen_socket>((resolve, reject) => {
+    app.listen(host, opts.port ?? 8000, (ls) => (ls ? resolve(ls) : reject(new Error(`cannot listen on ${host}:${opts.port ?? 8000} (in use?)`))));
+  });
+  const port = uWS.us_socket_local_port(listenSocket);
+  const hostPart = host.includes(':') ? `[${host}]` : host;
+  let closing: Promise<void> | null = null;
+  return {
+    host,
+    port,
+    baseUrl: `http://${hostPart}:${port}`,
+    wsUrl: `ws://${hostPart}:${port}/`,
+    policy,
+    close: () =>
+      (closing ??= (async () => {
+        uWS.us_listen_socket_close(listenSocket);
+        policy.close();
+        for (const ws of [...sockets]) ws.end(1001, 'the policy server is shutting down');
+      })()),
+  };
+}
