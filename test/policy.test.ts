@@ -8,6 +8,7 @@ import { ndarray, NDArray, packNumpy } from '../protocol/ndarray.ts';
 import { dictionaryId, initZstd, loadObservationDictionary, zstdCompress } from '../protocol/zstd.ts';
 import { startPolicyServer, requestSeed, type PolicyServerHandle, type StandaloneOptions } from '../server/policy/index.ts';
 import { policyMeta } from '../server/policy/meta.ts';
+import { parsePolicyArgs } from '../server/policy/cli.ts';
 import { log } from '../server/log.ts';
 import { PolicyClient, STUB_CONFIG, STUB_INFO, STUB_STATS, stubEngine, type StubEngine } from './helpers/policy-stub.ts';
 
@@ -393,5 +394,29 @@ describe('policy meta: what a checkpoint must say', () => {
     expect(() => meta({ delta_mask: undefined })).toThrow(/neither delta_mask nor state_names and action_names/);
     expect(() => meta({ action_dim: 9 })).toThrow(/action_dim is 9; expected an integer in 1..8/);
     expect(() => meta({ action_space: 'relative' })).toThrow(/action_space is "relative"/);
+  });
+});
+
+describe('vela policy: arguments', () => {
+  it('has OpenPI-compatible defaults but binds 127.0.0.1', () => {
+    expect(parsePolicyArgs(['ckpt'], {})).toEqual({
+      checkpoint: 'ckpt', port: 8000, host: '127.0.0.1', seed: null, debug: false, batchWindowMs: 5, maxBatch: 16, apiKey: null,
+      backend: 'auto', maxMessageBytes: 16 * 1024 * 1024, logLevel: 'info',
+    });
+  });
+
+  it('reads every flag, in both spellings', () => {
+    const a = parsePolicyArgs(['--port', '9000', '--host=0.0.0.0', 'ckpt', '--seed', '42', '--debug', '--batch-window-ms', '2.5', '--max-batch=4', '--api-key', 'k', '--backend', 'wasm'], { VELA_API_KEY: 'env' });
+    expect(a).toMatchObject({ checkpoint: 'ckpt', port: 9000, host: '0.0.0.0', seed: 42, debug: true, batchWindowMs: 2.5, maxBatch: 4, apiKey: 'k', backend: 'wasm' });
+    expect(parsePolicyArgs(['ckpt'], { VELA_API_KEY: 'env', VELA_BACKEND: 'cpu' })).toMatchObject({ apiKey: 'env', backend: 'cpu' });
+  });
+
+  it('names the bad argument', () => {
+    expect(() => parsePolicyArgs([], {})).toThrow(/expected one CHECKPOINT folder, got none/);
+    expect(() => parsePolicyArgs(['a', 'b'], {})).toThrow(/expected one CHECKPOINT folder, got a b/);
+    expect(() => parsePolicyArgs(['ckpt', '--port', '70000'], {})).toThrow(/--port must be an integer in 0..65535, got "70000"/);
+    expect(() => parsePolicyArgs(['ckpt', '--max-batch', '0'], {})).toThrow(/--max-batch must be an integer in 1..256/);
+    expect(() => parsePolicyArgs(['ckpt', '--sed', '1'], {})).toThrow(/unknown option --sed/);
+    expect(() => parsePolicyArgs(['ckpt', '--seed'], {})).toThrow(/--seed needs a value/);
   });
 });
