@@ -9,6 +9,8 @@ import { dictionaryId, initZstd, loadObservationDictionary, zstdCompress } from 
 import { startPolicyServer, requestSeed, type PolicyServerHandle, type StandaloneOptions } from '../server/policy/index.ts';
 import { policyMeta } from '../server/policy/meta.ts';
 import { parsePolicyArgs } from '../server/policy/cli.ts';
+import { Batcher } from '../server/policy/batcher.ts';
+import { toRobotActions } from '../server/policy/observation.ts';
 import { log } from '../server/log.ts';
 import { PolicyClient, STUB_CONFIG, STUB_INFO, STUB_STATS, stubEngine, type StubEngine } from './helpers/policy-stub.ts';
 
@@ -418,5 +420,76 @@ describe('vela policy: arguments', () => {
     expect(() => parsePolicyArgs(['ckpt', '--max-batch', '0'], {})).toThrow(/--max-batch must be an integer in 1..256/);
     expect(() => parsePolicyArgs(['ckpt', '--sed', '1'], {})).toThrow(/unknown option --sed/);
     expect(() => parsePolicyArgs(['ckpt', '--seed'], {})).toThrow(/--seed needs a value/);
+  });
+});
+
+describe('batcher', () => {
+  /** A run function that answers each datum with [its seed], held until released. */
+  function gated() {
+    const calls: number[][] = [];
+    let release: (() => void)[] = [];
+    const run = async (_d: unknown[], seeds: number[]) => {
+      calls.push(seeds);
+      await new Promise<void>((r) => release.push(r));
+      return { rows: seeds.map((s) => Float32Array.of(s)), inferMs: 1 };
+    };
+    return { calls, run, releaseAll: () => release.splice(0).forEach((r) => r()) };
+  }
+  const datum = { images: [], state: [], prompt: '' };
+
+  it('leaves at once when every sender has a request queued, splits at maxBatch, and queues behind a running batch', async () => {
+    const g = gated();
+    let senders = 3;
+    const b = new Batcher(g.run, 60_000, 2, () => senders);
+    const p1 = b.submit(datum, 1);
+    const p2 = b.submit(datum, 2); // maxBatch 2 reached: leaves without waiting the window
+    await new Promise((r) => setImmediate(r));
+    expect(g.calls).toEqual([[1, 2]]);
+    const p3 = b.submit(datum, 3);
+    const p4 = b.submit(datum, 4);
+    const p5 = b.submit(datum, 5);
+    expect(b.stats()).toMatchObject({ queued: 3, running: 2 });
+    g.releaseAll();
+    expect(await Promise.all([p1, p2])).toEqual([
+      { row: Float32Array.of(1), inferMs: 1, batchSize: 2 },
+      { row: Float32Array.of(2), inferMs: 1, batchSize: 2 },
+    ]);
+    await new Promise((r) => setImmediate(r));
+    expect(g.calls).toEqual([[1, 2], [3, 4]]);
+    g.releaseAll();
+    await Promise.all([p3, p4]);
+    await new Promise((r) => setImmediate(r));
+    expect(g.calls).toEqual([[1, 2], [3, 4], [5]]);
+    g.releaseAll();
+    expect((await p5).row).toEqual(Float32Array.of(5));
+    senders = 1;
+    const p6 = b.submit(datum, 6); // the only sender: no window
+    await new Promise((r) => setImmediate(r));
+    expect(g.calls.at(-1)).toEqual([6]);
+    g.releaseAll();
+    await p6;
+    expect(b.stats()).toEqual({ requests: 6, batches: 4, batchSizes: { 1: 2, 2: 2 }, maxBatchSize: 2, queued: 0, running: 0 });
+  });
+
+  it('fails every request of a failed batch, and refuses new ones once closed', async () => {
+    const b = new Batcher(async () => {
+      throw new Error('engine down');
+    }, 0, 4);
+    await expect(Promise.all([b.submit(datum, 1), b.submit(datum, 2)])).rejects.toThrow('engine down');
+    b.close(new Error('shutting down'));
+    await expect(b.submit(datum, 3)).rejects.toThrow('shutting down');
+  });
+});
+
+describe('actions back to robot units', () => {
+  it('pi0.5 checkpoints use quantiles; absolute actions are not shifted', () => {
+    const info = { ...STUB_INFO, preset: 'pi05-tiny' };
+    const m = policyMeta(info, { ...STUB_CONFIG, preset: 'pi05-tiny', action_space: 'absolute', delta_mask: undefined }, STUB_STATS);
+    const row = new Float32Array(6 * 8).map((_, i) => (i % 5) / 4 - 0.5);
+    const got = toRobotActions(row, m, STATE);
+    const { q01, q99 } = STUB_STATS.norm_stats.actions;
+    const want = new Float32Array(5 * 6);
+    for (let h = 0; h < 5; h++) for (let a = 0; a < 6; a++) want[h * 6 + a] = ((row[h * 8 + a]! + 1) / 2) * (q99[a]! - q01[a]! + 1e-6) + q01[a]!;
+    expect([...got]).toEqual([...want]);
   });
 });

@@ -3,7 +3,9 @@
  * engine call. The first request to find the batcher idle opens a window of `windowMs`; the
  * batch leaves when the window closes or it holds `maxBatch` requests. While a batch runs, new
  * requests queue; when it ends, whatever queued leaves at once (those requests have already
- * waited), up to `maxBatch`. One batch is in the engine at a time, so queued requests pile up
+ * waited), up to `maxBatch`. The window is an upper bound: when every client that could still
+ * send (`senders()`, the open connections) has a request queued, the batch leaves at once, so
+ * a lone robot never waits for company. One batch is in the engine at a time, so queued requests pile up
  * into the next batch instead of into the engine's queue.
  *
  * Each request carries its own seed and the engine draws datum i's noise from seeds[i] alone,
@@ -50,6 +52,7 @@ export class Batcher {
     private run: RunBatch,
     readonly windowMs: number,
     readonly maxBatch: number,
+    private senders: () => number = () => Infinity,
   ) {
     if (!(windowMs >= 0) || !Number.isFinite(windowMs)) throw new RangeError(`batch window is ${windowMs} ms; it must be >= 0`);
     if (!Number.isInteger(maxBatch) || maxBatch < 1) throw new RangeError(`max batch is ${maxBatch}; it must be an integer >= 1`);
@@ -66,7 +69,7 @@ export class Batcher {
 
   private schedule(): void {
     if (this.running > 0) return; // the batch's end picks the queue up
-    if (this.queue.length >= this.maxBatch) return this.flush();
+    if (this.queue.length >= Math.min(this.maxBatch, Math.max(1, this.senders()))) return this.flush();
     if (!this.timer && this.queue.length > 0) this.timer = setTimeout(() => this.flush(), this.windowMs);
   }
 
@@ -80,19 +83,21 @@ export class Batcher {
     this.counts.batches += 1;
     this.counts.sizes.set(batch.length, (this.counts.sizes.get(batch.length) ?? 0) + 1);
     this.counts.max = Math.max(this.counts.max, batch.length);
+    const settle = (answer: (w: Waiting, i: number) => void) => {
+      this.running = 0;
+      batch.forEach(answer);
+      if (this.queue.length > 0) this.flush();
+    };
     Promise.resolve()
       .then(() => this.run(batch.map((w) => w.datum), batch.map((w) => w.seed)))
+      .then(({ rows, inferMs }) => {
+        if (rows.length !== batch.length) throw new Error(`the engine answered ${rows.length} rows for a batch of ${batch.length}`);
+        return { rows, inferMs };
+      })
       .then(
-        ({ rows, inferMs }) => {
-          if (rows.length !== batch.length) throw new Error(`the engine answered ${rows.length} rows for a batch of ${batch.length}`);
-          batch.forEach((w, i) => w.resolve({ row: rows[i]!, inferMs, batchSize: batch.length }));
-        },
-      )
-      .catch((e) => batch.forEach((w) => w.reject(e)))
-      .finally(() => {
-        this.running = 0;
-        if (this.queue.length > 0) this.flush();
-      });
+        ({ rows, inferMs }) => settle((w, i) => w.resolve({ row: rows[i]!, inferMs, batchSize: batch.length })),
+        (e) => settle((w) => w.reject(e)),
+      );
   }
 
   stats(): BatchStats {

@@ -80,6 +80,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   const meta = policyMeta(engine.info, loaded.result.config, loaded.result.normStats);
   if (!meta.norm) log.warn(`policy ${policyId}: the checkpoint has no norm_stats.json; states and actions pass unnormalised`);
   const { horizon: H, actionDim: A } = meta.model;
+  const counters = { connections: 0, errors: 0 };
   const batcher = new Batcher(
     async (datums, seeds) => {
       const batch = makeBatch(meta.model, datums, { maxPromptBytes: limits.maxPromptBytes });
@@ -94,9 +95,9 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     },
     opts.batchWindowMs ?? 5,
     opts.maxBatch ?? 16,
+    () => counters.connections,
   );
   const dictionary = loadObservationDictionary();
-  const counters = { connections: 0, errors: 0 };
   const metadata = {
     server: 'vela',
     model: meta.preset,
