@@ -204,7 +204,7 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
           entry.doneMs = performance.now();
         })
         .catch((err) => {
-          entry.error = err;
+          entry.error = err ?? new Error('the request failed without a reason');
         })
         .finally(() => flush(conn));
     },
