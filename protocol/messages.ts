@@ -84,7 +84,8 @@ function name(obj: Record<string, unknown>): string {
 /** The request id of a decoded message, if it has a usable one (for error answers). */
 export function requestIdOf(value: unknown): number | null {
   if (typeof value !== 'object' || value === null) return null;
-  const id = (value as Record<string, unknown>).id;
+  // Before fromWire, maps are Maps (msgpack.ts decodes with mapsAsObjects: false).
+  const id = value instanceof Map ? value.get('id') : (value as Record<string, unknown>).id;
   if (typeof id === 'bigint') return Number(id);
   return typeof id === 'number' && Number.isInteger(id) ? id : null;
 }

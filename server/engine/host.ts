@@ -56,23 +56,29 @@ export class Engine implements EngineLike {
     const worker = new Worker(new URL('./bootstrap.mjs', import.meta.url), {
       workerData: { entry: new URL('./worker.ts', import.meta.url).href },
     });
-    const info = await new Promise<EngineInfo>((resolve, reject) => {
-      const onMsg = (m: FromWorker) => {
-        if (m.kind === 'ready') resolve(m.info);
-        else if (m.kind === 'init_failed') reject(new Error(m.error));
-        else if (m.kind === 'log') relayLog(m);
-      };
-      worker.on('message', onMsg);
-      worker.once('error', reject);
-      worker.once('exit', (code) => reject(new Error(`engine worker exited with code ${code} while starting`)));
-      const init: ToWorker = { kind: 'init', preset: opts.preset, backend: opts.backend, seed: opts.seed ?? 0, baseWeightsPath: opts.baseWeightsPath };
-      worker.postMessage(init);
-    }).catch(async (e) => {
+    let onMsg!: (m: FromWorker) => void;
+    let onError!: (e: Error) => void;
+    let onExit!: (code: number) => void;
+    try {
+      const info = await new Promise<EngineInfo>((resolve, reject) => {
+        onMsg = (m: FromWorker) => {
+          if (m.kind === 'ready') resolve(m.info);
+          else if (m.kind === 'init_failed') reject(new Error(m.error));
+          else if (m.kind === 'log') relayLog(m);
+        };
+        onError = reject;
+        onExit = (code) => reject(new Error(`engine worker exited with code ${code} while starting`));
+        worker.on('message', onMsg).on('error', onError).on('exit', onExit);
+        const init: ToWorker = { kind: 'init', preset: opts.preset, backend: opts.backend, seed: opts.seed ?? 0, baseWeightsPath: opts.baseWeightsPath };
+        worker.postMessage(init);
+      });
+      return new Engine(worker, info);
+    } catch (e) {
       await worker.terminate();
       throw e;
-    });
-    worker.removeAllListeners();
-    return new Engine(worker, info);
+    } finally {
+      worker.off('message', onMsg).off('error', onError).off('exit', onExit);
+    }
   }
 
   /**
@@ -128,10 +134,10 @@ export class Engine implements EngineLike {
     this.pump();
   }
 
-  private fail(err: Error): void {
+  private fail(err: Error, quiet = false): void {
     if (this.dead) return;
     this.dead = err;
-    log.error(err.message);
+    if (!quiet) log.error(err.message);
     const all = [...(this.inFlight ? [this.inFlight] : []), ...[...this.queues.values()].flat()];
     this.inFlight = null;
     this.queues.clear();
@@ -140,7 +146,7 @@ export class Engine implements EngineLike {
   }
 
   async close(): Promise<void> {
-    this.fail(new Error('engine closed'));
+    this.fail(new Error('engine closed'), true);
     await this.worker.terminate();
   }
 }

@@ -9,7 +9,11 @@ import path from 'node:path';
 import { initBackend } from '../../kernels/backend.ts';
 import { makeConfig, type PolicyConfig } from '../../kernels/config.ts';
 import { BaseWeights, TrainingState } from '../../kernels/trainer.ts';
-import { loadCheckpoint, saveCheckpoint } from '../../kernels/checkpoint.ts';
+import { loadCheckpoint, saveCheckpoint, type CheckpointContent } from '../../kernels/checkpoint.ts';
+import { parseNormStats } from '../../kernels/normalize.ts';
+import { drawNoiseTime } from '../../kernels/flow.ts';
+import { Rng } from '../../kernels/rng.ts';
+import type { ExportedState } from '../../kernels/trainer.ts';
 import type { ModelBatch } from '../../kernels/batch.ts';
 import { EngineError, type FromWorker, type ToWorker } from './messages.ts';
 
@@ -17,6 +21,7 @@ const port = parentPort!;
 let config: PolicyConfig;
 let base: BaseWeights;
 let backendName = '';
+let baseSeed = 0;
 
 interface Session {
   state: TrainingState;
@@ -49,7 +54,7 @@ function answer(s: Session | undefined, result: unknown): { result: unknown; pen
 }
 
 /** The body of each op. Returns the answer and the buffers to transfer. */
-function run(sessionId: string, op: string, args: Record<string, any>): [unknown, ArrayBuffer[]] {
+async function run(sessionId: string, op: string, args: Record<string, any>): Promise<[unknown, ArrayBuffer[]]> {
   switch (op) {
     case 'create_session': {
       if (sessions.has(sessionId)) throw new EngineError('conflict', `session ${sessionId} already exists`);
@@ -70,7 +75,10 @@ function run(sessionId: string, op: string, args: Record<string, any>): [unknown
     }
     case 'forward': {
       const s = session(sessionId);
-      const r = s.state.forward(args.batch as ModelBatch, { keep: !!args.keep });
+      const batch = args.batch as ModelBatch;
+      // A seeded forward (evaluation) draws its own noise and time and leaves the session's generator alone.
+      const given = args.seed == null ? {} : drawNoiseTime(new Rng(args.seed), batch.size, config.horizon, config.actionDim);
+      const r = s.state.forward(batch, { keep: !!args.keep, ...given });
       return [answer(s, r), [r.velocity, r.target, r.xT, r.noise, r.time].map((a) => a.buffer as ArrayBuffer)];
     }
     case 'backward': {
@@ -91,7 +99,7 @@ function run(sessionId: string, op: string, args: Record<string, any>): [unknown
       let state = s.state;
       let temp: TrainingState | null = null;
       if (args.weights) {
-        temp = loadWeightsInto(s, args.weights);
+        temp = await loadWeightsInto(s, args.weights);
         state = temp;
       }
       try {
@@ -109,35 +117,64 @@ function run(sessionId: string, op: string, args: Record<string, any>): [unknown
       if (fs.existsSync(dir) && !args.overwrite) {
         throw new EngineError('conflict', `a saved ${kind === 'states' ? 'state' : 'weights'} named "${args.name}" exists; pass overwrite: true to replace it`);
       }
-      saveCheckpoint(dir, checkpointContent(s, op === 'save_state', args.cameras, args.actionHorizon), { overwrite: true });
+      await saveCheckpoint(dir, checkpointContent(s, op === 'save_state', args), { overwrite: true });
       return [answer(s, op === 'save_state' ? args.name : dir), []];
     }
     case 'load_state': {
       const s = session(sessionId);
       const dir = savedDir(s, 'states', args.name);
       if (!fs.existsSync(dir)) throw new EngineError('not_found', `no saved state named "${args.name}" in this session`);
-      const ck = loadCheckpoint(dir);
-      s.state.importState(ck as any);
-      return [answer(s, { cameras: (ck.config as any).cameras ?? [] }), []];
+      const ck = await loadCheckpoint(dir, { preset: config.preset });
+      s.state.importState(toExported(ck));
+      return [answer(s, { cameras: (ck.config.cameras as string[] | undefined) ?? [] }), []];
     }
     default:
       throw new EngineError('bad_request', `unknown engine op "${op}"`);
   }
 }
 
-function checkpointContent(s: Session, withOptimizer: boolean, cameras: string[], actionHorizon: number): any {
-  const exported = withOptimizer ? s.state.exportState() : s.state.exportWeights();
+/** A session's state or weights in the checkpoint layout (PROTOCOL.md section 4). */
+function checkpointContent(s: Session, withOptimizer: boolean, args: Record<string, any>): CheckpointContent {
+  const ex = withOptimizer ? s.state.exportState() : s.state.exportWeights();
+  const cfg = {
+    ...ex.config, preset: config.preset, action_horizon: args.actionHorizon ?? config.horizon, cameras: args.cameras ?? [],
+    image_size: config.imageSize, image_slots: config.slots, state_dim: config.stateDim, action_dim: config.actionDim, base_seed: baseSeed,
+    ...(args.extraConfig ?? {}),
+  };
+  const content: CheckpointContent = { config: cfg };
+  if (ex.config.finetune === 'lora') {
+    content.adapter = { tensors: ex.weights, config: { peft_type: 'LORA', r: ex.config.lora_rank, lora_alpha: ex.config.lora_alpha, target_modules: ex.config.lora_targets, base_model: config.preset } };
+  } else content.weights = ex.weights;
+  if (ex.optimizer && ex.trainerState) {
+    content.optimizer = ex.optimizer;
+    content.trainerState = ex.trainerState;
+  }
+  if (args.normStats) content.normStats = parseNormStats(args.normStats);
+  return content;
+}
+
+/** The inverse of checkpointContent, for TrainingState.importState / importWeights. */
+function toExported(ck: CheckpointContent): ExportedState {
+  const c = ck.config as Record<string, any>;
   return {
-    ...exported,
-    config: { ...(exported as any).config, preset: config.preset, cameras, action_horizon: actionHorizon, finetune: s.opts.finetune, lora_rank: s.opts.rank, lora_alpha: s.opts.alpha, lora_targets: s.opts.targets },
+    config: { finetune: c.finetune, lora_rank: c.lora_rank, lora_alpha: c.lora_alpha, lora_targets: c.lora_targets, preset: c.preset },
+    weights: ck.adapter?.tensors ?? ck.weights ?? {},
+    optimizer: ck.optimizer,
+    trainerState: ck.trainerState as ExportedState['trainerState'],
   };
 }
 
-function loadWeightsInto(s: Session, name: string): TrainingState {
+async function loadWeightsInto(s: Session, name: string): Promise<TrainingState> {
   const dir = savedDir(s, 'weights', name);
   if (!fs.existsSync(dir)) throw new EngineError('not_found', `no saved weights named "${name}" in this session`);
+  const ck = await loadCheckpoint(dir, { preset: config.preset });
   const t = new TrainingState(base, s.opts);
-  t.importWeights(loadCheckpoint(dir) as any);
+  try {
+    t.importWeights(toExported(ck));
+  } catch (e) {
+    t.dispose();
+    throw e;
+  }
   return t;
 }
 
@@ -154,6 +191,7 @@ port.on('message', (m: ToWorker) => {
         const report = await initBackend(m.backend, (line) => send({ kind: 'log', level: 'info', message: line }));
         backendName = report.name;
         config = makeConfig(m.preset);
+        baseSeed = m.seed;
         base = BaseWeights.create(config, m.seed);
         send({
           kind: 'ready',
@@ -169,12 +207,12 @@ port.on('message', (m: ToWorker) => {
     })();
     return;
   }
-  try {
-    const [result, transfer] = run(m.session, m.op, m.args);
-    send({ kind: 'result', callId: m.callId, result }, transfer);
-  } catch (e) {
-    const err = e as Error & { code?: string };
-    const user = isUserError(e);
-    send({ kind: 'error', callId: m.callId, error: err.message, code: typeof err.code === 'string' ? err.code : user ? 'bad_request' : 'internal', internal: !user, stack: err.stack });
-  }
+  run(m.session, m.op, m.args).then(
+    ([result, transfer]) => send({ kind: 'result', callId: m.callId, result }, transfer),
+    (e) => {
+      const err = e as Error & { code?: string };
+      const user = isUserError(e);
+      send({ kind: 'error', callId: m.callId, error: err.message, code: typeof err.code === 'string' ? err.code : user ? 'bad_request' : 'internal', internal: !user, stack: err.stack });
+    },
+  );
 });
