@@ -9,6 +9,7 @@ import * as tf from '@tensorflow/tfjs';
 import { setWasmPaths } from '@tensorflow/tfjs-backend-wasm';
 import { createRequire } from 'node:module';
 import path from 'node:path';
+import { installFastWasmKernels } from './wasm-fast.ts';
 
 export type BackendChoice = 'auto' | 'node-gpu' | 'node' | 'wasm' | 'cpu';
 
@@ -45,6 +46,7 @@ async function tryOne(kind: Exclude<BackendChoice, 'auto'>): Promise<string> {
     case 'wasm': {
       setWasmPaths(wasmDir());
       if (!(await tf.setBackend('wasm'))) throw new Error('wasm backend did not initialise');
+      installFastWasmKernels();
       return 'wasm';
     }
     case 'cpu': {

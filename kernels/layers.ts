@@ -36,10 +36,12 @@ export const matmul = tf.customGrad(((a: tf.Tensor, b: tf.Tensor, save: tf.GradS
  */
 export function matmulConstB(a: tf.Tensor, b: tf.Tensor): tf.Tensor {
   const f = tf.customGrad(((x: tf.Tensor, save: tf.GradSaveFunc) => {
-    save([x]);
+    // b is saved (kept) too: it may be an intermediate (a split weight block) that an
+    // enclosing tidy disposes before the backward pass runs.
+    save([b]);
     return {
       value: tf.matMul(x, b),
-      gradFunc: (dy: tf.Tensor) => [tf.matMul(dy, swapLast(b))],
+      gradFunc: (dy: tf.Tensor, saved: tf.Tensor[]) => [tf.matMul(dy, swapLast(saved[0]!))],
     };
   }) as unknown as Parameters<typeof tf.customGrad>[0]) as (x: tf.Tensor) => tf.Tensor;
   return f(a);
@@ -82,6 +84,29 @@ export function linear(x: tf.Tensor, p: LinearParams): tf.Tensor {
   return x.rank === 2 ? y : tf.reshape(y, [...lead, outDim]);
 }
 
+/**
+ * A fused linear layer whose output splits into `parts` equal column blocks (the fused QKV of
+ * D2): returns `parts` tensors [..., out / parts]. The weight, bias and LoRA B are split instead
+ * of the activations, since the wasm backend's Slice/SplitV copies the whole input for every
+ * piece (weights are small; activations are not). Same function as linear + split.
+ */
+export function linearParts(x: tf.Tensor, p: LinearParams, parts: number): tf.Tensor[] {
+  const inDim = p.weight.shape[0]!;
+  const outDim = p.weight.shape[1]!;
+  if (outDim % parts !== 0) throw new Error(`linearParts: ${outDim} outputs do not split into ${parts} parts`);
+  const lead = x.shape.slice(0, -1);
+  const x2 = x.rank === 2 ? x : tf.reshape(x, [-1, inDim]); // [n, in]
+  const ws = tf.split(p.weight, parts, 1); // parts x [in, out/parts]
+  const bs = tf.split(p.bias, parts, 0);
+  const low = p.lora ? matmul(x2, p.lora.a) : undefined; // [n, r]
+  const loraBs = p.lora ? tf.split(p.lora.b, parts, 1) : [];
+  return ws.map((w, i) => {
+    let y = tf.add(p.trainable ? matmul(x2, w) : matmulConstB(x2, w), bs[i]!); // [n, out/parts]
+    if (low) y = tf.add(y, tf.mul(matmul(low, loraBs[i]!), p.lora!.scale));
+    return x.rank === 2 ? y : tf.reshape(y, [...lead, outDim / parts]);
+  });
+}
+
 const RMS_EPS = 1e-6;
 
 /** x / sqrt(mean(x^2) + 1e-6) over the last axis (D3), without weight. */
@@ -107,10 +132,14 @@ export function adaRmsNorm(x: tf.Tensor, mod: tf.Tensor): { y: tf.Tensor; gate: 
   return { y, gate };
 }
 
-/** GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+/**
+ * GELU, tanh approximation: 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3), computed as
+ * x * sigmoid(2 z), the same function (0.5 (1 + tanh z) = sigmoid(2 z)); the wasm backend's
+ * Sigmoid is about 4x faster than its Tanh.
+ */
 export function geluTanh(x: tf.Tensor): tf.Tensor {
-  const inner = tf.mul(tf.add(x, tf.mul(tf.mul(tf.mul(x, x), x), 0.044715)), Math.sqrt(2 / Math.PI));
-  return tf.mul(tf.mul(x, 0.5), tf.add(tf.tanh(inner), 1));
+  const z2 = tf.mul(tf.add(x, tf.mul(tf.mul(tf.mul(x, x), x), 0.044715)), 2 * Math.sqrt(2 / Math.PI));
+  return tf.mul(x, tf.sigmoid(z2));
 }
 
 /** swish(x) = x * sigmoid(x). */
@@ -143,13 +172,29 @@ export function mergeHeads(x: tf.Tensor): tf.Tensor {
 
 /**
  * Attention softmax(q kᵀ / sqrt(hd) + bias) v (D9) on pre-split heads.
- * q [b, h, tq, hd], kT [b, h, hd, tk], v [b, h, tk, hd], bias broadcastable to [b, h, tq, tk]
- * (0 where allowed, -1e9 where masked) -> [b, h, tq, hd].
+ * q [b, h, tq, hd], kT [b, h, hd, tk], v [b, h, tk, hd], bias [b, 1, tq or 1, tk] (0 where
+ * allowed, -1e9 where masked) -> [b, h, tq, hd].
+ * On wasm, batched matMuls miss XNNPACK (a [32, 156, 156] x [32, 156, 32] product ran at ~1
+ * GMAC/s), so there the b * h products are unstacked into 2-D matMuls (fast path, ~10 GMAC/s;
+ * unstacking is cheap with kernels/wasm-fast.ts). Other backends get one batched matMul.
  */
 export function attention(q: tf.Tensor, kT: tf.Tensor, v: tf.Tensor, bias: tf.Tensor): tf.Tensor {
-  const hd = q.shape[3]!;
-  const scores = tf.add(matmul(tf.mul(q, 1 / Math.sqrt(hd)), kT), bias); // [b, h, tq, tk]
-  return matmul(tf.softmax(scores), v); // [b, h, tq, hd]
+  const [b, h, tq, hd] = q.shape as [number, number, number, number];
+  const tk = kT.shape[3]!;
+  const qs = tf.mul(q, 1 / Math.sqrt(hd));
+  if (tf.getBackend() !== 'wasm' || b * h === 1) {
+    const scores = tf.add(matmul(qs, kT), bias); // [b, h, tq, tk]
+    return matmul(tf.softmax(scores), v); // [b, h, tq, hd]
+  }
+  const qList = tf.unstack(tf.reshape(qs, [b * h, tq, hd])); // b*h x [tq, hd]
+  const kList = tf.unstack(tf.reshape(kT, [b * h, hd, tk])); // b*h x [hd, tk]
+  const vList = tf.unstack(tf.reshape(v, [b * h, tk, hd])); // b*h x [tk, hd]
+  const biasList = tf.unstack(tf.reshape(bias, [b, bias.shape[2]!, tk])); // b x [tq or 1, tk]
+  const outs = qList.map((qi, i) => {
+    const p = tf.softmax(tf.add(matmul(qi, kList[i]!), biasList[Math.floor(i / h)]!)); // [tq, tk]
+    return matmul(p, vList[i]!); // [tq, hd]
+  });
+  return tf.reshape(tf.stack(outs), [b, h, tq, hd]);
 }
 
 /**

@@ -10,7 +10,7 @@ import * as tf from '@tensorflow/tfjs';
 import type { PolicyConfig } from './config.ts';
 import type { ModelBatch } from './batch.ts';
 import { Rng } from './rng.ts';
-import { adaRmsNorm, attention, embed, linear, mergeHeads, mlp, rmsNorm, splitHeads, splitHeadsT, swish, type LinearParams, type LoraFactors } from './layers.ts';
+import { adaRmsNorm, attention, embed, linear, linearParts, mergeHeads, mlp, rmsNorm, splitHeads, splitHeadsT, swish, type LinearParams, type LoraFactors } from './layers.ts';
 
 // ---------------------------------------------------------------- parameter table
 
@@ -285,7 +285,6 @@ function embedPrefix(W: WeightsView, batch: ModelBatch): { x: tf.Tensor; valid: 
 export function encodePrefix(W: WeightsView, batch: ModelBatch): PrefixCache {
   const c = W.config;
   const B = batch.size;
-  const hd = c.heads * c.headDim;
   let { x, valid } = embedPrefix(W, batch); // [b, p, w]
   const p = x.shape[1]!;
   const bias = new Float32Array(B * p);
@@ -295,8 +294,7 @@ export function encodePrefix(W: WeightsView, batch: ModelBatch): PrefixCache {
   const v: tf.Tensor[] = [];
   for (let l = 0; l < c.depth; l++) {
     const pre = `layers.${l}.prefix`;
-    const qkv = linear(rmsNorm(x, W.get(`${pre}.norm1.weight`)), lin(W, `${pre}.qkv`)); // [b, p, 3*h*hd]
-    const [q, k, vv] = tf.split(qkv, [hd, hd, hd], 2) as [tf.Tensor, tf.Tensor, tf.Tensor];
+    const [q, k, vv] = linearParts(rmsNorm(x, W.get(`${pre}.norm1.weight`)), lin(W, `${pre}.qkv`), 3) as [tf.Tensor, tf.Tensor, tf.Tensor]; // [b, p, h*hd] each
     kT.push(splitHeadsT(k, c.heads)); // [b, h, hd, p]
     v.push(splitHeads(vv, c.heads)); // [b, h, p, hd]
     if (l === c.depth - 1) break;
@@ -325,7 +323,6 @@ export function decodeSuffix(W: WeightsView, batch: ModelBatch, cache: PrefixCac
   const B = batch.size;
   const w = c.width;
   const H = c.horizon;
-  const hd = c.heads * c.headDim;
   const temb = tf.tensor2d(timeEmbedding(time, w), [B, w]);
   let act = tf.add(linear(xT, lin(W, 'act.in')), tf.expandDims(W.get('act.pos'), 0)); // [b, ah, w]
   let x: tf.Tensor;
@@ -353,8 +350,7 @@ export function decodeSuffix(W: WeightsView, batch: ModelBatch, cache: PrefixCac
     let gate2: tf.Tensor | undefined;
     if (cond) ({ y: h, gate: gate1 } = adaRmsNorm(x, linear(cond, lin(W, `${pre}.ada1`))));
     else h = rmsNorm(x, W.get(`${pre}.norm1.weight`));
-    const qkv = linear(h, lin(W, `${pre}.qkv`)); // [b, ts, 3*h*hd]
-    const [q, k, v] = tf.split(qkv, [hd, hd, hd], 2) as [tf.Tensor, tf.Tensor, tf.Tensor];
+    const [q, k, v] = linearParts(h, lin(W, `${pre}.qkv`), 3) as [tf.Tensor, tf.Tensor, tf.Tensor]; // [b, ts, h*hd] each
     const kT = tf.concat([cache.kT[l]!, splitHeadsT(k, c.heads)], 3); // [b, h, hd, p+ts]
     const vv = tf.concat([cache.v[l]!, splitHeads(v, c.heads)], 2); // [b, h, p+ts, hd]
     let att = linear(mergeHeads(attention(splitHeads(q, c.heads), kT, vv, bias)), lin(W, `${pre}.o`)); // [b, ts, w]

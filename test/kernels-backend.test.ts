@@ -45,3 +45,34 @@ it('skips an image slot that is empty in every datum without changing the output
   s.dispose();
   base.dispose();
 });
+
+it('the fast wasm Slice/SplitV/Unpack kernels cut exactly the stock pieces', async () => {
+  await initBackend('wasm', null);
+  const shape = [3, 4, 5, 6];
+  const data = Float32Array.from({ length: 360 }, (_, i) => i);
+  const x = tf.tensor(data, shape);
+  const at = (i: number, j: number, k: number, l: number) => ((i * 4 + j) * 5 + k) * 6 + l;
+  const expectSlice = (begin: number[], size: number[]) => {
+    const got = tf.slice(x, begin, size);
+    const want: number[] = [];
+    for (let i = 0; i < size[0]!; i++) for (let j = 0; j < size[1]!; j++) for (let k = 0; k < size[2]!; k++) for (let l = 0; l < size[3]!; l++) {
+      want.push(at(begin[0]! + i, begin[1]! + j, begin[2]! + k, begin[3]! + l));
+    }
+    expect([...got.dataSync()]).toEqual(want);
+    expect(got.shape).toEqual(size);
+    got.dispose();
+  };
+  expectSlice([1, 0, 0, 0], [2, 4, 5, 6]); // contiguous
+  expectSlice([0, 1, 2, 3], [3, 2, 3, 3]); // strided on every axis
+  expectSlice([2, 3, 4, 5], [1, 1, 1, 1]);
+  expectSlice([0, 0, 1, 0], [3, 4, 2, 6]);
+  const parts = tf.split(x, [1, 3, 2], 3);
+  expect(parts.map((p) => p.shape)).toEqual([[3, 4, 5, 1], [3, 4, 5, 3], [3, 4, 5, 2]]);
+  expect(parts[1]!.dataSync()[0]).toBe(1);
+  expect(parts[2]!.dataSync()[1]).toBe(5);
+  const rows = tf.unstack(x, 1);
+  expect(rows).toHaveLength(4);
+  expect(rows[2]!.shape).toEqual([3, 5, 6]);
+  expect(rows[2]!.dataSync()[31]).toBe(at(1, 2, 0, 1));
+  tf.dispose([x, ...parts, ...rows]);
+});
