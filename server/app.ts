@@ -11,6 +11,9 @@ import { log } from './log.ts';
 import { Store } from './store.ts';
 import { SessionManager, parseSessionConfig, type EngineFactory } from './sessions.ts';
 import { mountSessionSocket } from './session-ws.ts';
+import { JobRunner } from './jobs/runner.ts';
+import { mountJobRoutes } from './jobs/routes.ts';
+import { mountJobPolicies } from './jobs/policy-route.ts';
 import type { ServerConfig } from './config.ts';
 
 /**
@@ -37,12 +40,15 @@ export interface ServerHandle {
   baseUrl: string;
   store: Store;
   sessions: SessionManager;
+  runner: JobRunner;
   /** Stop accepting, close every session (answering what is in flight), close engines and the store. */
   close(): Promise<void>;
 }
 
 export interface StartOptions {
   engineFactory?: EngineFactory;
+  /** Seconds between SSE keepalives (default 15; tests shorten it). */
+  sseKeepaliveS?: number;
   /** Called once with a key that was created because the store had none. */
   onNewKey?: (key: string) => void;
 }
@@ -89,6 +95,9 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
   }));
 
   mountSessionSocket(app, { store, sessions, config });
+  const runner = new JobRunner(store, config, (preset) => sessions.engineFor(preset));
+  mountJobRoutes(app, { store, config, runner, keepaliveS: opts.sseKeepaliveS });
+  const policies = mountJobPolicies(app, { store, config, engineFor: (preset) => sessions.engineFor(preset) });
 
   app.any('/*', route(0, (r) => {
     throw new HttpError(404, `no route ${r.method} ${r.url}`);
@@ -99,6 +108,7 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
   });
   const port = uWS.us_socket_local_port(listenSocket);
   baseUrl = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`;
+  runner.recover();
 
   let closing: Promise<void> | null = null;
   return {
@@ -107,9 +117,12 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
     baseUrl,
     store,
     sessions,
+    runner,
     close: () =>
       (closing ??= (async () => {
         uWS.us_listen_socket_close(listenSocket);
+        await runner.shutdown();
+        await policies.close();
         await sessions.shutdown();
         store.close();
       })()),

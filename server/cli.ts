@@ -12,6 +12,9 @@ const USAGE = `vela: a training and policy server for flow-matching VLA policies
 Usage:
   vela serve [settings]          run the server (REST, session websockets, jobs)
   vela keys create [--name N]    create an API key and print it (shown once)
+  vela finetune --dataset DIR    fine-tune locally with a progress bar (same job as the server's)
+  vela datasets inspect DIR      describe a LeRobot dataset
+  vela policy CHECKPOINT [opts]  serve a checkpoint to robots over OpenPI's websocket protocol
   vela presets                   print each model preset's parameter count
   vela help                      this text
 
@@ -78,7 +81,22 @@ async function presets(argv: string[]): Promise<void> {
   process.stdout.write(describePresets() + '\n');
 }
 
-const COMMANDS: Record<string, (argv: string[]) => Promise<void>> = { serve, keys, presets };
+async function policy(argv: string[]): Promise<void> {
+  const { policyCommand } = await import('./policy/cli.ts');
+  await policyCommand(argv);
+}
+
+async function finetune(argv: string[]): Promise<void> {
+  const { finetuneCommand } = await import('./jobs/cli.ts');
+  await finetuneCommand(argv);
+}
+
+async function datasets(argv: string[]): Promise<void> {
+  const { datasetsCommand } = await import('./jobs/cli.ts');
+  await datasetsCommand(argv);
+}
+
+const COMMANDS: Record<string, (argv: string[]) => Promise<void>> = { serve, keys, presets, policy, finetune, datasets };
 
 async function main(argv: string[]): Promise<void> {
   const [cmd, ...rest] = argv;
@@ -93,7 +111,9 @@ async function main(argv: string[]): Promise<void> {
 }
 
 main(process.argv.slice(2)).catch((e) => {
-  if (e instanceof ConfigError) process.stderr.write(`vela: ${e.message}\n`);
+  // Errors a user caused (bad flags, a bad dataset) are one line; anything else keeps its stack.
+  const code = (e as { code?: unknown }).code;
+  if (e instanceof ConfigError || typeof code === 'string' || /\(see vela /.test((e as Error).message)) process.stderr.write(`vela: ${(e as Error).message}\n`);
   else log.error(`vela: ${(e as Error).message}`, e);
   process.exitCode = 1;
 });

@@ -30,6 +30,9 @@ interface Session {
 }
 const sessions = new Map<string, Session>();
 
+/** Policies served by this engine: trained weights on the shared base, inference only. */
+const policies = new Map<string, TrainingState>();
+
 function send(m: FromWorker, transfer: ArrayBuffer[] = []): void {
   port.postMessage(m, transfer);
 }
@@ -128,6 +131,41 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
       s.state.importState(toExported(ck));
       return [answer(s, { cameras: (ck.config.cameras as string[] | undefined) ?? [] }), []];
     }
+    case 'load_policy': {
+      const ck = await loadCheckpoint(args.dir, { preset: config.preset });
+      const c = ck.config as Record<string, any>;
+      if ((c.base_seed ?? 0) !== baseSeed) {
+        throw new EngineError('bad_checkpoint', `checkpoint ${args.dir} was trained on base weights of seed ${c.base_seed}; this engine holds seed ${baseSeed}`);
+      }
+      const state = new TrainingState(base, { finetune: c.finetune ?? 'lora', rank: c.lora_rank, alpha: c.lora_alpha, targets: c.lora_targets, seed: 0 });
+      try {
+        state.importWeights(toExported(ck));
+      } catch (e) {
+        state.dispose();
+        throw e;
+      }
+      policies.get(sessionId)?.dispose();
+      policies.set(sessionId, state);
+      return [answer(undefined, { config: ck.config, normStats: ck.normStats ?? null }), []];
+    }
+    case 'unload_policy': {
+      policies.get(sessionId)?.dispose();
+      policies.delete(sessionId);
+      return [answer(undefined, {}), []];
+    }
+    case 'infer': {
+      const state = policies.get(sessionId);
+      if (!state) throw new EngineError('not_found', `policy ${sessionId} is not loaded in this engine`);
+      const batch = args.batch as ModelBatch;
+      const seeds = args.seeds as number[];
+      if (!Array.isArray(seeds) || seeds.length !== batch.size) throw new EngineError('bad_request', `infer needs one seed per datum: ${seeds?.length} seeds for ${batch.size} datums`);
+      // Each datum's noise comes from its own seed alone, so batching never changes its actions.
+      const per = config.horizon * config.actionDim;
+      const noise = new Float32Array(batch.size * per);
+      seeds.forEach((seed, i) => noise.set(new Rng(seed).normals(per), i * per));
+      const actions = state.sample(batch, { numSteps: args.numSteps ?? 10, noise });
+      return [answer(undefined, { actions }), [actions.buffer as ArrayBuffer]];
+    }
     default:
       throw new EngineError('bad_request', `unknown engine op "${op}"`);
   }
@@ -138,7 +176,7 @@ function checkpointContent(s: Session, withOptimizer: boolean, args: Record<stri
   const ex = withOptimizer ? s.state.exportState() : s.state.exportWeights();
   const cfg = {
     ...ex.config, preset: config.preset, action_horizon: args.actionHorizon ?? config.horizon, cameras: args.cameras ?? [],
-    image_size: config.imageSize, image_slots: config.slots, state_dim: config.stateDim, action_dim: config.actionDim, base_seed: baseSeed,
+    image_size: config.imageSize, image_slots: config.slots, base_seed: baseSeed,
     ...(args.extraConfig ?? {}),
   };
   const content: CheckpointContent = { config: cfg };

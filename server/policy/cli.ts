@@ -99,16 +99,19 @@ export async function policyCommand(argv: string[]): Promise<void> {
   log.setLevel(args.logLevel);
   const dir = path.resolve(args.checkpoint);
   const configPath = path.join(dir, 'config.json');
-  let preset: unknown;
+  let ckConfig: { preset?: unknown; base_seed?: unknown };
   try {
-    preset = JSON.parse(fs.readFileSync(configPath, 'utf8')).preset;
+    ckConfig = JSON.parse(fs.readFileSync(configPath, 'utf8'));
   } catch (e) {
     throw new Error(`cannot read ${configPath}: ${(e as Error).message}`);
   }
+  const preset = ckConfig.preset;
   if (typeof preset !== 'string') throw new Error(`${configPath} has no "preset"`);
+  // LoRA adapters only make sense on the base weights they were trained on: the same init seed.
+  const baseSeed = typeof ckConfig.base_seed === 'number' ? ckConfig.base_seed : 0;
   const { Engine } = await import('../engine/host.ts');
   const { startPolicyServer } = await import('./standalone.ts');
-  const engine = await Engine.start({ preset, backend: args.backend, seed: args.seed ?? 0 });
+  const engine = await Engine.start({ preset, backend: args.backend, seed: baseSeed });
   let server;
   try {
     server = await startPolicyServer({

@@ -1,0 +1,155 @@
+/**
+ * `/v1/fine-tunes` (PROTOCOL.md section 1): create (validated before any work), list, get,
+ * cancel, events as JSON or Server-Sent Events, output files list and download.
+ */
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import type { TemplatedApp } from 'uWebSockets.js';
+import { requireOwner } from '../auth.ts';
+import { HttpError, route, sendJson, type Req } from '../http.ts';
+import { openSse, streamFile } from '../stream.ts';
+import { nowS, randomId, type JobEvent, type JobRow, type Store } from '../store.ts';
+import type { ServerConfig } from '../config.ts';
+import { parseFineTuneConfig, resolveDatasetDir } from './config.ts';
+import { prepareRun } from './train.ts';
+import { isTerminal, jobWorkDir, type JobRunner } from './runner.ts';
+
+/** Public JSON of a job: every config field with defaults, plus progress fields. */
+export function jobJson(j: JobRow): Record<string, unknown> {
+  return {
+    id: j.id, object: 'fine_tune', status: j.status, created_at: j.created_at, ...j.config,
+    step: j.step, loss: j.loss, eval_loss: j.eval_loss, error: j.error, output_dir: j.output_dir,
+    started_at: j.started_at, finished_at: j.finished_at,
+  };
+}
+
+/** Every file under `dir`, relative, sorted: {path, bytes, sha256}. */
+async function listFiles(dir: string): Promise<{ path: string; bytes: number; sha256: string }[]> {
+  if (!fs.existsSync(dir)) return [];
+  const out: { path: string; bytes: number; sha256: string }[] = [];
+  const walk = async (rel: string) => {
+    for (const e of fs.readdirSync(path.join(dir, rel), { withFileTypes: true })) {
+      const r = rel ? `${rel}/${e.name}` : e.name;
+      if (e.isDirectory()) await walk(r);
+      else if (e.isFile()) {
+        const full = path.join(dir, r);
+        const hash = crypto.createHash('sha256');
+        for await (const chunk of fs.createReadStream(full)) hash.update(chunk as Buffer);
+        out.push({ path: r, bytes: fs.statSync(full).size, sha256: hash.digest('hex') });
+      }
+    }
+  };
+  await walk('');
+  return out.sort((a, b) => a.path.localeCompare(b.path));
+}
+
+export interface JobRoutesDeps {
+  store: Store;
+  config: ServerConfig;
+  runner: JobRunner;
+  /** Seconds between SSE keepalive comments (PROTOCOL.md: 15). */
+  keepaliveS?: number;
+}
+
+export function mountJobRoutes(app: TemplatedApp, deps: JobRoutesDeps): void {
+  const { store, config, runner } = deps;
+  const keepaliveMs = (deps.keepaliveS ?? 15) * 1000;
+
+  const ownJob = (r: Req, owner: string) => {
+    const j = store.getJob(r.params[0]!);
+    if (!j || j.owner !== owner) throw new HttpError(404, `no fine-tune ${r.params[0]}`);
+    return j;
+  };
+
+  app.post('/v1/fine-tunes', route(0, async (r) => {
+    const owner = requireOwner(store, r);
+    const cfg = parseFineTuneConfig(await r.json());
+    const dir = resolveDatasetDir(cfg.dataset_name, config.datasetsDir, config.allowAbsoluteDatasets);
+    if (!fs.existsSync(dir)) throw new HttpError(400, `dataset_name "${cfg.dataset_name}" not found: ${dir} does not exist (datasets root: ${config.datasetsDir})`);
+    try {
+      const { ds } = await prepareRun(cfg, dir);
+      await ds.checkVideos();
+    } catch (e) {
+      if (e instanceof HttpError) throw e;
+      throw new HttpError(400, `dataset "${cfg.dataset_name}": ${(e as Error).message}`);
+    }
+    const id = randomId('ft-');
+    const row: JobRow = {
+      id, owner, status: 'queued', created_at: nowS(), config: cfg as unknown as Record<string, unknown>, step: 0, loss: null, eval_loss: null,
+      error: null, output_dir: path.join(jobWorkDir(config.dataDir, id), 'weights', 'final'), started_at: null, finished_at: null, cancel_requested: false,
+    };
+    store.insertJob(row);
+    runner.submit(row);
+    sendJson(r, 200, jobJson(store.getJob(id)!));
+  }));
+
+  app.get('/v1/fine-tunes', route(0, (r) => {
+    const owner = requireOwner(store, r);
+    sendJson(r, 200, { object: 'list', data: store.listJobs(owner).map(jobJson) });
+  }));
+
+  app.get('/v1/fine-tunes/:id', route(1, (r) => sendJson(r, 200, jobJson(ownJob(r, requireOwner(store, r))))));
+
+  app.post('/v1/fine-tunes/:id/cancel', route(1, (r) => {
+    const j = ownJob(r, requireOwner(store, r));
+    if (!runner.cancel(j.id)) throw new HttpError(409, `fine-tune ${j.id} already ended (${store.getJob(j.id)!.status})`);
+    sendJson(r, 200, jobJson(store.getJob(j.id)!));
+  }));
+
+  app.get('/v1/fine-tunes/:id/events', route(1, (r) => {
+    const j = ownJob(r, requireOwner(store, r));
+    const fromQ = r.query.get('from');
+    const lastId = r.headers['last-event-id'];
+    let from = 0;
+    if (fromQ !== null) from = Number(fromQ);
+    else if (lastId !== undefined) from = Number(lastId) + 1;
+    if (!Number.isInteger(from) || from < 0) throw new HttpError(400, `from must be a non-negative integer, got ${JSON.stringify(fromQ ?? lastId)}`);
+    const wantsStream = (r.headers['accept'] ?? '').includes('text/event-stream') || r.query.get('stream') === 'true';
+    if (!wantsStream) return sendJson(r, 200, { object: 'list', data: store.events(j.id, from) });
+
+    const sse = openSse(r);
+    let next = from;
+    let ended = false;
+    const send = (ev: JobEvent) => {
+      if (ended || ev.index < next) return;
+      sse.send(ev.index, ev.type, ev);
+      next = ev.index + 1;
+      if (ev.type === 'status' && isTerminal(ev.status as string)) finish();
+    };
+    const onLive = (ev: JobEvent) => {
+      if (ev.index > next) for (const missed of store.events(j.id, next, ev.index - next)) send(missed);
+      send(ev);
+    };
+    const keepalive = setInterval(() => (sse.closed ? finish() : sse.comment('keepalive')), keepaliveMs);
+    const finish = () => {
+      if (ended) return;
+      ended = true;
+      clearInterval(keepalive);
+      runner.live.off(`event:${j.id}`, onLive);
+      sse.end();
+    };
+    // Subscribe before reading the log, so nothing lands between the two; `next` drops repeats.
+    runner.live.on(`event:${j.id}`, onLive);
+    for (const ev of store.events(j.id, from)) send(ev);
+    // The terminal status is the log's last record: once the job ended, nothing more will come.
+    if (!ended && isTerminal(store.getJob(j.id)!.status)) finish();
+  }));
+
+  app.get('/v1/fine-tunes/:id/files', route(1, async (r) => {
+    const j = ownJob(r, requireOwner(store, r));
+    sendJson(r, 200, { object: 'list', data: j.status === 'succeeded' ? await listFiles(j.output_dir) : [] });
+  }));
+
+  app.get('/v1/fine-tunes/:id/files/*', route(1, async (r) => {
+    const j = ownJob(r, requireOwner(store, r));
+    const rel = decodeURIComponent(r.url.slice(r.url.indexOf('/files/') + '/files/'.length));
+    const segments = rel.split('/');
+    if (rel === '' || segments.some((s) => s === '' || s === '.' || s === '..' || s.includes('\\'))) {
+      throw new HttpError(400, `file path "${rel}" must be plain relative segments`);
+    }
+    const file = path.join(j.output_dir, ...segments);
+    if (j.status !== 'succeeded' || !fs.existsSync(file) || !fs.statSync(file).isFile()) throw new HttpError(404, `no file "${rel}" in fine-tune ${j.id}'s output`);
+    await streamFile(r, file, fs.statSync(file).size);
+  }));
+}

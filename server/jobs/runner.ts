@@ -1,0 +1,143 @@
+/**
+ * The job queue of the server: fine-tunes run one at a time on the shared engines (2-core
+ * machines gain nothing from two), every record goes to the durable event log first and then to
+ * live SSE readers. A job is never left `running`: at start-up a job that was running when the
+ * server died is resumed from its last checkpoint (train.ts reads resume.json).
+ */
+import { EventEmitter } from 'node:events';
+import path from 'node:path';
+import { log } from '../log.ts';
+import { nowS, type JobEvent, type JobRow, type Store } from '../store.ts';
+import type { EngineLike } from '../engine/host.ts';
+import type { ServerConfig } from '../config.ts';
+import { resolveDatasetDir, type FineTuneConfig } from './config.ts';
+import { runFineTune } from './train.ts';
+
+const TERMINAL = new Set(['succeeded', 'failed', 'cancelled']);
+
+export function isTerminal(status: string): boolean {
+  return TERMINAL.has(status);
+}
+
+/** The folder a job writes into: `<data>/jobs/<id>`; its output is `<that>/weights/final`. */
+export function jobWorkDir(dataDir: string, id: string): string {
+  return path.resolve(dataDir, 'jobs', id);
+}
+
+export class JobRunner {
+  /** Emits `event:<jobId>` with each JobEvent after it is stored. */
+  readonly live = new EventEmitter();
+  private queue: string[] = [];
+  private running: string | null = null;
+  private stopped = false;
+  private idle: Promise<void> = Promise.resolve();
+
+  constructor(
+    private store: Store,
+    private config: ServerConfig,
+    private engineFor: (preset: string) => Promise<EngineLike>,
+  ) {
+    this.live.setMaxListeners(0);
+  }
+
+  /** Requeue what the last run left: running jobs first (to resume), then queued ones, oldest first. */
+  recover(): void {
+    const open = this.store.listJobs(null, ['running', 'queued']).reverse();
+    for (const j of open.filter((x) => x.status === 'running')) {
+      this.emit(j.id, 'log', { message: 'the server restarted while this job was running; resuming from its last checkpoint' });
+      this.queue.push(j.id);
+    }
+    for (const j of open.filter((x) => x.status === 'queued')) this.queue.push(j.id);
+    this.pump();
+  }
+
+  /** Append to the durable log, then tell live readers. */
+  emit(jobId: string, type: string, data: Record<string, unknown>): JobEvent {
+    const ev = this.store.appendEvent(jobId, type, data);
+    this.live.emit(`event:${jobId}`, ev);
+    return ev;
+  }
+
+  submit(job: JobRow): void {
+    this.emit(job.id, 'status', { status: 'queued' });
+    this.queue.push(job.id);
+    this.pump();
+  }
+
+  /**
+   * Ask a job to stop. Queued: cancelled now. Running: cancelled at the next step boundary.
+   * @returns false when the job had already ended.
+   */
+  cancel(id: string): boolean {
+    const job = this.store.getJob(id);
+    if (!job || isTerminal(job.status)) return false;
+    this.store.updateJob(id, { cancel_requested: true });
+    if (job.status === 'queued' && this.running !== id) {
+      this.queue = this.queue.filter((q) => q !== id);
+      this.finish(id, 'cancelled', { error: 'cancelled before it started' });
+    }
+    return true;
+  }
+
+  private finish(id: string, status: 'succeeded' | 'failed' | 'cancelled', fields: { error?: string | null; output_dir?: string }): void {
+    this.store.updateJob(id, { status, finished_at: nowS(), error: fields.error ?? null });
+    this.emit(id, 'status', { status, ...(fields.error ? { error: fields.error } : {}), ...(fields.output_dir ? { output_dir: fields.output_dir } : {}) });
+  }
+
+  private pump(): void {
+    if (this.running || this.stopped || this.queue.length === 0) return;
+    const id = this.queue.shift()!;
+    this.running = id;
+    this.idle = this.run(id).finally(() => {
+      this.running = null;
+      this.pump();
+    });
+  }
+
+  private async run(id: string): Promise<void> {
+    const job = this.store.getJob(id);
+    if (!job || isTerminal(job.status)) return;
+    const cfg = job.config as unknown as FineTuneConfig;
+    this.store.updateJob(id, { status: 'running', started_at: job.started_at ?? nowS() });
+    this.emit(id, 'status', { status: 'running', model: cfg.model, steps: cfg.steps });
+    let engine: EngineLike | null = null;
+    try {
+      engine = await this.engineFor(cfg.model);
+      this.emit(id, 'log', { message: `engine ready: ${engine.info.preset} on ${engine.info.backend}` });
+      const result = await runFineTune(cfg, {
+        jobId: id,
+        datasetDir: resolveDatasetDir(cfg.dataset_name, this.config.datasetsDir, this.config.allowAbsoluteDatasets),
+        workDir: jobWorkDir(this.config.dataDir, id),
+        engine,
+        emit: (type, data) => {
+          this.emit(id, type, data);
+          if (type === 'progress') {
+            const fields: Parameters<Store['updateJob']>[1] = { step: data.step as number, loss: data.loss as number | null };
+            if (data.eval_loss !== undefined) fields.eval_loss = data.eval_loss as number;
+            this.store.updateJob(id, fields);
+          }
+        },
+        isCancelled: () => this.stopped || (this.store.getJob(id)?.cancel_requested ?? false),
+      });
+      if (result.status === 'cancelled' && this.stopped && !this.store.getJob(id)?.cancel_requested) {
+        this.emit(id, 'log', { message: `server shutting down at step ${result.step}; the job resumes from its last checkpoint on the next start` });
+        return; // stays `running` on disk on purpose: recover() resumes it
+      }
+      if (result.status === 'cancelled') this.finish(id, 'cancelled', { error: `cancelled at step ${result.step}` });
+      else this.finish(id, 'succeeded', { output_dir: result.outputDir! });
+    } catch (e) {
+      const msg = (e as Error).message ?? String(e);
+      log.warn(`job ${id} failed: ${msg}`);
+      if (!(e as { code?: unknown }).code) log.debug((e as Error).stack ?? '');
+      this.finish(id, 'failed', { error: msg });
+    } finally {
+      await engine?.call(id, 'close_session').catch(() => undefined);
+    }
+  }
+
+  /** Stop taking jobs; the running one stops at its next step boundary and resumes on restart. */
+  async shutdown(): Promise<void> {
+    this.stopped = true;
+    await this.idle;
+  }
+}
