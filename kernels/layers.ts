@@ -109,14 +109,52 @@ export function linearParts(x: tf.Tensor, p: LinearParams, parts: number): tf.Te
 
 const RMS_EPS = 1e-6;
 
+/**
+ * x / sqrt(mean(x^2) + 1e-6) * weight over the last axis (D3), with a fused gradient (TF.js
+ * would otherwise keep every elementwise temporary until the backward pass ends):
+ * with r = rsqrt(mean(x^2) + eps) and g = dy * weight, dx = r g - x r^3 mean(g x),
+ * dweight = sum over rows of dy x r. x [..., w], weight [w] (or none: the adaptive norm).
+ */
+function rmsCore(x: tf.Tensor, weight: tf.Tensor | null): tf.Tensor {
+  const w = x.shape[x.rank - 1]!;
+  const body = (xx: tf.Tensor, ww: tf.Tensor | null, save: tf.GradSaveFunc) => {
+    const [y, r] = tf.tidy(() => {
+      const rr = tf.rsqrt(tf.add(tf.mean(tf.square(xx), -1, true), RMS_EPS)); // [..., 1]
+      const n = tf.mul(xx, rr);
+      return [ww ? tf.mul(n, ww) : n, rr];
+    });
+    save(ww ? [xx, r!, ww] : [xx, r!]);
+    r!.dispose();
+    return {
+      value: y!,
+      gradFunc: (dy: tf.Tensor, saved: tf.Tensor[]) =>
+        tf.tidy(() => {
+          const [sx, sr, sw] = saved as [tf.Tensor, tf.Tensor, tf.Tensor | undefined];
+          const g = sw ? tf.mul(dy, sw) : dy;
+          const proj = tf.mean(tf.mul(g, sx), -1, true); // [..., 1]
+          const dx = tf.sub(tf.mul(g, sr), tf.mul(sx, tf.mul(tf.pow(sr, 3), proj)));
+          if (!sw) return [dx];
+          const dw = tf.sum(tf.reshape(tf.mul(dy, tf.mul(sx, sr)), [-1, w]), 0);
+          return [dx, dw];
+        }),
+    };
+  };
+  if (weight) {
+    const f = tf.customGrad(((a: tf.Tensor, b: tf.Tensor, save: tf.GradSaveFunc) => body(a, b, save)) as unknown as Parameters<typeof tf.customGrad>[0]);
+    return (f as unknown as (a: tf.Tensor, b: tf.Tensor) => tf.Tensor)(x, weight);
+  }
+  const f = tf.customGrad(((a: tf.Tensor, save: tf.GradSaveFunc) => body(a, null, save)) as unknown as Parameters<typeof tf.customGrad>[0]);
+  return (f as unknown as (a: tf.Tensor) => tf.Tensor)(x);
+}
+
 /** x / sqrt(mean(x^2) + 1e-6) over the last axis (D3), without weight. */
 export function rmsNormalize(x: tf.Tensor): tf.Tensor {
-  return tf.mul(x, tf.rsqrt(tf.add(tf.mean(tf.square(x), -1, true), RMS_EPS)));
+  return rmsCore(x, null);
 }
 
 /** RMSNorm with a learnable weight [w] (D3). x [..., w]. */
 export function rmsNorm(x: tf.Tensor, weight: tf.Tensor): tf.Tensor {
-  return tf.mul(rmsNormalize(x), weight);
+  return rmsCore(x, weight);
 }
 
 /**
@@ -135,11 +173,27 @@ export function adaRmsNorm(x: tf.Tensor, mod: tf.Tensor): { y: tf.Tensor; gate: 
 /**
  * GELU, tanh approximation: 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3), computed as
  * x * sigmoid(2 z), the same function (0.5 (1 + tanh z) = sigmoid(2 z)); the wasm backend's
- * Sigmoid is about 4x faster than its Tanh.
+ * Sigmoid is about 4x faster than its Tanh. Fused gradient (only x is kept):
+ * d/dx = s + x s (1 - s) 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2), s = sigmoid(2 z).
  */
 export function geluTanh(x: tf.Tensor): tf.Tensor {
-  const z2 = tf.mul(tf.add(x, tf.mul(tf.mul(tf.mul(x, x), x), 0.044715)), 2 * Math.sqrt(2 / Math.PI));
-  return tf.mul(x, tf.sigmoid(z2));
+  const c = 2 * Math.sqrt(2 / Math.PI);
+  const sig = (t: tf.Tensor) => tf.sigmoid(tf.mul(tf.add(t, tf.mul(tf.mul(tf.mul(t, t), t), 0.044715)), c));
+  const f = tf.customGrad(((xx: tf.Tensor, save: tf.GradSaveFunc) => {
+    save([xx]);
+    return {
+      value: tf.tidy(() => tf.mul(xx, sig(xx))),
+      gradFunc: (dy: tf.Tensor, saved: tf.Tensor[]) =>
+        tf.tidy(() => {
+          const t = saved[0]!;
+          const s = sig(t);
+          const inner = tf.mul(tf.add(tf.mul(tf.mul(t, t), 3 * 0.044715), 1), c); // dz2/dx
+          const d = tf.add(s, tf.mul(tf.mul(t, tf.mul(s, tf.sub(1, s))), inner));
+          return [tf.mul(dy, d)];
+        }),
+    };
+  }) as unknown as Parameters<typeof tf.customGrad>[0]) as unknown as (a: tf.Tensor) => tf.Tensor;
+  return f(x);
 }
 
 /** swish(x) = x * sigmoid(x). */
@@ -190,11 +244,38 @@ export function attention(q: tf.Tensor, kT: tf.Tensor, v: tf.Tensor, bias: tf.Te
   const kList = tf.unstack(tf.reshape(kT, [b * h, hd, tk])); // b*h x [hd, tk]
   const vList = tf.unstack(tf.reshape(v, [b * h, tk, hd])); // b*h x [tk, hd]
   const biasList = tf.unstack(tf.reshape(bias, [b, bias.shape[2]!, tk])); // b x [tq or 1, tk]
-  const outs = qList.map((qi, i) => {
-    const p = tf.softmax(tf.add(matmul(qi, kList[i]!), biasList[Math.floor(i / h)]!)); // [tq, tk]
-    return matmul(p, vList[i]!); // [tq, hd]
-  });
+  const outs = qList.map((qi, i) => attentionHead(qi, kList[i]!, vList[i]!, biasList[Math.floor(i / h)]!)); // b*h x [tq, hd]
   return tf.reshape(tf.stack(outs), [b, h, tq, hd]);
+}
+
+/**
+ * One head's attention with a fused gradient: q [tq, hd] (already scaled), kT [hd, tk],
+ * v [tk, hd], bias [tq or 1, tk] (constant) -> [tq, hd]. Only the probabilities p [tq, tk] are
+ * kept for the backward pass, and its temporaries are freed per head: TF.js keeps every
+ * gradient of a taped op until the whole backward pass ends, which for pi0-small's 668 prefix
+ * tokens cost ~430 MB per layer. Backward: dp = do · vᵀ, ds = p (dp - rowsum(dp p)),
+ * dq = ds · k, dkT = qᵀ · ds, dv = pᵀ · do (explicit transposes, plain matMuls).
+ */
+export function attentionHead(q: tf.Tensor, kT: tf.Tensor, v: tf.Tensor, bias: tf.Tensor): tf.Tensor {
+  const f = tf.customGrad(((qq: tf.Tensor, kk: tf.Tensor, vv: tf.Tensor, save: tf.GradSaveFunc) => {
+    const [out, p] = tf.tidy(() => {
+      const probs = tf.softmax(tf.add(tf.matMul(qq, kk), bias)); // [tq, tk]
+      return [tf.matMul(probs, vv), probs];
+    });
+    save([qq, kk, vv, p!]);
+    p!.dispose(); // save() kept its own reference
+    return {
+      value: out!,
+      gradFunc: (dy: tf.Tensor, saved: tf.Tensor[]) =>
+        tf.tidy(() => {
+          const [sq, skT, sv, sp] = saved as [tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor];
+          const dp = tf.matMul(dy, tf.transpose(sv)); // [tq, tk]
+          const ds = tf.mul(sp, tf.sub(dp, tf.sum(tf.mul(dp, sp), -1, true))); // [tq, tk]
+          return [tf.matMul(ds, tf.transpose(skT)), tf.matMul(tf.transpose(sq), ds), tf.matMul(tf.transpose(sp), dy)];
+        }),
+    };
+  }) as unknown as Parameters<typeof tf.customGrad>[0]) as (q: tf.Tensor, kT: tf.Tensor, v: tf.Tensor) => tf.Tensor;
+  return f(q, kT, v);
 }
 
 /**
