@@ -302,3 +302,35 @@ export function embed(table: tf.Tensor, indices: Int32Array): tf.Tensor {
   }) as unknown as Parameters<typeof tf.customGrad>[0]) as (t: tf.Tensor) => tf.Tensor;
   return f(table);
 }
+
+/**
+ * Gradient checkpointing: y = fn(x) keeping only x for the backward pass, which re-runs fn
+ * under its own tape. `params` are the trainable variables fn reads (its gradients come back
+ * for them too). Trades one extra forward for not holding the block's activations and
+ * gradients, which TF.js otherwise keeps until the whole backward pass ends.
+ */
+export function checkpoint(
+  fn: (x: tf.Tensor, consts: tf.Tensor[]) => tf.Tensor,
+  x: tf.Tensor,
+  consts: tf.Tensor[],
+  params: readonly tf.Variable[],
+): tf.Tensor {
+  const f = tf.customGrad(((...args: unknown[]) => {
+    const save = args[args.length - 1] as tf.GradSaveFunc;
+    const xx = args[0] as tf.Tensor;
+    // The constants are saved too: an enclosing tidy may dispose them before the backward pass.
+    save([xx, ...consts]);
+    return {
+      value: tf.tidy(() => fn(xx, consts)), // the tape is off inside a custom op: nothing is kept
+      gradFunc: (dy: tf.Tensor, saved: tf.Tensor[]) => {
+        const xv = tf.variable(saved[0]!, true);
+        const { value, grads } = tf.variableGrads(() => tf.sum(tf.mul(fn(xv, saved.slice(1)), dy)) as tf.Scalar, [xv, ...params]);
+        value.dispose();
+        const out = [grads[xv.name] ?? tf.zerosLike(xv), ...params.map((p) => grads[p.name] ?? tf.zerosLike(p))];
+        xv.dispose();
+        return out;
+      },
+    };
+  }) as unknown as Parameters<typeof tf.customGrad>[0]) as unknown as (...t: tf.Tensor[]) => tf.Tensor;
+  return f(x, ...params);
+}

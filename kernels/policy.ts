@@ -10,7 +10,7 @@ import * as tf from '@tensorflow/tfjs';
 import type { PolicyConfig } from './config.ts';
 import type { ModelBatch } from './batch.ts';
 import { Rng } from './rng.ts';
-import { adaRmsNorm, attention, embed, linear, linearParts, mergeHeads, mlp, rmsNorm, splitHeads, splitHeadsT, swish, type LinearParams, type LoraFactors } from './layers.ts';
+import { adaRmsNorm, attention, checkpoint, embed, linear, linearParts, mergeHeads, mlp, rmsNorm, splitHeads, splitHeadsT, swish, type LinearParams, type LoraFactors } from './layers.ts';
 
 // ---------------------------------------------------------------- parameter table
 
@@ -157,6 +157,19 @@ export interface WeightsView {
   get(name: string): tf.Tensor;
   trainable(name: string): boolean;
   lora(linearName: string): LoraFactors | undefined;
+  /** The trainable variables whose names start with `prefix` (enables gradient checkpointing). */
+  params?(prefix: string): tf.Variable[];
+}
+
+/**
+ * Whether to checkpoint the prefix layers: `VELA_CHECKPOINT` = on / off / auto (default: on when
+ * b * p * w > 500,000, where the activations TF.js keeps for the backward pass run to GBs).
+ */
+export function checkpointWanted(elements: number): boolean {
+  const mode = (process.env.VELA_CHECKPOINT ?? 'auto').toLowerCase();
+  if (mode === 'on') return true;
+  if (mode === 'off') return false;
+  return elements > 500_000;
 }
 
 function lin(W: WeightsView, name: string): LinearParams {
@@ -292,15 +305,27 @@ export function encodePrefix(W: WeightsView, batch: ModelBatch): PrefixCache {
   const keyBias = tf.tensor4d(bias, [B, 1, 1, p]);
   const kT: tf.Tensor[] = [];
   const v: tf.Tensor[] = [];
+  const D = c.heads * c.headDim;
+  const w = c.width;
+  const remat = W.params !== undefined && checkpointWanted(B * p * w);
   for (let l = 0; l < c.depth; l++) {
-    const pre = `layers.${l}.prefix`;
-    const [q, k, vv] = linearParts(rmsNorm(x, W.get(`${pre}.norm1.weight`)), lin(W, `${pre}.qkv`), 3) as [tf.Tensor, tf.Tensor, tf.Tensor]; // [b, p, h*hd] each
-    kT.push(splitHeadsT(k, c.heads)); // [b, h, hd, p]
-    v.push(splitHeads(vv, c.heads)); // [b, h, p, hd]
-    if (l === c.depth - 1) break;
-    const att = mergeHeads(attention(splitHeads(q, c.heads), kT[l]!, v[l]!, keyBias)); // [b, p, h*hd]
-    x = tf.add(x, linear(att, lin(W, `${pre}.o`)));
-    x = tf.add(x, mlp(rmsNorm(x, W.get(`${pre}.norm2.weight`)), lin(W, `${pre}.mlp1`), lin(W, `${pre}.mlp2`)));
+    const last = l === c.depth - 1;
+    // One output [b, p, (w) + 2D]: the next residual stream (not in the last layer), K and V.
+    const layer = (xin: tf.Tensor, [kb]: tf.Tensor[]) => {
+      const pre = `layers.${l}.prefix`;
+      const [q, k, vv] = linearParts(rmsNorm(xin, W.get(`${pre}.norm1.weight`)), lin(W, `${pre}.qkv`), 3) as [tf.Tensor, tf.Tensor, tf.Tensor]; // [b, p, h*hd] each
+      if (last) return tf.concat([k, vv], 2);
+      const att = mergeHeads(attention(splitHeads(q, c.heads), splitHeadsT(k, c.heads), splitHeads(vv, c.heads), kb!)); // [b, p, h*hd]
+      let y = tf.add(xin, linear(att, lin(W, `${pre}.o`)));
+      y = tf.add(y, mlp(rmsNorm(y, W.get(`${pre}.norm2.weight`)), lin(W, `${pre}.mlp1`), lin(W, `${pre}.mlp2`)));
+      return tf.concat([y, k, vv], 2);
+    };
+    const out = remat ? checkpoint(layer, x, [keyBias], W.params!(`layers.${l}.prefix.`)) : layer(x, [keyBias]);
+    // (Never mutate the array tf.split returns: the gradient tape holds it as the op's outputs.)
+    const parts = tf.split(out, last ? [D, D] : [w, D, D], 2);
+    if (!last) x = parts[0]!;
+    kT.push(splitHeadsT(parts[last ? 0 : 1]!, c.heads)); // [b, h, hd, p]
+    v.push(splitHeads(parts[last ? 1 : 2]!, c.heads)); // [b, h, p, hd]
   }
   return { kT, v, keyBias, length: p };
 }

@@ -219,6 +219,7 @@ export class TrainingState {
       get: (name) => (full ? this.params.get(name) : undefined) ?? this.base.get(name),
       trainable: () => full,
       lora: (layer) => loras.get(layer),
+      params: (prefix) => [...this.params].filter(([n]) => n.startsWith(prefix)).map(([, v]) => v),
     };
   }
 
