@@ -68,7 +68,7 @@ export function mountJobRoutes(app: TemplatedApp, deps: JobRoutesDeps): void {
     const dir = resolveDatasetDir(cfg.dataset_name, config.datasetsDir, config.allowAbsoluteDatasets);
     if (!fs.existsSync(dir)) throw new HttpError(400, `dataset_name "${cfg.dataset_name}" not found: ${dir} does not exist (datasets root: ${config.datasetsDir})`);
     try {
-      const { ds } = await prepareRun(cfg, dir);
+      const { ds } = await prepareRun(cfg, dir, (d) => runner.openDataset(d));
       await ds.checkVideos();
     } catch (e) {
       if (e instanceof HttpError) throw e;

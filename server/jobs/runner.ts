@@ -5,6 +5,7 @@
  * server died is resumed from its last checkpoint (train.ts reads resume.json).
  */
 import { EventEmitter } from 'node:events';
+import fs from 'node:fs';
 import path from 'node:path';
 import { log } from '../log.ts';
 import { nowS, type JobEvent, type JobRow, type Store } from '../store.ts';
@@ -12,6 +13,7 @@ import type { EngineLike } from '../engine/host.ts';
 import type { ServerConfig } from '../config.ts';
 import { resolveDatasetDir, type FineTuneConfig } from './config.ts';
 import { runFineTune } from './train.ts';
+import { openDataset, type Dataset } from '../datasets/index.ts';
 
 const TERMINAL = new Set(['succeeded', 'failed', 'cancelled']);
 
@@ -31,6 +33,8 @@ export class JobRunner {
   private running: string | null = null;
   private stopped = false;
   private idle: Promise<void> = Promise.resolve();
+  /** Opened datasets by folder, so that a second job on the same data reuses decoded frames. */
+  private datasets = new Map<string, Promise<Dataset>>();
 
   constructor(
     private store: Store,
@@ -117,6 +121,7 @@ export class JobRunner {
             this.store.updateJob(id, fields);
           }
         },
+        openDataset: (dir) => this.openDataset(dir),
         isCancelled: () => this.stopped || (this.store.getJob(id)?.cancel_requested ?? false),
       });
       if (result.status === 'cancelled' && this.stopped && !this.store.getJob(id)?.cancel_requested) {
@@ -133,6 +138,28 @@ export class JobRunner {
     } finally {
       await engine?.call(id, 'close_session').catch(() => undefined);
     }
+  }
+
+  /** The last two datasets stay open (their frame caches are bounded); a failed open is not kept. */
+  openDataset(dir: string): Promise<Dataset> {
+    // A rewritten info.json (episodes added) makes a new key, so a changed dataset is re-read.
+    let key = dir;
+    try {
+      key += `|${fs.statSync(path.join(dir, 'meta', 'info.json')).mtimeMs}`;
+    } catch {
+      return openDataset(dir); // let the reader name what is missing
+    }
+    let p = this.datasets.get(key);
+    if (p) {
+      this.datasets.delete(key); // re-insert: most recently used last
+      this.datasets.set(key, p);
+      return p;
+    }
+    p = openDataset(dir);
+    p.catch(() => this.datasets.delete(key));
+    this.datasets.set(key, p);
+    while (this.datasets.size > 2) this.datasets.delete(this.datasets.keys().next().value!);
+    return p;
   }
 
   /** Stop taking jobs; the running one stops at its next step boundary and resumes on restart. */

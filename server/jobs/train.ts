@@ -23,6 +23,8 @@ export interface RunContext {
   emit(type: 'status' | 'log' | 'progress', data: Record<string, unknown>): void;
   /** True once a cancel was asked for; checked at step boundaries. */
   isCancelled(): boolean;
+  /** Opens the dataset (the server shares opened datasets, and their decoded frames, across jobs). */
+  openDataset?: (dir: string) => Promise<Dataset>;
 }
 
 export interface RunResult {
@@ -81,9 +83,9 @@ async function call<T>(ctx: RunContext, op: string, args: Record<string, unknown
  * Validate everything that can be checked before training: dataset, cameras, dims.
  * @throws DatasetError / Error with a readable message naming what is wrong.
  */
-export async function prepareRun(cfg: FineTuneConfig, datasetDir: string) {
+export async function prepareRun(cfg: FineTuneConfig, datasetDir: string, open: (dir: string) => Promise<Dataset> = openDataset) {
   const model = makeConfig(cfg.model);
-  const ds = await openDataset(datasetDir);
+  const ds = await open(datasetDir);
   const meta = ds.meta;
   if (meta.cameras.length === 0) throw new Error(`dataset ${datasetDir} has no camera (video or image feature)`);
   const cameras = (cfg.cameras ?? meta.cameras.slice(0, model.slots).map((c) => c.name)).map((c) => ds.camera(c).name);
@@ -99,7 +101,7 @@ export async function prepareRun(cfg: FineTuneConfig, datasetDir: string) {
 /** Run (or resume) a fine-tune; resolves when it succeeded or was cancelled, throws when it failed. */
 export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise<RunResult> {
   const started = Date.now();
-  const { model, ds, cameras, actionSpace, split } = await prepareRun(cfg, ctx.datasetDir);
+  const { model, ds, cameras, actionSpace, split } = await prepareRun(cfg, ctx.datasetDir, ctx.openDataset);
   const meta = ds.meta;
   ctx.emit('log', {
     message: `dataset loaded: ${meta.episodes.length} episodes, ${meta.totalFrames} frames, cameras ${cameras.join(', ')}, state ${meta.stateDim}, action ${meta.actionDim}, ${meta.fps} fps; ` +
