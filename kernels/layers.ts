@@ -324,7 +324,17 @@ export function checkpoint(
       value: tf.tidy(() => fn(xx, consts)), // the tape is off inside a custom op: nothing is kept
       gradFunc: (dy: tf.Tensor, saved: tf.Tensor[]) => {
         const xv = tf.variable(saved[0]!, true);
-        const { value, grads } = tf.variableGrads(() => tf.sum(tf.mul(fn(xv, saved.slice(1)), dy)) as tf.Scalar, [xv, ...params]);
+        // A nested gradients() call ends by setting the engine's activeTape to null, which the
+        // outer backward pass (this gradFunc runs inside it) still reads afterwards: restore it.
+        const state = (tf.engine() as unknown as { state: { activeTape: unknown } }).state;
+        const outerTape = state.activeTape;
+        let value: tf.Tensor;
+        let grads: tf.NamedTensorMap;
+        try {
+          ({ value, grads } = tf.variableGrads(() => tf.sum(tf.mul(fn(xv, saved.slice(1)), dy)) as tf.Scalar, [xv, ...params]));
+        } finally {
+          state.activeTape = outerTape;
+        }
         value.dispose();
         const out = [grads[xv.name] ?? tf.zerosLike(xv), ...params.map((p) => grads[p.name] ?? tf.zerosLike(p))];
         xv.dispose();
