@@ -433,6 +433,11 @@ export class TrainingState {
    */
   sample(batch: ModelBatch, options: { numSteps?: number; seed?: number; cache?: boolean } = {}): Float32Array {
     this.checkBatch(batch);
+    const numSteps = options.numSteps ?? 10;
+    if (!Number.isInteger(numSteps) || numSteps < 1 || numSteps > 1000) {
+      throw new TrainerError('bad_option', `num_steps is ${numSteps}; it must be an integer in [1, 1000]`);
+    }
+    if (options.seed !== undefined && !Number.isFinite(options.seed)) throw new TrainerError('bad_option', `seed is ${options.seed}; it must be a finite number`);
     const c = this.config;
     const B = batch.size;
     const rng = options.seed !== undefined ? new Rng(options.seed) : this.sampleRng;
@@ -440,7 +445,7 @@ export class TrainingState {
     const times = (t: number) => new Float32Array(B).fill(t);
     let out: tf.Tensor;
     if (options.cache === false) {
-      out = eulerSample(noise, options.numSteps ?? 10, (x, t) => velocity(this.view, batch, x, times(t)));
+      out = eulerSample(noise, numSteps, (x, t) => velocity(this.view, batch, x, times(t)));
     } else {
       const cache = tf.tidy(() => {
         const k = encodePrefix(this.view, batch);
@@ -448,7 +453,7 @@ export class TrainingState {
       });
       const full = { ...cache, length: cache.keyBias.shape[3]! };
       try {
-        out = eulerSample(noise, options.numSteps ?? 10, (x, t) => decodeSuffix(this.view, batch, full, x, times(t)));
+        out = eulerSample(noise, numSteps, (x, t) => decodeSuffix(this.view, batch, full, x, times(t)));
       } finally {
         disposeCache(full);
       }
