@@ -1,0 +1,79 @@
+/**
+ * Checkpoints of one owner for `list_checkpoints` / `delete_checkpoint`: the folders that
+ * `save_state` and `save_weights` wrote under `<data>/checkpoints/<owner>/<model_id>/{states,weights}/<name>`
+ * (server/sessions.ts sessionDir). A checkpoint id is `<model_id>/<kind>/<name>`; ids are checked
+ * against strict patterns before any path is built, so no id can leave the owner's folder.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { NAME_PATTERN } from '../../protocol/messages.ts';
+import { HttpError } from '../http.ts';
+
+export type CheckpointKind = 'states' | 'weights';
+
+export interface CheckpointInfo {
+  checkpoint_id: string;
+  model_id: string;
+  /** "state": weights + optimizer (futures `save_weights`, websocket `save_state`); "weights": weights only. */
+  kind: 'state' | 'weights';
+  name: string;
+  path: string;
+  created_at: number; // Unix seconds (folder mtime)
+  size_bytes: number;
+}
+
+const MODEL_ID = /^ts-[a-z0-9]{1,64}$/;
+const KINDS: Record<CheckpointKind, CheckpointInfo['kind']> = { states: 'state', weights: 'weights' };
+
+function dirs(root: string): string[] {
+  try {
+    return fs.readdirSync(root, { withFileTypes: true }).filter((d) => d.isDirectory()).map((d) => d.name);
+  } catch {
+    return [];
+  }
+}
+
+function sizeOf(dir: string): number {
+  let n = 0;
+  for (const e of fs.readdirSync(dir, { withFileTypes: true })) n += e.isDirectory() ? sizeOf(path.join(dir, e.name)) : fs.statSync(path.join(dir, e.name)).size;
+  return n;
+}
+
+/** Every checkpoint under `ownerRoot`, or only `modelId`'s; newest first. Temporary folders are skipped. */
+export function listCheckpoints(ownerRoot: string, modelId?: string): CheckpointInfo[] {
+  const out: CheckpointInfo[] = [];
+  for (const model of modelId ? [modelId] : dirs(ownerRoot)) {
+    if (!MODEL_ID.test(model)) continue;
+    for (const kind of Object.keys(KINDS) as CheckpointKind[]) {
+      for (const name of dirs(path.join(ownerRoot, model, kind))) {
+        if (!NAME_PATTERN.test(name)) continue; // atomic-write temporaries start with '.'
+        const p = path.join(ownerRoot, model, kind, name);
+        const st = fs.statSync(p);
+        out.push({ checkpoint_id: `${model}/${kind}/${name}`, model_id: model, kind: KINDS[kind], name, path: p, created_at: Math.floor(st.mtimeMs / 1000), size_bytes: sizeOf(p) });
+      }
+    }
+  }
+  return out.sort((a, b) => b.created_at - a.created_at || a.checkpoint_id.localeCompare(b.checkpoint_id));
+}
+
+/**
+ * The folder of checkpoint id `id` under `ownerRoot`.
+ * @throws HttpError 400 for an id that is not `<model_id>/<states|weights>/<name>`, 404 when no
+ *   such checkpoint exists for this owner.
+ */
+export function checkpointPath(ownerRoot: string, id: unknown): string {
+  const parts = typeof id === 'string' ? id.split('/') : [];
+  if (parts.length !== 3 || !MODEL_ID.test(parts[0]!) || !(parts[1]! in KINDS) || !NAME_PATTERN.test(parts[2]!)) {
+    throw new HttpError(400, `checkpoint_id must be "<model_id>/<states|weights>/<name>" as list_checkpoints gives it, got ${JSON.stringify(id)}`);
+  }
+  const p = path.join(ownerRoot, ...parts);
+  if (!fs.existsSync(p)) throw new HttpError(404, `no checkpoint ${id}`);
+  return p;
+}
+
+/** Delete a checkpoint folder. @throws as `checkpointPath`. */
+export function deleteCheckpoint(ownerRoot: string, id: unknown): string {
+  const p = checkpointPath(ownerRoot, id);
+  fs.rmSync(p, { recursive: true, force: true });
+  return p;
+}

@@ -1,0 +1,156 @@
+/**
+ * Bodies of the futures API in both formats (PROTOCOL.md section 7), decoded to the same tree
+ * that the session websocket's `parseRequest` takes: plain objects, `NDArray` leaves, Buffers
+ * for encoded frames.
+ * - msgpack (`Content-Type: application/msgpack`): OpenPI's ndarray maps (section 5), frames as bin.
+ * - JSON: an array is `{"data": [numbers, C order], "dtype": "float32", "shape": [..]}`; an
+ *   encoded frame (JPEG/PNG/ZPNG) under `observation.image` is a base64 string; a datum's
+ *   `state` / `actions` may also be plain (nested) number lists, read as float32.
+ * Answers go back in the request's format (msgpack when the request's Content-Type, or for a
+ * GET its Accept header, names msgpack).
+ */
+import { ProtocolError } from '../../protocol/errors.ts';
+import { NDArray, ndarray, packNumpy, unpackNumpy } from '../../protocol/ndarray.ts';
+import { HttpError, statusLine, type Req } from '../http.ts';
+
+export type Format = 'json' | 'msgpack';
+
+/** The answer format of a request. */
+export function formatOf(r: Req): Format {
+  const h = r.method === 'GET' ? (r.headers['accept'] ?? '') : (r.headers['content-type'] ?? '');
+  return /msgpack/i.test(h) ? 'msgpack' : 'json';
+}
+
+export interface Body {
+  value: Record<string, unknown>;
+  /** The bytes as received: the identity of a request for `seq_id` retries. */
+  raw: Buffer;
+  format: Format;
+}
+
+/**
+ * Read and decode a request body (an empty body is `{}`).
+ * @throws HttpError 413 past `limitBytes`, 400 for a body that is not one JSON object / msgpack
+ *   map; ProtocolError for a bad ndarray.
+ */
+export async function readBody(r: Req, limitBytes: number): Promise<Body> {
+  const raw = await r.body(limitBytes);
+  const format = formatOf(r);
+  if (raw.length === 0) return { value: {}, raw, format };
+  let value: unknown;
+  if (format === 'msgpack') value = unpackNumpy(raw);
+  else {
+    try {
+      value = JSON.parse(raw.toString('utf8'));
+    } catch (e) {
+      throw new HttpError(400, `body is not valid JSON: ${(e as Error).message}`);
+    }
+    value = jsonArrays(value, 'body', 0);
+  }
+  if (value === null || typeof value !== 'object' || Array.isArray(value) || value instanceof NDArray || Buffer.isBuffer(value)) {
+    throw new HttpError(400, `body must be a ${format === 'json' ? 'JSON object' : 'msgpack map'}`);
+  }
+  const obj = value as Record<string, unknown>;
+  if (format === 'json' && Array.isArray(obj.data)) obj.data = obj.data.map((d, i) => jsonDatum(d, i));
+  return { value: obj, raw, format };
+}
+
+function isArraySpec(v: Record<string, unknown>): boolean {
+  const keys = Object.keys(v);
+  return keys.length === 3 && Array.isArray(v.data) && typeof v.dtype === 'string' && Array.isArray(v.shape);
+}
+
+/** Turn every `{data, dtype, shape}` object of a parsed JSON tree into an NDArray. */
+function jsonArrays(v: unknown, where: string, depth: number): unknown {
+  if (depth > 64) throw new HttpError(400, `body nests deeper than 64 levels at ${where}`);
+  if (Array.isArray(v)) return v.map((x, i) => jsonArrays(x, `${where}[${i}]`, depth + 1));
+  if (v === null || typeof v !== 'object') return v;
+  const o = v as Record<string, unknown>;
+  if (isArraySpec(o)) return toNDArray(o.data as unknown[], o.shape as unknown[], o.dtype as string, where);
+  const out: Record<string, unknown> = {};
+  for (const [k, x] of Object.entries(o)) {
+    Object.defineProperty(out, k, { value: jsonArrays(x, `${where}.${k}`, depth + 1), enumerable: true, writable: true, configurable: true });
+  }
+  return out;
+}
+
+function toNDArray(data: unknown[], shape: unknown[], dtype: string, where: string): NDArray {
+  for (let i = 0; i < data.length; i++) {
+    const x = data[i];
+    if (typeof x !== 'number' && typeof x !== 'boolean') {
+      throw new ProtocolError('bad_ndarray', `${where}.data[${i}] is ${JSON.stringify(x)}; array elements must be numbers in C order`);
+    }
+  }
+  try {
+    return ndarray(data as number[], shape as number[], dtype);
+  } catch (e) {
+    if (e instanceof ProtocolError) throw new ProtocolError(e.code, `${where}: ${e.message}`);
+    throw e;
+  }
+}
+
+const BASE64 = /^[A-Za-z0-9+/]*={0,2}$/;
+
+/** Plain number lists as float32 arrays: [S] for state, [H, A] for actions. */
+function plainFloats(v: unknown, where: string, rank: 1 | 2): unknown {
+  if (!Array.isArray(v)) return v;
+  const rows = rank === 1 ? [v] : v;
+  const width = Array.isArray(rows[0]) ? (rows[0] as unknown[]).length : -1;
+  const flat: number[] = [];
+  for (const [i, row] of rows.entries()) {
+    if (!Array.isArray(row) || row.length !== width) throw new ProtocolError('bad_ndarray', `${where} must be ${rank === 1 ? 'a list of numbers' : 'a list of equal-length number lists'} or {"data", "dtype", "shape"}; row ${i} is not`);
+    for (const x of row) {
+      if (typeof x !== 'number') throw new ProtocolError('bad_ndarray', `${where} holds ${JSON.stringify(x)}; expected numbers`);
+      flat.push(x);
+    }
+  }
+  return ndarray(flat, rank === 1 ? [width] : [rows.length, width], '<f4');
+}
+
+/** JSON-only forms of a datum: base64 frames, plain-list state and actions. */
+function jsonDatum(d: unknown, i: number): unknown {
+  if (d === null || typeof d !== 'object' || Array.isArray(d)) return d; // parseRequest names the error
+  const datum = d as Record<string, unknown>;
+  if ('actions' in datum) datum.actions = plainFloats(datum.actions, `data[${i}].actions`, 2);
+  const obs = datum.observation as Record<string, unknown> | undefined;
+  if (obs && typeof obs === 'object' && !Array.isArray(obs)) {
+    if ('state' in obs) obs.state = plainFloats(obs.state, `data[${i}].observation.state`, 1);
+    const image = obs.image;
+    if (image && typeof image === 'object' && !Array.isArray(image) && !(image instanceof NDArray)) {
+      for (const [cam, frame] of Object.entries(image as Record<string, unknown>)) {
+        if (typeof frame !== 'string') continue;
+        if (frame.length % 4 !== 0 || !BASE64.test(frame)) {
+          throw new ProtocolError('bad_request', `data[${i}].observation.image.${cam} is a string but not base64 (${frame.length} characters)`);
+        }
+        (image as Record<string, unknown>)[cam] = Buffer.from(frame, 'base64');
+      }
+    }
+  }
+  return datum;
+}
+
+/** JSON form of a result tree: NDArray -> {data, dtype, shape}; bytes -> base64. */
+function toJsonTree(v: unknown): unknown {
+  if (v instanceof NDArray) {
+    const data = Array.from(v.data as ArrayLike<number | bigint>, (x) => (typeof x === 'bigint' ? Number(x) : x));
+    return { data, dtype: v.dtype, shape: [...v.shape] };
+  }
+  if (v instanceof Uint8Array) return Buffer.from(v.buffer, v.byteOffset, v.byteLength).toString('base64');
+  if (Array.isArray(v)) return v.map(toJsonTree);
+  if (v !== null && typeof v === 'object') {
+    const out: Record<string, unknown> = {};
+    for (const [k, x] of Object.entries(v)) out[k] = toJsonTree(x);
+    return out;
+  }
+  return v;
+}
+
+/** Send an answer in `format` (corked; a no-op when the client went away). */
+export function sendAs(r: Req, format: Format, status: number, body: unknown): void {
+  if (r.aborted) return;
+  r.aborted = true;
+  const bytes = format === 'msgpack' ? packNumpy(body) : JSON.stringify(toJsonTree(body));
+  r.res.cork(() => {
+    r.res.writeStatus(statusLine(status)).writeHeader('content-type', format === 'msgpack' ? 'application/msgpack' : 'application/json').end(bytes);
+  });
+}
