@@ -14,6 +14,7 @@ import { mountSessionSocket } from './session-ws.ts';
 import { JobRunner } from './jobs/runner.ts';
 import { mountJobRoutes } from './jobs/routes.ts';
 import { mountJobPolicies } from './jobs/policy-route.ts';
+import { mountFutures } from './futures/index.ts';
 import type { ServerConfig } from './config.ts';
 
 /**
@@ -95,6 +96,7 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
   }));
 
   mountSessionSocket(app, { store, sessions, config });
+  const futures = mountFutures(app, { store, sessions, config, baseUrl: () => baseUrl });
   const runner = new JobRunner(store, config, (preset) => sessions.engineFor(preset));
   mountJobRoutes(app, { store, config, runner, keepaliveS: opts.sseKeepaliveS });
   const policies = mountJobPolicies(app, { store, config, engineFor: (preset) => sessions.engineFor(preset) });
@@ -123,6 +125,7 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
         uWS.us_listen_socket_close(listenSocket);
         await runner.shutdown();
         await policies.close();
+        futures.close();
         await sessions.shutdown();
         store.close();
       })()),

@@ -43,6 +43,8 @@ export interface ServerConfig {
   sessionsPerKey: number;
   sessionIdleTimeoutS: number;
   futureTtlS: number;
+  futureWaitS: number;
+  futureSeqGapS: number;
   readAhead: number;
   logLevel: string;
 }
@@ -70,6 +72,8 @@ export const SETTINGS: Setting[] = [
   { key: 'sessionsPerKey', flag: '--sessions-per-key', env: 'VELA_SESSIONS_PER_KEY', kind: 'int', def: () => 4, help: 'open training sessions per API key' },
   { key: 'sessionIdleTimeoutS', flag: '--session-idle-timeout-s', env: 'VELA_SESSION_IDLE_TIMEOUT_S', kind: 'number', def: () => 1800, help: 'close a session after this long without a message' },
   { key: 'futureTtlS', flag: '--future-ttl-s', env: 'VELA_FUTURE_TTL_S', kind: 'number', def: () => 3600, help: 'how long futures results are kept' },
+  { key: 'futureWaitS', flag: '--future-wait-s', env: 'VELA_FUTURE_WAIT_S', kind: 'number', def: () => 45, help: 'how long retrieve_future waits before answering try_again' },
+  { key: 'futureSeqGapS', flag: '--future-seq-gap-s', env: 'VELA_FUTURE_SEQ_GAP_S', kind: 'number', def: () => 30, help: 'how long a futures request waits for a missing smaller seq_id' },
   { key: 'readAhead', flag: '--read-ahead', env: 'VELA_READ_AHEAD', kind: 'int', def: () => 32, help: 'queued requests per session connection before new ones are refused as busy' },
   { key: 'logLevel', flag: '--log-level', env: 'VELA_LOG_LEVEL', kind: 'string', def: () => 'info', help: 'error | warn | info | debug' },
 ];
