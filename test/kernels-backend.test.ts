@@ -76,3 +76,16 @@ it('the fast wasm Slice/SplitV/Unpack kernels cut exactly the stock pieces', asy
   expect(rows[2]!.dataSync()[31]).toBe(at(1, 2, 0, 1));
   tf.dispose([x, ...parts, ...rows]);
 });
+
+it('GELU (sigmoid form) and RMSNorm match their textbook formulas', async () => {
+  await initBackend('wasm', null);
+  const { geluTanh, rmsNorm } = await import('../kernels/layers.ts');
+  const xs = [-4, -1.5, -0.3, 0, 0.2, 1, 2.5, 6];
+  const g = geluTanh(tf.tensor1d(xs));
+  const want = xs.map((x) => 0.5 * x * (1 + Math.tanh(Math.sqrt(2 / Math.PI) * (x + 0.044715 * x ** 3))));
+  [...g.dataSync()].forEach((v, i) => expect(v).toBeCloseTo(want[i]!, 6));
+  const r = rmsNorm(tf.tensor2d([[1, 2, 3, 4]]), tf.tensor1d([1, 0.5, 2, 1]));
+  const rms = Math.sqrt((1 + 4 + 9 + 16) / 4 + 1e-6);
+  [...r.dataSync()].forEach((v, i) => expect(v).toBeCloseTo(([1, 2, 3, 4][i]! / rms) * [1, 0.5, 2, 1][i]!, 6));
+  tf.dispose([g, r]);
+});
