@@ -2,6 +2,8 @@
  * Test helper: real datums from the Unitree G1 dataset (../shared/datasets/g1_pick_bottle), with
  * frames JPEG-encoded at full size (480x640) as a robot client would send them.
  */
+import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { encodeFrame } from '../../protocol/frames.ts';
@@ -44,4 +46,32 @@ export async function g1Datums(count: number, opts: { episode?: number; horizon?
     });
   }
   return out;
+}
+
+/**
+ * A copy of the first `n` G1 episodes as a dataset of its own (real data, faster tests: frame
+ * decoding is most of a job's start-up). Returns the folder; `root/name` for VELA_DATASETS_DIR.
+ */
+export function g1Subset(n: number, root = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-g1-')), name = 'g1_subset'): { root: string; name: string; dir: string } {
+  const dir = path.join(root, name);
+  const meta = (f: string) => path.join(G1_DIR, 'meta', f);
+  fs.mkdirSync(path.join(dir, 'meta'), { recursive: true });
+  const lines = (f: string) => fs.readFileSync(meta(f), 'utf8').split('\n').filter((l) => l.trim()).slice(0, n);
+  const episodes = lines('episodes.jsonl');
+  const frames = episodes.reduce((s, l) => s + JSON.parse(l).length, 0);
+  const info = JSON.parse(fs.readFileSync(meta('info.json'), 'utf8'));
+  Object.assign(info, { total_episodes: n, total_frames: frames, total_videos: n, splits: { train: `0:${n}` } });
+  fs.writeFileSync(path.join(dir, 'meta', 'info.json'), JSON.stringify(info, null, 2));
+  fs.writeFileSync(path.join(dir, 'meta', 'episodes.jsonl'), episodes.join('\n') + '\n');
+  fs.writeFileSync(path.join(dir, 'meta', 'episodes_stats.jsonl'), lines('episodes_stats.jsonl').join('\n') + '\n');
+  fs.copyFileSync(meta('tasks.jsonl'), path.join(dir, 'meta', 'tasks.jsonl'));
+  for (let e = 0; e < n; e++) {
+    const p = `data/chunk-000/episode_${String(e).padStart(6, '0')}.parquet`;
+    const v = `videos/chunk-000/observation.images.cam_high/episode_${String(e).padStart(6, '0')}.mp4`;
+    for (const rel of [p, v]) {
+      fs.mkdirSync(path.dirname(path.join(dir, rel)), { recursive: true });
+      fs.copyFileSync(path.join(G1_DIR, rel), path.join(dir, rel));
+    }
+  }
+  return { root, name, dir };
 }

@@ -1,0 +1,188 @@
+/**
+ * Fine-tune jobs on the real G1 dataset (issue 5): a job that succeeds with a falling loss and
+ * held-out evaluation next to its baselines, SSE resumption with `from=`, cancel, validation,
+ * and a server killed mid-job that resumes the job from its checkpoint.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
+import { g1Subset } from './helpers/g1.ts';
+
+// The first 5 real G1 episodes (4 train, 1 held out): the same data, a fifth of the decoding.
+const SUBSET = g1Subset(5);
+let server: TestServer;
+
+async function waitFor<T>(fn: () => Promise<T | null | undefined | false>, timeoutMs = 300_000, pollMs = 200): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error('timed out waiting');
+    await new Promise((r) => setTimeout(r, pollMs));
+  }
+}
+
+const finished = (base: { baseUrl: string }, id: string) =>
+  waitFor(async () => {
+    const { json } = await api(base, 'GET', `/v1/fine-tunes/${id}`);
+    return ['succeeded', 'failed', 'cancelled'].includes(json.status) ? json : null;
+  });
+
+/** Reads an SSE stream until `stopAfter` events or its end; returns the parsed events. */
+async function readSse(base: { baseUrl: string }, id: string, query: string, stopAfter = Infinity): Promise<any[]> {
+  const ctl = new AbortController();
+  const res = await fetch(`${base.baseUrl}/v1/fine-tunes/${id}/events${query}`, { headers: { authorization: `Bearer ${TEST_KEY}`, accept: 'text/event-stream' }, signal: ctl.signal });
+  expect(res.headers.get('content-type')).toBe('text/event-stream');
+  const events: any[] = [];
+  const decoder = new TextDecoder();
+  let buf = '';
+  try {
+    for await (const chunk of res.body as any as AsyncIterable<Uint8Array>) {
+      buf += decoder.decode(chunk, { stream: true });
+      let cut;
+      while ((cut = buf.indexOf('\n\n')) >= 0) {
+        const block = buf.slice(0, cut);
+        buf = buf.slice(cut + 2);
+        const fields = Object.fromEntries(block.split('\n').filter((l) => !l.startsWith(':')).map((l) => [l.slice(0, l.indexOf(':')), l.slice(l.indexOf(':') + 2)]));
+        if (fields.data === undefined) continue;
+        const ev = JSON.parse(fields.data);
+        expect(Number(fields.id)).toBe(ev.index);
+        expect(fields.event).toBe(ev.type);
+        events.push(ev);
+        if (events.length >= stopAfter) {
+          ctl.abort();
+          return events;
+        }
+      }
+    }
+  } catch (e) {
+    if ((e as Error).name !== 'AbortError') throw e;
+  }
+  return events;
+}
+
+const job = (over: Record<string, unknown> = {}) => ({ model: 'pi05-tiny', dataset_name: SUBSET.name, steps: 60, batch_size: 8, learning_rate: 3e-3, eval_every: 30, checkpoint_every: 20, ...over });
+
+beforeAll(async () => {
+  server = await startTestServer({ env: { VELA_DATASETS_DIR: SUBSET.root } });
+});
+afterAll(() => server.close());
+
+describe('fine-tunes on g1_pick_bottle', () => {
+  it('validates before any work, with 400s that name what is wrong', async () => {
+    const cases: [Record<string, unknown>, RegExp][] = [
+      [{ ...job(), model: 'pi9' }, /model must be one of/],
+      [{ ...job(), dataset_name: '../etc' }, /plain relative segments/],
+      [{ ...job(), dataset_name: '/abs/path' }, /absolute path; the operator has not allowed/],
+      [{ ...job(), dataset_name: 'nope/missing' }, /not found: .* does not exist/],
+      [{ ...job(), cameras: ['wrist'] }, /camera "wrist" is not in the dataset; its cameras are cam_high/],
+      [{ ...job(), steps: 0 }, /steps must be an integer in 1..1000000/],
+      [{ ...job(), batch_size: 2000 }, /batch_size must be an integer in 1..1024/],
+      [{ ...job(), learning_rate: 2 }, /learning_rate must be > 0 and <= 1/],
+      [{ ...job(), lr: 1 }, /unknown field "lr"/],
+    ];
+    for (const [body, re] of cases) {
+      const { status, json } = await api(server, 'POST', '/v1/fine-tunes', body);
+      expect(status, JSON.stringify(body)).toBe(400);
+      expect(json.error).toMatch(re);
+    }
+  });
+
+  it('runs to succeeded with a falling loss, held-out evals beside baselines, and downloadable outputs; SSE resumes with from=', async () => {
+    const { status, json: created } = await api(server, 'POST', '/v1/fine-tunes', job());
+    expect(status).toBe(200);
+    expect(created).toMatchObject({ model: 'pi05-tiny', finetune: 'lora', lora_rank: 16, targets: ['all'], steps: 60 });
+    // Read part of the stream live, drop it, then resume from the next index.
+    const head = await readSse(server, created.id, '', 12);
+    const tail = await readSse(server, created.id, `?from=${head.at(-1).index + 1}`);
+    const done = await finished(server, created.id);
+    expect(done.status).toBe('succeeded');
+    const { json: all } = await api(server, 'GET', `/v1/fine-tunes/${created.id}/events`);
+    expect([...head, ...tail].map((e) => e.index)).toEqual(all.data.map((e: any) => e.index));
+    expect(tail.at(-1)).toMatchObject({ type: 'status', status: 'succeeded' });
+    // Last-Event-ID resumes too.
+    const res = await fetch(`${server.baseUrl}/v1/fine-tunes/${created.id}/events?stream=true`, { headers: { authorization: `Bearer ${TEST_KEY}`, 'last-event-id': String(all.data.length - 2) } });
+    expect((await res.text()).match(/^id: /gm)).toHaveLength(1);
+
+    const progress = all.data.filter((e: any) => e.type === 'progress');
+    expect(progress.map((p: any) => p.step)).toEqual(Array.from({ length: 60 }, (_, i) => i + 1));
+    const mean = (xs: any[]) => xs.reduce((s, p) => s + p.loss, 0) / xs.length;
+    expect(mean(progress.slice(-20))).toBeLessThan(0.75 * mean(progress.slice(0, 20)));
+    for (const p of progress) expect(p).toMatchObject({ learning_rate: expect.any(Number), epoch: expect.any(Number), grad_norm: expect.any(Number), elapsed_seconds: expect.any(Number) });
+    const evals = progress.filter((p: any) => p.eval_loss !== undefined);
+    expect(evals.map((p: any) => p.step)).toEqual([30, 60]);
+    for (const e of evals) {
+      for (const k of ['eval_loss', 'eval_loss_baseline_mean_chunk', 'eval_loss_baseline_hold_state', 'eval_action_mse', 'eval_action_mse_baseline_mean_chunk', 'eval_action_mse_baseline_hold_state']) {
+        expect(Number.isFinite(e[k]), k).toBe(true);
+      }
+    }
+    expect(done.eval_loss).toBe(evals.at(-1).eval_loss);
+
+    const { json: files } = await api(server, 'GET', `/v1/fine-tunes/${created.id}/files`);
+    expect(files.data.map((f: any) => f.path)).toEqual(['adapter_config.json', 'adapter_model.safetensors', 'config.json', 'norm_stats.json']);
+    for (const f of files.data) {
+      const r = await fetch(`${server.baseUrl}/v1/fine-tunes/${created.id}/files/${f.path}`, { headers: { authorization: `Bearer ${TEST_KEY}` } });
+      expect(r.headers.get('content-type')).toBe('application/octet-stream');
+      const bytes = Buffer.from(await r.arrayBuffer());
+      expect(bytes.length).toBe(f.bytes);
+      expect(crypto.createHash('sha256').update(bytes).digest('hex')).toBe(f.sha256);
+    }
+    expect((await api(server, 'GET', `/v1/fine-tunes/${created.id}/files/..%2Fsecret`)).status).toBe(400);
+    expect((await api(server, 'GET', `/v1/fine-tunes/${created.id}/files/missing.bin`)).status).toBe(404);
+    expect((await api(server, 'POST', `/v1/fine-tunes/${created.id}/cancel`)).status).toBe(409);
+  });
+
+  it('cancels a queued job at once and a running job within one step', async () => {
+    const { json: a } = await api(server, 'POST', '/v1/fine-tunes', job({ steps: 1000, eval_every: 0 }));
+    const { json: b } = await api(server, 'POST', '/v1/fine-tunes', job({ steps: 5 }));
+    const cb = await api(server, 'POST', `/v1/fine-tunes/${b.id}/cancel`);
+    expect(cb.json.status).toBe('cancelled');
+    await waitFor(async () => (await api(server, 'GET', `/v1/fine-tunes/${a.id}`)).json.step >= 3);
+    const stepAtCancel = (await api(server, 'POST', `/v1/fine-tunes/${a.id}/cancel`)).json.step;
+    const done = await finished(server, a.id);
+    expect(done.status).toBe('cancelled');
+    expect(done.step).toBeLessThanOrEqual(stepAtCancel + 1);
+    const { json: ev } = await api(server, 'GET', `/v1/fine-tunes/${a.id}/events`);
+    expect(ev.data.at(-1)).toMatchObject({ type: 'status', status: 'cancelled' });
+    expect(fs.existsSync(done.output_dir)).toBe(false); // no final weights
+  });
+});
+
+describe('a server killed mid-job', () => {
+  const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-kill-'));
+  let child: ChildProcess | null = null;
+  const port = 20000 + Math.floor(Math.random() * 20000);
+  const base = { baseUrl: `http://127.0.0.1:${port}` };
+  const startChild = async () => {
+    child = spawn(process.execPath, ['bin/vela.js', 'serve'], {
+      env: { ...process.env, VELA_PORT: String(port), VELA_DATA_DIR: dataDir, VELA_API_KEY: TEST_KEY, VELA_DATASETS_DIR: SUBSET.root, VELA_BACKEND: 'wasm', VELA_LOG_LEVEL: 'warn' },
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    await waitFor(async () => (await fetch(`${base.baseUrl}/healthz`).catch(() => null))?.ok, 60_000);
+  };
+  afterAll(() => child?.kill('SIGKILL'));
+
+  it('resumes the job from its last checkpoint and finishes it, the events continuing', { timeout: 300_000 }, async () => {
+    await startChild();
+    const { json: j } = await api(base, 'POST', '/v1/fine-tunes', job({ steps: 30, checkpoint_every: 5, eval_every: 0 }));
+    await waitFor(async () => (await api(base, 'GET', `/v1/fine-tunes/${j.id}`)).json.step >= 12);
+    child!.kill('SIGKILL');
+    await new Promise((r) => child!.once('exit', r));
+    await startChild();
+    const done = await finished(base, j.id);
+    expect(done.status).toBe('succeeded');
+    const { json: ev } = await api(base, 'GET', `/v1/fine-tunes/${j.id}/events`);
+    const indices = ev.data.map((e: any) => e.index);
+    expect(indices).toEqual(Array.from({ length: indices.length }, (_, i) => i));
+    const resumed = ev.data.find((e: any) => e.type === 'log' && /resumed from the checkpoint at step (\d+)/.test(e.message));
+    const from = Number(/step (\d+)/.exec(resumed.message)![1]);
+    expect(from).toBeGreaterThanOrEqual(10);
+    expect(from % 5).toBe(0);
+    const after = ev.data.filter((e: any) => e.type === 'progress' && e.index > resumed.index).map((e: any) => e.step);
+    expect(after).toEqual(Array.from({ length: 30 - from }, (_, i) => from + 1 + i));
+  });
+});
