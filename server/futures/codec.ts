@@ -47,7 +47,9 @@ export async function readBody(r: Req, limitBytes: number): Promise<Body> {
     }
     value = jsonArrays(value, 'body', 0);
   }
-  if (value === null || typeof value !== 'object' || Array.isArray(value) || value instanceof NDArray || Buffer.isBuffer(value)) {
+  // Plain objects only: msgpackr turns the reserved byte 0xc1 into a C1Type instance, not an error.
+  const proto = value !== null && typeof value === 'object' ? Object.getPrototypeOf(value) : undefined;
+  if (proto !== Object.prototype && proto !== null) {
     throw new HttpError(400, `body must be a ${format === 'json' ? 'JSON object' : 'msgpack map'}`);
   }
   const obj = value as Record<string, unknown>;

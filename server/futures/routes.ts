@@ -128,6 +128,14 @@ export function mountFutures(app: TemplatedApp, deps: FuturesDeps): FuturesHandl
   const bodyLimit = config.maxSessionMessageBytes;
   const ownerRoot = (owner: string) => path.dirname(sessions.sessionDir(owner, 'x'));
   const gates = new Map<string, { open: boolean; promise: Promise<void> }>();
+  // Models closed by other routes (idle cleanup, /v1 close, shutdown): drop their per-model state.
+  const pruneTimer = setInterval(() => {
+    for (const id of new Set([...gates.keys(), ...seq.modelIds()])) {
+      if (sessions.live.has(id)) continue;
+      gates.delete(id);
+      seq.forget(id, `model ${id} was closed before this request ran`);
+    }
+  }, 30_000).unref();
 
   /** A handler with the caller's owner id and body; any throw is answered in the request's format. */
   const handle = (fn: (r: Req, owner: string, body: Body) => Promise<void> | void) =>
@@ -216,15 +224,23 @@ export function mountFutures(app: TemplatedApp, deps: FuturesDeps): FuturesHandl
       const seqId = seqIdOf(body.value);
       const req = parseRequest(wsRequest(name, body.value), limits);
       const live = modelOf(owner, modelId);
+      const admit = () => {
+        // The websocket's read-ahead bound, per model: parsed batches wait in memory until they run.
+        const pending = futures.pendingCount(modelId);
+        if (pending >= config.readAhead) {
+          throw new HttpError(429, `model ${modelId} has ${pending} requests pending (limit ${config.readAhead}, --read-ahead); retrieve their results before sending more`);
+        }
+        return futures.create(owner, modelId, name);
+      };
       if (seqId === null) {
-        const f = futures.create(owner, modelId, name);
+        const f = admit();
         start(f, live, req);
         return sendAs(r, body.format, 200, { request_id: f.id, model_id: modelId });
       }
       const hash = crypto.createHash('sha256').update(r.url).update('\0').update(body.format).update('\0').update(body.raw).digest('hex');
       const repeat = seq.repeatOf(modelId, seqId, hash);
       if (repeat) return sendAs(r, body.format, 200, { request_id: repeat, model_id: modelId });
-      const f = futures.create(owner, modelId, name);
+      const f = admit();
       const started = seq.enqueue(modelId, seqId, hash, f.id, () => start(f, live, req), (message) => futures.settle(f, { error: message, category: 'user', code: 'seq_gap' }));
       if (!started) f.stage = seq.waitingFor(modelId, seqId);
       sendAs(r, body.format, 200, { request_id: f.id, model_id: modelId });
@@ -350,6 +366,7 @@ export function mountFutures(app: TemplatedApp, deps: FuturesDeps): FuturesHandl
   return {
     futures,
     close() {
+      clearInterval(pruneTimer);
       seq.close();
       futures.close();
     },

@@ -108,6 +108,11 @@ export class SeqOrder {
     for (const h of m.held.values()) h.fail(reason);
   }
 
+  /** Models with sequence state (to forget those closed elsewhere). */
+  modelIds(): string[] {
+    return [...this.models.keys()];
+  }
+
   close(): void {
     for (const id of [...this.models.keys()]) this.forget(id, 'the server is shutting down');
   }

@@ -20,6 +20,17 @@ export interface Future {
   stage: string;
   outcome: Outcome | null;
   settledMs: number | null;
+  /** Bytes of typed-array data in the outcome (what dominates its memory). */
+  bytes: number;
+}
+
+/** Bytes of typed-array data in a result tree (NDArray data, frames), walked to a bounded depth. */
+function dataBytes(v: unknown, depth = 0): number {
+  if (depth > 16 || v === null || typeof v !== 'object') return 0;
+  if (ArrayBuffer.isView(v)) return v.byteLength;
+  let n = 0;
+  for (const x of Array.isArray(v) ? v : Object.values(v)) n += dataBytes(x, depth + 1);
+  return n;
 }
 
 export interface FutureStoreOptions {
@@ -27,6 +38,8 @@ export interface FutureStoreOptions {
   ttlS: number;
   /** Settled futures kept at most; past it the oldest expire early (default 10,000). */
   maxSettled?: number;
+  /** Bytes of array data in settled results kept at most (default 512 MiB); past it the oldest expire early. */
+  maxSettledBytes?: number;
   /** Tombstones of expired ids kept at most (default 100,000; about 60 bytes each). */
   maxTombstones?: number;
   /** Clock in ms (tests). */
@@ -38,6 +51,8 @@ export class FutureStore {
   private waiters = new Map<string, Set<() => void>>();
   private settledOrder: string[] = []; // settle order; TTL expiry walks it from the front
   private settledHead = 0;
+  private settledBytes = 0;
+  private pendingByModel = new Map<string, number>();
   private tombstones = new Map<string, string>(); // id -> owner, insertion ordered
   private timer: NodeJS.Timeout;
   readonly now: () => number;
@@ -49,8 +64,9 @@ export class FutureStore {
 
   /** Register a pending future and return it. */
   create(owner: string, modelId: string, op: string, stage = 'queued'): Future {
-    const f: Future = { id: randomId('req-'), owner, modelId, op, createdMs: this.now(), stage, outcome: null, settledMs: null };
+    const f: Future = { id: randomId('req-'), owner, modelId, op, createdMs: this.now(), stage, outcome: null, settledMs: null, bytes: 0 };
     this.futures.set(f.id, f);
+    this.pendingByModel.set(modelId, (this.pendingByModel.get(modelId) ?? 0) + 1);
     return f;
   }
 
@@ -58,8 +74,13 @@ export class FutureStore {
   settle(f: Future, outcome: Outcome): void {
     if (f.outcome) return;
     f.outcome = outcome;
+    const left = (this.pendingByModel.get(f.modelId) ?? 1) - 1;
+    if (left > 0) this.pendingByModel.set(f.modelId, left);
+    else this.pendingByModel.delete(f.modelId);
     f.settledMs = this.now();
     f.stage = 'done';
+    f.bytes = 'result' in outcome ? dataBytes(outcome.result) : 0;
+    this.settledBytes += f.bytes;
     this.settledOrder.push(f.id);
     const w = this.waiters.get(f.id);
     this.waiters.delete(f.id);
@@ -98,28 +119,27 @@ export class FutureStore {
     });
   }
 
-  /** Futures not yet settled, for `session_info` and tests. */
-  pendingCount(modelId?: string): number {
-    let n = 0;
-    for (const f of this.futures.values()) if (!f.outcome && (modelId === undefined || f.modelId === modelId)) n++;
-    return n;
+  /** Futures of a model not yet settled (session_info, and the per-model limit). */
+  pendingCount(modelId: string): number {
+    return this.pendingByModel.get(modelId) ?? 0;
   }
 
   /** Entries held (pending + settled) and tombstones: the memory bound tests look at. */
-  sizes(): { futures: number; tombstones: number } {
-    return { futures: this.futures.size, tombstones: this.tombstones.size };
+  sizes(): { futures: number; tombstones: number; bytes: number } {
+    return { futures: this.futures.size, tombstones: this.tombstones.size, bytes: this.settledBytes };
   }
 
-  /** Drop settled futures past their TTL (and the oldest past `maxSettled`), leaving tombstones. */
+  /** Drop settled futures past their TTL (and the oldest past `maxSettled` / `maxSettledBytes`), leaving tombstones. */
   sweep(): void {
     const ttlMs = this.opts.ttlS * 1000;
     const maxSettled = this.opts.maxSettled ?? 10_000;
+    const maxBytes = this.opts.maxSettledBytes ?? 512 * 1024 * 1024;
     const now = this.now();
     while (this.settledHead < this.settledOrder.length) {
       const id = this.settledOrder[this.settledHead]!;
       const f = this.futures.get(id);
       const live = this.settledOrder.length - this.settledHead;
-      if (f && now - f.settledMs! < ttlMs && live <= maxSettled) break;
+      if (f && now - f.settledMs! < ttlMs && live <= maxSettled && this.settledBytes <= maxBytes) break;
       this.settledHead++;
       if (f) this.expire(f);
     }
@@ -131,6 +151,7 @@ export class FutureStore {
 
   private expire(f: Future): void {
     this.futures.delete(f.id);
+    this.settledBytes -= f.bytes;
     this.tombstones.set(f.id, f.owner);
     const max = this.opts.maxTombstones ?? 100_000;
     if (this.tombstones.size > max) this.tombstones.delete(this.tombstones.keys().next().value!);
