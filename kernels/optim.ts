@@ -106,6 +106,13 @@ function sameShape(a: readonly number[], b: readonly number[]): boolean {
  * AdamW state: the step count and float32 first/second moments (`exp_avg`, `exp_avg_sq`) per
  * parameter, held as non-trainable variables so that an update assigns in place.
  */
+/** An unnamed variable holding `t`'s values; `t` itself is freed (tf.variable keeps its own reference). */
+function variableOf(t: tf.Tensor): tf.Variable {
+  const v = tf.variable(t, false);
+  t.dispose();
+  return v;
+}
+
 export class AdamWMoments {
   step: number;
   m: Map<string, tf.Variable>;
@@ -123,8 +130,8 @@ export class AdamWMoments {
     const v = new Map<string, tf.Variable>();
     for (const [name, p] of params) {
       // Unnamed variables: TF.js names must be unique per process and many sessions coexist.
-      m.set(name, tf.variable(tf.zeros(p.shape, 'float32'), false));
-      v.set(name, tf.variable(tf.zeros(p.shape, 'float32'), false));
+      m.set(name, variableOf(tf.zeros(p.shape, 'float32')));
+      v.set(name, variableOf(tf.zeros(p.shape, 'float32')));
     }
     return new AdamWMoments(0, m, v);
   }
@@ -174,8 +181,8 @@ export class AdamWMoments {
     for (const [name, p] of params) {
       const a = state.tensors[`${name}.exp_avg`]!;
       const b = state.tensors[`${name}.exp_avg_sq`]!;
-      m.set(name, tf.variable(tf.tensor(a.data, p.shape, 'float32'), false));
-      v.set(name, tf.variable(tf.tensor(b.data, p.shape, 'float32'), false));
+      m.set(name, variableOf(tf.tensor(a.data, p.shape, 'float32')));
+      v.set(name, variableOf(tf.tensor(b.data, p.shape, 'float32')));
     }
     return new AdamWMoments(state.step, m, v);
   }

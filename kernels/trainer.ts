@@ -164,6 +164,8 @@ export class TrainingState {
   private moments: AdamWMoments;
   private rng: Rng;
   private sampleRng: Rng;
+  /** The noise/time generator's state when the current gradient epoch began (abort rewinds to it). */
+  private epochRng: RngState;
   private grads = new Map<string, tf.Tensor>();
   private denominator = 0;
   private pending = 0;
@@ -185,6 +187,7 @@ export class TrainingState {
     const seed = options.seed ?? 0;
     const initRng = new Rng(seed);
     this.rng = new Rng(seed + 0x5eed1);
+    this.epochRng = this.rng.getState();
     this.sampleRng = new Rng(seed + 0x5eed2);
     this.params = new Map();
     if (this.finetune === 'full') {
@@ -409,11 +412,17 @@ export class TrainingState {
     this.denominator = 0;
     this.pending = 0;
     this.kept = null;
+    this.epochRng = this.rng.getState();
   }
 
-  /** abort_gradient_epoch: discards G, D and the capture; idempotent. */
+  /**
+   * abort_gradient_epoch: discards G, D and the capture, and rewinds the noise/time generator to
+   * the epoch's start, so the next step is exactly as if the aborted calls never happened
+   * (xorl's abort rule). Idempotent.
+   */
   abortGradientEpoch(): { discarded: number } {
     const discarded = this.pending;
+    this.rng = Rng.fromState(this.epochRng);
     this.clearEpoch();
     return { discarded };
   }
@@ -431,7 +440,7 @@ export class TrainingState {
    * every step (the reference path of the tests). Without a seed the state's sampling
    * generator is used (and advances).
    */
-  sample(batch: ModelBatch, options: { numSteps?: number; seed?: number; cache?: boolean } = {}): Float32Array {
+  sample(batch: ModelBatch, options: { numSteps?: number; seed?: number; cache?: boolean; noise?: Float32Array } = {}): Float32Array {
     this.checkBatch(batch);
     const numSteps = options.numSteps ?? 10;
     if (!Number.isInteger(numSteps) || numSteps < 1 || numSteps > 1000) {
@@ -440,8 +449,11 @@ export class TrainingState {
     if (options.seed !== undefined && !Number.isFinite(options.seed)) throw new TrainerError('bad_option', `seed is ${options.seed}; it must be a finite number`);
     const c = this.config;
     const B = batch.size;
+    const n = B * c.horizon * c.actionDim;
+    if (options.noise && options.noise.length !== n) throw new ShapeError('shape_mismatch', `noise has ${options.noise.length} values; the batch needs ${n}`);
     const rng = options.seed !== undefined ? new Rng(options.seed) : this.sampleRng;
-    const noise = tf.tensor(rng.normals(B * c.horizon * c.actionDim), [B, c.horizon, c.actionDim]);
+    // Given noise (the policy server's per-request streams) draws nothing from the generators.
+    const noise = tf.tensor(options.noise ?? rng.normals(n), [B, c.horizon, c.actionDim]);
     const times = (t: number) => new Float32Array(B).fill(t);
     let out: tf.Tensor;
     if (options.cache === false) {
@@ -530,6 +542,7 @@ export class TrainingState {
     this.moments.dispose();
     this.moments = moments;
     this.rng = rng;
+    this.epochRng = rng.getState();
     this.sampleRng = sampleRng;
   }
 

@@ -24,6 +24,8 @@ export interface EngineOptions {
   backend: string;
   seed?: number;
   baseWeightsPath?: string;
+  /** Sessions resident in the engine at once; past it the least recently used is saved to disk (default 64). */
+  maxResident?: number;
 }
 
 /** The interface the session server, jobs and the policy server use (tests inject stubs). */
@@ -69,7 +71,7 @@ export class Engine implements EngineLike {
         onError = reject;
         onExit = (code) => reject(new Error(`engine worker exited with code ${code} while starting`));
         worker.on('message', onMsg).on('error', onError).on('exit', onExit);
-        const init: ToWorker = { kind: 'init', preset: opts.preset, backend: opts.backend, seed: opts.seed ?? 0, baseWeightsPath: opts.baseWeightsPath };
+        const init: ToWorker = { kind: 'init', preset: opts.preset, backend: opts.backend, seed: opts.seed ?? 0, baseWeightsPath: opts.baseWeightsPath, maxResident: opts.maxResident };
         worker.postMessage(init);
       });
       return new Engine(worker, info);

@@ -5,7 +5,7 @@
 
 /** Main -> worker. */
 export type ToWorker =
-  | { kind: 'init'; preset: string; backend: string; seed: number; baseWeightsPath?: string }
+  | { kind: 'init'; preset: string; backend: string; seed: number; baseWeightsPath?: string; maxResident?: number }
   | { kind: 'call'; callId: number; session: string; op: string; args: Record<string, unknown> };
 
 /** Worker -> main. */
