@@ -1,0 +1,35 @@
+/**
+ * Formatting of wire values for people: Unix seconds as local date-times, losses with four
+ * significant digits, byte counts in KiB/MiB.
+ */
+
+/** Unix seconds -> "2026-11-30 04:42:07" in the viewer's time zone; "—" for null. */
+export function dateTime(unixS: number | null | undefined): string {
+  if (unixS === null || unixS === undefined) return '—';
+  const d = new Date(unixS * 1000);
+  const p = (n: number) => String(n).padStart(2, '0');
+  return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
+}
+
+/** A loss or rate: 4 significant digits, exponent form below 1e-3; "—" for null/undefined. */
+export function num(x: number | null | undefined): string {
+  if (x === null || x === undefined || !Number.isFinite(x)) return '—';
+  if (x !== 0 && Math.abs(x) < 1e-3) return x.toExponential(3);
+  return x.toPrecision(4);
+}
+
+export function bytes(n: number): string {
+  if (n < 1024) return `${n} B`;
+  if (n < 1024 * 1024) return `${(n / 1024).toFixed(1)} KiB`;
+  if (n < 1024 ** 3) return `${(n / 1024 ** 2).toFixed(1)} MiB`;
+  return `${(n / 1024 ** 3).toFixed(2)} GiB`;
+}
+
+/** Seconds -> "1 h 02 min", "3 min 05 s", "42 s". */
+export function duration(s: number | null | undefined): string {
+  if (s === null || s === undefined || !Number.isFinite(s)) return '—';
+  const t = Math.round(s);
+  if (t < 60) return `${t} s`;
+  if (t < 3600) return `${Math.floor(t / 60)} min ${String(t % 60).padStart(2, '0')} s`;
+  return `${Math.floor(t / 3600)} h ${String(Math.floor((t % 3600) / 60)).padStart(2, '0')} min`;
+}

@@ -1,0 +1,84 @@
+/**
+ * The dashboard's entry: the page shell (header, navigation, error banner), hash routing
+ * (`#/jobs`, `#/jobs/<id>`, `#/sessions`; hashes never reach the server) and the sign-in gate.
+ * Any uncaught error shows in the banner, so a failure is never a blank page.
+ */
+import 'uplot/dist/uPlot.min.css';
+import './styles.css';
+import { clearKey, currentKey, setUnauthorizedHandler } from './api.ts';
+import { h, replace } from './dom.ts';
+import { jobView } from './job.ts';
+import { jobsView } from './jobs.ts';
+import { loginView } from './login.ts';
+import { sessionsView } from './sessions.ts';
+import type { View } from './view.ts';
+
+const root = document.getElementById('app')!;
+const banner = h('div', { class: 'banner', role: 'alert', id: 'banner', hidden: true });
+const main = h('main', { id: 'main', tabindex: -1 });
+const navJobs = h('a', { href: '#/jobs' }, 'Fine-tunes');
+const navSessions = h('a', { href: '#/sessions' }, 'Sessions');
+const signOut = h('button', { type: 'button', class: 'link' }, 'Sign out');
+const nav = h('nav', { 'aria-label': 'Main' }, navJobs, navSessions, signOut);
+const header = h('header', {}, h('a', { href: '#/jobs', class: 'brand' }, 'Vela'), nav);
+
+let current: View | null = null;
+let loginMessage: string | null = null;
+
+function showBanner(message: string | null): void {
+  banner.hidden = !message;
+  banner.textContent = message ?? '';
+}
+
+function show(view: View): void {
+  current?.dispose();
+  current = view;
+  replace(main, view.el);
+  document.title = `${view.title} · Vela`;
+}
+
+function render(): void {
+  showBanner(null);
+  if (!currentKey()) {
+    nav.hidden = true;
+    show(loginView(() => {
+      loginMessage = null;
+      if (!location.hash || location.hash === '#/login') location.hash = '#/jobs';
+      render();
+    }, loginMessage));
+    return;
+  }
+  nav.hidden = false;
+  const path = location.hash.replace(/^#/, '') || '/jobs';
+  const job = /^\/jobs\/([^/]+)$/.exec(path);
+  navJobs.removeAttribute('aria-current');
+  navSessions.removeAttribute('aria-current');
+  if (job) {
+    navJobs.setAttribute('aria-current', 'page');
+    show(jobView(decodeURIComponent(job[1]!)));
+  } else if (path === '/sessions') {
+    navSessions.setAttribute('aria-current', 'page');
+    show(sessionsView());
+  } else {
+    navJobs.setAttribute('aria-current', 'page');
+    show(jobsView((hash) => (location.hash = hash)));
+  }
+}
+
+setUnauthorizedHandler((message) => {
+  // The key stopped working (revoked, or the server's store was reset): back to sign-in, saying why.
+  clearKey();
+  loginMessage = `The server no longer accepts this key (${message}). Sign in again.`;
+  render();
+});
+signOut.addEventListener('click', () => {
+  clearKey();
+  loginMessage = null;
+  render();
+});
+window.addEventListener('hashchange', render);
+window.addEventListener('error', (e) => showBanner(`Something went wrong in the page: ${e.message}`));
+window.addEventListener('unhandledrejection', (e) => showBanner(`Something went wrong in the page: ${(e.reason as Error)?.message ?? String(e.reason)}`));
+
+replace(root, header, banner, main);
+render();

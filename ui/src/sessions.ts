@@ -1,0 +1,70 @@
+/**
+ * The training sessions page (PROTOCOL.md section 2): status, model and settings of each of the
+ * key's sessions, refreshed every 3 s, with a Close button for open ones. The session token is
+ * a credential for the websocket and is not shown.
+ */
+import { json, type Session } from './api.ts';
+import { badge, errorLine, h, replace } from './dom.ts';
+import { dateTime } from './format.ts';
+import { poll, type View } from './view.ts';
+
+const REFRESH_MS = 3000;
+
+function sessionRow(s: Session, refresh: () => void, problem: HTMLElement): HTMLTableRowElement {
+  const open = s.status === 'starting' || s.status === 'ready';
+  const close = h('button', { type: 'button', class: 'small danger', 'aria-label': `Close session ${s.id}` }, 'Close');
+  close.addEventListener('click', async () => {
+    if (!window.confirm(`Close session ${s.id}? Its unsaved memory (weights, optimizer state) is lost.`)) return;
+    close.disabled = true;
+    try {
+      await json('POST', `/v1/training_sessions/${encodeURIComponent(s.id)}/close`);
+      replace(problem);
+    } catch (e) {
+      replace(problem, errorLine(`Could not close ${s.id}: ${(e as Error).message}`));
+    }
+    refresh();
+  });
+  const settings = [s.finetune, s.rank !== undefined && s.finetune === 'lora' ? `rank ${s.rank}` : null, s.action_horizon !== undefined ? `horizon ${s.action_horizon}` : null]
+    .filter(Boolean).join(', ');
+  return h('tr', { 'data-session': s.id },
+    h('td', { class: 'mono' }, s.id),
+    h('td', {}, badge(s.status), s.error ? h('div', { class: 'error small-text' }, s.error) : null),
+    h('td', {}, s.base_model),
+    h('td', {}, settings || '—'),
+    h('td', {}, dateTime(s.created_at)),
+    h('td', {}, dateTime(s.closed_at ?? null)),
+    h('td', {}, open ? close : null));
+}
+
+export function sessionsView(): View {
+  const body = h('tbody');
+  const note = h('p', { class: 'muted', 'aria-live': 'polite' });
+  const problem = h('div');
+  const table = h('table', { class: 'sessions', 'aria-label': 'Training sessions' },
+    h('thead', {}, h('tr', {}, ...['Session', 'Status', 'Model', 'Settings', 'Created', 'Closed', ''].map((c) => h('th', { scope: 'col' }, c)))),
+    body);
+  let signature = '';
+  const load = async () => {
+    try {
+      const { data } = await json<{ data: Session[] }>('GET', '/v1/training_sessions');
+      const sig = JSON.stringify(data);
+      // Rebuild only on change, so that focus on a Close button is not lost every refresh.
+      if (sig !== signature) {
+        signature = sig;
+        if (data.length === 0) replace(body, h('tr', {}, h('td', { colspan: 7, class: 'empty' }, 'No training sessions. Clients open them with POST /v1/training_sessions.')));
+        else replace(body, ...data.map((s) => sessionRow(s, () => void load(), problem)));
+      }
+      note.textContent = `${data.length} session${data.length === 1 ? '' : 's'}; refreshed at ${new Date().toLocaleTimeString()}`;
+    } catch (e) {
+      replace(problem, errorLine(`Could not load the sessions: ${(e as Error).message}`));
+      throw e;
+    }
+  };
+  const stop = poll(load, REFRESH_MS);
+  const el = h('section', { 'aria-labelledby': 'sessions-title' },
+    h('h1', { id: 'sessions-title' }, 'Training sessions'),
+    problem,
+    h('div', { class: 'table-wrap' }, table),
+    note);
+  return { el, title: 'Training sessions', dispose: stop };
+}
