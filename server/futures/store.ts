@@ -15,8 +15,10 @@ export interface Future {
   owner: string;
   modelId: string;
   op: string;
+  /** The request's seq_id, when it had one. */
+  seqId: number | null;
   createdMs: number;
-  /** Why it has not settled yet, for `try_again` answers: "waiting for seq_id 3", "queued", ... */
+  /** Where it is: "held" (a seq_id gap before it), "queued" (handed to the engine chain), "done". */
   stage: string;
   outcome: Outcome | null;
   settledMs: number | null;
@@ -63,8 +65,8 @@ export class FutureStore {
   }
 
   /** Register a pending future and return it. */
-  create(owner: string, modelId: string, op: string, stage = 'queued'): Future {
-    const f: Future = { id: randomId('req-'), owner, modelId, op, createdMs: this.now(), stage, outcome: null, settledMs: null, bytes: 0 };
+  create(owner: string, modelId: string, op: string, seqId: number | null = null, stage = 'queued'): Future {
+    const f: Future = { id: randomId('req-'), owner, modelId, op, seqId, createdMs: this.now(), stage, outcome: null, settledMs: null, bytes: 0 };
     this.futures.set(f.id, f);
     this.pendingByModel.set(modelId, (this.pendingByModel.get(modelId) ?? 0) + 1);
     return f;

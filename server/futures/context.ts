@@ -1,0 +1,153 @@
+/**
+ * What the futures routes share: the future store, `seq_id` ordering, the handler wrapper that
+ * authenticates and answers in the request's format, and the per-model lookups (the owner's open
+ * model, the gate that opens when its engine is ready, its public JSON).
+ */
+import path from 'node:path';
+import type { TemplatedApp } from 'uWebSockets.js';
+import { requireOwner } from '../auth.ts';
+import { EngineError } from '../engine/messages.ts';
+import { HttpError, route, type Req } from '../http.ts';
+import type { LiveSession, SessionManager } from '../sessions.ts';
+import type { ServerConfig } from '../config.ts';
+import type { Store } from '../store.ts';
+import { formatOf, readBody, sendAs, type Body, type Format } from './codec.ts';
+import { errorAnswer } from './requests.ts';
+import { SeqOrder } from './seq.ts';
+import { FutureStore } from './store.ts';
+
+export interface FuturesDeps {
+  store: Store;
+  sessions: SessionManager;
+  config: ServerConfig;
+  /** The server's base URL (read when a model is created). */
+  baseUrl?: () => string;
+}
+
+export type Handler = (r: Req, owner: string, body: Body) => Promise<void> | void;
+
+/** Opens when a model's engine is ready; ops admitted while it starts wait on it, in order. */
+interface Gate {
+  open: boolean;
+  promise: Promise<void>;
+}
+
+export class FuturesContext {
+  readonly futures: FutureStore;
+  readonly seq: SeqOrder;
+  private gates = new Map<string, Gate>();
+  private pruneTimer: NodeJS.Timeout;
+
+  constructor(readonly app: TemplatedApp, readonly deps: FuturesDeps) {
+    const { config, sessions } = deps;
+    this.futures = new FutureStore({ ttlS: config.futureTtlS });
+    this.seq = new SeqOrder({ gapWaitS: config.futureSeqGapS, ttlS: config.futureTtlS });
+    // Models closed by other routes (idle cleanup, /v1 close): drop their per-model state.
+    this.pruneTimer = setInterval(() => {
+      for (const id of new Set([...this.gates.keys(), ...this.seq.modelIds()])) {
+        if (!sessions.live.has(id)) this.forget(id, `model ${id} was closed before this request ran`);
+      }
+    }, 30_000).unref();
+  }
+
+  /** Wrap a handler: API key, body in either format, and every throw answered in the request's format. */
+  handle(fn: Handler) {
+    return route(0, async (r) => {
+      const fmt: Format = formatOf(r);
+      try {
+        const owner = requireOwner(this.deps.store, r);
+        const body = r.method === 'GET' ? { value: Object.fromEntries(r.query), raw: Buffer.alloc(0), format: fmt } : await readBody(r, this.deps.config.maxSessionMessageBytes);
+        await fn(r, owner, body);
+      } catch (err) {
+        const [status, answer] = errorAnswer(r, err);
+        sendAs(r, fmt, status, answer);
+      }
+    });
+  }
+
+  post(name: string, fn: Handler): void {
+    this.app.post(`/api/v1/${name}`, this.handle(fn));
+  }
+
+  /** `GET` and `POST /api/v1/<name>` (query string or body). */
+  getOrPost(name: string, fn: Handler): void {
+    this.app.get(`/api/v1/${name}`, this.handle(fn));
+    this.post(name, fn);
+  }
+
+  /** The owner's checkpoint root (`<data>/checkpoints/<owner>`). */
+  ownerRoot(owner: string): string {
+    return path.dirname(this.deps.sessions.sessionDir(owner, 'x'));
+  }
+
+  /** A model row of this owner, open or not. @throws HttpError 404 (unknown or another owner's). */
+  ownRow(owner: string, id: string) {
+    const row = this.deps.store.getSession(id);
+    if (!row || row.owner !== owner) throw new HttpError(404, `no model ${id}`);
+    return row;
+  }
+
+  /** The owner's open model. @throws HttpError 404 (unknown or another owner's), 409 (closed). */
+  modelOf(owner: string, id: string): LiveSession {
+    const row = this.ownRow(owner, id);
+    const live = this.deps.sessions.live.get(id);
+    if (!live || (row.status !== 'starting' && row.status !== 'ready')) {
+      throw new HttpError(409, `model ${id} is ${row.status}${row.error ? `: ${row.error}` : ''}; create a new one with create_model`);
+    }
+    return live;
+  }
+
+  /**
+   * The gate of a model: resolves once its engine is ready, rejects (EngineError `not_ready`)
+   * when it failed to start. SessionManager has no readiness promise, so this polls every 20 ms
+   * while the model starts.
+   */
+  gateOf(live: LiveSession): Gate {
+    const found = this.gates.get(live.id);
+    if (found) return found;
+    const { sessions, store } = this.deps;
+    const gate: Gate = { open: false, promise: Promise.resolve() };
+    gate.promise = new Promise<void>((resolve, reject) => {
+      const check = () => {
+        if (live.engine && sessions.live.get(live.id) === live) {
+          gate.open = true;
+          return resolve();
+        }
+        const row = store.getSession(live.id);
+        if (!row || (row.status !== 'starting' && row.status !== 'ready') || !sessions.live.has(live.id)) {
+          return reject(new EngineError('not_ready', `model ${live.id} could not start: ${row?.error ?? row?.status ?? 'gone'}`));
+        }
+        setTimeout(check, 20);
+      };
+      check();
+    });
+    gate.promise.catch(() => undefined);
+    this.gates.set(live.id, gate);
+    return gate;
+  }
+
+  /** Public JSON of a model (session_info, create_model's future). */
+  modelJson(id: string): Record<string, unknown> {
+    const row = this.deps.store.getSession(id)!;
+    const live = this.deps.sessions.live.get(id);
+    return {
+      model_id: id, status: row.status, created_at: row.created_at, ...row.config,
+      action_horizon: live?.actionHorizon || (row.config as { action_horizon?: unknown }).action_horizon,
+      trainable_params: live?.trainableParams ?? null, pending_gradients: live?.pendingGradients ?? 0,
+      pending_futures: this.futures.pendingCount(id), cameras: live?.cameras ?? [],
+      last_activity_at: live ? Math.floor(live.lastActivityMs / 1000) : null, error: row.error,
+    };
+  }
+
+  /** Drop a model's gate and sequence; its held requests fail with `reason`. */
+  forget(id: string, reason: string): void {
+    this.gates.delete(id);
+    this.seq.forget(id, reason);
+  }
+
+  close(): void {
+    clearInterval(this.pruneTimer);
+    this.seq.close();
+    this.futures.close();
+  }
+}
