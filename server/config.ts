@@ -46,6 +46,7 @@ export interface ServerConfig {
   futureWaitS: number;
   futureSeqGapS: number;
   readAhead: number;
+  maxResidentSessions: number;
   logLevel: string;
 }
 
@@ -75,6 +76,7 @@ export const SETTINGS: Setting[] = [
   { key: 'futureWaitS', flag: '--future-wait-s', env: 'VELA_FUTURE_WAIT_S', kind: 'number', def: () => 45, help: 'how long retrieve_future waits before answering try_again' },
   { key: 'futureSeqGapS', flag: '--future-seq-gap-s', env: 'VELA_FUTURE_SEQ_GAP_S', kind: 'number', def: () => 30, help: 'how long a futures request waits for a missing smaller seq_id' },
   { key: 'readAhead', flag: '--read-ahead', env: 'VELA_READ_AHEAD', kind: 'int', def: () => 32, help: 'queued requests per session connection before new ones are refused as busy' },
+  { key: 'maxResidentSessions', flag: '--max-resident-sessions', env: 'VELA_MAX_RESIDENT_SESSIONS', kind: 'int', def: () => 64, help: 'sessions whose tensors stay in an engine at once; the least recently used others wait on disk' },
   { key: 'logLevel', flag: '--log-level', env: 'VELA_LOG_LEVEL', kind: 'string', def: () => 'info', help: 'error | warn | info | debug' },
 ];
 

@@ -84,7 +84,7 @@ export class SessionManager {
   constructor(
     private store: Store,
     private config: ServerConfig,
-    private engineFactory: EngineFactory = (preset) => Engine.start({ preset, backend: config.backend }),
+    private engineFactory: EngineFactory = (preset) => Engine.start({ preset, backend: config.backend, maxResident: config.maxResidentSessions }),
   ) {
     this.idleTimer = setInterval(() => this.closeIdle(), Math.min(60_000, config.sessionIdleTimeoutS * 250)).unref();
   }
