@@ -7,7 +7,8 @@
 import fs from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient, type Datum } from '../protocol/client.ts';
-import { unpackNumpy } from '../protocol/ndarray.ts';
+import { ndarray, unpackNumpy } from '../protocol/ndarray.ts';
+import { decodeFrame, resizeWithPad } from '../protocol/frames.ts';
 import { g1Datums } from './helpers/g1.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 import { FutureError, FuturesClient } from './helpers/futures-client.ts';
@@ -166,5 +167,22 @@ describe('the futures API on pi05-tiny', () => {
     expect((await post('session_heartbeat', { model_id: 'ts-nosuchmodel' })).status).toBe(404);
     await json.call('kill_session', { model_id });
     expect((await json.call('session_info', { model_id: undefined })).sessions.map((x: any) => x.model_id)).not.toContain(model_id);
+  });
+
+  it('takes RAW frames as {data, dtype, shape} in JSON and as ndarrays in msgpack, with the same actions', async () => {
+    const { model_id } = await json.createModel(MODEL);
+    const d = batches[0]![0]!;
+    const small = await resizeWithPad(await decodeFrame('JPEG', d.observation.image!.cam_high as Uint8Array), 96); // a real G1 frame, 96x96
+    const datum = { observation: { image: { cam_high: ndarray(small.data, [small.height, small.width, 3]) }, state: d.observation.state, prompt: d.observation.prompt } };
+    const body = { model_id, data: [datum], codec: 'RAW', num_steps: 2, seed: 5 };
+    const viaJson = await json.run('sample', body);
+    const viaMsgpack = await msgpack.run('sample', body);
+    expect(viaJson.actions.shape).toEqual([1, 16, 32]);
+    expect(Array.from(viaJson.actions.data)).toEqual(Array.from(viaMsgpack.actions.data as Float32Array));
+    // The same frame as a JSON list of numbers: the same request, the same actions.
+    const plain = { ...body, data: [{ observation: { ...datum.observation, image: { cam_high: { data: Array.from(small.data), dtype: 'uint8', shape: [96, 96, 3] } } } }] };
+    const viaPlain = await json.run('sample', plain);
+    expect(Array.from(viaPlain.actions.data)).toEqual(Array.from(viaJson.actions.data));
+    await json.call('kill_session', { model_id });
   });
 });
