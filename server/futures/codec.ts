@@ -7,7 +7,8 @@
  *   encoded frame (JPEG/PNG/ZPNG) under `observation.image` is a base64 string; a datum's
  *   `state` / `actions` may also be plain (nested) number lists, read as float32.
  * Answers go back in the request's format (msgpack when the request's Content-Type, or for a
- * GET its Accept header, names msgpack).
+ * GET its Accept header, names msgpack). JSON has no NaN or Infinity: such elements of a result
+ * array are written as null there (msgpack keeps them); clients that must see them use msgpack.
  */
 import { ProtocolError } from '../../protocol/errors.ts';
 import { NDArray, ndarray, packNumpy, unpackNumpy } from '../../protocol/ndarray.ts';
