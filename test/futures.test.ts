@@ -185,4 +185,19 @@ describe('the futures API on pi05-tiny', () => {
     expect(Array.from(viaPlain.actions.data)).toEqual(Array.from(viaJson.actions.data));
     await json.call('kill_session', { model_id });
   });
+
+  it('sleep refuses a model with pending gradients (409); sleep + wake_up leave the next step as on a twin that stayed awake', async () => {
+    const [a, twin] = [await json.createModel(MODEL), await json.createModel(MODEL)];
+    for (const m of [a, twin]) await json.forwardBackward(m.model_id, batches[0]!, { codec: 'JPEG' });
+    const busy = await json.raw('POST', 'sleep', { model_id: a.model_id });
+    expect(busy.status).toBe(409);
+    expect(busy.body).toMatchObject({ code: 'busy' });
+    expect(busy.body.error).toMatch(/run optim_step or abort_gradient_epoch before sleep$/);
+    for (const m of [a, twin]) await json.optimStep(m.model_id, { learning_rate: 3e-3 });
+    expect(await msgpack.call('sleep', { model_id: a.model_id })).toEqual({ model_id: a.model_id, asleep: true });
+    expect(await json.call('wake_up', { model_id: a.model_id })).toEqual({ model_id: a.model_id, asleep: false });
+    const [fa, ft] = [await json.forwardBackward(a.model_id, batches[1]!, { codec: 'JPEG' }), await json.forwardBackward(twin.model_id, batches[1]!, { codec: 'JPEG' })];
+    expect(fa.loss).toBe(ft.loss);
+    for (const m of [a, twin]) await json.call('kill_session', { model_id: m.model_id });
+  });
 });

@@ -85,7 +85,10 @@ export function wsRequest(name: string, body: Record<string, unknown>): Record<s
 export function errorAnswer(r: Req, err: unknown): [number, Record<string, unknown>] {
   if (err instanceof HttpError) return [err.status, { error: err.message, ...err.extra }];
   if (err instanceof ProtocolError) return [err.code === 'too_large' ? 413 : 400, { error: err.message, code: err.code }];
-  if (err instanceof EngineError) return [err.code === 'not_found' ? 404 : err.code === 'conflict' ? 409 : 400, { error: err.message, code: err.code }];
+  if (err instanceof EngineError) {
+    const status = err.code === 'not_found' ? 404 : ['conflict', 'busy', 'poisoned'].includes(err.code) ? 409 : 400;
+    return [status, { error: err.message, code: err.code }];
+  }
   const requestId = `req-${crypto.randomBytes(6).toString('hex')}`;
   log.error(`${r.method} ${r.url} failed (${requestId})`, err);
   return [500, { error: 'internal error', request_id: requestId }];
