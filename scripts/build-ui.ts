@@ -71,9 +71,8 @@ export async function buildUi(opts: { outDir?: string; minify?: boolean } = {}):
     }
     throw e;
   }
-  const files = fs.readdirSync(outDir, { recursive: true, withFileTypes: true })
-    .filter((d) => d.isFile())
-    .map((d) => path.relative(outDir, path.join(d.parentPath, d.name)))
+  const files = fs.readdirSync(outDir, { recursive: true, encoding: 'utf8' })
+    .filter((f) => fs.statSync(path.join(outDir, f)).isFile())
     .sort();
   return { outDir, files, ms: performance.now() - t0 };
 }

@@ -1,6 +1,6 @@
 /**
  * The dashboard end to end, in Debian's headless Chromium driven by playwright-core: a wrong key
- * is refused in words; a signed-in user starts a 40-step pi05-tiny fine-tune on
+ * is refused in words; a signed-in user starts a 12-step pi05-tiny fine-tune on
  * ../shared/datasets/g1_pick_bottle, sees the loss chart gain points while the job runs, cancels
  * a second job, downloads an output file (sha256 checked), and closes a training session. The
  * key never appears in a request URL. Screenshots land in test/ui/*.png (gitignored).
@@ -13,6 +13,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { chromium, type BrowserContext, type Page } from 'playwright-core';
 import { buildUi } from '../scripts/build-ui.ts';
+import { num } from '../ui/src/format.ts';
 import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
 
 const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -22,8 +23,8 @@ const CHROMIUM = '/usr/bin/chromium';
 // No network on CI machines: without these, Chromium's background services fail loudly.
 const CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
   '--disable-component-update', '--disable-sync'];
-const STEPS = 20;
-const EVAL_EVERY = 10;
+const STEPS = 12;
+const EVAL_EVERY = 6;
 
 let server: TestServer;
 let context: BrowserContext;
@@ -79,6 +80,12 @@ describe('dashboard in headless Chromium', () => {
     await expect.poll(() => error.textContent()).toBe('The server refused this key: invalid API key. Check the key and try again.');
     await expect(page.getByLabel('API key').isVisible()).resolves.toBe(true);
     await page.screenshot({ path: path.join(SHOTS, 'wrong-key.png') });
+
+    // A kept key that the server stopped accepting leads back to sign-in, saying so.
+    await page.evaluate("sessionStorage.setItem('vela.apiKey', 'vela-revoked-key')");
+    await page.reload();
+    await expect.poll(() => error.textContent()).toBe('The server no longer accepts this key (invalid API key). Sign in again.');
+    await expect(page.getByLabel('API key').isVisible()).resolves.toBe(true);
     await page.close();
   });
 
@@ -134,14 +141,17 @@ describe('dashboard in headless Chromium', () => {
     const progress = events.filter((e) => e.type === 'progress');
     expect(progress.map((e) => e.step)).toEqual(Array.from({ length: STEPS }, (_, i) => i + 1));
     const evals = progress.filter((e) => e.eval_loss !== undefined);
-    expect(evals.map((e) => e.step)).toEqual([10, 20]);
+    expect(evals.map((e) => e.step)).toEqual([EVAL_EVERY, STEPS]);
     expect(await chartCount(page, 'loss', 'data-count-eval')).toBe(evals.length);
     expect(await chartCount(page, 'learning-rate', 'data-count-lr')).toBe(STEPS);
     const last = progress.at(-1)!;
     const summary = await page.locator('#chart-loss .chart-summary').textContent();
-    expect(summary).toBe(`train loss: ${STEPS} points, last ${last.loss.toPrecision(4)} at step ${STEPS}; ` +
-      `eval loss (held-out): ${evals.length} points, last ${evals.at(-1)!.eval_loss.toPrecision(4)} at step ${evals.at(-1)!.step}.`);
+    expect(summary).toBe(`train loss: ${STEPS} points, last ${num(last.loss)} at step ${STEPS}; ` +
+      `eval loss (held-out): ${evals.length} points, last ${num(evals.at(-1)!.eval_loss)} at step ${evals.at(-1)!.step}.`);
     await expect.poll(() => page.locator('#job-step').textContent()).toBe(`step ${STEPS} / ${STEPS}`);
+    const lastEval = evals.at(-1)!;
+    await expect.poll(() => page.locator('dl.summary').innerText()).toContain(
+      `Eval baselines\nmean chunk ${num(lastEval.eval_loss_baseline_mean_chunk)}, hold state ${num(lastEval.eval_loss_baseline_hold_state)}`);
 
     // Files: the listed ones, and a download whose bytes hash to the listed sha256.
     const files = (await api(server, 'GET', `/v1/fine-tunes/${jobA}/files`)).json.data as { path: string; sha256: string }[];
@@ -170,7 +180,7 @@ describe('dashboard in headless Chromium', () => {
     expect(requests.filter((r) => r.url.includes(TEST_KEY))).toEqual([]);
     const apiCalls = requests.filter((r) => new URL(r.url).pathname.startsWith('/v1/'));
     expect(apiCalls.length).toBeGreaterThan(10);
-    expect(apiCalls.filter((r) => r.authorization !== `Bearer ${TEST_KEY}` && r.authorization !== 'Bearer vela-wrong-key')).toEqual([]);
+    expect(apiCalls.filter((r) => r.authorization !== `Bearer ${TEST_KEY}` && !['Bearer vela-wrong-key', 'Bearer vela-revoked-key'].includes(r.authorization!))).toEqual([]);
     expect(pageErrors).toEqual([]);
     await page.close();
   }, 300_000); // ~60 s on an idle 2-core machine; room for a loaded one

@@ -55,18 +55,28 @@ export function buildStamp(dir: string): number | null {
  * Files of unknown extension are served as `application/octet-stream`.
  */
 export function loadAssets(dir: string): AssetSet | null {
+  try {
+    return readAll(dir);
+  } catch (e) {
+    // A rebuild swaps the folder with renames: a read that races it sees a file vanish.
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return null;
+    throw e;
+  }
+}
+
+function readAll(dir: string): AssetSet | null {
   const stampMs = buildStamp(dir);
   if (stampMs === null) return null;
   const files = new Map<string, Asset>();
-  for (const d of fs.readdirSync(dir, { recursive: true, withFileTypes: true })) {
-    if (!d.isFile()) continue;
-    const full = path.join(d.parentPath, d.name);
-    const rel = path.relative(dir, full).split(path.sep).join('/');
+  for (const entry of fs.readdirSync(dir, { recursive: true, encoding: 'utf8' })) {
+    const full = path.join(dir, entry);
+    if (!fs.statSync(full).isFile()) continue;
+    const rel = entry.split(path.sep).join('/');
     const body = fs.readFileSync(full);
     const asset: Asset = {
       body,
-      contentType: CONTENT_TYPES[path.extname(d.name).toLowerCase()] ?? 'application/octet-stream',
-      cacheControl: HASHED.test(d.name) ? 'public, max-age=31536000, immutable' : 'no-cache',
+      contentType: CONTENT_TYPES[path.extname(full).toLowerCase()] ?? 'application/octet-stream',
+      cacheControl: HASHED.test(path.basename(full)) ? 'public, max-age=31536000, immutable' : 'no-cache',
       etag: `"${crypto.createHash('sha256').update(body).digest('hex').slice(0, 16)}"`,
     };
     files.set(rel, asset);

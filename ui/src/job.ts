@@ -81,6 +81,8 @@ export function jobView(jobId: string): View {
   let job: Job | null = null;
   let elapsedS: number | null = null;
   let gradNorm: number | null = null;
+  // The last evaluation's reference losses: what predicting the mean chunk / holding the state scores.
+  let baselines: { meanChunk: number; holdState: number } | null = null;
 
   const renderJob = () => {
     if (!job) return;
@@ -93,7 +95,9 @@ export function jobView(jobId: string): View {
     const item = (k: string, v: string) => [h('dt', {}, k), h('dd', {}, v)];
     replace(summary,
       ...item('Id', job.id), ...item('Model', job.model), ...item('Dataset', job.dataset_name),
-      ...item('Loss', num(job.loss)), ...item('Eval loss', num(job.eval_loss)), ...item('Grad norm', num(gradNorm)),
+      ...item('Loss', num(job.loss)), ...item('Eval loss', num(job.eval_loss)),
+      ...(baselines ? item('Eval baselines', `mean chunk ${num(baselines.meanChunk)}, hold state ${num(baselines.holdState)}`) : []),
+      ...item('Grad norm', num(gradNorm)),
       ...item('Elapsed', duration(elapsedS)), ...item('Created', dateTime(job.created_at)),
       ...item('Started', dateTime(job.started_at)), ...item('Finished', dateTime(job.finished_at)),
       ...(job.error ? item('Error', job.error) : []));
@@ -128,6 +132,9 @@ export function jobView(jobId: string): View {
         job.step = step;
         job.loss = ev.loss as number | null;
         if (ev.eval_loss !== undefined) job.eval_loss = ev.eval_loss as number;
+      }
+      if (typeof ev.eval_loss_baseline_mean_chunk === 'number' && typeof ev.eval_loss_baseline_hold_state === 'number') {
+        baselines = { meanChunk: ev.eval_loss_baseline_mean_chunk, holdState: ev.eval_loss_baseline_hold_state };
       }
     } else {
       const text = ev.type === 'status' ? `status: ${ev.status}${ev.error ? ` (${ev.error})` : ''}` : String(ev.message ?? JSON.stringify(ev));

@@ -10,6 +10,18 @@ import { poll, type View } from './view.ts';
 
 const REFRESH_MS = 3000;
 
+/**
+ * The session's last op, when the server reports one. PROTOCOL.md's session JSON has no such
+ * field yet; `last_op` ({op, id, at}) or `last_request_id` are shown as soon as it does.
+ */
+function lastOp(s: Session): string {
+  const op = s.last_op as { op?: string; id?: number; at?: number } | string | null | undefined;
+  if (typeof op === 'string') return op;
+  if (op && typeof op === 'object' && op.op) return `${op.op}${op.id !== undefined ? ` #${op.id}` : ''}${op.at ? ` at ${dateTime(op.at)}` : ''}`;
+  if (typeof s.last_request_id === 'number') return `request #${s.last_request_id}`;
+  return '—';
+}
+
 function sessionRow(s: Session, refresh: () => void, problem: HTMLElement): HTMLTableRowElement {
   const open = s.status === 'starting' || s.status === 'ready';
   const close = h('button', { type: 'button', class: 'small danger', 'aria-label': `Close session ${s.id}` }, 'Close');
@@ -31,6 +43,7 @@ function sessionRow(s: Session, refresh: () => void, problem: HTMLElement): HTML
     h('td', {}, badge(s.status), s.error ? h('div', { class: 'error small-text' }, s.error) : null),
     h('td', {}, s.base_model),
     h('td', {}, settings || '—'),
+    h('td', {}, lastOp(s)),
     h('td', {}, dateTime(s.created_at)),
     h('td', {}, dateTime(s.closed_at ?? null)),
     h('td', {}, open ? close : null));
@@ -41,7 +54,7 @@ export function sessionsView(): View {
   const note = h('p', { class: 'muted', 'aria-live': 'polite' });
   const problem = h('div');
   const table = h('table', { class: 'sessions', 'aria-label': 'Training sessions' },
-    h('thead', {}, h('tr', {}, ...['Session', 'Status', 'Model', 'Settings', 'Created', 'Closed', ''].map((c) => h('th', { scope: 'col' }, c)))),
+    h('thead', {}, h('tr', {}, ...['Session', 'Status', 'Model', 'Settings', 'Last op', 'Created', 'Closed', ''].map((c) => h('th', { scope: 'col' }, c)))),
     body);
   let signature = '';
   const load = async () => {
@@ -51,7 +64,7 @@ export function sessionsView(): View {
       // Rebuild only on change, so that focus on a Close button is not lost every refresh.
       if (sig !== signature) {
         signature = sig;
-        if (data.length === 0) replace(body, h('tr', {}, h('td', { colspan: 7, class: 'empty' }, 'No training sessions. Clients open them with POST /v1/training_sessions.')));
+        if (data.length === 0) replace(body, h('tr', {}, h('td', { colspan: 8, class: 'empty' }, 'No training sessions. Clients open them with POST /v1/training_sessions.')));
         else replace(body, ...data.map((s) => sessionRow(s, () => void load(), problem)));
       }
       note.textContent = `${data.length} session${data.length === 1 ? '' : 's'}; refreshed at ${new Date().toLocaleTimeString()}`;
