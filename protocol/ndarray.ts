@@ -10,6 +10,7 @@
  * BigInt64Array, f2 -> Float32Array, big-endian data swapped into native order, ...). A decoded
  * array keeps the dtype string the wire said, so re-encoding gives the same bytes.
  */
+import { C1 } from 'msgpackr';
 import { ProtocolError } from './errors.ts';
 import { pack, unpack, RawMsgpack } from './msgpack.ts';
 import { bytesToData, dataToBytes, describe, parseDtype, type Dtype, type NDArrayData } from './numpy_dtype.ts';
@@ -276,6 +277,8 @@ export function fromWire(value: unknown): unknown {
 const MAX_DEPTH = 1000;
 
 function walk(value: unknown, seen: Set<object>, depth: number): unknown {
+  // msgpackr decodes the reserved byte 0xc1 into a marker object instead of failing.
+  if (value === C1) throw new ProtocolError('bad_msgpack', 'message holds the reserved msgpack byte 0xc1, which is not a value');
   if (value instanceof Uint8Array) return Buffer.from(value);
   const isMap = value instanceof Map;
   if (!Array.isArray(value) && !isMap && !isPlainObject(value)) return value;

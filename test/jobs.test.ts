@@ -10,7 +10,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
-import { g1Subset } from './helpers/g1.ts';
+import { g1Datums, g1Subset } from './helpers/g1.ts';
+import { PolicyClient } from './helpers/policy-stub.ts';
 
 // The first 5 real G1 episodes (4 train, 1 held out): the same data, a fifth of the decoding.
 const SUBSET = g1Subset(5);
@@ -134,6 +135,20 @@ describe('fine-tunes on g1_pick_bottle', () => {
     expect((await api(server, 'GET', `/v1/fine-tunes/${created.id}/files/..%2Fsecret`)).status).toBe(400);
     expect((await api(server, 'GET', `/v1/fine-tunes/${created.id}/files/missing.bin`)).status).toBe(404);
     expect((await api(server, 'POST', `/v1/fine-tunes/${created.id}/cancel`)).status).toBe(409);
+
+    // The finished job serves its policy over OpenPI's protocol, on the real engine.
+    const wsUrl = `${server.baseUrl.replace('http', 'ws')}/v1/fine-tunes/${created.id}/policy`;
+    await expect(PolicyClient.connect(wsUrl)).rejects.toMatchObject({ status: 401 });
+    const robot = await PolicyClient.connect(wsUrl, { authorization: `Api-Key ${TEST_KEY}` });
+    expect(robot.metadata).toMatchObject({ action_horizon: 16, action_dim: 26, cameras: ['cam_high'] });
+    const datum = (await g1Datums(1))[0]!;
+    const obs = { 'observation/image': datum.observation.image!.cam_high, 'observation/state': datum.observation.state, prompt: datum.observation.prompt, image_codec: 'JPEG' };
+    const a1 = await robot.infer(obs);
+    expect(a1.actions.shape).toEqual([16, 26]);
+    expect(a1.actions.dtype).toBe('<f4');
+    expect(Array.from(a1.actions.data as Float32Array).every(Number.isFinite)).toBe(true);
+    expect(a1.policy_timing.infer_ms).toBeGreaterThan(0);
+    robot.close();
   });
 
   it('cancels a queued job at once and a running job within one step', async () => {

@@ -414,3 +414,11 @@ describe('encoding from JS values', () => {
     expect(ndarray([70000], [1], '<f2').data[0]).toBe(Infinity);
   });
 });
+
+describe('reserved bytes', () => {
+  it('refuses msgpack 0xc1 at the top and nested, instead of passing msgpackr marker objects on', async () => {
+    const { unpackNumpy } = await import('../protocol/ndarray.ts');
+    expect(() => unpackNumpy(new Uint8Array([0xc1]))).toThrow(/reserved msgpack byte 0xc1/);
+    expect(() => unpackNumpy(new Uint8Array([0x81, 0xa1, 0x61, 0xc1]))).toThrow(/reserved msgpack byte 0xc1/);
+  });
+});

@@ -201,7 +201,8 @@ async function loadPolicy(policyId: string, dir: string): Promise<[unknown, Arra
   }
   policies.get(policyId)?.dispose();
   policies.set(policyId, state);
-  return [answer(null, { config: ck.config, normStats: ck.normStats ?? null }), []];
+  // norm_stats.json's own layout, as the policy server parses it.
+  return [answer(null, { config: ck.config, normStats: ck.normStats ? { norm_stats: ck.normStats } : null }), []];
 }
 
 function infer(policyId: string, args: Record<string, any>): [unknown, ArrayBuffer[]] {
