@@ -47,6 +47,7 @@ export interface ServerConfig {
   futureSeqGapS: number;
   readAhead: number;
   maxResidentSessions: number;
+  storagePerKeyBytes: number;
   logLevel: string;
 }
 
@@ -77,6 +78,7 @@ export const SETTINGS: Setting[] = [
   { key: 'futureSeqGapS', flag: '--future-seq-gap-s', env: 'VELA_FUTURE_SEQ_GAP_S', kind: 'number', def: () => 30, help: 'how long a futures request waits for a missing smaller seq_id' },
   { key: 'readAhead', flag: '--read-ahead', env: 'VELA_READ_AHEAD', kind: 'int', def: () => 32, help: 'queued requests per session connection before new ones are refused as busy' },
   { key: 'maxResidentSessions', flag: '--max-resident-sessions', env: 'VELA_MAX_RESIDENT_SESSIONS', kind: 'int', def: () => 64, help: 'sessions whose tensors stay in an engine at once; the least recently used others wait on disk' },
+  { key: 'storagePerKeyBytes', flag: '--storage-per-key-bytes', env: 'VELA_STORAGE_PER_KEY_BYTES', kind: 'int', def: () => 20 * 1024 * 1024 * 1024, help: 'saved states and weights per API key; a save past it is refused (507)' },
   { key: 'logLevel', flag: '--log-level', env: 'VELA_LOG_LEVEL', kind: 'string', def: () => 'info', help: 'error | warn | info | debug' },
 ];
 

@@ -11,6 +11,7 @@ import type { SessionRequest, WireDatum } from '../protocol/messages.ts';
 import { makeBatch, type DatumInput, type ModelBatch } from '../kernels/batch.ts';
 import { makeConfig, type PolicyConfig } from '../kernels/config.ts';
 import type { ServerConfig } from './config.ts';
+import { checkStorage } from './storage.ts';
 import type { LiveSession } from './sessions.ts';
 
 /** Numbers of any numeric ndarray as float32 (int64 via Number). */
@@ -103,7 +104,12 @@ interface EngineAnswer<T> {
  * @throws ProtocolError, ShapeError or EngineError for client-caused failures.
  */
 export function runOp(live: LiveSession, req: SessionRequest, server: ServerConfig): Promise<unknown> {
-  const run = prepareOp(live, req, server);
+  let run: () => Promise<unknown>;
+  try {
+    run = prepareOp(live, req, server);
+  } catch (e) {
+    return Promise.reject(e); // checks that fail before any work still answer in order
+  }
   const done = live.chain.then(run);
   live.chain = done.catch(() => undefined);
   return done;
@@ -161,6 +167,7 @@ function prepareOp(live: LiveSession, req: SessionRequest, server: ServerConfig)
         }).then((r) => ({ grad_norm: r.gradNorm, skipped: r.skipped }));
     case 'save_state':
     case 'save_weights':
+      checkStorage(server.dataDir, live.row.owner, server.storagePerKeyBytes);
       return () => call(req.op, { name: req.name, overwrite: req.overwrite, cameras: [...live.cameras], actionHorizon: live.actionHorizon });
     case 'load_state':
       return () =>

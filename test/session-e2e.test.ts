@@ -196,3 +196,20 @@ describe('message size limit', () => {
     await small.close();
   });
 });
+
+describe('storage limit per key', () => {
+  it('refuses a save past the limit with a clear error and keeps the session', async () => {
+    const small = await startTestServer({ env: { VELA_STORAGE_PER_KEY_BYTES: '1000' } });
+    const c = new VelaClient(small.baseUrl, small.apiKey);
+    const s = await c.waitReady((await c.createSession({ base_model: 'pi05-tiny', rank: 2 })).id);
+    const conn = await c.connect(s);
+    await conn.saveState('first'); // the folder was empty: allowed, and now over 1000 bytes
+    const err = await conn.saveState('second').catch((e) => e);
+    expect(err).toBeInstanceOf(VelaError);
+    expect(err.code).toBe('storage_limit');
+    expect(err.message).toMatch(/the limit is 1000 \(--storage-per-key-bytes\): delete checkpoints first/);
+    await conn.loadState('first'); // the session goes on
+    await conn.close();
+    await small.close();
+  });
+});
