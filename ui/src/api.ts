@@ -70,8 +70,10 @@ export async function send(path: string, init: RequestInit = {}, k: string | nul
   const text = await res.text().catch(() => '');
   let message = `${res.status} ${res.statusText}`.trim();
   try {
-    const body = JSON.parse(text) as { error?: unknown };
+    const body = JSON.parse(text) as { error?: unknown; request_id?: unknown };
     if (typeof body.error === 'string') message = body.error;
+    // A 500 names the request in the server log: worth quoting to whoever runs the server.
+    if (typeof body.request_id === 'string') message += ` (request ${body.request_id})`;
   } catch {
     if (text) message += `: ${text.slice(0, 200)}`;
   }

@@ -30,22 +30,25 @@ function showBanner(message: string | null): void {
   banner.textContent = message ?? '';
 }
 
-function show(view: View): void {
+function show(view: View, focus: boolean): void {
   current?.dispose();
   current = view;
   replace(main, view.el);
   document.title = `${view.title} · Vela`;
+  // After an in-page navigation, start screen readers and keyboard users at the new content.
+  if (focus) main.focus({ preventScroll: true });
 }
 
-function render(): void {
+/** `navigated`: the user moved within the page (not the first load or a sign-in). */
+function render(navigated = false): void {
   showBanner(null);
   if (!currentKey()) {
     nav.hidden = true;
     show(loginView(() => {
       loginMessage = null;
-      if (!location.hash || location.hash === '#/login') location.hash = '#/jobs';
-      render();
-    }, loginMessage));
+      // Render the page the user asked for (a shared #/jobs/<id> link survives signing in).
+      render(true);
+    }, loginMessage), false);
     return;
   }
   nav.hidden = false;
@@ -55,13 +58,13 @@ function render(): void {
   navSessions.removeAttribute('aria-current');
   if (job) {
     navJobs.setAttribute('aria-current', 'page');
-    show(jobView(decodeURIComponent(job[1]!)));
+    show(jobView(decodeURIComponent(job[1]!)), navigated);
   } else if (path === '/sessions') {
     navSessions.setAttribute('aria-current', 'page');
-    show(sessionsView());
+    show(sessionsView(), navigated);
   } else {
     navJobs.setAttribute('aria-current', 'page');
-    show(jobsView((hash) => (location.hash = hash)));
+    show(jobsView((hash) => (location.hash = hash)), navigated);
   }
 }
 
@@ -76,7 +79,7 @@ signOut.addEventListener('click', () => {
   loginMessage = null;
   render();
 });
-window.addEventListener('hashchange', render);
+window.addEventListener('hashchange', () => render(true));
 window.addEventListener('error', (e) => showBanner(`Something went wrong in the page: ${e.message}`));
 window.addEventListener('unhandledrejection', (e) => showBanner(`Something went wrong in the page: ${(e.reason as Error)?.message ?? String(e.reason)}`));
 
