@@ -127,6 +127,9 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
         await policies.close();
         futures.close();
         await sessions.shutdown();
+        // Kept-alive HTTP connections and open SSE streams: the native app has close() although
+        // the typings of this version lack it. Then the store, last.
+        (app as unknown as { close(): void }).close();
         store.close();
       })()),
   };

@@ -213,3 +213,22 @@ describe('storage limit per key', () => {
     await small.close();
   });
 });
+
+describe('graceful shutdown', () => {
+  it('answers the request in flight before closing the connection, and stops accepting', async () => {
+    const srv = await startTestServer();
+    const c = new VelaClient(srv.baseUrl, srv.apiKey);
+    const s = await c.waitReady((await c.createSession({ base_model: 'pi05-tiny' })).id);
+    const conn = await c.connect(s);
+    const inFlight = conn.forwardBackward(batches[0]!, { codec: 'JPEG' });
+    await new Promise((r) => setTimeout(r, 50));
+    const closing = srv.close();
+    const answer = await inFlight;
+    expect(Number.isFinite(answer.loss)).toBe(true);
+    await closing;
+    await new Promise((r) => setTimeout(r, 20));
+    expect(conn.closed?.code).toBe(4001);
+    expect(conn.closed?.reason).toMatch(/server shutting down/);
+    await expect(fetch(srv.baseUrl + '/healthz')).rejects.toThrow();
+  });
+});
