@@ -11,6 +11,7 @@ import { log } from './log.ts';
 import { Store } from './store.ts';
 import { SessionManager, parseSessionConfig, type EngineFactory } from './sessions.ts';
 import { mountSessionSocket } from './session-ws.ts';
+import { mountUi } from './ui/index.ts';
 import { JobRunner } from './jobs/runner.ts';
 import { mountJobRoutes } from './jobs/routes.ts';
 import { mountJobPolicies } from './jobs/policy-route.ts';
@@ -100,6 +101,8 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
   const runner = new JobRunner(store, config, (preset) => sessions.engineFor(preset));
   mountJobRoutes(app, { store, config, runner, keepaliveS: opts.sseKeepaliveS });
   const policies = mountJobPolicies(app, { store, config, engineFor: (preset) => sessions.engineFor(preset) });
+
+  mountUi(app);
 
   app.any('/*', route(0, (r) => {
     throw new HttpError(404, `no route ${r.method} ${r.url}`);

@@ -5,6 +5,7 @@
 import path from 'node:path';
 import { loadConfig, settingsHelp, ConfigError } from './config.ts';
 import { log } from './log.ts';
+import { stopOnSignals } from './signals.ts';
 import { Store } from './store.ts';
 
 const USAGE = `vela: a training and policy server for flow-matching VLA policies
@@ -39,24 +40,7 @@ async function serve(argv: string[]): Promise<void> {
     `Vela listening on ${server.baseUrl} (data: ${path.resolve(config.dataDir)}, datasets: ${config.datasetsDir}, backend: ${config.backend})\n` +
       (config.apiKey ? 'Accepting the key from VELA_API_KEY / --api-key.\n' : ''),
   );
-  let stopping = false;
-  const stop = (signal: string) => {
-    if (stopping) {
-      log.warn(`${signal} again: exiting now`);
-      process.exit(1);
-    }
-    stopping = true;
-    log.info(`${signal}: shutting down (finishing in-flight requests)`);
-    server.close().then(
-      () => process.exit(0),
-      (e) => {
-        log.error('shutdown failed', e);
-        process.exit(1);
-      },
-    );
-  };
-  process.on('SIGINT', () => stop('SIGINT'));
-  process.on('SIGTERM', () => stop('SIGTERM'));
+  stopOnSignals(() => server.close());
 }
 
 async function keys(argv: string[]): Promise<void> {
@@ -68,7 +52,8 @@ async function keys(argv: string[]): Promise<void> {
   }
   const ni = rest.indexOf('--name');
   const name = ni >= 0 ? rest[ni + 1] ?? null : null;
-  const { config } = loadConfig(rest.filter((_, i) => i !== ni && i !== ni + 1 || ni < 0));
+  const settings = ni >= 0 ? [...rest.slice(0, ni), ...rest.slice(ni + 2)] : rest;
+  const { config } = loadConfig(settings);
   const store = new Store(config.dataDir);
   const { key } = store.createApiKey(name);
   store.close();

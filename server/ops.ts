@@ -104,12 +104,26 @@ interface EngineAnswer<T> {
  * @throws ProtocolError, ShapeError or EngineError for client-caused failures.
  */
 export function runOp(live: LiveSession, req: SessionRequest, server: ServerConfig): Promise<unknown> {
-  let run: () => Promise<unknown>;
+  let prepared: () => Promise<unknown>;
   try {
-    run = prepareOp(live, req, server);
+    prepared = prepareOp(live, req, server);
   } catch (e) {
     return Promise.reject(e); // checks that fail before any work still answer in order
   }
+  const run = async () => {
+    const started = Date.now();
+    let ok = false;
+    try {
+      const result = await prepared();
+      ok = true;
+      return result;
+    } finally {
+      if (req.op !== 'heartbeat') {
+        live.opsCount++;
+        live.lastOp = { op: req.op, id: req.id, at: Date.now() / 1000, ms: Date.now() - started, ok };
+      }
+    }
+  };
   const done = live.chain.then(run);
   live.chain = done.catch(() => undefined);
   return done;

@@ -58,6 +58,9 @@ export function parseSessionConfig(body: Record<string, unknown>): SessionConfig
 export class LiveSession {
   cameras: string[] = []; // camera name -> slot index, in the order first seen (saved with weights)
   lastRequestId: number | null = null;
+  /** The last op that finished (for dashboards): its name, id, end time (Unix s) and duration. */
+  lastOp: { op: string; id: number; at: number; ms: number; ok: boolean } | null = null;
+  opsCount = 0;
   pendingGradients = 0;
   lastActivityMs = Date.now();
   connection: { takeOver(reason: string): void } | null = null;
@@ -184,6 +187,13 @@ export class SessionManager {
       token: row.token,
       error: row.error,
       closed_at: row.closed_at,
+      trainable_params: live?.trainableParams ?? null,
+      connected: !!live?.connection,
+      last_request_id: live?.lastRequestId ?? null,
+      last_op: live?.lastOp ?? null,
+      ops_count: live?.opsCount ?? 0,
+      pending_gradients: live?.pendingGradients ?? 0,
+      last_activity_at: live ? live.lastActivityMs / 1000 : null,
     };
   }
 

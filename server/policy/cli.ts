@@ -5,6 +5,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { log } from '../log.ts';
+import { stopOnSignals } from '../signals.ts';
 import { DEFAULT_POLICY_LIMITS } from './observation.ts';
 
 export const POLICY_USAGE = `Usage: vela policy CHECKPOINT [options]
@@ -127,19 +128,5 @@ export async function policyCommand(argv: string[]): Promise<void> {
     `Vela policy server on ${server.wsUrl} (${m.preset} on ${engine.info.backend}; cameras ${m.cameras.join(', ')}; ` +
       `actions [${m.actionHorizon}, ${m.actionDim}] ${m.actionSpace}${args.seed !== null ? `; seed ${args.seed}` : ''}${args.apiKey ? '; API key required' : ''})\n`,
   );
-  let stopping = false;
-  const stop = (signal: string) => {
-    if (stopping) process.exit(1);
-    stopping = true;
-    log.info(`${signal}: shutting down`);
-    server.close().then(() => engine.close()).then(
-      () => process.exit(0),
-      (e) => {
-        log.error('shutdown failed', e);
-        process.exit(1);
-      },
-    );
-  };
-  process.on('SIGINT', () => stop('SIGINT'));
-  process.on('SIGTERM', () => stop('SIGTERM'));
+  stopOnSignals(() => server.close().then(() => engine.close()), 'shutting down');
 }

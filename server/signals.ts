@@ -1,0 +1,23 @@
+/** SIGINT/SIGTERM for long-running commands: the first asks for a graceful stop, a second exits now. */
+import { log } from './log.ts';
+
+export function stopOnSignals(close: () => Promise<void>, what = 'shutting down (finishing in-flight requests)'): void {
+  let stopping = false;
+  const stop = (signal: string) => {
+    if (stopping) {
+      log.warn(`${signal} again: exiting now`);
+      process.exit(1);
+    }
+    stopping = true;
+    log.info(`${signal}: ${what}`);
+    close().then(
+      () => process.exit(0),
+      (e) => {
+        log.error('shutdown failed', e);
+        process.exit(1);
+      },
+    );
+  };
+  process.on('SIGINT', () => stop('SIGINT'));
+  process.on('SIGTERM', () => stop('SIGTERM'));
+}
