@@ -1,0 +1,125 @@
+/**
+ * Load: N training sessions (each a websocket client stepping forward_backward + optim_step in a
+ * loop) and M policy clients (each inferring in a loop) at once for a duration, against the bench
+ * server process. Records throughput, latencies, errors, the server's RSS every second and the
+ * engine's tensor count at quiet points (no step in flight, every session between steps):
+ * before the sessions open, after each has stepped once, when the load stops, after they close.
+ */
+import { VelaClient, type Datum, type SessionConnection } from '../protocol/client.ts';
+import { OpenPiClient } from './openpi-client.ts';
+import { slope, summarize } from './stats.ts';
+import type { LoadResult, MemorySample } from './schema.ts';
+import type { ServerProc } from './server-proc.ts';
+import { sessionOptions } from './step.ts';
+
+export interface LoadSetup {
+  preset: string;
+  finetune: 'lora' | 'full';
+  codec: string;
+  sessions: number;
+  policyClients: number;
+  durationS: number;
+  datums: Datum[];
+  policyUrl: string | null;
+  policyMessage: Uint8Array | null;
+  /** Called once a second with the elapsed seconds (progress on stderr). */
+  onTick?: (tS: number, steps: number, inferences: number) => void;
+}
+
+export function warmupSeconds(durationS: number): number {
+  return Math.min(20, Math.max(1, Math.round(durationS * 0.25)));
+}
+
+export async function runLoad(server: ServerProc, setup: LoadSetup): Promise<LoadResult> {
+  const client = new VelaClient(server.baseUrl, server.apiKey);
+  const errors: string[] = [];
+  let errorCount = 0;
+  const fail = (e: unknown) => {
+    errorCount++;
+    if (errors.length < 5) errors.push((e as Error).message);
+  };
+  const before = (await server.stats()).tensors;
+  const opened: { id: string; conn: SessionConnection }[] = [];
+  for (let i = 0; i < setup.sessions; i++) {
+    const s = await client.waitReady((await client.createSession({ base_model: setup.preset, ...sessionOptions(setup.finetune), seed: i })).id);
+    opened.push({ id: s.id, conn: await client.connect(s) });
+  }
+  const step = async (conn: SessionConnection) => {
+    await conn.forwardBackward(setup.datums, { codec: setup.codec });
+    await conn.optimStep({ learning_rate: 1e-5 });
+  };
+  await Promise.all(opened.map((o) => step(o.conn).catch(fail)));
+  const afterWarmupTensors = (await server.stats()).tensors;
+  const policies = setup.policyUrl && setup.policyMessage ? await Promise.all(Array.from({ length: setup.policyClients }, () => OpenPiClient.connect(setup.policyUrl!))) : [];
+
+  const warmupS = warmupSeconds(setup.durationS);
+  const t0 = performance.now();
+  const endAt = t0 + setup.durationS * 1000;
+  const measureFrom = t0 + warmupS * 1000;
+  const stepMs: number[] = [];
+  const inferMs: number[] = [];
+  let steps = 0;
+  let inferences = 0;
+  const trace: MemorySample[] = [];
+  const sampleRss = () => {
+    const rss = server.rss();
+    if (rss !== null) trace.push({ tS: (performance.now() - t0) / 1000, rssBytes: rss });
+  };
+  sampleRss();
+  const timer = setInterval(() => {
+    sampleRss();
+    setup.onTick?.((performance.now() - t0) / 1000, steps, inferences);
+  }, 1000);
+  const loops = [
+    ...opened.map(async ({ conn }) => {
+      while (performance.now() < endAt && !conn.closed) {
+        const s = performance.now();
+        try {
+          await step(conn);
+          if (s >= measureFrom) stepMs.push(performance.now() - s);
+          steps++;
+        } catch (e) {
+          fail(e);
+        }
+      }
+    }),
+    ...policies.map(async (p) => {
+      while (performance.now() < endAt) {
+        const s = performance.now();
+        try {
+          await p.infer(setup.policyMessage!);
+          if (s >= measureFrom) inferMs.push(performance.now() - s);
+          inferences++;
+        } catch (e) {
+          fail(e);
+          break;
+        }
+      }
+    }),
+  ];
+  await Promise.all(loops);
+  clearInterval(timer);
+  sampleRss();
+  const elapsedS = (performance.now() - t0) / 1000;
+  const end = (await server.stats()).tensors;
+  await Promise.all(policies.map((p) => p.close()));
+  for (const o of opened) {
+    await o.conn.close();
+    await client.closeSession(o.id).catch(fail);
+  }
+  const afterClose = (await server.stats()).tensors;
+  const post = trace.filter((m) => m.tS >= warmupS);
+  const atWarmup = post[0] ?? trace[trace.length - 1]!;
+  return {
+    sessions: setup.sessions, policyClients: policies.length, durationS: elapsedS, warmupS,
+    steps, stepsPerS: steps / elapsedS, stepLatency: stepMs.length ? summarize(stepMs) : null,
+    inferences, inferencesPerS: inferences / elapsedS, inferLatency: inferMs.length ? summarize(inferMs) : null,
+    errors: errorCount, errorMessages: errors,
+    rss: {
+      afterWarmupBytes: atWarmup?.rssBytes ?? 0, endBytes: trace[trace.length - 1]?.rssBytes ?? 0,
+      maxBytes: Math.max(0, ...trace.map((m) => m.rssBytes)),
+      slopeBytesPerMin: slope(post.map((m) => m.tS / 60), post.map((m) => m.rssBytes)), trace,
+    },
+    tensors: { before, afterWarmup: afterWarmupTensors, end, afterClose },
+  };
+}

@@ -1,0 +1,95 @@
+/**
+ * The bench's outputs: target checks (issue 7's "must show"), a markdown table for stdout and the
+ * README, and the SVG series.
+ */
+import type { BenchResult, TargetCheck } from './schema.ts';
+import type { PlotSeries } from './svg.ts';
+
+const ms = (x: number) => (x >= 100 ? x.toFixed(0) : x >= 10 ? x.toFixed(1) : x.toFixed(2));
+const mb = (b: number) => (b / 2 ** 20).toFixed(1);
+const kb = (b: number) => (b >= 2 ** 20 ? `${mb(b)} MiB` : `${(b / 1024).toFixed(1)} KiB`);
+
+/** The issue's targets that this result can check. */
+export function targets(r: Omit<BenchResult, 'targets'>): TargetCheck[] {
+  const out: TargetCheck[] = [];
+  if (r.step) out.push({ name: `protocol overhead, ${r.step.preset} b${r.step.batch} ${r.step.cameras} ${r.step.codec} camera(s), p50`, value: r.step.overhead, limit: 0.1, pass: r.step.overhead < 0.1 });
+  if (r.torch) out.push({ name: 'Vela wasm step / PyTorch 1 thread, p50', value: r.torch.ratio, limit: 3, pass: r.torch.ratio <= 3 });
+  if (r.load) {
+    const l = r.load;
+    out.push({ name: `load errors (${l.sessions} sessions, ${l.policyClients} policy clients, ${l.durationS.toFixed(0)} s)`, value: l.errors, limit: 0, pass: l.errors === 0 });
+    const growth = l.rss.endBytes - l.rss.afterWarmupBytes;
+    // Flat: under 5% growth after warm-up (allocator and JIT noise), or under 32 MiB.
+    const limit = Math.max(32 * 2 ** 20, 0.05 * l.rss.afterWarmupBytes);
+    out.push({ name: 'server RSS growth after warm-up, bytes', value: growth, limit, pass: growth <= limit });
+    const t = l.tensors;
+    if (t.afterWarmup !== null && t.end !== null) out.push({ name: 'engine tensors: end - after warm-up', value: t.end - t.afterWarmup, limit: 0, pass: t.end === t.afterWarmup });
+    if (t.before !== null && t.afterClose !== null) out.push({ name: 'engine tensors: after close - before', value: t.afterClose - t.before, limit: 0, pass: t.afterClose === t.before });
+  }
+  return out;
+}
+
+/** Markdown tables of every part that ran, then the targets. */
+export function markdown(r: BenchResult): string {
+  const L: string[] = [];
+  const m = r.machine;
+  L.push(`Machine: ${m.cpus} x ${m.cpuModel}, Node ${m.node}, backend ${m.backend}. Run "${r.name}" ${r.date}, ${r.wallS.toFixed(0)} s.`, '');
+  if (r.step) {
+    const s = r.step;
+    L.push(`**Training step** (${s.preset}, ${s.finetune}, batch ${s.batch}, ${s.cameras} ${s.codec} camera(s) 480x640, request ${kb(s.requestBytes)}), ms`, '');
+    L.push('| path | p50 | p95 | p99 | n |', '| - | - | - | - | - |');
+    L.push(`| in-process (Engine.call) | ${ms(s.inproc.p50)} | ${ms(s.inproc.p95)} | ${ms(s.inproc.p99)} | ${s.inproc.n} |`);
+    L.push(`| session websocket (TS client) | ${ms(s.ws.p50)} | ${ms(s.ws.p95)} | ${ms(s.ws.p99)} | ${s.ws.n} |`);
+    L.push('', `Protocol overhead (ws - in-process) / in-process at p50: **${(s.overhead * 100).toFixed(1)}%**`, '');
+  }
+  if (r.torch) {
+    const t = r.torch;
+    L.push(`**Vela vs PyTorch ${t.torchVersion}** (same model, ${t.params.toLocaleString('en-US')} parameters, full fine-tune, forward + backward + AdamW), ms per step`, '');
+    L.push('| implementation | threads | p50 | p95 | n |', '| - | - | - | - | - |');
+    L.push(`| Vela (TF.js ${m.backend}) | 1 | ${ms(t.velaStepMs.p50)} | ${ms(t.velaStepMs.p95)} | ${t.velaStepMs.n} |`);
+    for (const row of t.rows) L.push(`| PyTorch CPU | ${row.threads} | ${ms(row.stepMs.p50)} | ${ms(row.stepMs.p95)} | ${row.stepMs.n} |`);
+    L.push('', `Ratio Vela / PyTorch (1 thread, p50): **${t.ratio.toFixed(2)}x**`, '');
+  }
+  if (r.policy) {
+    L.push('**Policy inference over the OpenPI protocol** (one client, one request at a time, 480x640 frames, 10 Euler steps), ms', '');
+    L.push('| cameras | frames | message | p50 | p95 | p99 | server infer p50 |', '| - | - | - | - | - | - | - |');
+    for (const p of r.policy) L.push(`| ${p.cameras} | ${p.codec}${p.zstd ? (p.zstdDict ? ' + zstd (dict)' : ' + zstd (no dict)') : ''} | ${kb(p.messageBytes)} | ${ms(p.latency.p50)} | ${ms(p.latency.p95)} | ${ms(p.latency.p99)} | ${ms(p.serverInferMs)} |`);
+    L.push('');
+  }
+  if (r.codecs) {
+    L.push('**Encode / decode**, ms p50 (MB/s of the raw side)', '');
+    L.push('| what | op | in | out | p50 ms | MB/s |', '| - | - | - | - | - | - |');
+    for (const c of r.codecs) L.push(`| ${c.name} | ${c.op} | ${kb(c.inputBytes)} | ${kb(c.outputBytes)} | ${ms(c.ms.p50)} | ${c.mbPerS.toFixed(0)} |`);
+    L.push('');
+  }
+  if (r.load) {
+    const l = r.load;
+    L.push(`**Load** (${l.sessions} sessions and ${l.policyClients} policy clients for ${l.durationS.toFixed(0)} s, warm-up ${l.warmupS} s)`, '');
+    L.push('| | value |', '| - | - |');
+    L.push(`| training steps | ${l.steps} (${l.stepsPerS.toFixed(2)}/s)${l.stepLatency ? `, p50 ${ms(l.stepLatency.p50)} ms, p99 ${ms(l.stepLatency.p99)} ms` : ''} |`);
+    L.push(`| inferences | ${l.inferences} (${l.inferencesPerS.toFixed(2)}/s)${l.inferLatency ? `, p50 ${ms(l.inferLatency.p50)} ms, p99 ${ms(l.inferLatency.p99)} ms` : ''} |`);
+    L.push(`| errors | ${l.errors}${l.errorMessages.length ? ` (${l.errorMessages.join('; ')})` : ''} |`);
+    L.push(`| server RSS after warm-up / end / max | ${mb(l.rss.afterWarmupBytes)} / ${mb(l.rss.endBytes)} / ${mb(l.rss.maxBytes)} MiB (slope ${mb(l.rss.slopeBytesPerMin)} MiB/min) |`);
+    const t = l.tensors;
+    L.push(`| engine tensors before / after warm-up / end / after close | ${[t.before, t.afterWarmup, t.end, t.afterClose].map((x) => x ?? 'n/a').join(' / ')} |`);
+    L.push('');
+  }
+  for (const [part, why] of Object.entries(r.skipped)) L.push(`Skipped ${part}: ${why}`);
+  for (const n of r.notes) L.push(`Note: ${n}`);
+  if (Object.keys(r.skipped).length || r.notes.length) L.push('');
+  if (r.targets.length) {
+    L.push('**Targets**', '', '| target | value | limit | pass |', '| - | - | - | - |');
+    for (const t of r.targets) L.push(`| ${t.name} | ${Number(t.value.toFixed(3))} | ${Number(t.limit.toFixed(3))} | ${t.pass ? 'yes' : '**no**'} |`);
+  }
+  return L.join('\n') + '\n';
+}
+
+/** The latency series the SVG shows. */
+export function plotSeries(r: BenchResult): PlotSeries[] {
+  const out: PlotSeries[] = [];
+  if (r.step) {
+    out.push({ label: 'step in-process', samplesMs: r.step.samplesMs.inproc });
+    out.push({ label: 'step websocket', samplesMs: r.step.samplesMs.ws });
+  }
+  for (const p of r.policy ?? []) out.push({ label: `infer ${p.cameras} cam ${p.codec}${p.zstd ? '+zstd' : ''}`, samplesMs: p.samplesMs });
+  return out;
+}

@@ -1,0 +1,165 @@
+/**
+ * The JSON that `npm run bench` writes to bench/results/<name>.json (documented in
+ * bench/results/README.md), and a validator for it. Every time is in milliseconds, every size in
+ * bytes; `null` marks a part that did not run (see `skipped`).
+ */
+import type { LatencySummary } from './stats.ts';
+
+export const SCHEMA = 'vela-bench/1';
+
+/** Step latency: in-process on the engine vs over the session websocket. */
+export interface StepResult {
+  preset: string;
+  batch: number;
+  cameras: number;
+  codec: string;
+  finetune: 'lora' | 'full';
+  inproc: LatencySummary; // forward_backward + optim_step via Engine.call, batch already decoded
+  ws: LatencySummary; // the same two ops over the websocket (TS client), awaited one by one
+  /** (ws.p50 - inproc.p50) / inproc.p50 */
+  overhead: number;
+  /** Bytes of one forward_backward request on the wire. */
+  requestBytes: number;
+  samplesMs: { inproc: number[]; ws: number[] };
+}
+
+/** One encode or decode measurement. */
+export interface CodecRow {
+  kind: 'msgpack' | 'frame' | 'zstd';
+  name: string; // e.g. "JPEG 480x640", "zstd+dict observation"
+  op: 'encode' | 'decode';
+  inputBytes: number;
+  outputBytes: number;
+  ms: LatencySummary;
+  /** inputBytes (encode) or outputBytes (decode) per second, MB/s (1e6 bytes). */
+  mbPerS: number;
+}
+
+/** Inference over the OpenPI protocol, one client, one request at a time. */
+export interface PolicyRow {
+  cameras: number;
+  codec: 'RAW' | 'JPEG';
+  zstd: boolean;
+  /** zstd with the observation dictionary (false: plain zstd, when dictionary compression failed; see notes). */
+  zstdDict: boolean;
+  messageBytes: number;
+  latency: LatencySummary; // client send -> answer decoded
+  serverInferMs: number; // p50 of the server's policy_timing.infer_ms
+  samplesMs: number[];
+}
+
+/** A point of the load run's memory trace. */
+export interface MemorySample {
+  tS: number; // seconds since the load started
+  rssBytes: number; // the server process
+}
+
+/** N sessions and M policy clients at once for a duration. */
+export interface LoadResult {
+  sessions: number;
+  policyClients: number;
+  durationS: number;
+  warmupS: number;
+  steps: number; // training steps completed (forward_backward + optim_step)
+  stepsPerS: number;
+  stepLatency: LatencySummary | null;
+  inferences: number;
+  inferencesPerS: number;
+  inferLatency: LatencySummary | null;
+  errors: number;
+  errorMessages: string[]; // the first few
+  rss: { afterWarmupBytes: number; endBytes: number; maxBytes: number; slopeBytesPerMin: number; trace: MemorySample[] };
+  /** Engine tensor counts (engine op `stats`), null when the engine lacks the op. */
+  tensors: { before: number | null; afterWarmup: number | null; end: number | null; afterClose: number | null };
+}
+
+/** The PyTorch reference (bench/torch_reference.py) and the ratio Vela / PyTorch. */
+export interface TorchResult {
+  torchVersion: string;
+  params: number; // must equal MODEL.md's count
+  paramsExpected: number;
+  rows: { threads: number; batch: number; stepMs: LatencySummary }[];
+  velaStepMs: LatencySummary; // the same step on the engine (full fine-tune, same data layout)
+  /** velaStepMs.p50 / the 1-thread torch row's p50 */
+  ratio: number;
+}
+
+export interface TargetCheck {
+  name: string;
+  value: number;
+  limit: number;
+  pass: boolean;
+}
+
+export interface BenchResult {
+  schema: typeof SCHEMA;
+  name: string;
+  date: string; // ISO 8601
+  wallS: number;
+  machine: { node: string; platform: string; cpus: number; cpuModel: string; backend: string };
+  options: Record<string, unknown>;
+  step: StepResult | null;
+  codecs: CodecRow[] | null;
+  policy: PolicyRow[] | null;
+  load: LoadResult | null;
+  torch: TorchResult | null;
+  skipped: Record<string, string>; // part -> reason
+  /** Things found while measuring (e.g. a codec that failed and what was used instead). */
+  notes: string[];
+  targets: TargetCheck[];
+}
+
+const SUMMARY_KEYS = ['n', 'mean', 'p50', 'p95', 'p99', 'min', 'max'];
+
+/**
+ * Checks a parsed result file against the schema (field presence and types, summaries
+ * complete and ordered). Returns the list of problems, empty when the file is valid.
+ */
+export function validateResult(json: unknown): string[] {
+  const errs: string[] = [];
+  const obj = (v: unknown): v is Record<string, any> => v !== null && typeof v === 'object' && !Array.isArray(v);
+  const num = (v: unknown, at: string) => {
+    if (typeof v !== 'number' || !Number.isFinite(v)) errs.push(`${at} is ${JSON.stringify(v)}; expected a finite number`);
+  };
+  const summary = (v: unknown, at: string) => {
+    if (!obj(v)) return void errs.push(`${at} is not a latency summary`);
+    for (const k of SUMMARY_KEYS) num(v[k], `${at}.${k}`);
+    if (!(v.min <= v.p50 && v.p50 <= v.p95 && v.p95 <= v.p99 && v.p99 <= v.max)) errs.push(`${at}: expected min <= p50 <= p95 <= p99 <= max; got ${v.min}, ${v.p50}, ${v.p95}, ${v.p99}, ${v.max}`);
+  };
+  if (!obj(json)) return ['the result is not a JSON object'];
+  if (json.schema !== SCHEMA) errs.push(`schema is ${JSON.stringify(json.schema)}; expected "${SCHEMA}"`);
+  for (const k of ['name', 'date']) if (typeof json[k] !== 'string') errs.push(`${k} is missing`);
+  num(json.wallS, 'wallS');
+  if (!obj(json.machine)) errs.push('machine is missing');
+  if (!obj(json.skipped)) errs.push('skipped is missing');
+  if (!Array.isArray(json.notes)) errs.push('notes is missing');
+  for (const part of ['step', 'codecs', 'policy', 'load', 'torch']) {
+    if (!(part in json)) errs.push(`${part} is missing (null when it did not run)`);
+    else if (json[part] === null && !(obj(json.skipped) && typeof json.skipped[part] === 'string')) errs.push(`${part} is null but skipped.${part} gives no reason`);
+  }
+  if (obj(json.step)) {
+    summary(json.step.inproc, 'step.inproc');
+    summary(json.step.ws, 'step.ws');
+    num(json.step.overhead, 'step.overhead');
+  }
+  if (Array.isArray(json.codecs)) json.codecs.forEach((r: any, i: number) => {
+    summary(r?.ms, `codecs[${i}].ms`);
+    num(r?.inputBytes, `codecs[${i}].inputBytes`);
+    num(r?.outputBytes, `codecs[${i}].outputBytes`);
+  });
+  if (Array.isArray(json.policy)) json.policy.forEach((r: any, i: number) => summary(r?.latency, `policy[${i}].latency`));
+  if (obj(json.load)) {
+    for (const k of ['sessions', 'policyClients', 'durationS', 'steps', 'errors']) num(json.load[k], `load.${k}`);
+    if (!obj(json.load.rss)) errs.push('load.rss is missing');
+    if (!obj(json.load.tensors)) errs.push('load.tensors is missing');
+  }
+  if (obj(json.torch)) {
+    num(json.torch.ratio, 'torch.ratio');
+    if (json.torch.params !== json.torch.paramsExpected) errs.push(`torch.params is ${json.torch.params}; MODEL.md says ${json.torch.paramsExpected}`);
+  }
+  if (!Array.isArray(json.targets)) errs.push('targets is missing');
+  else json.targets.forEach((t: any, i: number) => {
+    if (typeof t?.name !== 'string' || typeof t?.pass !== 'boolean') errs.push(`targets[${i}] needs name and pass`);
+  });
+  return errs;
+}

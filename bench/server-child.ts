@@ -1,0 +1,79 @@
+/**
+ * The bench's server process: a real Vela server (session websocket, REST) on 127.0.0.1 with a
+ * temporary data folder, run apart from the clients so its RSS is the server's alone. The parent
+ * (bench/server-proc.ts) drives it over Node IPC:
+ *   {id, cmd: 'stats'}          -> {rssBytes, heapUsedBytes, tensors: number | null, engine}
+ *   {id, cmd: 'policy', dir}    -> {wsUrl}: a policy server (OpenPI protocol) on the same engine
+ *   {id, cmd: 'close'}          -> {} then exits
+ * Tensor counts come from the engine op `stats` ({numTensors}); null when the engine lacks it.
+ */
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { loadConfig } from '../server/config.ts';
+import { startServer } from '../server/app.ts';
+import { Engine, type EngineLike } from '../server/engine/host.ts';
+import { startPolicyServer, type PolicyServerHandle } from '../server/policy/index.ts';
+import { log } from '../server/log.ts';
+
+const API_KEY = 'vela-bench-key-0123456789';
+const preset = process.env.VELA_BENCH_PRESET ?? 'pi05-tiny';
+const backend = process.env.VELA_BACKEND ?? 'wasm';
+
+async function main(): Promise<void> {
+  log.setLevel(process.env.VELA_BENCH_LOG ?? 'error');
+  const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-bench-'));
+  const { config } = loadConfig([], { VELA_HOST: '127.0.0.1', VELA_PORT: '0', VELA_DATA_DIR: dataDir, VELA_API_KEY: API_KEY, VELA_BACKEND: backend });
+  const engines = new Map<string, EngineLike>();
+  const server = await startServer(config, {
+    engineFactory: async (p) => {
+      const e = await Engine.start({ preset: p, backend: config.backend });
+      engines.set(p, e);
+      return e;
+    },
+  });
+  let policy: PolicyServerHandle | null = null;
+  const engine = () => server.sessions.engineFor(preset);
+  const handlers: Record<string, (m: any) => Promise<unknown>> = {
+    async stats() {
+      const e = await engine();
+      let tensors: number | null = null;
+      try {
+        const r = await e.call<{ result: { numTensors: number } }>('__bench__', 'stats');
+        tensors = r.result.numTensors;
+      } catch {
+        tensors = null; // the engine has no stats op
+      }
+      const mem = process.memoryUsage();
+      return { rssBytes: mem.rss, heapUsedBytes: mem.heapUsed, tensors, engine: e.stats() };
+    },
+    async policy(m) {
+      await policy?.close();
+      policy = await startPolicyServer({ engine: await engine(), checkpointDir: m.dir, policyId: 'bench-policy', seed: 0, port: 0 });
+      return { wsUrl: policy.wsUrl };
+    },
+    async close() {
+      await policy?.close();
+      await server.close();
+      fs.rmSync(dataDir, { recursive: true, force: true });
+      return {};
+    },
+  };
+  process.on('message', (m: any) => {
+    const h = handlers[m.cmd];
+    const p = h ? h(m) : Promise.reject(new Error(`unknown command ${m.cmd}`));
+    p.then(
+      (result) => {
+        process.send!({ id: m.id, result });
+        if (m.cmd === 'close') setTimeout(() => process.exit(0), 50);
+      },
+      (e: Error) => process.send!({ id: m.id, error: e.message }),
+    );
+  });
+  process.send!({ kind: 'ready', baseUrl: server.baseUrl, apiKey: API_KEY, pid: process.pid });
+}
+
+main().catch((e) => {
+  process.stderr.write(`bench server: ${(e as Error).stack ?? e}\n`);
+  process.exit(1);
+});

@@ -1,0 +1,115 @@
+/**
+ * The bench harness's pieces on tiny inputs (issue 7): numpy-exact quantiles, the SVG writer,
+ * the result schema's validator, option parsing and the target checks. The measuring parts run
+ * in `npm run bench`, not here (no timed assertions).
+ */
+import { describe, expect, it } from 'vitest';
+import { quantile, slope, summarize } from '../bench/stats.ts';
+import { latencySvg } from '../bench/svg.ts';
+import { SCHEMA, validateResult, type BenchResult } from '../bench/schema.ts';
+import { parseBenchArgs } from '../bench/args.ts';
+import { markdown, targets } from '../bench/report.ts';
+
+const XS = [12.5, 3, 7.25, 100, 4, 9, 15.5, 6];
+
+describe('stats', () => {
+  it('matches numpy.quantile (linear) and numpy.polyfit', () => {
+    // numpy.quantile(XS, [0.5, 0.95, 0.99]) = 8.125, 70.425, 94.085
+    expect(quantile(XS, 0.5)).toBeCloseTo(8.125, 12);
+    expect(quantile(XS, 0.95)).toBeCloseTo(70.425, 12);
+    expect(quantile(XS, 0.99)).toBeCloseTo(94.085, 12);
+    expect(summarize(XS)).toMatchObject({ n: 8, mean: 19.65625, min: 3, max: 100 });
+    expect(slope([0, 1, 2, 3], [10, 12.5, 15, 17.5])).toBeCloseTo(2.5, 12);
+    expect(slope([1], [5])).toBe(0);
+    expect(() => quantile([], 0.5)).toThrow(/empty/);
+    expect(() => quantile(XS, 1.5)).toThrow(/q is 1.5/);
+  });
+});
+
+describe('latencySvg', () => {
+  it('draws one row per series on a log axis, p50 box where log10 puts it, escaped labels', () => {
+    const svg = latencySvg('t <1>', [{ label: 'a & b', samplesMs: [1, 10, 100] }, { label: 'empty', samplesMs: [] }, { label: 'c', samplesMs: [2, 3] }]);
+    expect(svg.startsWith('<svg xmlns="http://www.w3.org/2000/svg"')).toBe(true);
+    expect(svg.trimEnd().endsWith('</svg>')).toBe(true);
+    expect(svg).toContain('t &lt;1&gt;');
+    expect(svg).toContain('>a &amp; b</text>');
+    expect(svg).not.toContain('>empty<');
+    // Axis 10^0 .. 10^2 over x 260 .. 870: p50 = 10 ms sits half way, at 565.
+    expect(svg).toContain('<rect x="565" y="48"');
+    expect(svg.match(/<circle /g)).toHaveLength(5);
+    expect(svg).toContain('>100 ms</text>');
+  });
+});
+
+function validResult(): BenchResult {
+  const s = summarize([10, 11, 12]);
+  const r: Omit<BenchResult, 'targets'> = {
+    schema: SCHEMA, name: 't', date: '2026-01-01T00:00:00.000Z', wallS: 1,
+    machine: { node: 'v20', platform: 'linux-x64', cpus: 2, cpuModel: 'x', backend: 'wasm' },
+    options: {},
+    step: { preset: 'pi05-tiny', batch: 8, cameras: 1, codec: 'JPEG', finetune: 'full', inproc: s, ws: summarize([10.5, 11.5, 12.5]), overhead: 0.5 / 11, requestBytes: 1000, samplesMs: { inproc: [10, 11, 12], ws: [10.5, 11.5, 12.5] } },
+    codecs: null, policy: null,
+    load: {
+      sessions: 8, policyClients: 2, durationS: 60, warmupS: 15, steps: 100, stepsPerS: 1.7, stepLatency: s, inferences: 50, inferencesPerS: 0.8, inferLatency: s,
+      errors: 0, errorMessages: [], rss: { afterWarmupBytes: 500 << 20, endBytes: 510 << 20, maxBytes: 520 << 20, slopeBytesPerMin: 0, trace: [] },
+      tensors: { before: 376, afterWarmup: 1012, end: 1012, afterClose: 376 },
+    },
+    torch: { torchVersion: '2', params: 2202272, paramsExpected: 2202272, rows: [{ threads: 1, batch: 8, stepMs: summarize([5, 5, 5]) }], velaStepMs: s, ratio: 11 / 5 },
+    skipped: { codecs: 'not asked for (--only)', policy: 'not asked for (--only)' },
+    notes: [],
+  };
+  return { ...r, targets: targets(r) };
+}
+
+describe('result schema', () => {
+  it('accepts a complete result and names each problem of a broken one', () => {
+    const good = validResult();
+    expect(validateResult(JSON.parse(JSON.stringify(good)))).toEqual([]);
+    const bad: any = JSON.parse(JSON.stringify(good));
+    bad.schema = 'other';
+    delete bad.notes;
+    bad.step.ws.p99 = 1; // below p95
+    bad.torch.params = 2202271;
+    bad.skipped = {}; // codecs and policy are null without a reason
+    expect(validateResult(bad)).toEqual([
+      'schema is "other"; expected "vela-bench/1"',
+      'notes is missing',
+      'codecs is null but skipped.codecs gives no reason',
+      'policy is null but skipped.policy gives no reason',
+      'step.ws: expected min <= p50 <= p95 <= p99 <= max; got 10.5, 11.5, 12.4, 1, 12.5',
+      'torch.params is 2202271; MODEL.md says 2202272',
+    ]);
+    expect(validateResult([])).toEqual(['the result is not a JSON object']);
+  });
+
+  it('checks the issue targets and prints them', () => {
+    const r = validResult();
+    expect(r.targets.map((t) => [t.name.split(',')[0], t.pass])).toEqual([
+      ['protocol overhead', true],
+      ['Vela wasm step / PyTorch 1 thread', true],
+      ['load errors (8 sessions', true],
+      ['server RSS growth after warm-up', true],
+      ['engine tensors: end - after warm-up', true],
+      ['engine tensors: after close - before', true],
+    ]);
+    const worse = { ...r, step: { ...r.step!, overhead: 0.12 }, torch: { ...r.torch!, ratio: 3.5 } };
+    expect(targets(worse).filter((t) => !t.pass).map((t) => t.value)).toEqual([0.12, 3.5]);
+    const md = markdown(r);
+    expect(md).toContain('Protocol overhead (ws - in-process) / in-process at p50: **4.5%**');
+    expect(md).toContain('Ratio Vela / PyTorch (1 thread, p50): **2.20x**');
+    expect(md).toContain('| engine tensors before / after warm-up / end / after close | 376 / 1012 / 1012 / 376 |');
+  });
+});
+
+describe('parseBenchArgs', () => {
+  it('gives the defaults, --quick settings, and rejects bad values by name', () => {
+    expect(parseBenchArgs([])).toMatchObject({ preset: 'pi05-tiny', batch: 8, cameras: 1, codec: 'JPEG', clients: 8, durationS: 60, steps: 20, parts: ['step', 'codecs', 'policy', 'load', 'torch'], name: 'latest' });
+    expect(parseBenchArgs(['--quick'])).toMatchObject({ batch: 2, steps: 3, durationS: 10, clients: 2, quick: true });
+    expect(parseBenchArgs(['--quick', '--batch', '4', '--only', 'step,torch'])).toMatchObject({ batch: 4, parts: ['step', 'torch'] });
+    expect(parseBenchArgs(['--help'])).toBeNull();
+    expect(() => parseBenchArgs(['--cameras', '4'])).toThrow("--cameras is '4'; expected an integer in 1..3");
+    expect(() => parseBenchArgs(['--only', 'step,gpu'])).toThrow("--only names 'gpu'");
+    expect(() => parseBenchArgs(['--name', '../x'])).toThrow("--name is '../x'");
+    expect(() => parseBenchArgs(['--frobnicate'])).toThrow(/frobnicate/);
+  });
+});
