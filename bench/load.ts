@@ -110,6 +110,10 @@ export async function runLoad(server: ServerProc, setup: LoadSetup): Promise<Loa
   const afterClose = (await server.stats()).tensors;
   const post = trace.filter((m) => m.tS >= warmupS);
   const atWarmup = post[0] ?? trace[trace.length - 1]!;
+  // RSS saw-tooths with garbage collection; the floor (minimum) of the first and last thirds
+  // after warm-up shows growth that survives collection.
+  const third = Math.max(1, Math.floor(post.length / 3));
+  const floor = (xs: MemorySample[]) => (xs.length ? Math.min(...xs.map((m) => m.rssBytes)) : 0);
   return {
     sessions: setup.sessions, policyClients: policies.length, durationS: elapsedS, warmupS,
     steps, stepsPerS: steps / elapsedS, stepLatency: stepMs.length ? summarize(stepMs) : null,
@@ -117,6 +121,7 @@ export async function runLoad(server: ServerProc, setup: LoadSetup): Promise<Loa
     errors: errorCount, errorMessages: errors,
     rss: {
       afterWarmupBytes: atWarmup?.rssBytes ?? 0, endBytes: trace[trace.length - 1]?.rssBytes ?? 0,
+      floorStartBytes: floor(post.slice(0, third)), floorEndBytes: floor(post.slice(-third)),
       maxBytes: Math.max(0, ...trace.map((m) => m.rssBytes)),
       slopeBytesPerMin: slope(post.map((m) => m.tS / 60), post.map((m) => m.rssBytes)), trace,
     },

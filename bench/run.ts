@@ -67,7 +67,7 @@ async function main(opts: BenchOptions): Promise<number> {
         const reuse = result.step && opts.finetune === 'full' ? result.step.samplesMs.inproc : null;
         const vela = reuse ?? (await inprocSteps(engine!, await toModelBatch(config, datums, opts.codec), 'full', opts.steps, opts.burnIn));
         await engine!.close(); // leave the CPU to PyTorch
-        result.torch = runTorch(opts.preset, opts.batch, opts.cameras, opts.steps, opts.burnIn, vela);
+        result.torch = await runTorch(opts.preset, opts.batch, opts.cameras, opts.steps, opts.burnIn, vela);
       }
     }
     await engine?.close();

@@ -68,7 +68,8 @@ export interface LoadResult {
   inferLatency: LatencySummary | null;
   errors: number;
   errorMessages: string[]; // the first few
-  rss: { afterWarmupBytes: number; endBytes: number; maxBytes: number; slopeBytesPerMin: number; trace: MemorySample[] };
+  /** Samples at warm-up end and at the end; floors: minimum over the first and last third after warm-up. */
+  rss: { afterWarmupBytes: number; endBytes: number; floorStartBytes: number; floorEndBytes: number; maxBytes: number; slopeBytesPerMin: number; trace: MemorySample[] };
   /** Engine tensor counts (engine op `stats`), null when the engine lacks the op. */
   tensors: { before: number | null; afterWarmup: number | null; end: number | null; afterClose: number | null };
 }

@@ -4,7 +4,8 @@
  * session websocket from the TypeScript client against the bench server (frames encoded with the
  * request codec, decoded by the server). Both wait for each answer before the next request, so
  * the difference is what the protocol costs one step: encode, send, decode, frame decoding, the
- * answer's way back.
+ * answer's way back. The two engines (this process's and the server's) are separate workers of
+ * the same code; only one computes at a time.
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -34,52 +35,78 @@ export function sessionOptions(finetune: 'lora' | 'full') {
   return { finetune, rank: 16, alpha: 32, targets: ['all'], seed: 0 };
 }
 
-/**
- * Times `steps` in-process steps (after `burnIn`) on a fresh engine session; returns ms per step.
- * The engine is the caller's; the session is closed at the end.
- */
-export async function inprocSteps(engine: Engine, batch: ModelBatch, finetune: 'lora' | 'full', steps: number, burnIn: number): Promise<number[]> {
+/** An open in-process session: one step = forward_backward + optim_step via Engine.call. */
+export async function inprocSession(engine: Engine, batch: ModelBatch, finetune: 'lora' | 'full'): Promise<{ step: () => Promise<void>; close: () => Promise<void> }> {
   const id = `bench-inproc-${Math.random().toString(36).slice(2)}`;
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-bench-inproc-'));
   await engine.call(id, 'create_session', { ...sessionOptions(finetune), dir });
-  try {
-    return await timeCalls(steps, burnIn, async () => {
+  return {
+    step: async () => {
       const b = cloneBatch(batch); // the engine takes the buffers
       await engine.call(id, 'forward_backward', { batch: b, lossFn: 'mse' }, batchTransfer(b));
       await engine.call(id, 'optim_step', { learningRate: 1e-5 });
-    });
+    },
+    close: async () => {
+      await engine.call(id, 'close_session');
+      fs.rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** Times `steps` in-process steps (after `burnIn`) on a fresh engine session; ms per step. */
+export async function inprocSteps(engine: Engine, batch: ModelBatch, finetune: 'lora' | 'full', steps: number, burnIn: number): Promise<number[]> {
+  const s = await inprocSession(engine, batch, finetune);
+  try {
+    return await timeCalls(steps, burnIn, s.step);
   } finally {
-    await engine.call(id, 'close_session');
-    fs.rmSync(dir, { recursive: true, force: true });
+    await s.close();
   }
 }
 
-/** Times `steps` steps over the websocket on a fresh session of the bench server; ms per step. */
-export async function wsSteps(server: ServerProc, preset: string, datums: Datum[], codec: string, finetune: 'lora' | 'full', steps: number, burnIn: number): Promise<number[]> {
+/** An open session over the websocket of the bench server: one step = the same two ops, awaited. */
+export async function wsSession(server: ServerProc, preset: string, datums: Datum[], codec: string, finetune: 'lora' | 'full'): Promise<{ step: () => Promise<void>; close: () => Promise<void> }> {
   const client = new VelaClient(server.baseUrl, server.apiKey);
   const s = await client.waitReady((await client.createSession({ base_model: preset, ...sessionOptions(finetune) })).id);
   const conn = await client.connect(s);
-  try {
-    return await timeCalls(steps, burnIn, async () => {
+  return {
+    step: async () => {
       await conn.forwardBackward(datums, { codec });
       await conn.optimStep({ learning_rate: 1e-5 });
-    });
-  } finally {
-    await conn.close();
-    await client.closeSession(s.id);
-  }
+    },
+    close: async () => {
+      await conn.close();
+      await client.closeSession(s.id);
+    },
+  };
 }
 
-/** Both paths on the same datums; returns the step part of the result. */
+/**
+ * Both paths on the same datums. Steps alternate (in-process, websocket, in-process, ...) so
+ * that both see the same background load of a shared machine.
+ */
 export async function runStep(engine: Engine, server: ServerProc, datums: Datum[], setup: StepSetup): Promise<StepResult> {
   const batch = await toModelBatch(makeConfig(setup.preset), datums, setup.codec);
-  const inproc = await inprocSteps(engine, batch, setup.finetune, setup.steps, setup.burnIn);
-  const ws = await wsSteps(server, setup.preset, datums, setup.codec, setup.finetune, setup.steps, setup.burnIn);
-  const a = summarize(inproc);
-  const b = summarize(ws);
+  const a = await inprocSession(engine, batch, setup.finetune);
+  const b = await wsSession(server, setup.preset, datums, setup.codec, setup.finetune);
+  const inproc: number[] = [];
+  const ws: number[] = [];
+  try {
+    for (let i = 0; i < setup.burnIn + setup.steps; i++) {
+      for (const [s, out] of [[a, inproc], [b, ws]] as const) {
+        const t0 = performance.now();
+        await s.step();
+        if (i >= setup.burnIn) out.push(performance.now() - t0);
+      }
+    }
+  } finally {
+    await a.close();
+    await b.close();
+  }
+  const sa = summarize(inproc);
+  const sb = summarize(ws);
   return {
     preset: setup.preset, batch: datums.length, cameras: setup.cameras, codec: setup.codec, finetune: setup.finetune,
-    inproc: a, ws: b, overhead: (b.p50 - a.p50) / a.p50,
+    inproc: sa, ws: sb, overhead: (sb.p50 - sa.p50) / sa.p50,
     requestBytes: pack(toWire({ id: 1, op: 'forward_backward', data: datums, codec: setup.codec })).length,
     samplesMs: { inproc, ws },
   };

@@ -3,7 +3,7 @@
  * checks its parameter count against MODEL.md (kernels/config.ts countParams), and pairs it with
  * Vela's in-process step on the same preset, batch and cameras (full fine-tune, AdamW).
  */
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import os from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { countParams, makeConfig } from '../kernels/config.ts';
@@ -30,10 +30,20 @@ export function torchThreads(): number[] {
  * Runs the reference and builds the result with Vela's step samples (ms).
  * @throws Error with the script's stderr when it fails, or when its parameter count is not MODEL.md's.
  */
-export function runTorch(preset: string, batch: number, cameras: number, steps: number, burnIn: number, velaStepMs: number[]): TorchResult {
+export async function runTorch(preset: string, batch: number, cameras: number, steps: number, burnIn: number, velaStepMs: number[]): Promise<TorchResult> {
   const expected = countParams(makeConfig(preset));
   const args = [SCRIPT, '--preset', preset, '--batch', String(batch), '--cameras', String(cameras), '--threads', torchThreads().join(','), '--steps', String(steps), '--burn-in', String(burnIn)];
-  const r = spawnSync('python3', args, { encoding: 'utf8', maxBuffer: 16 << 20 });
+  // Asynchronous: a blocked event loop would leave the HTTP client's kept-alive sockets unread,
+  // and its next request would pick one the server has closed meanwhile.
+  const r = await new Promise<{ status: number | null; stdout: string; stderr: string }>((resolve, reject) => {
+    const child = spawn('python3', args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+    child.on('error', reject);
+    child.on('close', (status) => resolve({ status, stdout, stderr }));
+  });
   if (r.status !== 0) throw new Error(`torch_reference.py failed (${r.status}): ${r.stderr.trim().slice(-800)}`);
   const out = JSON.parse(r.stdout.trim().split('\n').pop()!);
   if (out.params !== expected) throw new Error(`torch_reference.py builds ${out.params} parameters; MODEL.md's ${preset} has ${expected}`);

@@ -51,7 +51,7 @@ function validResult(): BenchResult {
     codecs: null, policy: null,
     load: {
       sessions: 8, policyClients: 2, durationS: 60, warmupS: 15, steps: 100, stepsPerS: 1.7, stepLatency: s, inferences: 50, inferencesPerS: 0.8, inferLatency: s,
-      errors: 0, errorMessages: [], rss: { afterWarmupBytes: 500 << 20, endBytes: 510 << 20, maxBytes: 520 << 20, slopeBytesPerMin: 0, trace: [] },
+      errors: 0, errorMessages: [], rss: { afterWarmupBytes: 500 << 20, endBytes: 510 << 20, floorStartBytes: 480 << 20, floorEndBytes: 490 << 20, maxBytes: 520 << 20, slopeBytesPerMin: 0, trace: [] },
       tensors: { before: 376, afterWarmup: 1012, end: 1012, afterClose: 376 },
     },
     torch: { torchVersion: '2', params: 2202272, paramsExpected: 2202272, rows: [{ threads: 1, batch: 8, stepMs: summarize([5, 5, 5]) }], velaStepMs: s, ratio: 11 / 5 },
@@ -88,7 +88,7 @@ describe('result schema', () => {
       ['protocol overhead', true],
       ['Vela wasm step / PyTorch 1 thread', true],
       ['load errors (8 sessions', true],
-      ['server RSS growth after warm-up', true],
+      ['server RSS floor growth after warm-up (last third vs first third)', true],
       ['engine tensors: end - after warm-up', true],
       ['engine tensors: after close - before', true],
     ]);
