@@ -6,7 +6,8 @@ export default defineConfig({
     // Model tests are CPU-heavy; two cores is the CI machine.
     pool: 'forks',
     maxWorkers: 2,
-    testTimeout: 120_000,
+    // Real-engine tests on a loaded 2-core machine: generous, since a slow pass is not a failure.
+    testTimeout: 300_000,
     hookTimeout: 120_000,
   },
 });

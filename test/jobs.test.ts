@@ -93,7 +93,7 @@ describe('fine-tunes on g1_pick_bottle', () => {
     }
   });
 
-  it('runs to succeeded with a falling loss, held-out evals beside baselines, and downloadable outputs; SSE resumes with from=', async () => {
+  it('runs to succeeded with a falling loss, held-out evals beside baselines, and downloadable outputs; SSE resumes with from=', { timeout: 400_000 }, async () => {
     const { status, json: created } = await api(server, 'POST', '/v1/fine-tunes', job());
     expect(status).toBe(200);
     expect(created).toMatchObject({ model: 'pi05-tiny', finetune: 'lora', lora_rank: 16, targets: ['all'], steps: 60 });
@@ -151,7 +151,7 @@ describe('fine-tunes on g1_pick_bottle', () => {
     robot.close();
   });
 
-  it('cancels a queued job at once and a running job within one step', async () => {
+  it('cancels a queued job at once and a running job within one step', { timeout: 300_000 }, async () => {
     const { json: a } = await api(server, 'POST', '/v1/fine-tunes', job({ steps: 1000, eval_every: 0 }));
     const { json: b } = await api(server, 'POST', '/v1/fine-tunes', job({ steps: 5 }));
     const cb = await api(server, 'POST', `/v1/fine-tunes/${b.id}/cancel`);
