@@ -232,3 +232,24 @@ describe('graceful shutdown', () => {
     await expect(fetch(srv.baseUrl + '/healthz')).rejects.toThrow();
   });
 });
+
+describe('bounded read-ahead', () => {
+  it('answers requests past the read-ahead with busy, in order, and serves the rest', async () => {
+    const srv = await startTestServer({ env: { VELA_READ_AHEAD: '2' } });
+    const c = new VelaClient(srv.baseUrl, srv.apiKey);
+    const s = await c.waitReady((await c.createSession({ base_model: 'pi05-tiny' })).id);
+    const conn = await c.connect(s);
+    const order: number[] = [];
+    const results = await Promise.allSettled(
+      Array.from({ length: 6 }, (_, i) => conn.sample(batches[0]!.slice(0, 1), { codec: 'JPEG', seed: i }).finally(() => order.push(i))),
+    );
+    expect(order).toEqual([0, 1, 2, 3, 4, 5]);
+    const busy = results.filter((r) => r.status === 'rejected');
+    expect(results.slice(0, 2).every((r) => r.status === 'fulfilled')).toBe(true);
+    expect(busy.length).toBeGreaterThan(0);
+    for (const r of busy) expect((r as PromiseRejectedResult).reason.message).toMatch(/busy: \d+ requests are unanswered \(read-ahead 2\)/);
+    expect(Number.isFinite((await conn.forwardBackward(batches[0]!.slice(0, 1), { codec: 'JPEG' })).loss)).toBe(true);
+    await conn.close();
+    await srv.close();
+  });
+});
