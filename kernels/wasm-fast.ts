@@ -3,12 +3,19 @@
  * the whole input out of the wasm heap (a full copy, `HEAPU8.slice`) for every piece they cut,
  * so cutting a tensor into n pieces costs n full copies (unstacking a [32, 156, 156] tensor took
  * ~290 ms). These versions read the input through a heap view and copy only the piece, which
- * makes per-head / per-datum 2-D matMuls (XNNPACK's fast path) affordable. Same outputs.
+ * makes per-head / per-datum 2-D matMuls (XNNPACK's fast path) affordable. Pack (tf.stack)
+ * copies each input once into the output instead of going through ExpandDims + Concat, and
+ * Identity shares its input's data (refcounted, as the cpu backend does) instead of copying it:
+ * a training step runs ~1,700 Identities (gradient bookkeeping). Same outputs.
  * Installed once by initBackend when the wasm backend is chosen.
  */
 import * as tf from '@tensorflow/tfjs';
 
-type Heap = { typedArrayFromHeap(t: { shape: number[]; dtype: string; dataId: object }): Float32Array | Int32Array | Uint8Array; makeOutput(shape: number[], dtype: string): tf.TensorInfo };
+type Heap = {
+  typedArrayFromHeap(t: { shape: number[]; dtype: string; dataId: object }): Float32Array | Int32Array | Uint8Array;
+  makeOutput(shape: number[], dtype: string): tf.TensorInfo;
+  incRef(dataId: object): void;
+};
 interface SliceInfo { shape: number[]; dtype: string; dataId: object }
 
 function sliceInto(x: SliceInfo, begin: number[], size: number[], backend: Heap): tf.TensorInfo {
@@ -43,7 +50,7 @@ function sliceInto(x: SliceInfo, begin: number[], size: number[], backend: Heap)
 
 let installed = false;
 
-/** Replaces the wasm backend's Slice, SplitV and Unpack kernels (idempotent). */
+/** Replaces the wasm backend's Slice, SplitV, Identity, Pack and Unpack kernels (idempotent). */
 export function installFastWasmKernels(): void {
   if (installed) return;
   installed = true;
@@ -69,6 +76,40 @@ export function installFastWasmKernels(): void {
       begin[ax]! += n;
       return out;
     });
+  });
+  reg('Identity', ({ inputs, backend }) => {
+    const x = (inputs as { x: SliceInfo }).x;
+    if (x.dtype === 'string') throw new Error('the fast wasm Identity kernel does not handle string tensors');
+    (backend as unknown as Heap).incRef(x.dataId);
+    return { dataId: x.dataId, shape: [...x.shape], dtype: x.dtype } as tf.TensorInfo;
+  });
+  reg('Pack', ({ inputs, attrs, backend }) => {
+    const xs = inputs as unknown as SliceInfo[];
+    const first = xs[0]!;
+    if (first.dtype === 'string') throw new Error('the fast wasm Pack kernel does not handle string tensors');
+    for (const x of xs) {
+      if (x.dtype !== first.dtype || x.shape.length !== first.shape.length || x.shape.some((d, i) => d !== first.shape[i])) {
+        throw new Error(`stack: every tensor must have shape [${first.shape}] and dtype ${first.dtype}; got [${x.shape}] ${x.dtype}`);
+      }
+    }
+    let axis = (attrs as { axis: number }).axis;
+    if (axis < 0) axis += first.shape.length + 1;
+    const outShape = [...first.shape.slice(0, axis), xs.length, ...first.shape.slice(axis)];
+    const heap = backend as unknown as Heap;
+    const out = heap.makeOutput(outShape, first.dtype);
+    // Views after makeOutput, which may grow (and so detach) the heap.
+    const ov = heap.typedArrayFromHeap(out as unknown as SliceInfo);
+    const views = xs.map((x) => heap.typedArrayFromHeap(x));
+    const inner = first.shape.slice(axis).reduce((a, b) => a * b, 1);
+    const outer = first.shape.slice(0, axis).reduce((a, b) => a * b, 1);
+    let o = 0;
+    for (let n = 0; n < outer; n++) {
+      for (const v of views) {
+        ov.set(v.subarray(n * inner, (n + 1) * inner), o);
+        o += inner;
+      }
+    }
+    return out;
   });
   reg('Unpack', ({ inputs, attrs, backend }) => {
     const x = (inputs as { value: SliceInfo }).value;
