@@ -229,8 +229,9 @@ export function mergeHeads(x: tf.Tensor): tf.Tensor {
  * q [b, h, tq, hd], kT [b, h, hd, tk], v [b, h, tk, hd], bias [b, 1, tq or 1, tk] (0 where
  * allowed, -1e9 where masked) -> [b, h, tq, hd].
  * On wasm, batched matMuls miss XNNPACK (a [32, 156, 156] x [32, 156, 32] product ran at ~1
- * GMAC/s), so there the b * h products are unstacked into 2-D matMuls (fast path, ~10 GMAC/s;
- * unstacking is cheap with kernels/wasm-fast.ts). Other backends get one batched matMul.
+ * GMAC/s), so there the products run per head as 2-D matMuls (fast path, ~10 GMAC/s) inside
+ * one op over all heads of a group of datums (attentionHeads). Other backends get one batched
+ * matMul.
  */
 export function attention(q: tf.Tensor, kT: tf.Tensor, v: tf.Tensor, bias: tf.Tensor): tf.Tensor {
   const [b, h, tq, hd] = q.shape as [number, number, number, number];
@@ -240,27 +241,55 @@ export function attention(q: tf.Tensor, kT: tf.Tensor, v: tf.Tensor, bias: tf.Te
     const scores = tf.add(matmul(qs, kT), bias); // [b, h, tq, tk]
     return matmul(tf.softmax(scores), v); // [b, h, tq, hd]
   }
-  const qList = tf.unstack(tf.reshape(qs, [b * h, tq, hd])); // b*h x [tq, hd]
-  const kList = tf.unstack(tf.reshape(kT, [b * h, hd, tk])); // b*h x [hd, tk]
-  const vList = tf.unstack(tf.reshape(v, [b * h, tk, hd])); // b*h x [tk, hd]
-  const biasList = tf.unstack(tf.reshape(bias, [b, bias.shape[2]!, tk])); // b x [tq or 1, tk]
-  const outs = qList.map((qi, i) => attentionHead(qi, kList[i]!, vList[i]!, biasList[Math.floor(i / h)]!)); // b*h x [tq, hd]
-  return tf.reshape(tf.stack(outs), [b, h, tq, hd]);
+  const q3 = tf.reshape(qs, [b * h, tq, hd]);
+  const k3 = tf.reshape(kT, [b * h, hd, tk]);
+  const v3 = tf.reshape(v, [b * h, tk, hd]);
+  // Datums in groups whose probabilities stay under ATTENTION_GROUP_ELEMENTS, which bounds the
+  // backward pass's temporaries (a few copies of them) for the larger presets.
+  const group = Math.max(1, Math.floor(ATTENTION_GROUP_ELEMENTS / (h * tq * tk)));
+  const outs: tf.Tensor[] = [];
+  for (let s = 0; s < b; s += group) {
+    const e = Math.min(b, s + group);
+    const part = (x: tf.Tensor) => (group >= b ? x : tf.slice(x, [s * h, 0, 0], [(e - s) * h, -1, -1]));
+    const biasPart = group >= b ? bias : tf.slice(bias, [s, 0, 0, 0], [e - s, -1, -1, -1]);
+    outs.push(attentionHeads(part(q3), part(k3), part(v3), biasPart, e - s)); // [(e-s)*h, tq, hd]
+  }
+  return tf.reshape(outs.length === 1 ? outs[0]! : tf.concat(outs, 0), [b, h, tq, hd]);
+}
+
+/** Largest probability tensor [heads, tq, tk] of one attentionHeads call, in elements (32 MB). */
+const ATTENTION_GROUP_ELEMENTS = 8 * 1024 * 1024;
+
+/** One 2-D matMul per leading index of two stacks: a n x [r, k], b n x [k, c] -> [n, r, c]. */
+function perHead(a: tf.Tensor[], b: tf.Tensor[]): tf.Tensor {
+  return tf.stack(a.map((x, i) => tf.matMul(x, b[i]!)));
+}
+
+/** [n, r, c] -> n x [c, r]: one 3-D transpose, then pieces of it. */
+function unstackT(x: tf.Tensor): tf.Tensor[] {
+  return tf.unstack(tf.transpose(x, [0, 2, 1]));
 }
 
 /**
- * One head's attention with a fused gradient: q [tq, hd] (already scaled), kT [hd, tk],
- * v [tk, hd], bias [tq or 1, tk] (constant) -> [tq, hd]. Only the probabilities p [tq, tk] are
- * kept for the backward pass, and its temporaries are freed per head: TF.js keeps every
- * gradient of a taped op until the whole backward pass ends, which for pi0-small's 668 prefix
- * tokens cost ~430 MB per layer. Backward: dp = do · vᵀ, ds = p (dp - rowsum(dp p)),
- * dq = ds · k, dkT = qᵀ · ds, dv = pᵀ · do (explicit transposes, plain matMuls).
+ * All heads' attention as one op with a fused gradient: q [n, tq, hd] (already scaled),
+ * kT [n, hd, tk], v [n, tk, hd] with n = b * h (datum-major), bias [b, 1, tq or 1, tk]
+ * (constant) -> [n, tq, hd]. The products run per head as 2-D matMuls, while the bias, the
+ * softmax and the softmax gradient run once over all heads: a third of the kernels of one op per
+ * head (each wasm kernel costs ~20 us of overhead; pi05-tiny b8 went from ~9,400 kernels per
+ * training step to ~6,000). Only q, kT, v and the probabilities p [n, tq, tk] are kept for the
+ * backward pass, which frees its temporaries when it ends (TF.js keeps a taped op's gradients
+ * until the whole backward pass ends): dp = do · vᵀ, ds = p (dp - rowsum(dp p)), dq = ds · k,
+ * dkT = qᵀ · ds, dv = pᵀ · do (explicit 3-D transposes, plain 2-D matMuls).
  */
-export function attentionHead(q: tf.Tensor, kT: tf.Tensor, v: tf.Tensor, bias: tf.Tensor): tf.Tensor {
+export function attentionHeads(q: tf.Tensor, kT: tf.Tensor, v: tf.Tensor, bias: tf.Tensor, b: number): tf.Tensor {
+  const [n, tq] = q.shape as [number, number, number];
+  const tk = kT.shape[2]!;
+  if (n % b !== 0) throw new Error(`attentionHeads: ${n} heads do not split into batch ${b}`);
   const f = tf.customGrad(((qq: tf.Tensor, kk: tf.Tensor, vv: tf.Tensor, save: tf.GradSaveFunc) => {
     const [out, p] = tf.tidy(() => {
-      const probs = tf.softmax(tf.add(tf.matMul(qq, kk), bias)); // [tq, tk]
-      return [tf.matMul(probs, vv), probs];
+      const scores = tf.reshape(perHead(tf.unstack(qq), tf.unstack(kk)), [b, n / b, tq, tk]); // [b, h, tq, tk]
+      const probs = tf.reshape(tf.softmax(tf.add(scores, bias)), [n, tq, tk]);
+      return [perHead(tf.unstack(probs), tf.unstack(vv)), probs];
     });
     save([qq, kk, vv, p!]);
     p!.dispose(); // save() kept its own reference
@@ -269,9 +298,10 @@ export function attentionHead(q: tf.Tensor, kT: tf.Tensor, v: tf.Tensor, bias: t
       gradFunc: (dy: tf.Tensor, saved: tf.Tensor[]) =>
         tf.tidy(() => {
           const [sq, skT, sv, sp] = saved as [tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor];
-          const dp = tf.matMul(dy, tf.transpose(sv)); // [tq, tk]
-          const ds = tf.mul(sp, tf.sub(dp, tf.sum(tf.mul(dp, sp), -1, true))); // [tq, tk]
-          return [tf.matMul(ds, tf.transpose(skT)), tf.matMul(tf.transpose(sq), ds), tf.matMul(tf.transpose(sp), dy)];
+          const dyList = tf.unstack(dy); // n x [tq, hd]
+          const dp = perHead(dyList, unstackT(sv)); // [n, tq, tk]
+          const ds = tf.unstack(tf.mul(sp, tf.sub(dp, tf.sum(tf.mul(dp, sp), -1, true)))); // n x [tq, tk]
+          return [perHead(ds, unstackT(skT)), perHead(unstackT(sq), ds), perHead(unstackT(sp), dyList)];
         }),
     };
   }) as unknown as Parameters<typeof tf.customGrad>[0]) as (q: tf.Tensor, kT: tf.Tensor, v: tf.Tensor) => tf.Tensor;
