@@ -35,9 +35,18 @@ const step = () => {
   state.optimStep({ learningRate: 1e-5 });
 };
 for (let i = 0; i < 3; i++) step();
-const t0 = performance.now();
-for (let i = 0; i < 5; i++) step();
-const wallMs = (performance.now() - t0) / 5;
+// Wall time suffers from other processes on a shared machine; CPU time (user + system of this
+// single-threaded process) much less, so both are shown, each the best of 8 steps.
+let wallMs = Infinity;
+let cpuMs = Infinity;
+for (let i = 0; i < 8; i++) {
+  const t0 = performance.now();
+  const c0 = process.cpuUsage();
+  step();
+  const c = process.cpuUsage(c0);
+  wallMs = Math.min(wallMs, performance.now() - t0);
+  cpuMs = Math.min(cpuMs, (c.user + c.system) / 1000);
+}
 const info = await tf.profile(step);
 const byName = new Map<string, { ms: number; n: number }>();
 const byShape = new Map<string, { ms: number; n: number }>();
@@ -62,7 +71,7 @@ const print = (title: string, m: Map<string, { ms: number; n: number }>) => {
     process.stdout.write(`${v.ms.toFixed(1).padStart(8)} ms ${((100 * v.ms) / total).toFixed(1).padStart(5)}% ${String(v.n).padStart(5)}x  ${k}\n`);
   }
 };
-process.stdout.write(`backend ${backend.name}, ${config.preset} ${values.finetune} b${B} ${cams} camera(s): ${wallMs.toFixed(1)} ms/step wall (mean of 5); profiled step: ${info.kernels.length} kernels, ${total.toFixed(1)} ms kernel time, ${info.peakBytes} peak bytes\n`);
+process.stdout.write(`backend ${backend.name}, ${config.preset} ${values.finetune} b${B} ${cams} camera(s): ${wallMs.toFixed(1)} ms/step wall, ${cpuMs.toFixed(1)} ms/step CPU (best of 8); profiled step: ${info.kernels.length} kernels, ${total.toFixed(1)} ms kernel time, ${info.peakBytes} peak bytes\n`);
 print('by kernel', byName);
 print('by kernel and input shapes', byShape);
 state.dispose();

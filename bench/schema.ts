@@ -18,6 +18,8 @@ export interface StepResult {
   ws: LatencySummary; // the same two ops over the websocket (TS client), awaited one by one
   /** (ws.p50 - inproc.p50) / inproc.p50 */
   overhead: number;
+  /** Mean ms per step with the websocket client one step ahead (pipelined) vs in-process steps. */
+  pipelined: { inprocMsPerStep: number; wsMsPerStep: number; overhead: number };
   /** Bytes of one forward_backward request on the wire. */
   requestBytes: number;
   samplesMs: { inproc: number[]; ws: number[] };
@@ -142,6 +144,7 @@ export function validateResult(json: unknown): string[] {
     summary(json.step.inproc, 'step.inproc');
     summary(json.step.ws, 'step.ws');
     num(json.step.overhead, 'step.overhead');
+    num(json.step.pipelined?.overhead, 'step.pipelined.overhead');
   }
   if (Array.isArray(json.codecs)) json.codecs.forEach((r: any, i: number) => {
     summary(r?.ms, `codecs[${i}].ms`);

@@ -64,7 +64,7 @@ export async function inprocSteps(engine: Engine, batch: ModelBatch, finetune: '
 }
 
 /** An open session over the websocket of the bench server: one step = the same two ops, awaited. */
-export async function wsSession(server: ServerProc, preset: string, datums: Datum[], codec: string, finetune: 'lora' | 'full'): Promise<{ step: () => Promise<void>; close: () => Promise<void> }> {
+export async function wsSession(server: ServerProc, preset: string, datums: Datum[], codec: string, finetune: 'lora' | 'full'): Promise<{ step: () => Promise<void>; pipelined: (steps: number) => Promise<number>; close: () => Promise<void> }> {
   const client = new VelaClient(server.baseUrl, server.apiKey);
   const s = await client.waitReady((await client.createSession({ base_model: preset, ...sessionOptions(finetune) })).id);
   const conn = await client.connect(s);
@@ -72,6 +72,21 @@ export async function wsSession(server: ServerProc, preset: string, datums: Datu
     step: async () => {
       await conn.forwardBackward(datums, { codec });
       await conn.optimStep({ learning_rate: 1e-5 });
+    },
+    // Steps sent without waiting, one step ahead (PROTOCOL.md: requests pipeline, answers come
+    // in order), so the server decodes step n + 1's frames while the engine computes step n.
+    // Returns the mean ms per step.
+    pipelined: async (steps: number) => {
+      const t0 = performance.now();
+      let prev: Promise<unknown> = Promise.resolve();
+      for (let i = 0; i < steps; i++) {
+        const fb = conn.forwardBackward(datums, { codec });
+        const opt = conn.optimStep({ learning_rate: 1e-5 });
+        await prev;
+        prev = Promise.all([fb, opt]);
+      }
+      await prev;
+      return (performance.now() - t0) / steps;
     },
     close: async () => {
       await conn.close();
@@ -90,6 +105,8 @@ export async function runStep(engine: Engine, server: ServerProc, datums: Datum[
   const b = await wsSession(server, setup.preset, datums, setup.codec, setup.finetune);
   const inproc: number[] = [];
   const ws: number[] = [];
+  let pipelinedInproc = 0;
+  let pipelinedWs = 0;
   try {
     for (let i = 0; i < setup.burnIn + setup.steps; i++) {
       for (const [s, out] of [[a, inproc], [b, ws]] as const) {
@@ -98,6 +115,10 @@ export async function runStep(engine: Engine, server: ServerProc, datums: Datum[
         if (i >= setup.burnIn) out.push(performance.now() - t0);
       }
     }
+    // Pipelined: the websocket client one step ahead, against in-process steps (no frames to
+    // decode, so pipelining would gain nothing there), means of the same number of steps.
+    pipelinedInproc = (await timeCalls(setup.steps, 0, a.step)).reduce((x, y) => x + y, 0) / setup.steps;
+    pipelinedWs = await b.pipelined(setup.steps);
   } finally {
     await a.close();
     await b.close();
@@ -107,6 +128,7 @@ export async function runStep(engine: Engine, server: ServerProc, datums: Datum[
   return {
     preset: setup.preset, batch: datums.length, cameras: setup.cameras, codec: setup.codec, finetune: setup.finetune,
     inproc: sa, ws: sb, overhead: (sb.p50 - sa.p50) / sa.p50,
+    pipelined: { inprocMsPerStep: pipelinedInproc, wsMsPerStep: pipelinedWs, overhead: (pipelinedWs - pipelinedInproc) / pipelinedInproc },
     requestBytes: pack(toWire({ id: 1, op: 'forward_backward', data: datums, codec: setup.codec })).length,
     samplesMs: { inproc, ws },
   };

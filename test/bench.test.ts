@@ -47,7 +47,7 @@ function validResult(): BenchResult {
     schema: SCHEMA, name: 't', date: '2026-01-01T00:00:00.000Z', wallS: 1,
     machine: { node: 'v20', platform: 'linux-x64', cpus: 2, cpuModel: 'x', backend: 'wasm' },
     options: {},
-    step: { preset: 'pi05-tiny', batch: 8, cameras: 1, codec: 'JPEG', finetune: 'full', inproc: s, ws: summarize([10.5, 11.5, 12.5]), overhead: 0.5 / 11, requestBytes: 1000, samplesMs: { inproc: [10, 11, 12], ws: [10.5, 11.5, 12.5] } },
+    step: { preset: 'pi05-tiny', batch: 8, cameras: 1, codec: 'JPEG', finetune: 'full', inproc: s, ws: summarize([10.5, 11.5, 12.5]), overhead: 0.5 / 11, pipelined: { inprocMsPerStep: 11, wsMsPerStep: 11.2, overhead: 0.2 / 11 }, requestBytes: 1000, samplesMs: { inproc: [10, 11, 12], ws: [10.5, 11.5, 12.5] } },
     codecs: null, policy: null,
     load: {
       sessions: 8, policyClients: 2, durationS: 60, warmupS: 15, steps: 100, stepsPerS: 1.7, stepLatency: s, inferences: 50, inferencesPerS: 0.8, inferLatency: s,
@@ -86,6 +86,7 @@ describe('result schema', () => {
     const r = validResult();
     expect(r.targets.map((t) => [t.name.split(',')[0], t.pass])).toEqual([
       ['protocol overhead', true],
+      ['protocol overhead', true],
       ['Vela wasm step / PyTorch 1 thread', true],
       ['load errors (8 sessions', true],
       ['server RSS floor growth after warm-up (last third vs first third)', true],
@@ -95,7 +96,7 @@ describe('result schema', () => {
     const worse = { ...r, step: { ...r.step!, overhead: 0.12 }, torch: { ...r.torch!, ratio: 3.5 } };
     expect(targets(worse).filter((t) => !t.pass).map((t) => t.value)).toEqual([0.12, 3.5]);
     const md = markdown(r);
-    expect(md).toContain('Protocol overhead (ws - in-process) / in-process at p50: **4.5%**');
+    expect(md).toContain('Protocol overhead (ws - in-process) / in-process: **4.5%** at p50 with each answer awaited, **1.8%** pipelined (means)');
     expect(md).toContain('Ratio Vela / PyTorch (1 thread, p50): **2.20x**');
     expect(md).toContain('| engine tensors before / after warm-up / end / after close | 376 / 1012 / 1012 / 376 |');
   });
