@@ -185,6 +185,10 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
   if (ctx.isCancelled()) return { status: 'cancelled', outputDir: null, step, loss: lastLoss, evalLoss: lastEval };
   const outputDir = await call<string>(ctx, 'save_weights', { name: 'final', overwrite: true, extraConfig: checkpointExtra, normStats: normJson });
   ctx.emit('log', { message: `final weights written to ${outputDir}` });
+  // The resumable states are superseded by the final weights: free their disk, and make a rerun
+  // into the same folder start afresh instead of resuming a finished run.
+  fs.rmSync(resumeFile, { force: true });
+  fs.rmSync(path.join(ctx.workDir, 'states'), { recursive: true, force: true });
   return { status: 'succeeded', outputDir, step, loss: lastLoss, evalLoss: lastEval };
 }
 
