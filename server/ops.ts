@@ -5,7 +5,7 @@
  * request n + 1 overlaps the engine's work on request n.
  */
 import { ProtocolError } from '../protocol/errors.ts';
-import { decodeFrame, resizeWithPad } from '../protocol/frames.ts';
+import { decodeFrameResized } from '../protocol/frames.ts';
 import { ndarray, type NDArray } from '../protocol/ndarray.ts';
 import type { SessionRequest, WireDatum } from '../protocol/messages.ts';
 import { makeBatch, type DatumInput, type ModelBatch } from '../kernels/batch.ts';
@@ -56,14 +56,12 @@ export async function buildBatch(live: LiveSession, data: WireDatum[], codec: st
       const images: (Uint8Array | null)[] = new Array(cfg.slots).fill(null);
       await Promise.all(
         [...d.images].map(async ([cam, frame]) => {
-          let decoded;
           try {
-            decoded = await decodeFrame(codec, frame, { maxPixels: server.maxImagePixels });
+            images[bindings[i]!.get(cam)!] = (await decodeFrameResized(codec, frame, cfg.imageSize, { maxPixels: server.maxImagePixels })).data;
           } catch (e) {
             if (e instanceof ProtocolError) throw new ProtocolError(e.code, `data[${i}].observation.image.${cam}: ${e.message}`);
             throw e;
           }
-          images[bindings[i]!.get(cam)!] = (await resizeWithPad(decoded, cfg.imageSize)).data;
         }),
       );
       let actions: DatumInput['actions'];

@@ -355,3 +355,24 @@ describe('input ownership', () => {
     }
   });
 });
+
+describe('decodeFrameResized', () => {
+  it('gives resizeWithPad geometry in one pipeline, within a few levels of decode-then-resize', async () => {
+    const { decodeFrameResized } = await import('../protocol/frames.ts');
+    const w = 640, h = 480;
+    const data = new Uint8Array(w * h * 3);
+    for (let y = 0; y < h; y++) for (let x = 0; x < w; x++) for (let c = 0; c < 3; c++) data[(y * w + x) * 3 + c] = (x * (c + 1) + y * 2) % 256;
+    for (const codec of ['JPEG', 'PNG']) {
+      const bytes = (await encodeFrame(codec, { data, height: h, width: w })) as Uint8Array;
+      const oneStep = await decodeFrameResized(codec, bytes, 96);
+      const twoSteps = await resizeWithPad(await decodeFrame(codec, bytes), 96);
+      expect([oneStep.width, oneStep.height]).toEqual([96, 96]);
+      // Black bands exactly where resizeWithPad puts them: rows 0-11 and 84-95.
+      for (const row of [0, 11, 84, 95]) expect(Math.max(...oneStep.data.subarray(row * 96 * 3, (row + 1) * 96 * 3))).toBe(0);
+      let diff = 0;
+      for (let i = 12 * 96 * 3; i < 84 * 96 * 3; i++) diff += Math.abs(oneStep.data[i]! - twoSteps.data[i]!);
+      expect(diff / (72 * 96 * 3)).toBeLessThan(codec === 'PNG' ? 0.5 : 6);
+    }
+    await expect(decodeFrameResized('JPEG', new Uint8Array([0xff, 0xd8, 0xff, 0, 1]), 96)).rejects.toMatchObject({ code: 'bad_frame' });
+  });
+});

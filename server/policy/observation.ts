@@ -17,7 +17,7 @@
  *   may be left out (its slot is masked); a camera given twice is an error.
  */
 import { ProtocolError } from '../../protocol/errors.ts';
-import { decodeFrame, parseCodec, resizeWithPad } from '../../protocol/frames.ts';
+import { decodeFrameResized, parseCodec } from '../../protocol/frames.ts';
 import { NDArray, unpackNumpy } from '../../protocol/ndarray.ts';
 import { isZstdFrame, zstdDecompress } from '../../protocol/zstd.ts';
 import { toAbsoluteActions } from '../../kernels/normalize.ts';
@@ -175,8 +175,7 @@ export async function toDatum(p: ParsedObservation, meta: PolicyMeta, limits: Po
   await Promise.all(
     p.frames.map(async ({ slot, key, frame }) => {
       try {
-        const decoded = await decodeFrame(p.codec, frame, { maxPixels: limits.maxImagePixels });
-        images[slot] = (await resizeWithPad(decoded, meta.model.imageSize)).data;
+        images[slot] = (await decodeFrameResized(p.codec, frame, meta.model.imageSize, { maxPixels: limits.maxImagePixels })).data;
       } catch (e) {
         if (e instanceof ProtocolError) throw new ProtocolError(e.code, `${key}: ${e.message}`);
         throw e;
