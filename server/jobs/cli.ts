@@ -8,7 +8,7 @@ import path from 'node:path';
 import { describeDataset, openDataset } from '../datasets/index.ts';
 import { HttpError } from '../http.ts';
 import { parseFineTuneConfig } from './config.ts';
-import { runFineTune } from './train.ts';
+import { prepareRun, runFineTune } from './train.ts';
 
 const FINETUNE_USAGE = `Usage: vela finetune --dataset DIR [options]
 
@@ -79,15 +79,18 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
     throw new Error(e instanceof HttpError ? e.message.replace(/\b(batch_size|learning_rate|lora_rank|lora_alpha|eval_every|checkpoint_every|action_space)\b/g, (m) => `--${m.replace(/_/g, '-')}`) : (e as Error).message);
   }
   const outDir = path.resolve(output ?? `vela-finetune-${new Date().toISOString().replace(/[:.]/g, '-').slice(0, 19)}`);
-  fs.mkdirSync(outDir, { recursive: true });
-  const eventsFile = fs.openSync(path.join(outDir, 'events.jsonl'), 'a');
   let index = 0;
   const tty = process.stderr.isTTY;
   const started = Date.now();
   let firstStepAt = 0;
   let firstStep = 0;
-  const { Engine } = await import('../engine/host.ts');
+  // Validate the dataset before any work (a missing or corrupt file is named), then reuse it.
   process.stderr.write(`vela finetune: ${cfg.model} on ${datasetDir} -> ${outDir}\n`);
+  const opened = await prepareRun(cfg, datasetDir);
+  await opened.ds.checkVideos();
+  fs.mkdirSync(outDir, { recursive: true });
+  const eventsFile = fs.openSync(path.join(outDir, 'events.jsonl'), 'a');
+  const { Engine } = await import('../engine/host.ts');
   const engine = await Engine.start({ preset: cfg.model, backend });
   process.stderr.write(`engine: ${engine.info.preset} on ${engine.info.backend}\n`);
   let stop = false;
@@ -99,6 +102,7 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
     const result = await runFineTune(cfg, {
       jobId: 'local',
       datasetDir,
+      openDataset: async () => opened.ds,
       workDir: outDir,
       engine,
       isCancelled: () => stop,
