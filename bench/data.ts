@@ -97,7 +97,3 @@ export function cloneBatch(b: ModelBatch): ModelBatch {
   };
 }
 
-/** The buffers of a batch, for Engine.call's transfer list. */
-export function batchTransfer(b: ModelBatch): ArrayBuffer[] {
-  return [b.images, b.imageMask, b.tokens, b.tokenMask, b.state, b.actions, b.actionMask, b.weight].map((a) => a.buffer as ArrayBuffer);
-}

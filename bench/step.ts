@@ -16,7 +16,8 @@ import { toWire } from '../protocol/ndarray.ts';
 import { makeConfig } from '../kernels/config.ts';
 import type { ModelBatch } from '../kernels/batch.ts';
 import { Engine } from '../server/engine/host.ts';
-import { batchTransfer, cloneBatch, toModelBatch } from './data.ts';
+import { batchBuffers } from '../kernels/batch.ts';
+import { cloneBatch, toModelBatch } from './data.ts';
 import { summarize, timeCalls } from './stats.ts';
 import type { StepResult } from './schema.ts';
 import type { ServerProc } from './server-proc.ts';
@@ -43,7 +44,7 @@ export async function inprocSession(engine: Engine, batch: ModelBatch, finetune:
   return {
     step: async () => {
       const b = cloneBatch(batch); // the engine takes the buffers
-      await engine.call(id, 'forward_backward', { batch: b, lossFn: 'mse' }, batchTransfer(b));
+      await engine.call(id, 'forward_backward', { batch: b, lossFn: 'mse' }, batchBuffers(b));
       await engine.call(id, 'optim_step', { learningRate: 1e-5 });
     },
     close: async () => {

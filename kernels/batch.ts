@@ -192,3 +192,8 @@ export function sliceBatch(batch: ModelBatch, start: number, end: number): Model
     weight: part(batch.weight),
   };
 }
+
+/** The ArrayBuffers behind a batch's arrays, to transfer it to a worker without copying (the batch is unusable after). */
+export function batchBuffers(b: ModelBatch): ArrayBuffer[] {
+  return [b.images, b.imageMask, b.tokens, b.tokenMask, b.state, b.actions, b.actionMask, b.weight].map((a) => a.buffer as ArrayBuffer);
+}

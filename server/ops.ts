@@ -8,7 +8,7 @@ import { ProtocolError } from '../protocol/errors.ts';
 import { decodeFrameResized } from '../protocol/frames.ts';
 import { ndarray, type NDArray } from '../protocol/ndarray.ts';
 import type { SessionRequest, WireDatum } from '../protocol/messages.ts';
-import { makeBatch, type DatumInput, type ModelBatch } from '../kernels/batch.ts';
+import { batchBuffers, makeBatch, type DatumInput, type ModelBatch } from '../kernels/batch.ts';
 import { makeConfig, type PolicyConfig } from '../kernels/config.ts';
 import type { ServerConfig } from './config.ts';
 import { checkStorage } from './storage.ts';
@@ -79,9 +79,6 @@ export async function buildBatch(live: LiveSession, data: WireDatum[], codec: st
   return makeBatch(cfg, datums, { maxPromptBytes: server.maxPromptBytes });
 }
 
-function batchTransfer(b: ModelBatch): ArrayBuffer[] {
-  return [b.images, b.imageMask, b.tokens, b.tokenMask, b.state, b.actions, b.actionMask, b.weight].map((a) => a.buffer as ArrayBuffer);
-}
 
 /** Wire form of a [B, H, A] float32 result, trimmed to the session's action_horizon. */
 function chunk(data: Float32Array, b: number, cfg: PolicyConfig, horizon: number): NDArray {
@@ -147,7 +144,7 @@ function prepareOp(live: LiveSession, req: SessionRequest, server: ServerConfig)
       return async () => {
         const batch = await prepared;
         const b = batch.size;
-        const transfer = batchTransfer(batch);
+        const transfer = batchBuffers(batch);
         if (req.op === 'forward_backward') {
           const r = await call<{ loss: number; lossPerDatum: Float32Array }>('forward_backward', { batch, lossFn: req.loss_fn }, transfer);
           return { loss: r.loss, loss_per_datum: ndarray(r.lossPerDatum, [b]) };

@@ -6,7 +6,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { makeBatch, type DatumInput, type ModelBatch } from '../../kernels/batch.ts';
+import { batchBuffers, makeBatch, type DatumInput, type ModelBatch } from '../../kernels/batch.ts';
 import { makeConfig, type PolicyConfig } from '../../kernels/config.ts';
 import { computeNormStats, normalizerFor, normStatsToJson, type NormStatsSet } from '../../kernels/normalize.ts';
 import { defaultActionSpace, deltaPairs, gatherNormRows, makeDatum, openDataset, pairsFor, sampleBatch, seededRng, splitEpisodes, type Dataset, type TrainingDatum } from '../datasets/index.ts';
@@ -70,9 +70,6 @@ function toBatch(model: PolicyConfig, datums: TrainingDatum[], cameras: string[]
   return makeBatch(model, inputs);
 }
 
-function transferOf(b: ModelBatch): ArrayBuffer[] {
-  return [b.images, b.imageMask, b.tokens, b.tokenMask, b.state, b.actions, b.actionMask, b.weight].map((a) => a.buffer as ArrayBuffer);
-}
 
 async function call<T>(ctx: RunContext, op: string, args: Record<string, unknown>, transfer: ArrayBuffer[] = []): Promise<T> {
   const a = await ctx.engine.call<{ result: T }>(ctx.jobId, op, args, transfer);
@@ -157,7 +154,7 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
     if (ctx.isCancelled()) return { status: 'cancelled', outputDir: null, step, loss: lastLoss, evalLoss: lastEval };
     const datums = await sampleBatch(ds, { ...datumOpts, episodes: split.train, batchSize: cfg.batch_size, rng });
     const batch = toBatch(model, datums, cameras, norm, normalizer, ad);
-    const fb = await call<{ loss: number }>(ctx, 'forward_backward', { batch, lossFn: 'mse' }, transferOf(batch));
+    const fb = await call<{ loss: number }>(ctx, 'forward_backward', { batch, lossFn: 'mse' }, batchBuffers(batch));
     const lr = learningRateAt(step + 1, cfg.steps, cfg.learning_rate);
     const opt = await call<{ gradNorm: number; skipped: boolean }>(ctx, 'optim_step', { learningRate: lr, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 1e-10, gradClipNorm: 1 });
     step++;
@@ -233,8 +230,8 @@ async function evaluate(ctx: RunContext, model: PolicyConfig, set: EvalSet, came
   const b2 = toBatch(model, set.datums, cameras, norm, normalizer, ad);
   const truth = b1.actions.slice();
   const mask = b1.actionMask.slice();
-  const f = await call<{ velocity: Float32Array; target: Float32Array; xT: Float32Array; time: Float32Array }>(ctx, 'forward', { batch: b1, keep: false, seed: EVAL_SEED }, transferOf(b1));
-  const s = await call<{ actions: Float32Array }>(ctx, 'sample', { batch: b2, numSteps: 10, seed: EVAL_SEED }, transferOf(b2));
+  const f = await call<{ velocity: Float32Array; target: Float32Array; xT: Float32Array; time: Float32Array }>(ctx, 'forward', { batch: b1, keep: false, seed: EVAL_SEED }, batchBuffers(b1));
+  const s = await call<{ actions: Float32Array }>(ctx, 'sample', { batch: b2, numSteps: 10, seed: EVAL_SEED }, batchBuffers(b2));
   const meanChunk = normalizer.normalize(meanChunkRaw, ad, norm.actions);
   const B = set.datums.length;
   // "Hold the current state": on dims that action shares with state by name, the state itself

@@ -6,7 +6,7 @@
 import { performance } from 'node:perf_hooks';
 import { ndarray, type NDArray } from '../../protocol/ndarray.ts';
 import { dictionaryId, initZstd, loadObservationDictionary } from '../../protocol/zstd.ts';
-import { makeBatch, type ModelBatch } from '../../kernels/batch.ts';
+import { batchBuffers, makeBatch, type ModelBatch } from '../../kernels/batch.ts';
 import type { EngineLike } from '../engine/host.ts';
 import { log } from '../log.ts';
 import { Batcher, type BatchStats } from './batcher.ts';
@@ -63,9 +63,6 @@ export interface PolicyServer {
   close(): void;
 }
 
-function batchTransfer(b: ModelBatch): ArrayBuffer[] {
-  return [b.images, b.imageMask, b.tokens, b.tokenMask, b.state, b.actions, b.actionMask, b.weight].map((a) => a.buffer as ArrayBuffer);
-}
 
 /**
  * Loads a checkpoint into the engine (`load_policy`) and returns the policy ready to serve.
@@ -85,7 +82,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     async (datums, seeds) => {
       const batch = makeBatch(meta.model, datums, { maxPromptBytes: limits.maxPromptBytes });
       const t0 = performance.now();
-      const ans = await engine.call<{ result: { actions: Float32Array } }>(policyId, 'infer', { batch, seeds, numSteps: meta.numSteps }, batchTransfer(batch));
+      const ans = await engine.call<{ result: { actions: Float32Array } }>(policyId, 'infer', { batch, seeds, numSteps: meta.numSteps }, batchBuffers(batch));
       const inferMs = performance.now() - t0;
       const actions = ans?.result?.actions;
       if (!(actions instanceof Float32Array) || actions.length !== datums.length * H * A) {
