@@ -55,6 +55,11 @@ export interface StartOptions {
   onNewKey?: (key: string) => void;
 }
 
+/**
+ * Open the store (migrating it), close sessions a previous run left open, make sure an API key
+ * exists, mount every route and listen. Resolves once listening.
+ * @throws Error when uWS runs on its JS fallback, the store is newer than this Vela, or the port is taken.
+ */
 export async function startServer(config: ServerConfig, opts: StartOptions = {}): Promise<ServerHandle> {
   assertNativeUws();
   const store = new Store(config.dataDir);

@@ -30,6 +30,7 @@ export function safeEqual(a: string, b: string): boolean {
   return crypto.timingSafeEqual(ha, hb) && a.length === b.length;
 }
 
+/** A new session token: `tok-` + 24 random bytes, base64url. */
 export function newToken(): string {
   return 'tok-' + crypto.randomBytes(24).toString('base64url');
 }

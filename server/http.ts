@@ -23,6 +23,7 @@ const STATUS_TEXT: Record<number, string> = {
   429: '429 Too Many Requests', 500: '500 Internal Server Error', 503: '503 Service Unavailable', 507: '507 Insufficient Storage',
 };
 
+/** The status line uWS writes for a code, e.g. `404 Not Found`. */
 export function statusLine(status: number): string {
   return STATUS_TEXT[status] ?? `${status} Status`;
 }
@@ -42,6 +43,7 @@ export interface Req {
   json<T = Record<string, unknown>>(limitBytes?: number): Promise<T>;
 }
 
+/** Copy what a handler needs out of uWS's request (valid only synchronously) and start reading the body. */
 export function copyRequest(res: HttpResponse, req: HttpRequest, paramCount: number): Req {
   const headers: Record<string, string> = {};
   req.forEach((k, v) => (headers[k] = v));
@@ -106,6 +108,7 @@ export function sendJson(r: Req, status: number, body: unknown, headers: Record<
   });
 }
 
+/** Send a text answer (corked: safe after an await). No-op when the client went away. */
 export function sendText(r: Req, status: number, text: string, contentType = 'text/plain; charset=utf-8'): void {
   if (r.aborted) return;
   r.aborted = true;

@@ -63,6 +63,7 @@ function flush(conn: ConnData): void {
   });
 }
 
+/** Mount the session websocket at `/v1/training_sessions/:id/ws` (token-checked upgrade). */
 export function mountSessionSocket(app: TemplatedApp, deps: { store: Store; sessions: SessionManager; config: ServerConfig }): void {
   const { store, sessions, config } = deps;
   const limit = config.maxSessionMessageBytes;

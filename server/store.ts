@@ -73,6 +73,7 @@ export interface SessionRow {
   closed_at: number | null;
 }
 
+/** Now, in Unix seconds (the `created_at` unit). */
 export function nowS(): number {
   return Math.floor(Date.now() / 1000);
 }

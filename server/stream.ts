@@ -84,6 +84,7 @@ export interface SseStream {
   readonly closed: boolean;
 }
 
+/** Start a `text/event-stream` answer on the request; writes are corked and stop once the client left. */
 export function openSse(r: Req): SseStream {
   const res = r.res;
   res.cork(() => {

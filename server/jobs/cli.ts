@@ -51,6 +51,11 @@ export function progressLine(step: number, steps: number, loss: number | null, s
   return `[${'#'.repeat(filled)}${'.'.repeat(width - filled)}] step ${step}/${steps} loss ${loss === null ? 'nan' : loss.toFixed(4)} ${stepsPerS.toFixed(2)} steps/s ETA ${fmtDuration(eta)}`;
 }
 
+/**
+ * `vela finetune`: validate the config and dataset, start an engine, run the job with a progress bar
+ * on stderr, write events.jsonl and the outputs under --output.
+ * @throws Error for bad flags or a bad dataset (one line, naming the flag or file).
+ */
 export async function finetuneCommand(argv: string[]): Promise<void> {
   if (argv.includes('--help') || argv.includes('-h')) return void process.stdout.write(FINETUNE_USAGE);
   const body: Record<string, unknown> = { model: 'pi05-tiny' };
@@ -130,6 +135,7 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
   }
 }
 
+/** `vela datasets inspect DIR`: print the dataset's description. @throws DatasetError naming the file. */
 export async function datasetsCommand(argv: string[]): Promise<void> {
   const [sub, dir] = argv;
   if (sub !== 'inspect' || !dir || argv.includes('--help') || argv.includes('-h')) {
