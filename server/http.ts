@@ -144,3 +144,12 @@ export function route(paramCount: number, handler: Handler) {
       .catch((err) => sendError(r, err));
   };
 }
+
+/**
+ * uWS's `maxPayloadLength` for a websocket whose own limit is `limitBytes`: uWS drops bigger
+ * messages with a bare 1006, so it must accept more than the limit for our check to close with
+ * 1009 and a reason naming it. Beyond this ceiling the bare 1006 remains.
+ */
+export function wsPayloadCeiling(limitBytes: number): number {
+  return Math.max(2 * limitBytes, limitBytes + 16 * 1024 * 1024);
+}

@@ -12,7 +12,7 @@ import { fromWire, toWire } from '../protocol/ndarray.ts';
 import { parseRequest, requestIdOf, type SessionRequest } from '../protocol/messages.ts';
 import { credentialOf, safeEqual } from './auth.ts';
 import { EngineError } from './engine/messages.ts';
-import { statusLine } from './http.ts';
+import { statusLine, wsPayloadCeiling } from './http.ts';
 import { log } from './log.ts';
 import { runOp } from './ops.ts';
 import type { LiveSession, SessionManager } from './sessions.ts';
@@ -68,9 +68,7 @@ export function mountSessionSocket(app: TemplatedApp, deps: { store: Store; sess
   const { store, sessions, config } = deps;
   const limit = config.maxSessionMessageBytes;
   app.ws<ConnData>('/v1/training_sessions/:id/ws', {
-    // uWS drops bigger messages with a bare 1006; accept up to a ceiling so that our own check
-    // can close with 1009 and a reason that names the limit.
-    maxPayloadLength: Math.max(2 * limit, limit + 16 * 1024 * 1024),
+    maxPayloadLength: wsPayloadCeiling(limit),
     maxBackpressure: 512 * 1024 * 1024,
     closeOnBackpressureLimit: 0,
     idleTimeout: 120,

@@ -12,7 +12,7 @@ import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket, us_socket_cont
 import { ProtocolError } from '../../protocol/errors.ts';
 import { packNumpy } from '../../protocol/ndarray.ts';
 import { EngineError } from '../engine/messages.ts';
-import { HttpError, statusLine } from '../http.ts';
+import { HttpError, statusLine, wsPayloadCeiling } from '../http.ts';
 import { log } from '../log.ts';
 import { randomId } from '../store.ts';
 import { decodeMessage, DEFAULT_POLICY_LIMITS } from './observation.ts';
@@ -129,9 +129,7 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
   const ceiling = opts.maxMessageBytes ?? DEFAULT_POLICY_LIMITS.maxMessageBytes;
   const nParams = paramCount(pattern);
   app.ws<Conn>(pattern, {
-    // uWS closes bigger messages with a bare 1006; accept more so that our own check can answer
-    // with a text frame and 1009 naming the limit.
-    maxPayloadLength: Math.max(2 * ceiling, ceiling + 16 * 1024 * 1024),
+    maxPayloadLength: wsPayloadCeiling(ceiling),
     maxBackpressure: 64 * 1024 * 1024,
     closeOnBackpressureLimit: 0,
     idleTimeout: 120,
