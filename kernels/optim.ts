@@ -16,6 +16,8 @@
  * a gradient at every step here, so torch's per-parameter counters would all be equal).
  */
 import * as tf from '@tensorflow/tfjs';
+import { adamwFused, sumOfSquares, type AdamWScalars } from './adamw-fused.ts';
+import { hostMemory, type HostMemory } from './host-memory.ts';
 
 export type OptimErrorCode =
   | 'bad_option' // an AdamW option outside its range
@@ -196,58 +198,65 @@ export class AdamWMoments {
   }
 }
 
-const NORM_CHUNK = 1024;
-
-/** Float32 sums of squares of `g` over chunks of NORM_CHUNK elements: a 1-D tensor. */
-function chunkSquares(g: tf.Tensor): tf.Tensor1D {
-  return tf.tidy(() => {
-    const flat = tf.reshape(g, [-1]) as tf.Tensor1D;
-    const rows = Math.floor(flat.size / NORM_CHUNK);
-    const rest = flat.size - rows * NORM_CHUNK;
-    const parts: tf.Tensor1D[] = [];
-    if (rows > 0) {
-      const body = rest === 0 ? flat : tf.slice(flat, 0, rows * NORM_CHUNK);
-      parts.push(tf.sum(tf.square(tf.reshape(body, [rows, NORM_CHUNK])), 1));
-    }
-    if (rest > 0 || rows === 0) parts.push(tf.reshape(tf.sum(tf.square(tf.slice(flat, rows * NORM_CHUNK))), [1]));
-    return parts.length === 1 ? parts[0]! : tf.concat(parts);
-  });
-}
-
 /**
- * Global L2 norm over all tensors. Squares are summed in float32 over chunks of 1024 elements
- * and the chunk sums in float64, because one float32 sum over millions of elements drifts (we
- * measured 1.4e-3 relative error at 4M elements on wasm; chunked, 4e-9 on the same data). One device read.
+ * Global L2 norm over all tensors: float32 values squared and summed in float64, in order
+ * (exact squares; one float32 sum over millions of elements drifts: 1.4e-3 relative at 4M on
+ * wasm). Reads each tensor once (dataSync); the fused path (kernels/adamw-fused.ts) sums the same
+ * values in the same order, so both paths clip by the same factor.
  */
 export function globalNorm(tensors: Iterable<tf.Tensor>): number {
-  const chunks = [...tensors].map(chunkSquares);
-  if (chunks.length === 0) return 0;
-  const all = tf.concat(chunks);
-  const data = all.dataSync();
-  all.dispose();
-  for (const c of chunks) c.dispose();
   let total = 0;
-  for (const s of data) total += s;
+  for (const t of tensors) {
+    const data = t.dataSync();
+    for (let i = 0; i < data.length; i++) total += data[i]! * data[i]!;
+  }
   return Math.sqrt(total);
 }
 
 /**
- * One AdamW step on `params` (updated in place) with `grads`, which must already be the mean
- * gradient G / D (PROTOCOL.md section 3). `grads` must have exactly the parameters' names and
- * shapes (OptimError 'grad_mismatch'); it is not disposed.
+ * One AdamW step on `params` (updated in place) with the mean gradient `grads / divisor`
+ * (PROTOCOL.md section 3: G / D; `divisor` defaults to 1 for grads that are already the mean).
+ * `grads` must have exactly the parameters' names and shapes (OptimError 'grad_mismatch'); it is
+ * not disposed.
  *
- * Returns `gradNorm`, the global L2 norm of `grads` before clipping, and `skipped`: true when
- * that norm is not finite, in which case no parameter, moment or step count changes. With
- * `gradClipNorm` > 0 and gradNorm > gradClipNorm every gradient is scaled by clip / gradNorm
+ * Returns `gradNorm`, the global L2 norm of the mean gradient before clipping, and `skipped`:
+ * true when that norm is not finite, in which case no parameter, moment or step count changes.
+ * With `gradClipNorm` > 0 and gradNorm > gradClipNorm every gradient is scaled by clip / gradNorm
  * (exactly that factor; torch's clip_grad_norm_ would use clip / (norm + 1e-6)).
+ *
+ * On the wasm and cpu backends the update runs as one loop per parameter (kernels/adamw-fused.ts,
+ * bit-identical to the TF.js ops below, which other backends run).
  */
 export function adamwStep(
   params: Map<string, tf.Variable>,
   grads: Map<string, tf.Tensor>,
   moments: AdamWMoments,
   opts: AdamWOptions,
+  divisor = 1,
 ): { gradNorm: number; skipped: boolean } {
+  checkStep(params, grads, moments, opts, divisor);
+  const host = hostMemory();
+  return host ? fusedStep(host, params, grads, moments, opts, divisor) : opsStep(params, grads, moments, opts, divisor);
+}
+
+/**
+ * adamwStep as TF.js ops (~13 kernels per parameter), whatever the backend: what tfjs-node runs,
+ * and the reference the fused loop must equal bit for bit (test/optim.test.ts). Same contract.
+ */
+export function adamwStepOps(
+  params: Map<string, tf.Variable>,
+  grads: Map<string, tf.Tensor>,
+  moments: AdamWMoments,
+  opts: AdamWOptions,
+  divisor = 1,
+): { gradNorm: number; skipped: boolean } {
+  checkStep(params, grads, moments, opts, divisor);
+  return opsStep(params, grads, moments, opts, divisor);
+}
+
+function checkStep(params: Map<string, tf.Variable>, grads: Map<string, tf.Tensor>, moments: AdamWMoments, opts: AdamWOptions, divisor: number): void {
   validateAdamWOptions(opts);
+  if (!(divisor > 0) || !Number.isFinite(divisor)) throw new OptimError('bad_option', `gradient divisor is ${divisor}; it must be a finite number > 0`);
   if (grads.size !== params.size) {
     throw new OptimError('grad_mismatch', `${grads.size} gradients for ${params.size} parameters`);
   }
@@ -261,37 +270,66 @@ export function adamwStep(
       throw new OptimError('bad_moments', `optimizer state has no moments for parameter ${name}`);
     }
   }
+}
 
-  const gradNorm = globalNorm(grads.values());
+/** The step's float64 constants (torch computes them in Python floats). */
+function scalarsOf(opts: AdamWOptions, t: number, divisor: number, clipScale: number): AdamWScalars {
+  const { learningRate: lr, beta1: b1, beta2: b2, eps, weightDecay: wd } = opts;
+  return {
+    divisor, clipScale, decay: wd === 0 ? 1 : 1 - lr * wd, w: 1 - b1, beta2: b2,
+    bc2Sqrt: Math.sqrt(1 - b2 ** t), eps, stepSize: lr / (1 - b1 ** t),
+  };
+}
+
+function clipScaleOf(opts: AdamWOptions, gradNorm: number): number {
+  return opts.gradClipNorm > 0 && gradNorm > opts.gradClipNorm ? opts.gradClipNorm / gradNorm : 1;
+}
+
+function assignAll(p: tf.Variable, m: tf.Variable, v: tf.Variable, next: [tf.Tensor, tf.Tensor, tf.Tensor]): void {
+  p.assign(next[0]);
+  m.assign(next[1]);
+  v.assign(next[2]);
+  tf.dispose(next);
+}
+
+function fusedStep(host: HostMemory, params: Map<string, tf.Variable>, grads: Map<string, tf.Tensor>, moments: AdamWMoments, opts: AdamWOptions, divisor: number) {
+  const gradNorm = Math.sqrt(sumOfSquares(host, grads.values(), divisor));
   if (!Number.isFinite(gradNorm)) return { gradNorm, skipped: true };
-
-  const { learningRate: lr, beta1: b1, beta2: b2, eps, weightDecay: wd, gradClipNorm: clip } = opts;
-  const clipScale = clip > 0 && gradNorm > clip ? clip / gradNorm : 1;
   const t = moments.step + 1;
-  const stepSize = lr / (1 - b1 ** t);
-  const bc2Sqrt = Math.sqrt(1 - b2 ** t);
-  const w = 1 - b1; // torch lerp weight
-
+  const s = scalarsOf(opts, t, divisor, clipScaleOf(opts, gradNorm));
   for (const [name, p] of params) {
     const m = moments.m.get(name)!;
     const v = moments.v.get(name)!;
-    const [pNew, mNew, vNew] = tf.tidy(() => {
-      const g = clipScale === 1 ? grads.get(name)! : tf.mul(grads.get(name)!, clipScale);
-      const pDecayed = wd === 0 ? p : tf.mul(p, 1 - lr * wd);
-      // torch's lerp kernel switches formula at weight 0.5 for accuracy; match both branches.
-      const mNext = w < 0.5 ? tf.add(m, tf.mul(w, tf.sub(g, m))) : tf.sub(g, tf.mul(tf.sub(g, m), 1 - w));
-      const vNext = tf.add(tf.mul(v, b2), tf.mul(tf.mul(g, 1 - b2), g));
-      const denom = tf.add(tf.div(tf.sqrt(vNext), bc2Sqrt), eps);
-      const pNext = tf.add(pDecayed, tf.div(tf.mul(mNext, -stepSize), denom));
-      return [pNext, mNext, vNext];
-    });
-    p.assign(pNew);
-    m.assign(mNew);
-    v.assign(vNew);
-    pNew.dispose();
-    mNew.dispose();
-    vNew.dispose();
+    assignAll(p, m, v, adamwFused(host, p, grads.get(name)!, m, v, s));
   }
   moments.step = t;
   return { gradNorm, skipped: false };
+}
+
+function opsStep(params: Map<string, tf.Variable>, grads: Map<string, tf.Tensor>, moments: AdamWMoments, opts: AdamWOptions, divisor: number) {
+  const mean = divisor === 1 ? grads : new Map([...grads].map(([k, g]) => [k, tf.div(g, divisor)]));
+  try {
+    const gradNorm = globalNorm(mean.values());
+    if (!Number.isFinite(gradNorm)) return { gradNorm, skipped: true };
+    const t = moments.step + 1;
+    const { clipScale, decay, w, beta2: b2, bc2Sqrt, eps, stepSize } = scalarsOf(opts, t, divisor, clipScaleOf(opts, gradNorm));
+    for (const [name, p] of params) {
+      const m = moments.m.get(name)!;
+      const v = moments.v.get(name)!;
+      assignAll(p, m, v, tf.tidy(() => {
+        const g = clipScale === 1 ? mean.get(name)! : tf.mul(mean.get(name)!, clipScale);
+        const pDecayed = decay === 1 ? p : tf.mul(p, decay);
+        // torch's lerp kernel switches formula at weight 0.5 for accuracy; match both branches.
+        const mNext = w < 0.5 ? tf.add(m, tf.mul(w, tf.sub(g, m))) : tf.sub(g, tf.mul(tf.sub(g, m), 1 - w));
+        const vNext = tf.add(tf.mul(v, b2), tf.mul(tf.mul(g, 1 - b2), g));
+        const denom = tf.add(tf.div(tf.sqrt(vNext), bc2Sqrt), eps);
+        const pNext = tf.add(pDecayed, tf.div(tf.mul(mNext, -stepSize), denom));
+        return [pNext, mNext, vNext] as [tf.Tensor, tf.Tensor, tf.Tensor];
+      }));
+    }
+    moments.step = t;
+    return { gradNorm, skipped: false };
+  } finally {
+    if (mean !== grads) tf.dispose([...mean.values()]);
+  }
 }

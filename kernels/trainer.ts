@@ -393,15 +393,17 @@ export class TrainingState {
     if (!(D > 0) || !Number.isFinite(D)) {
       throw new TrainerError('no_gradients', `optim_step needs accumulated gradients with a positive sum of weights; D is ${D} after ${this.pending} calls`);
     }
-    const mean = new Map<string, tf.Tensor>();
+    const zeros: tf.Tensor[] = [];
+    const grads = new Map<string, tf.Tensor>();
     for (const [name, p] of this.params) {
-      const g = this.grads.get(name);
-      mean.set(name, g ? tf.div(g, D) : tf.zeros(p.shape));
+      let g = this.grads.get(name);
+      if (!g) zeros.push((g = tf.zeros(p.shape)));
+      grads.set(name, g);
     }
     try {
-      return adamwStep(this.params, mean, this.moments, opts);
+      return adamwStep(this.params, grads, this.moments, opts, D);
     } finally {
-      tf.dispose([...mean.values()]);
+      tf.dispose(zeros);
       this.clearEpoch();
     }
   }
