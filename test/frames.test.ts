@@ -375,4 +375,22 @@ describe('decodeFrameResized', () => {
     }
     await expect(decodeFrameResized('JPEG', new Uint8Array([0xff, 0xd8, 0xff, 0, 1]), 96)).rejects.toMatchObject({ code: 'bad_frame' });
   });
+
+  it('puts a portrait frame between black columns where resizeWithPad does', async () => {
+    const { decodeFrameResized } = await import('../protocol/frames.ts');
+    const w = 300, h = 400; // 96 / 400 scale: 72 x 96, columns 12..83
+    const data = new Uint8Array(w * h * 3);
+    for (let y = 0; y < h; y++) for (let x = 0; x < w; x++) for (let c = 0; c < 3; c++) data[(y * w + x) * 3 + c] = 60 + ((x + 2 * y + 40 * c) % 128);
+    const bytes = (await encodeFrame('PNG', { data, height: h, width: w })) as Uint8Array;
+    const oneStep = await decodeFrameResized('PNG', bytes, 96);
+    const twoSteps = await resizeWithPad(await decodeFrame('PNG', bytes), 96);
+    const px = (f: { data: Uint8Array }, y: number, x: number) => f.data.subarray((y * 96 + x) * 3, (y * 96 + x) * 3 + 3);
+    let diff = 0;
+    for (let y = 0; y < 96; y++) {
+      for (const x of [0, 11, 84, 95]) expect([...px(oneStep, y, x)]).toEqual([0, 0, 0]);
+      for (const x of [12, 83]) expect(Math.min(...px(oneStep, y, x))).toBeGreaterThan(0);
+      for (let x = 12; x < 84; x++) for (let c = 0; c < 3; c++) diff += Math.abs(px(oneStep, y, x)[c]! - px(twoSteps, y, x)[c]!);
+    }
+    expect(diff / (72 * 96 * 3)).toBeLessThan(0.5);
+  });
 });
