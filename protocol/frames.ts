@@ -189,6 +189,40 @@ async function decodeWithSharp(kind: 'PNG' | 'JPEG', bytes: Uint8Array, limits: 
 }
 
 /**
+ * Width and height from a PNG's IHDR or a JPEG's SOF marker (ITU T.81 B.2.2), read in
+ * JavaScript: asking sharp costs a thread-pool round trip per frame before the decode can start.
+ * Null when the header is not where these formats put it; the caller then asks sharp.
+ */
+export function headerSize(kind: 'PNG' | 'JPEG', b: Uint8Array): { width: number; height: number } | null {
+  const u16 = (i: number) => (b[i]! << 8) | b[i + 1]!;
+  if (kind === 'PNG') {
+    if (b.byteLength < 24 || String.fromCharCode(b[12]!, b[13]!, b[14]!, b[15]!) !== 'IHDR') return null;
+    return { width: u16(16) * 65536 + u16(18), height: u16(20) * 65536 + u16(22) };
+  }
+  let i = 2;
+  while (i + 9 <= b.byteLength) {
+    if (b[i] !== 0xff) return null;
+    const marker = b[i + 1]!;
+    if (marker === 0xff) {
+      i++; // fill byte
+      continue;
+    }
+    if (marker === 0x01 || (marker >= 0xd0 && marker <= 0xd8)) {
+      i += 2; // markers without a length
+      continue;
+    }
+    // SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC): P, Y, X follow the length.
+    if (marker >= 0xc0 && marker <= 0xcf && marker !== 0xc4 && marker !== 0xc8 && marker !== 0xcc) {
+      const height = u16(i + 5);
+      return height === 0 ? null : { width: u16(i + 7), height }; // height 0: given later by DNL
+    }
+    if (marker === 0xda || marker === 0xd9) return null; // scan or end before any frame header
+    i += 2 + u16(i + 2);
+  }
+  return null;
+}
+
+/**
  * Decodes a frame straight to `size` x `size` with `resizeWithPad`'s geometry (aspect kept,
  * centred black padding, MODEL.md D12). For PNG and JPEG it is one sharp pipeline, so a JPEG is
  * decoded at a reduced DCT scale when that suffices (libjpeg shrink-on-load): 2-3x faster than
@@ -204,14 +238,17 @@ export async function decodeFrameResized(codec: string, input: Uint8Array | NDAr
   if (bytes.byteLength < signature.length || signature.some((b, i) => bytes[i] !== b)) {
     throw badFrame(`${kind} frame does not start with the ${kind} signature: [${hexHead(bytes)}] (${bytes.byteLength} bytes)`);
   }
-  let meta: Metadata;
-  try {
-    meta = await sharp(bytes).metadata();
-  } catch (e) {
-    throw badFrame(`${kind} header could not be read (${bytes.byteLength} bytes): ${(e as Error).message}`);
+  let dims = headerSize(kind, bytes);
+  if (!dims) {
+    let meta: Metadata;
+    try {
+      meta = await sharp(bytes).metadata();
+    } catch (e) {
+      throw badFrame(`${kind} header could not be read (${bytes.byteLength} bytes): ${(e as Error).message}`);
+    }
+    dims = { width: meta.width ?? 0, height: meta.height ?? 0 };
   }
-  const width = meta.width ?? 0;
-  const height = meta.height ?? 0;
+  const { width, height } = dims;
   checkPixels(`${kind} frame`, width, height, limits);
   const ratio = Math.max(width / size, height / size);
   const rw = Math.max(1, Math.trunc(width / ratio));

@@ -376,6 +376,26 @@ describe('decodeFrameResized', () => {
     await expect(decodeFrameResized('JPEG', new Uint8Array([0xff, 0xd8, 0xff, 0, 1]), 96)).rejects.toMatchObject({ code: 'bad_frame' });
   });
 
+  it('reads PNG and JPEG sizes from their headers as sharp does (baseline, progressive, EXIF)', async () => {
+    const { headerSize } = await import('../protocol/frames.ts');
+    const sharp = (await import('sharp')).default;
+    const px = { raw: { width: 37, height: 21, channels: 3 as const } };
+    const img = () => sharp(Buffer.alloc(37 * 21 * 3, 90), px);
+    const files: [ 'PNG' | 'JPEG', Buffer][] = [
+      ['PNG', await img().png().toBuffer()],
+      ['JPEG', await img().jpeg().toBuffer()],
+      ['JPEG', await img().jpeg({ progressive: true }).toBuffer()],
+      ['JPEG', await img().withMetadata({ orientation: 6 }).jpeg().toBuffer()],
+    ];
+    for (const [kind, bytes] of files) {
+      const meta = await sharp(bytes).metadata();
+      expect(headerSize(kind, new Uint8Array(bytes))).toEqual({ width: meta.width, height: meta.height });
+      expect([meta.width, meta.height]).toEqual([37, 21]);
+    }
+    expect(headerSize('JPEG', new Uint8Array([0xff, 0xd8, 0xff, 0xda, 0, 2, 0, 0, 0, 0]))).toBeNull();
+    expect(headerSize('PNG', new Uint8Array(30))).toBeNull();
+  });
+
   it('puts a portrait frame between black columns where resizeWithPad does', async () => {
     const { decodeFrameResized } = await import('../protocol/frames.ts');
     const w = 300, h = 400; // 96 / 400 scale: 72 x 96, columns 12..83
