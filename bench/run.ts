@@ -14,10 +14,10 @@ import { log } from '../server/log.ts';
 import { parseBenchArgs, USAGE, type BenchOptions, type Part } from './args.ts';
 import { g1Samples, toDatums, toModelBatch } from './data.ts';
 import { runCodecs } from './codecs.ts';
-import { runStep, inprocSteps } from './step.ts';
+import { runStep, inprocSession } from './step.ts';
 import { makeCheckpoint, observationMessage, runPolicy } from './policy.ts';
 import { runLoad } from './load.ts';
-import { runTorch, torchUnavailable } from './torch.ts';
+import { TORCH_BLOCK, runTorch, torchUnavailable } from './torch.ts';
 import { markdown, plotSeries, targets } from './report.ts';
 import { SCHEMA, validateResult, type BenchResult } from './schema.ts';
 import { ServerProc } from './server-proc.ts';
@@ -63,11 +63,13 @@ async function main(opts: BenchOptions): Promise<number> {
       const why = torchUnavailable();
       if (why) result.skipped.torch = why;
       else {
-        say('torch: Vela full fine-tune steps, then bench/torch_reference.py');
-        const reuse = result.step && opts.finetune === 'full' ? result.step.samplesMs.inproc : null;
-        const vela = reuse ?? (await inprocSteps(engine!, await toModelBatch(config, datums, opts.codec), 'full', opts.steps, opts.burnIn));
-        await engine!.close(); // leave the CPU to PyTorch
-        result.torch = await runTorch(opts.preset, opts.batch, opts.cameras, opts.steps, opts.burnIn, vela);
+        say(`torch: Vela full fine-tune steps and bench/torch_reference.py in turns of ${TORCH_BLOCK}`);
+        const vela = await inprocSession(engine!, await toModelBatch(config, datums, opts.codec), 'full');
+        try {
+          result.torch = await runTorch(opts.preset, opts.batch, opts.cameras, opts.steps, opts.burnIn, vela.step);
+        } finally {
+          await vela.close();
+        }
       }
     }
     await engine?.close();

@@ -18,7 +18,7 @@ import type { ModelBatch } from '../kernels/batch.ts';
 import { Engine } from '../server/engine/host.ts';
 import { batchBuffers } from '../kernels/batch.ts';
 import { cloneBatch, toModelBatch } from './data.ts';
-import { summarize, timeCalls } from './stats.ts';
+import { quantile, summarize, timeCalls } from './stats.ts';
 import type { StepResult } from './schema.ts';
 import type { ServerProc } from './server-proc.ts';
 
@@ -52,16 +52,6 @@ export async function inprocSession(engine: Engine, batch: ModelBatch, finetune:
       fs.rmSync(dir, { recursive: true, force: true });
     },
   };
-}
-
-/** Times `steps` in-process steps (after `burnIn`) on a fresh engine session; ms per step. */
-export async function inprocSteps(engine: Engine, batch: ModelBatch, finetune: 'lora' | 'full', steps: number, burnIn: number): Promise<number[]> {
-  const s = await inprocSession(engine, batch, finetune);
-  try {
-    return await timeCalls(steps, burnIn, s.step);
-  } finally {
-    await s.close();
-  }
 }
 
 /** An open session over the websocket of the bench server: one step = the same two ops, awaited. */
@@ -129,6 +119,7 @@ export async function runStep(engine: Engine, server: ServerProc, datums: Datum[
   return {
     preset: setup.preset, batch: datums.length, cameras: setup.cameras, codec: setup.codec, finetune: setup.finetune,
     inproc: sa, ws: sb, overhead: (sb.p50 - sa.p50) / sa.p50,
+    overheadPaired: quantile(inproc.map((x, i) => (ws[i]! - x) / x), 0.5),
     pipelined: { inprocMsPerStep: pipelinedInproc, wsMsPerStep: pipelinedWs, overhead: (pipelinedWs - pipelinedInproc) / pipelinedInproc },
     requestBytes: pack(toWire({ id: 1, op: 'forward_backward', data: datums, codec: setup.codec })).length,
     samplesMs: { inproc, ws },

@@ -1,13 +1,13 @@
 /**
  * The PyTorch reference (bench/torch_reference.py): runs it with python3 when torch imports,
- * checks its parameter count against MODEL.md (kernels/config.ts countParams), and pairs it with
- * Vela's in-process step on the same preset, batch and cameras (full fine-tune, AdamW).
+ * checks its parameter count against MODEL.md (kernels/config.ts countParams), and times it in
+ * turns with Vela's in-process step on the same preset, batch and cameras (full fine-tune, AdamW).
  */
-import { spawn, spawnSync } from 'node:child_process';
+import { spawn, spawnSync, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import os from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { countParams, makeConfig } from '../kernels/config.ts';
-import { summarize } from './stats.ts';
+import { summarize, timeCalls } from './stats.ts';
 import type { TorchResult } from './schema.ts';
 
 const SCRIPT = fileURLToPath(new URL('./torch_reference.py', import.meta.url));
@@ -26,29 +26,94 @@ export function torchThreads(): number[] {
   return n > 1 ? [1, n] : [1];
 }
 
+/** Steps per block when Vela and PyTorch take turns. */
+export const TORCH_BLOCK = 4;
+
+/** bench/torch_reference.py --serve: a long-lived PyTorch process that times steps on request. */
+class TorchProcess {
+  private buffered = '';
+  private lines: string[] = [];
+  private waiter: ((line: string | null) => void) | null = null;
+  private stderr = '';
+  private ended = false;
+
+  private constructor(private child: ChildProcessWithoutNullStreams) {
+    child.stdout.on('data', (d: Buffer) => {
+      this.buffered += d.toString();
+      let nl: number;
+      while ((nl = this.buffered.indexOf('\n')) >= 0) {
+        this.lines.push(this.buffered.slice(0, nl));
+        this.buffered = this.buffered.slice(nl + 1);
+      }
+      this.wake();
+    });
+    child.stderr.on('data', (d: Buffer) => (this.stderr += d.toString()));
+    child.on('close', () => {
+      this.ended = true;
+      this.wake();
+    });
+  }
+
+  static start(args: string[]): TorchProcess {
+    return new TorchProcess(spawn('python3', [SCRIPT, ...args, '--serve'], { stdio: ['pipe', 'pipe', 'pipe'] }));
+  }
+
+  private wake(): void {
+    const w = this.waiter;
+    if (!w || (this.lines.length === 0 && !this.ended)) return;
+    this.waiter = null;
+    w(this.lines.shift() ?? null);
+  }
+
+  /** The next JSON line. @throws Error with the script's stderr when it exits first. */
+  async next(): Promise<any> {
+    const line = this.lines.length > 0 ? this.lines.shift()! : await new Promise<string | null>((resolve) => {
+      this.waiter = resolve;
+      this.wake();
+    });
+    if (line === null) throw new Error(`torch_reference.py exited: ${this.stderr.trim().slice(-800)}`);
+    return JSON.parse(line);
+  }
+
+  /** Times `steps` PyTorch steps on `threads` threads; ms each. */
+  async steps(threads: number, steps: number): Promise<number[]> {
+    this.child.stdin.write(`${JSON.stringify({ threads, steps })}\n`);
+    return (await this.next()).step_ms as number[];
+  }
+
+  close(): void {
+    this.child.stdin.end();
+    this.child.kill();
+  }
+}
+
 /**
- * Runs the reference and builds the result with Vela's step samples (ms).
+ * Times PyTorch and Vela in turns: blocks of TORCH_BLOCK Vela steps (`velaStep`, one step on the
+ * engine, awaited) alternate with blocks of PyTorch steps at each thread count, until each has
+ * `steps` timed steps, so that load from other processes on a shared machine lands on both alike
+ * (separate runs minutes apart moved the ratio from 2.8x to 3.4x). `ratio` is Vela's p50 over the
+ * 1-thread PyTorch p50.
  * @throws Error with the script's stderr when it fails, or when its parameter count is not MODEL.md's.
  */
-export async function runTorch(preset: string, batch: number, cameras: number, steps: number, burnIn: number, velaStepMs: number[]): Promise<TorchResult> {
+export async function runTorch(preset: string, batch: number, cameras: number, steps: number, burnIn: number, velaStep: () => Promise<void>): Promise<TorchResult> {
   const expected = countParams(makeConfig(preset));
-  const args = [SCRIPT, '--preset', preset, '--batch', String(batch), '--cameras', String(cameras), '--threads', torchThreads().join(','), '--steps', String(steps), '--burn-in', String(burnIn)];
-  // Asynchronous: a blocked event loop would leave the HTTP client's kept-alive sockets unread,
-  // and its next request would pick one the server has closed meanwhile.
-  const r = await new Promise<{ status: number | null; stdout: string; stderr: string }>((resolve, reject) => {
-    const child = spawn('python3', args, { stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
-    child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-    child.on('error', reject);
-    child.on('close', (status) => resolve({ status, stdout, stderr }));
-  });
-  if (r.status !== 0) throw new Error(`torch_reference.py failed (${r.status}): ${r.stderr.trim().slice(-800)}`);
-  const out = JSON.parse(r.stdout.trim().split('\n').pop()!);
-  if (out.params !== expected) throw new Error(`torch_reference.py builds ${out.params} parameters; MODEL.md's ${preset} has ${expected}`);
-  const rows = (out.rows as any[]).map((x) => ({ threads: x.threads as number, batch: x.batch as number, stepMs: summarize(x.step_ms as number[]) }));
-  const vela = summarize(velaStepMs);
-  const one = rows.find((x) => x.threads === 1)!;
-  return { torchVersion: out.torch_version, params: out.params, paramsExpected: expected, rows, velaStepMs: vela, ratio: vela.p50 / one.stepMs.p50 };
+  const threads = torchThreads();
+  const proc = TorchProcess.start(['--preset', preset, '--batch', String(batch), '--cameras', String(cameras), '--threads', threads.join(','), '--burn-in', String(burnIn)]);
+  try {
+    const head = await proc.next();
+    if (head.params !== expected) throw new Error(`torch_reference.py builds ${head.params} parameters; MODEL.md's ${preset} has ${expected}`);
+    for (let i = 0; i < burnIn; i++) await velaStep();
+    const vela: number[] = [];
+    const torch = new Map<number, number[]>(threads.map((t) => [t, []]));
+    while (vela.length < steps) {
+      const n = Math.min(TORCH_BLOCK, steps - vela.length);
+      vela.push(...(await timeCalls(n, 0, velaStep)));
+      for (const t of threads) torch.get(t)!.push(...(await proc.steps(t, n)));
+    }
+    const rows = threads.map((t) => ({ threads: t, batch, stepMs: summarize(torch.get(t)!) }));
+    const velaStepMs = summarize(vela);
+    return { torchVersion: head.torch_version, params: head.params, paramsExpected: expected, rows, velaStepMs, ratio: velaStepMs.p50 / rows[0]!.stepMs.p50, blockSteps: TORCH_BLOCK };
+  } finally {
+    proc.close();
+  }
 }

@@ -11,10 +11,16 @@ global gradient norm, as Vela's optim_step. It times that training step on the C
 
 Prints one JSON object on stdout: {"torch_version", "params", "rows": [{"threads", "batch",
 "cameras", "step_ms": [...]}]}. Needs torch (CPU is enough); nothing else of the project.
+
+With --serve it builds one model per thread count, runs the burn-in steps, prints the JSON object
+with empty rows, then times steps on request: each stdin line {"threads": T, "steps": N} is
+answered by one stdout line {"threads": T, "step_ms": [...]}. The bench uses this to interleave
+PyTorch steps with Vela's, so a shared machine's changing load falls on both alike.
 """
 import argparse
 import json
 import math
+import sys
 import time
 
 import torch
@@ -193,6 +199,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--burn-in", type=int, default=3)
     ap.add_argument("--count-only", action="store_true", help="print the parameter count and exit")
+    ap.add_argument("--serve", action="store_true", help="time steps on request from stdin (see above)")
     args = ap.parse_args()
     c = PRESETS[args.preset]
     torch.manual_seed(0)
@@ -205,22 +212,48 @@ def main():
         print(json.dumps(out))
         return
     torch.set_num_interop_threads(1)
+    runs = {}
     for threads in [int(x) for x in args.threads.split(",")]:
         torch.set_num_threads(threads)
         model = Pi05(c)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
         gen = torch.Generator().manual_seed(0)
-        inputs = make_inputs(c, args.batch, args.cameras, gen)
-        times = []
-        for i in range(args.burn_in + args.steps):
-            t0 = time.perf_counter()
-            per, _ = train_step(model, opt, c, inputs, gen)
-            per.sum().item()
-            if i >= args.burn_in:
-                times.append((time.perf_counter() - t0) * 1000)
-        out["rows"].append({"threads": threads, "batch": args.batch, "cameras": args.cameras, "step_ms": times})
+        runs[threads] = (model, opt, gen, make_inputs(c, args.batch, args.cameras, gen))
+        timed(c, runs[threads], args.burn_in)
+
+    if args.serve:
+        print(json.dumps(out), flush=True)
+        for line in iter(input_line, None):
+            req = json.loads(line)
+            torch.set_num_threads(req["threads"])
+            print(json.dumps({"threads": req["threads"], "step_ms": timed(c, runs[req["threads"]], req["steps"])}), flush=True)
+        return
+    for threads, run in runs.items():
+        torch.set_num_threads(threads)
+        out["rows"].append({"threads": threads, "batch": args.batch, "cameras": args.cameras, "step_ms": timed(c, run, args.steps)})
     print(json.dumps(out))
 
+
+def timed(c, run, steps):
+    """Runs `steps` training steps; returns each one's wall time in ms."""
+    model, opt, gen, inputs = run
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        per, _ = train_step(model, opt, c, inputs, gen)
+        per.sum().item()
+        times.append((time.perf_counter() - t0) * 1000)
+    return times
+
+
+def input_line():
+    """The next non-empty stdin line, or None at end of input."""
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            return None
+        if line.strip():
+            return line
 
 if __name__ == "__main__":
     main()

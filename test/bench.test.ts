@@ -47,14 +47,14 @@ function validResult(): BenchResult {
     schema: SCHEMA, name: 't', date: '2026-01-01T00:00:00.000Z', wallS: 1,
     machine: { node: 'v20', platform: 'linux-x64', cpus: 2, cpuModel: 'x', backend: 'wasm' },
     options: {},
-    step: { preset: 'pi05-tiny', batch: 8, cameras: 1, codec: 'JPEG', finetune: 'full', inproc: s, ws: summarize([10.5, 11.5, 12.5]), overhead: 0.5 / 11, pipelined: { inprocMsPerStep: 11, wsMsPerStep: 11.2, overhead: 0.2 / 11 }, requestBytes: 1000, samplesMs: { inproc: [10, 11, 12], ws: [10.5, 11.5, 12.5] } },
+    step: { preset: 'pi05-tiny', batch: 8, cameras: 1, codec: 'JPEG', finetune: 'full', inproc: s, ws: summarize([10.5, 11.5, 12.5]), overhead: 0.5 / 11, overheadPaired: 0.04, pipelined: { inprocMsPerStep: 11, wsMsPerStep: 11.2, overhead: 0.2 / 11 }, requestBytes: 1000, samplesMs: { inproc: [10, 11, 12], ws: [10.5, 11.5, 12.5] } },
     codecs: null, policy: null,
     load: {
       sessions: 8, policyClients: 2, durationS: 60, warmupS: 15, steps: 100, stepsPerS: 1.7, stepLatency: s, inferences: 50, inferencesPerS: 0.8, inferLatency: s,
       errors: 0, errorMessages: [], rss: { afterWarmupBytes: 500 << 20, endBytes: 510 << 20, floorStartBytes: 480 << 20, floorEndBytes: 490 << 20, maxBytes: 520 << 20, slopeBytesPerMin: 0, trace: [] },
       tensors: { before: 376, afterWarmup: 1012, end: 1012, afterClose: 376 },
     },
-    torch: { torchVersion: '2', params: 2202272, paramsExpected: 2202272, rows: [{ threads: 1, batch: 8, stepMs: summarize([5, 5, 5]) }], velaStepMs: s, ratio: 11 / 5 },
+    torch: { torchVersion: '2', params: 2202272, paramsExpected: 2202272, rows: [{ threads: 1, batch: 8, stepMs: summarize([5, 5, 5]) }], velaStepMs: s, ratio: 11 / 5, blockSteps: 4 },
     skipped: { codecs: 'not asked for (--only)', policy: 'not asked for (--only)' },
     notes: [],
   };
@@ -93,11 +93,11 @@ describe('result schema', () => {
       ['engine tensors: end - after warm-up', true],
       ['engine tensors: after close - before', true],
     ]);
-    const worse = { ...r, step: { ...r.step!, overhead: 0.12 }, torch: { ...r.torch!, ratio: 3.5 } };
+    const worse = { ...r, step: { ...r.step!, overheadPaired: 0.12 }, torch: { ...r.torch!, ratio: 3.5 } };
     expect(targets(worse).filter((t) => !t.pass).map((t) => t.value)).toEqual([0.12, 3.5]);
     const md = markdown(r);
-    expect(md).toContain('Protocol overhead (ws - in-process) / in-process: **4.5%** at p50 with each answer awaited, **1.8%** pipelined (means)');
-    expect(md).toContain('Ratio Vela / PyTorch (1 thread, p50): **2.20x**');
+    expect(md).toContain('Protocol overhead (ws - in-process) / in-process with each answer awaited: **4.0%** (median of paired steps; 4.5% between the p50s); pipelined one step ahead: **1.8%** (means)');
+    expect(md).toContain('Ratio Vela / PyTorch (1 thread, p50): **2.20x** (the two took turns, 4 steps at a time)');
     expect(md).toContain('| engine tensors before / after warm-up / end / after close | 376 / 1012 / 1012 / 376 |');
   });
 });
