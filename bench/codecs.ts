@@ -1,7 +1,7 @@
 /**
  * Encode/decode costs of the wire formats, per message size: frames (RAW, JPEG, ZPNG) at the
  * camera's 480x640 and at the model's 96x96, msgpack of session requests of 1 and 8 datums, and
- * zstd (level 1; with the observation dictionary: decoding only, see zstd-checked.ts) of OpenPI observations.
+ * zstd (level 1, with and without the observation dictionary) of OpenPI observations.
  */
 import { decodeFrame, encodeFrame, resizeWithPad } from '../protocol/frames.ts';
 import { pack, unpack } from '../protocol/msgpack.ts';
@@ -10,7 +10,6 @@ import { initZstd, loadObservationDictionary, zstdCompress, zstdDecompress } fro
 import type { Datum } from '../protocol/client.ts';
 import type { Frame } from '../server/datasets/index.ts';
 import { summarize, timeCalls } from './stats.ts';
-import { checkedZstd } from './zstd-checked.ts';
 import type { CodecRow } from './schema.ts';
 
 function row(kind: CodecRow['kind'], name: string, op: CodecRow['op'], inputBytes: number, outputBytes: number, ms: number[]): CodecRow {
@@ -67,23 +66,16 @@ async function zstdRows(frame: Frame, small: number, reps: number, notes: string
     };
     const plain = Uint8Array.from(packNumpy(obs)); // packNumpy reuses its buffer: keep a copy
     out.push(row('msgpack', `OpenPI ${label}`, 'encode', plain.byteLength, plain.byteLength, await timeCalls(reps, 1, () => packNumpy(obs))));
-    // Dictionary frames come from Python (see zstd-checked.ts): only their decoding is timed here.
-    const withDict = checkedZstd(plain, dict);
-    if (withDict.dict) {
-      const z = withDict.bytes;
-      try {
-        out.push(row('zstd', `zstd+dict ${label} (Python-made)`, 'decode', z.byteLength, plain.byteLength, await timeCalls(reps, 1, () => zstdDecompress(z, { dict, maxBytes: 64 << 20 }))));
-      } catch (e) {
-        notes.push(`zstd+dict ${label}: protocol/zstd.ts failed to decode a valid ${z.byteLength}-byte dictionary frame: ${(e as Error).message}`);
-      }
-    } else notes.push(`zstd+dict ${label}: ${withDict.problem}`);
-    const z = zstdCompress(plain);
-    out.push(row('zstd', `zstd ${label}`, 'encode', plain.byteLength, z.byteLength, await timeCalls(reps, 1, () => zstdCompress(plain))));
-    out.push(row('zstd', `zstd ${label}`, 'decode', z.byteLength, plain.byteLength, await timeCalls(reps, 1, () => zstdDecompress(z, { maxBytes: 64 << 20 }))));
+    for (const [name, opts] of [[`zstd+dict ${label}`, { dict }], [`zstd ${label}`, {}]] as const) {
+      const z = zstdCompress(plain, opts);
+      const back = zstdDecompress(z, { ...opts, maxBytes: 64 << 20 });
+      if (Buffer.compare(Buffer.from(back), Buffer.from(plain)) !== 0) notes.push(`${name}: the round trip changed the bytes`);
+      out.push(row('zstd', name, 'encode', plain.byteLength, z.byteLength, await timeCalls(reps, 1, () => zstdCompress(plain, opts))));
+      out.push(row('zstd', name, 'decode', z.byteLength, plain.byteLength, await timeCalls(reps, 1, () => zstdDecompress(z, { ...opts, maxBytes: 64 << 20 }))));
+    }
   }
   return out;
 }
-
 /** Every codec row. `frame` is a real camera frame; `datums` the step run's datums; problems go to `notes`. */
 export async function runCodecs(frame: Frame, datums: Datum[], codec: string, imageSize: number, reps: number, notes: string[]): Promise<CodecRow[]> {
   await initZstd();

@@ -7,8 +7,7 @@
 import { VelaClient } from '../protocol/client.ts';
 import { encodeFrame } from '../protocol/frames.ts';
 import { ndarray, packNumpy } from '../protocol/ndarray.ts';
-import { initZstd, loadObservationDictionary } from '../protocol/zstd.ts';
-import { checkedZstd } from './zstd-checked.ts';
+import { initZstd, loadObservationDictionary, zstdCompress, zstdDecompress } from '../protocol/zstd.ts';
 import { CAMERA_NAMES, toDatums, type RawSample } from './data.ts';
 import { OpenPiClient } from './openpi-client.ts';
 import { summarize, timeCalls } from './stats.ts';
@@ -39,7 +38,7 @@ export const POLICY_VARIANTS: PolicyVariant[] = [{ codec: 'RAW', zstd: false }, 
 
 /**
  * One OpenPI observation message of a sample with `cameras` frames. zstd uses the observation
- * dictionary; when that compression fails, plain zstd (`dict: false`) and a note.
+ * dictionary (the round trip is checked; a mismatch is a note).
  */
 export async function observationMessage(sample: RawSample, cameras: number, v: PolicyVariant, notes: string[] = []): Promise<{ bytes: Uint8Array; dict: boolean }> {
   const obs: Record<string, unknown> = {
@@ -54,9 +53,12 @@ export async function observationMessage(sample: RawSample, cameras: number, v: 
   const plain = Uint8Array.from(packNumpy(obs)); // packNumpy reuses its buffer: keep a copy
   if (!v.zstd) return { bytes: plain, dict: false };
   await initZstd();
-  const z = checkedZstd(plain, loadObservationDictionary());
-  if (z.problem) notes.push(`policy ${cameras} camera(s): ${z.problem}; sent plain zstd instead`);
-  return { bytes: z.bytes, dict: z.dict };
+  const dict = loadObservationDictionary();
+  const z = zstdCompress(plain, { dict });
+  if (Buffer.compare(Buffer.from(zstdDecompress(z, { dict, maxBytes: plain.byteLength })), Buffer.from(plain)) !== 0) {
+    notes.push(`policy ${cameras} camera(s): the zstd dictionary round trip changed the bytes`);
+  }
+  return { bytes: z, dict: true };
 }
 
 /** Latency rows for 1 and 3 cameras x the variants, `requests` timed each. */

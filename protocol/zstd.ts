@@ -25,7 +25,13 @@ let initializing: Promise<void> | null = null;
 let cctx = 0;
 let dctx = 0;
 
-/** Loads the wasm module. Idempotent: concurrent and repeated calls share one load. */
+/**
+ * Loads the wasm module. Idempotent: concurrent and repeated calls share one load. Everything in
+ * the process that uses @bokuweb/zstd-wasm must come through here: the library's own init()
+ * re-instantiates its module on every call, and the contexts made after an earlier call then
+ * point into a new heap (every later dictionary decode failed, the first with "memory access out
+ * of bounds").
+ */
 export function initZstd(): Promise<void> {
   if (wasm) return Promise.resolve();
   initializing ??= (async () => {
@@ -194,6 +200,17 @@ export function zstdDecompress(data: Uint8Array, opts: ZstdDecompressOptions): U
     throw bad(`corrupt zstd frame: decoded ${out.byteLength} bytes; the header declares ${info.contentSize}`);
   }
   return out;
+}
+
+/**
+ * Decompresses a zstd page of a container that states the page's decoded size (parquet's
+ * uncompressed_page_size), without this module's single-frame checks: such pages come from
+ * dataset files, not from the network. The output buffer is `outputLength` bytes unless the
+ * frame header declares its size. Requires `initZstd()`.
+ * @throws Error from the library when the page is corrupt.
+ */
+export function zstdDecompressSized(data: Uint8Array, outputLength: number): Uint8Array {
+  return lib().decompress(data, { defaultHeapSize: Math.max(outputLength, 1024) });
 }
 
 let observationDict: Uint8Array | null = null;

@@ -73,6 +73,23 @@ describe('initZstd', () => {
   });
 });
 
+describe('one instance of the wasm library per process', () => {
+  // The library's init() re-instantiates its module, which made the contexts created by an
+  // earlier init() point into a new heap: opening a parquet dataset (whose ZSTD pages used a
+  // second init()) broke every later dictionary decode ("memory access out of bounds", then
+  // error -14 on each call). The frame is a real G1 observation, made by Python.
+  it('dictionary decoding still works after a LeRobot dataset opens its parquet files', async () => {
+    const msg = vec('g1-obs96.msgpack');
+    expectBytes(zstdDecompress(vec('g1-obs96.dict.zst'), { dict, maxBytes: MiB }), msg);
+    const { openDataset } = await import('../server/datasets/index.ts');
+    const { G1_DIR } = await import('./helpers/g1.ts');
+    const ds = await openDataset(G1_DIR);
+    expect(ds.table(0).state.length).toBeGreaterThan(0);
+    expectBytes(zstdDecompress(vec('g1-obs96.dict.zst'), { dict, maxBytes: MiB }), msg);
+    expectBytes(zstdDecompress(zstdCompress(msg, { dict }), { dict, maxBytes: MiB }), msg);
+  });
+});
+
 describe('frame header', () => {
   it('recognises the magic', () => {
     expect(isZstdFrame(Uint8Array.of(0x28, 0xb5, 0x2f, 0xfd, 0))).toBe(true);

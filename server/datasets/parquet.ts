@@ -4,14 +4,13 @@
  * the footer metadata is parsed once per file and kept on the handle.
  */
 import fs from 'node:fs';
-import { createRequire } from 'node:module';
 import path from 'node:path';
 import zlib from 'node:zlib';
 import { asyncBufferFromFile, parquetMetadataAsync, parquetReadObjects } from 'hyparquet';
 import type { AsyncBuffer, Compressors, FileMetaData } from 'hyparquet';
+import { initZstd, zstdDecompressSized } from '../../protocol/zstd.ts';
 import { DatasetError } from './errors.ts';
 
-type ZstdWasm = typeof import('@bokuweb/zstd-wasm');
 let compressorsLoading: Promise<Compressors> | null = null;
 
 /**
@@ -20,13 +19,11 @@ let compressorsLoading: Promise<Compressors> | null = null;
  */
 function loadCompressors(): Promise<Compressors> {
   compressorsLoading ??= (async () => {
-    // The package's ESM build calls `require`, so load its CommonJS build.
-    const zstd = createRequire(import.meta.url)('@bokuweb/zstd-wasm') as ZstdWasm;
-    await zstd.init();
+    // The process's one zstd module (a second init of the library breaks the first's contexts).
+    await initZstd();
     return {
       GZIP: (input: Uint8Array) => new Uint8Array(zlib.gunzipSync(input)),
-      ZSTD: (input: Uint8Array, outputLength: number) =>
-        zstd.decompress(input, { defaultHeapSize: Math.max(outputLength, 1024) }),
+      ZSTD: zstdDecompressSized,
     };
   })();
   return compressorsLoading;
