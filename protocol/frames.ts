@@ -11,6 +11,10 @@ import sharp, { type Metadata, type OutputInfo } from 'sharp';
 import { ProtocolError } from './errors.ts';
 import { initZstd, zstdCompress, zstdDecompress } from './zstd.ts';
 
+// Every frame is decoded once: libvips' operation cache (up to 50 MB of results, a locked hash
+// lookup per operation) only costs here, ~10% of a 480x640 JPEG decode (2.26 -> 2.05 ms).
+sharp.cache(false);
+
 /** A decoded frame: `data` is uint8 `[height, width, 3]` RGB, C order. */
 export interface Frame {
   data: Uint8Array;
