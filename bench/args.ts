@@ -39,7 +39,7 @@ Options:
   --cameras N            JPEG cameras per datum, 1..3 (default 1)
   --codec NAME           frame codec of session requests: JPEG, LOSSLESS, PNG, RAW (default JPEG)
   --finetune MODE        full or lora for the step and load runs (default full)
-  --steps N              timed steps per step measurement (default 30)
+  --steps N              timed steps per step measurement (default 50)
   --burn-in N            untimed steps first (default 3)
   --clients N            concurrent training sessions in the load run (default 8)
   --policy-clients N     concurrent policy clients in the load run (default 2)
@@ -97,7 +97,7 @@ export function parseBenchArgs(argv: string[]): BenchOptions | null {
     cameras: int('cameras', values.cameras!, 1, 3),
     codec: values.codec!,
     finetune: values.finetune,
-    steps: int('steps', values.steps ?? (quick ? '3' : '30'), 1, 10_000),
+    steps: int('steps', values.steps ?? (quick ? '3' : '50'), 1, 10_000),
     burnIn: int('burn-in', values['burn-in'] ?? (quick ? '1' : '3'), 0, 1000),
     clients: int('clients', values.clients ?? (quick ? '2' : '8'), 0, 64),
     policyClients: int('policy-clients', values['policy-clients'] ?? (quick ? '1' : '2'), 0, 64),
