@@ -6,6 +6,7 @@
  * Axis legend: see kernels/config.ts.
  */
 import * as tf from '@tensorflow/tfjs';
+import { geluArgument, geluGradient } from './gelu-fused.ts';
 
 function swapLast(x: tf.Tensor): tf.Tensor {
   const r = x.rank;
@@ -171,26 +172,23 @@ export function adaRmsNorm(x: tf.Tensor, mod: tf.Tensor): { y: tf.Tensor; gate: 
 }
 
 /**
- * GELU, tanh approximation: 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3), computed as
- * x * sigmoid(2 z), the same function (0.5 (1 + tanh z) = sigmoid(2 z)); the wasm backend's
- * Sigmoid is about 4x faster than its Tanh. Fused gradient (only x is kept):
- * d/dx = s + x s (1 - s) 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2), s = sigmoid(2 z).
+ * GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed as
+ * x * sigmoid(2 u), the same function (0.5 (1 + tanh u) = sigmoid(2 u)); the wasm backend's
+ * Sigmoid is about 4x faster than its Tanh. The sigmoid's argument and the gradient
+ * d/dx = s (1 + x (1 - s) 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2)), s = sigmoid(2 u), are single
+ * passes over memory (kernels/gelu-fused.ts); x and s are kept for the backward pass.
  */
 export function geluTanh(x: tf.Tensor): tf.Tensor {
-  const c = 2 * Math.sqrt(2 / Math.PI);
-  const sig = (t: tf.Tensor) => tf.sigmoid(tf.mul(tf.add(t, tf.mul(tf.mul(tf.mul(t, t), t), 0.044715)), c));
   const f = tf.customGrad(((xx: tf.Tensor, save: tf.GradSaveFunc) => {
-    save([xx]);
+    const [y, s] = tf.tidy(() => {
+      const sig = tf.sigmoid(geluArgument(xx));
+      return [tf.mul(xx, sig), sig];
+    });
+    save([xx, s!]);
+    s!.dispose(); // save() kept its own reference
     return {
-      value: tf.tidy(() => tf.mul(xx, sig(xx))),
-      gradFunc: (dy: tf.Tensor, saved: tf.Tensor[]) =>
-        tf.tidy(() => {
-          const t = saved[0]!;
-          const s = sig(t);
-          const inner = tf.mul(tf.add(tf.mul(tf.mul(t, t), 3 * 0.044715), 1), c); // dz2/dx
-          const d = tf.add(s, tf.mul(tf.mul(t, tf.mul(s, tf.sub(1, s))), inner));
-          return [tf.mul(dy, d)];
-        }),
+      value: y!,
+      gradFunc: (dy: tf.Tensor, saved: tf.Tensor[]) => [geluGradient(dy, saved[0]!, saved[1]!)],
     };
   }) as unknown as Parameters<typeof tf.customGrad>[0]) as unknown as (a: tf.Tensor) => tf.Tensor;
   return f(x);
