@@ -7,6 +7,7 @@
  */
 import * as tf from '@tensorflow/tfjs';
 import { geluArgument, geluGradient } from './gelu-fused.ts';
+import { softmaxGrad } from './softmax-grad.ts';
 
 function swapLast(x: tf.Tensor): tf.Tensor {
   const r = x.rank;
@@ -298,7 +299,7 @@ export function attentionHeads(q: tf.Tensor, kT: tf.Tensor, v: tf.Tensor, bias: 
           const [sq, skT, sv, sp] = saved as [tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor];
           const dyList = tf.unstack(dy); // n x [tq, hd]
           const dp = perHead(dyList, unstackT(sv)); // [n, tq, tk]
-          const ds = tf.unstack(tf.mul(sp, tf.sub(dp, tf.sum(tf.mul(dp, sp), -1, true)))); // n x [tq, tk]
+          const ds = tf.unstack(softmaxGrad(dp, sp)); // n x [tq, tk]: sp (dp - rowsum(dp sp))
           return [perHead(ds, unstackT(skT)), perHead(unstackT(sq), ds), perHead(unstackT(sp), dyList)];
         }),
     };

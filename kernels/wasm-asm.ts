@@ -34,6 +34,13 @@ export const store = [...simd(0x0b), 4, 0];
 export const splat = simd(0x13); // f32x4.splat
 export const [sqrt, add, sub, mul, div] = [0xe3, 0xe4, 0xe5, 0xe6, 0xe7].map(simd) as [number[], number[], number[], number[], number[]];
 export const i32add = [0x6a];
+/** f32x4.extract_lane `lane` (0..3) -> f32. */
+export const extractLane = (lane: number) => [...simd(0x1f), lane];
+export const f32add = [0x92];
+/** i32.const for 0 <= n < 64 (one-byte signed LEB128). */
+export const i32const = (n: number) => [0x41, n];
+/** f32x4 of zeros: f32.const 0, splat. */
+export const zero4 = [0x43, 0, 0, 0, 0, ...simd(0x13)];
 
 /** One exported function: its parameter types, extra locals, and the body's instructions. */
 export interface AsmFunction {
@@ -44,17 +51,23 @@ export interface AsmFunction {
 }
 
 /**
- * A loop over byte index `i` (a local) from 0 to `bytes` (a local) in steps of 16, running `body`
- * each time: block, loop, exit when i >= bytes, body, i += 16, branch back.
+ * A loop of local `i` from its current value up to local `limit` in steps of `step` (< 64),
+ * running `body` each time: block, loop, exit when i >= limit (unsigned), body, i += step, branch
+ * back. `i` is not reset: set it before the loop.
  */
-export function loop16(i: number, bytes: number, body: number[]): number[] {
+export function loopStep(i: number, limit: number, step: number, body: number[]): number[] {
   return [
     0x02, 0x40, 0x03, 0x40,
-    ...get(i), ...get(bytes), 0x4f, 0x0d, 1, // i >= bytes (unsigned): leave the block
+    ...get(i), ...get(limit), 0x4f, 0x0d, 1,
     ...body,
-    ...get(i), 0x41, 16, ...i32add, ...set(i),
+    ...get(i), ...i32const(step), ...i32add, ...set(i),
     0x0c, 0, 0x0b, 0x0b,
   ];
+}
+
+/** loopStep over byte index `i` from 0 to `bytes` in steps of 16 (one f32x4), `i` reset first. */
+export function loop16(i: number, bytes: number, body: number[]): number[] {
+  return [...i32const(0), ...set(i), ...loopStep(i, bytes, 16, body)];
 }
 
 /** `base + i` as an address: local `base` plus local `i`. */
