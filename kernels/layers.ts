@@ -8,6 +8,7 @@
 import * as tf from '@tensorflow/tfjs';
 import { geluArgument, geluGradient } from './gelu-fused.ts';
 import { softmaxGrad } from './softmax-grad.ts';
+import { rmsBackward, rmsForward } from './rms-fused.ts';
 
 function swapLast(x: tf.Tensor): tf.Tensor {
   const r = x.rank;
@@ -109,36 +110,25 @@ export function linearParts(x: tf.Tensor, p: LinearParams, parts: number): tf.Te
   });
 }
 
-const RMS_EPS = 1e-6;
-
 /**
  * x / sqrt(mean(x^2) + 1e-6) * weight over the last axis (D3), with a fused gradient (TF.js
  * would otherwise keep every elementwise temporary until the backward pass ends):
  * with r = rsqrt(mean(x^2) + eps) and g = dy * weight, dx = r g - x r^3 mean(g x),
- * dweight = sum over rows of dy x r. x [..., w], weight [w] (or none: the adaptive norm).
+ * dweight = sum over rows of dy x r; both directions are row passes (kernels/rms-fused.ts).
+ * x [..., w], weight [w] (or none: the adaptive norm).
  */
 function rmsCore(x: tf.Tensor, weight: tf.Tensor | null): tf.Tensor {
-  const w = x.shape[x.rank - 1]!;
   const body = (xx: tf.Tensor, ww: tf.Tensor | null, save: tf.GradSaveFunc) => {
-    const [y, r] = tf.tidy(() => {
-      const rr = tf.rsqrt(tf.add(tf.mean(tf.square(xx), -1, true), RMS_EPS)); // [..., 1]
-      const n = tf.mul(xx, rr);
-      return [ww ? tf.mul(n, ww) : n, rr];
-    });
-    save(ww ? [xx, r!, ww] : [xx, r!]);
-    r!.dispose();
+    const { y, r } = rmsForward(xx, ww);
+    save(ww ? [xx, r, ww] : [xx, r]);
+    r.dispose(); // save() kept its own reference
     return {
-      value: y!,
-      gradFunc: (dy: tf.Tensor, saved: tf.Tensor[]) =>
-        tf.tidy(() => {
-          const [sx, sr, sw] = saved as [tf.Tensor, tf.Tensor, tf.Tensor | undefined];
-          const g = sw ? tf.mul(dy, sw) : dy;
-          const proj = tf.mean(tf.mul(g, sx), -1, true); // [..., 1]
-          const dx = tf.sub(tf.mul(g, sr), tf.mul(sx, tf.mul(tf.pow(sr, 3), proj)));
-          if (!sw) return [dx];
-          const dw = tf.sum(tf.reshape(tf.mul(dy, tf.mul(sx, sr)), [-1, w]), 0);
-          return [dx, dw];
-        }),
+      value: y,
+      gradFunc: (dy: tf.Tensor, saved: tf.Tensor[]) => {
+        const [sx, sr, sw] = saved as [tf.Tensor, tf.Tensor, tf.Tensor | undefined];
+        const { dx, dw } = rmsBackward(dy, sx, sr, sw ?? null);
+        return sw ? [dx, dw!] : [dx];
+      },
     };
   };
   if (weight) {
