@@ -7,6 +7,7 @@ import Database from 'better-sqlite3';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
+import type { JobStatus } from '../protocol/jobs.ts';
 
 /** Each entry moves the schema from version i to i + 1. Never edit a released entry: append. */
 const MIGRATIONS: string[] = [
@@ -235,7 +236,7 @@ export class Store {
   }
 }
 
-export type JobStatus = 'queued' | 'running' | 'succeeded' | 'failed' | 'cancelled';
+export type { JobStatus } from '../protocol/jobs.ts';
 
 export interface JobRow {
   id: string;

@@ -9,6 +9,7 @@ import type { TemplatedApp } from 'uWebSockets.js';
 import { requireOwner } from '../auth.ts';
 import { HttpError, route, sendJson, type Req } from '../http.ts';
 import { openSse, streamFile } from '../stream.ts';
+import type { FineTuneJob } from '../../protocol/jobs.ts';
 import { nowS, randomId, type JobEvent, type JobRow, type Store } from '../store.ts';
 import type { ServerConfig } from '../config.ts';
 import { parseFineTuneConfig, resolveDatasetDir } from './config.ts';
@@ -16,9 +17,9 @@ import { prepareRun } from './train.ts';
 import { isTerminal, jobWorkDir, type JobRunner } from './runner.ts';
 
 /** Public JSON of a job: every config field with defaults, plus progress fields. */
-export function jobJson(j: JobRow): Record<string, unknown> {
+export function jobJson(j: JobRow): FineTuneJob {
   return {
-    id: j.id, object: 'fine_tune', status: j.status, created_at: j.created_at, ...j.config,
+    id: j.id, object: 'fine_tune', status: j.status, created_at: j.created_at, ...(j.config as Pick<FineTuneJob, 'model' | 'dataset_name' | 'steps'>),
     step: j.step, loss: j.loss, eval_loss: j.eval_loss, error: j.error, output_dir: j.output_dir,
     started_at: j.started_at, finished_at: j.finished_at,
   };

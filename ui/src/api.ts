@@ -3,6 +3,7 @@
  * lives in this module (and, when the user asks, in sessionStorage, which dies with the tab); it
  * is never put in a URL, so it does not land in server logs, history or Referer headers.
  */
+import type { FineTuneJob } from '../../protocol/jobs.ts';
 
 const STORAGE_KEY = 'vela.apiKey';
 
@@ -93,23 +94,7 @@ export async function json<T>(method: 'GET' | 'POST', path: string, body?: unkno
 }
 
 /** A fine-tune job as PROTOCOL.md section 1 returns it (config fields included). */
-export interface Job {
-  id: string;
-  status: 'queued' | 'running' | 'succeeded' | 'failed' | 'cancelled';
-  created_at: number;
-  model: string;
-  dataset_name: string;
-  steps: number;
-  step: number;
-  loss: number | null;
-  eval_loss: number | null;
-  error: string | null;
-  output_dir: string;
-  started_at: number | null;
-  finished_at: number | null;
-  name?: string | null;
-  [field: string]: unknown;
-}
+export type Job = FineTuneJob;
 
 /** A training session as PROTOCOL.md section 2 returns it. */
 export interface Session {
