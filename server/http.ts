@@ -43,10 +43,16 @@ export interface Req {
   json<T = Record<string, unknown>>(limitBytes?: number): Promise<T>;
 }
 
-/** Copy what a handler needs out of uWS's request (valid only synchronously) and start reading the body. */
-export function copyRequest(res: HttpResponse, req: HttpRequest, paramCount: number): Req {
+/** The request's headers (lower-case names), copied: uWS's request is valid only synchronously. */
+export function requestHeaders(req: HttpRequest): Record<string, string> {
   const headers: Record<string, string> = {};
   req.forEach((k, v) => (headers[k] = v));
+  return headers;
+}
+
+/** Copy what a handler needs out of uWS's request (valid only synchronously) and start reading the body. */
+export function copyRequest(res: HttpResponse, req: HttpRequest, paramCount: number): Req {
+  const headers = requestHeaders(req);
   const params: string[] = [];
   for (let i = 0; i < paramCount; i++) params.push(decodeURIComponent(req.getParameter(i) ?? ''));
 
@@ -152,4 +158,13 @@ export function route(paramCount: number, handler: Handler) {
  */
 export function wsPayloadCeiling(limitBytes: number): number {
   return Math.max(2 * limitBytes, limitBytes + 16 * 1024 * 1024);
+}
+
+/**
+ * The uWS settings both websockets share: payload ceiling for a `limitBytes` message limit (see
+ * wsPayloadCeiling), `maxBackpressure` bytes of unsent answers (bytes; the connection is closed by
+ * us, not by uWS, past it), 120 s idle timeout with automatic pings.
+ */
+export function wsSettings(limitBytes: number, maxBackpressure: number) {
+  return { maxPayloadLength: wsPayloadCeiling(limitBytes), maxBackpressure, closeOnBackpressureLimit: 0, idleTimeout: 120, sendPingsAutomatically: true } as const;
 }

@@ -12,7 +12,7 @@ import { fromWire, toWire } from '../protocol/ndarray.ts';
 import { parseRequest, requestIdOf, type SessionRequest } from '../protocol/messages.ts';
 import { credentialOf, safeEqual } from './auth.ts';
 import { EngineError } from './engine/messages.ts';
-import { statusLine, wsPayloadCeiling } from './http.ts';
+import { requestHeaders, statusLine, wsSettings } from './http.ts';
 import { log } from './log.ts';
 import { runOp } from './ops.ts';
 import type { LiveSession, SessionManager } from './sessions.ts';
@@ -68,15 +68,10 @@ export function mountSessionSocket(app: TemplatedApp, deps: { store: Store; sess
   const { store, sessions, config } = deps;
   const limit = config.maxSessionMessageBytes;
   app.ws<ConnData>('/v1/training_sessions/:id/ws', {
-    maxPayloadLength: wsPayloadCeiling(limit),
-    maxBackpressure: 512 * 1024 * 1024,
-    closeOnBackpressureLimit: 0,
-    idleTimeout: 120,
-    sendPingsAutomatically: true,
+    ...wsSettings(limit, 512 * 1024 * 1024),
     upgrade: (res: HttpResponse, req: HttpRequest, ctx: us_socket_context_t) => {
       const id = req.getParameter(0) ?? '';
-      const headers: Record<string, string> = {};
-      req.forEach((k, v) => (headers[k] = v));
+      const headers = requestHeaders(req);
       const reject = (status: number, msg: string): void => {
         res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json').end(JSON.stringify({ error: msg }));
       };

@@ -12,7 +12,7 @@ import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket, us_socket_cont
 import { ProtocolError } from '../../protocol/errors.ts';
 import { packNumpy } from '../../protocol/ndarray.ts';
 import { EngineError } from '../engine/messages.ts';
-import { HttpError, statusLine, wsPayloadCeiling } from '../http.ts';
+import { HttpError, requestHeaders, statusLine, wsSettings } from '../http.ts';
 import { log } from '../log.ts';
 import { randomId } from '../store.ts';
 import { decodeMessage, DEFAULT_POLICY_LIMITS } from './observation.ts';
@@ -129,14 +129,9 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
   const ceiling = opts.maxMessageBytes ?? DEFAULT_POLICY_LIMITS.maxMessageBytes;
   const nParams = paramCount(pattern);
   app.ws<Conn>(pattern, {
-    maxPayloadLength: wsPayloadCeiling(ceiling),
-    maxBackpressure: 64 * 1024 * 1024,
-    closeOnBackpressureLimit: 0,
-    idleTimeout: 120,
-    sendPingsAutomatically: true,
+    ...wsSettings(ceiling, 64 * 1024 * 1024),
     upgrade: (res: HttpResponse, req: HttpRequest, ctx: us_socket_context_t) => {
-      const headers: Record<string, string> = {};
-      req.forEach((k, v) => (headers[k] = v));
+      const headers = requestHeaders(req);
       const params: string[] = [];
       for (let i = 0; i < nParams; i++) params.push(decodeURIComponent(req.getParameter(i) ?? ''));
       const upgrade: PolicyUpgrade = { url: req.getUrl(), query: new URLSearchParams(req.getQuery() ?? ''), headers, params };
