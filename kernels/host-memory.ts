@@ -5,6 +5,7 @@
  * On other backends (tfjs-node, tfjs-node-gpu) `hostMemory()` is null and callers use TF.js ops.
  */
 import * as tf from '@tensorflow/tfjs';
+import { isWasmMemory } from './wasm-asm.ts';
 
 /** Float32 memory of tensors on the active backend. */
 export interface HostMemory {
@@ -35,15 +36,24 @@ function float32(t: tf.Tensor): void {
   if (t.dtype !== 'float32') throw new Error(`host memory view of a ${t.dtype} tensor [${t.shape}]; only float32 is supported`);
 }
 
-/** Host memory for the active backend, or null where tensors live outside JavaScript's reach. */
+let cached: { backend: object; host: HostMemory | null } | null = null;
+
+/**
+ * Host memory for the active backend, or null where tensors live outside JavaScript's reach.
+ * Made once per backend instance (every fused op asks).
+ */
 export function hostMemory(): HostMemory | null {
-  const name = tf.getBackend();
+  const backend = tf.backend();
+  if (cached?.backend !== backend) cached = { backend, host: make(tf.getBackend()) };
+  return cached.host;
+}
+
+function make(name: string): HostMemory | null {
   if (name === 'wasm') {
     const heap = tf.backend() as unknown as WasmHeap;
     const memory = heap.wasm.asm?.memory;
-    const isMemory = (globalThis as unknown as { WebAssembly: { Memory: new () => object } }).WebAssembly.Memory;
     return {
-      heap: memory instanceof isMemory ? { memory, offset: (t) => heap.dataIdMap.get(t.dataId).memoryOffset } : undefined,
+      heap: isWasmMemory(memory) ? { memory, offset: (t) => heap.dataIdMap.get(t.dataId).memoryOffset } : undefined,
       alloc: (shape) => tf.engine().makeTensorFromTensorInfo(heap.makeOutput([...shape], 'float32')),
       view: (t) => {
         float32(t);

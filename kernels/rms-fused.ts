@@ -13,16 +13,11 @@
  */
 import * as tf from '@tensorflow/tfjs';
 import { hostMemory, type HostMemory } from './host-memory.ts';
-import { F32, I32, V128, add, assemble, at, extractLane, f32add, get, i32add, i32const, instantiate, load, loop16, loopStep, mul, set, splat, store, sub, zero4 } from './wasm-asm.ts';
+import {
+  F32, I32, V128, add, assemble, at, extractLane, f32add, f32div, f32load, f32mul, f32sqrt, f32store, get, i32add, i32const, instantiate, load, loop16, loopStep, mul, set, splat, store, sub, tee, zero4,
+} from './wasm-asm.ts';
 
 export const RMS_EPS = 1e-6;
-
-const f32mul = [0x94];
-const f32div = [0x95];
-const f32sqrt = [0x91];
-const f32load = [0x2a, 2, 0];
-const f32store = [0x38, 2, 0];
-const tee = (i: number) => [0x22, i];
 
 type FwdFn = (x: number, wt: number, y: number, r: number, rows: number, rowBytes: number, invW: number, eps: number, one: number) => void;
 type BwdFn = (dy: number, x: number, r: number, wt: number, dx: number, dw: number, rows: number, rowBytes: number, invW: number) => void;

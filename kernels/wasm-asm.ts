@@ -7,10 +7,12 @@
  * nothing is fused, so a loop gives the same bits as the same operations done one at a time.
  */
 
+/** Value types: i32, f32, v128. */
 export const I32 = 0x7f;
 export const F32 = 0x7d;
 export const V128 = 0x7b;
 
+/** Unsigned LEB128 of a non-negative integer below 2^32. */
 export function uleb(n: number): number[] {
   const out: number[] = [];
   do {
@@ -25,17 +27,27 @@ const str = (s: string) => [...uleb(s.length), ...Buffer.from(s, 'utf8')];
 const vec = (items: number[][]) => [...uleb(items.length), ...items.flat()];
 const section = (id: number, body: number[]) => [id, ...uleb(body.length), ...body];
 
+/** local.get, local.set, local.tee of local `i`. */
 export const get = (i: number) => [0x20, ...uleb(i)];
 export const set = (i: number) => [0x21, ...uleb(i)];
+export const tee = (i: number) => [0x22, ...uleb(i)];
 const simd = (op: number) => [0xfd, ...uleb(op)];
 /** v128.load / v128.store with a 16-byte alignment hint and offset 0. */
 export const load = [...simd(0x00), 4, 0];
 export const store = [...simd(0x0b), 4, 0];
 export const splat = simd(0x13); // f32x4.splat
+/** f32x4 sqrt, add, sub, mul, div. */
 export const [sqrt, add, sub, mul, div] = [0xe3, 0xe4, 0xe5, 0xe6, 0xe7].map(simd) as [number[], number[], number[], number[], number[]];
 export const i32add = [0x6a];
+/** Scalar f32 mul, div, sqrt; f32.load / f32.store with a 4-byte alignment hint, offset 0. */
+export const f32mul = [0x94];
+export const f32div = [0x95];
+export const f32sqrt = [0x91];
+export const f32load = [0x2a, 2, 0];
+export const f32store = [0x38, 2, 0];
 /** f32x4.extract_lane `lane` (0..3) -> f32. */
 export const extractLane = (lane: number) => [...simd(0x1f), lane];
+/** Scalar f32.add. */
 export const f32add = [0x92];
 /** i32.const for 0 <= n < 64 (one-byte signed LEB128). */
 export const i32const = (n: number) => [0x41, n];
@@ -90,12 +102,18 @@ export function assemble(fns: AsmFunction[]): Uint8Array {
   ]);
 }
 
-// The project's lib setting has no WebAssembly JS API types; the two constructors used here.
+// The project's lib setting has no WebAssembly JS API types; the three constructors used here.
 interface WasmApi {
   Module: new (bytes: Uint8Array) => object;
   Instance: new (module: object, imports: object) => { exports: Record<string, unknown> };
+  Memory: new (descriptor: object) => object;
 }
 const wasmApi = (globalThis as unknown as { WebAssembly: WasmApi }).WebAssembly;
+
+/** Whether `x` is a WebAssembly.Memory (what a module here can import). */
+export function isWasmMemory(x: unknown): x is object {
+  return x instanceof wasmApi.Memory;
+}
 
 /**
  * Instantiates `bytes` against `memory` (a WebAssembly.Memory), once per module and memory.
