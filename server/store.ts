@@ -7,7 +7,7 @@ import Database from 'better-sqlite3';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
-import type { JobStatus } from '../protocol/jobs.ts';
+import type { FineTuneJob } from '../protocol/jobs.ts';
 
 /** Each entry moves the schema from version i to i + 1. Never edit a released entry: append. */
 const MIGRATIONS: string[] = [
@@ -238,19 +238,10 @@ export class Store {
 
 export type { JobStatus } from '../protocol/jobs.ts';
 
-export interface JobRow {
-  id: string;
+/** A job as stored: the REST JSON's progress fields, plus its owner, its config and the cancel flag. */
+export interface JobRow extends Pick<FineTuneJob, 'id' | 'status' | 'created_at' | 'step' | 'loss' | 'eval_loss' | 'error' | 'output_dir' | 'started_at' | 'finished_at'> {
   owner: string;
-  status: JobStatus;
-  created_at: number;
   config: Record<string, unknown>;
-  step: number;
-  loss: number | null;
-  eval_loss: number | null;
-  error: string | null;
-  output_dir: string;
-  started_at: number | null;
-  finished_at: number | null;
   cancel_requested: boolean;
 }
 
