@@ -236,7 +236,6 @@ export class Store {
   }
 }
 
-export type { JobStatus } from '../protocol/jobs.ts';
 
 /** A job as stored: the REST JSON's progress fields, plus its owner, its config and the cancel flag. */
 export interface JobRow extends Pick<FineTuneJob, 'id' | 'status' | 'created_at' | 'step' | 'loss' | 'eval_loss' | 'error' | 'output_dir' | 'started_at' | 'finished_at'> {
