@@ -193,7 +193,16 @@ export function sliceBatch(batch: ModelBatch, start: number, end: number): Model
   };
 }
 
-/** The ArrayBuffers behind a batch's arrays, to transfer it to a worker without copying (the batch is unusable after). */
+/**
+ * The ArrayBuffers behind a batch's arrays, to transfer it to a worker without copying (the batch
+ * is unusable after: the caller must keep no reference to it). An array that is a view on part of
+ * a larger buffer is left out (postMessage copies it), so a transfer never detaches bytes that are
+ * not the batch's; a buffer shared by two arrays is listed once.
+ */
 export function batchBuffers(b: ModelBatch): ArrayBuffer[] {
-  return [b.images, b.imageMask, b.tokens, b.tokenMask, b.state, b.actions, b.actionMask, b.weight].map((a) => a.buffer as ArrayBuffer);
+  const out = new Set<ArrayBuffer>();
+  for (const a of [b.images, b.imageMask, b.tokens, b.tokenMask, b.state, b.actions, b.actionMask, b.weight]) {
+    if (a.buffer instanceof ArrayBuffer && a.byteOffset === 0 && a.byteLength === a.buffer.byteLength) out.add(a.buffer);
+  }
+  return [...out];
 }

@@ -334,8 +334,9 @@ export class TrainingState {
 
   /**
    * forward: draws noise and time like forward_backward and returns the velocity with its
-   * inputs. With keep, remembers the batch, x_t and time for one backward (a later keep
-   * replaces it).
+   * inputs. With keep, remembers the batch (by reference: leave it unchanged until backward), and
+   * its own copies of x_t and time, for one backward (a later keep replaces it). The state keeps
+   * none of the returned arrays: they are the caller's to change or transfer.
    */
   forward(batch: ModelBatch, options: { keep?: boolean } & NoiseTime = {}): ForwardResult {
     this.checkBatch(batch);
@@ -347,7 +348,8 @@ export class TrainingState {
     if (options.keep) {
       let weightSum = 0;
       for (const w of batch.weight) weightSum += w;
-      this.kept = { batch, xT, time, weightSum };
+      // Copies: the returned arrays are the caller's (the engine transfers them to another thread).
+      this.kept = { batch, xT: xT.slice(), time: time.slice(), weightSum };
     }
     return { velocity: vel, target, xT, noise, time };
   }

@@ -34,6 +34,22 @@ function send(m: FromWorker, transfer: ArrayBuffer[] = []): void {
   port.postMessage(m, transfer);
 }
 
+/**
+ * The transfer list of an answer: the buffers of arrays that this call made for the answer alone.
+ * Rules that keep the worker's own state intact (a transferred buffer is detached here): pass
+ * only arrays that nothing in the worker keeps (TrainingState returns such arrays, see its
+ * docstrings); a view on part of a buffer is copied, never transferred (the rest of the buffer may
+ * be someone else's); a buffer listed twice is transferred once.
+ */
+function answerBuffers(...arrays: ArrayBufferView[]): ArrayBuffer[] {
+  const out = new Set<ArrayBuffer>();
+  for (const a of arrays) {
+    const buf = a.buffer;
+    if (buf instanceof ArrayBuffer && a.byteOffset === 0 && a.byteLength === buf.byteLength) out.add(buf);
+  }
+  return [...out];
+}
+
 function savedDir(t: Tenant, kind: 'states' | 'weights', name: string): string {
   return path.join(t.dir, kind, name);
 }
@@ -104,14 +120,14 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
   switch (op) {
     case 'forward_backward': {
       const r = state.forwardBackward(args.batch as ModelBatch, { lossFn: args.lossFn });
-      return [answer(state, r), [r.lossPerDatum.buffer as ArrayBuffer]];
+      return [answer(state, r), answerBuffers(r.lossPerDatum)];
     }
     case 'forward': {
       const batch = args.batch as ModelBatch;
       // A seeded forward (evaluation) draws its own noise and time and leaves the session's generator alone.
       const given = args.seed == null ? {} : drawNoiseTime(new Rng(args.seed), batch.size, config.horizon, config.actionDim);
       const r = state.forward(batch, { keep: !!args.keep, ...given });
-      return [answer(state, r), [r.velocity, r.target, r.xT, r.noise, r.time].map((a) => a.buffer as ArrayBuffer)];
+      return [answer(state, r), answerBuffers(r.velocity, r.target, r.xT, r.noise, r.time)];
     }
     case 'backward':
       if (!(args.velocityGrad instanceof Float32Array)) throw new EngineError('bad_request', 'velocity_grad is missing');
@@ -132,7 +148,7 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
       const temp = args.weights ? await loadWeights(tenant, args.weights) : null;
       try {
         const actions = (temp ?? state).sample(args.batch as ModelBatch, { numSteps: args.numSteps, seed: args.seed ?? undefined });
-        return [answer(state, { actions }), [actions.buffer as ArrayBuffer]];
+        return [answer(state, { actions }), answerBuffers(actions)];
       } finally {
         temp?.dispose();
       }
@@ -216,7 +232,7 @@ function infer(policyId: string, args: Record<string, any>): [unknown, ArrayBuff
   const noise = new Float32Array(batch.size * per);
   seeds.forEach((seed, i) => noise.set(new Rng(seed).normals(per), i * per));
   const actions = state.sample(batch, { numSteps: args.numSteps ?? 10, noise });
-  return [answer(null, { actions }), [actions.buffer as ArrayBuffer]];
+  return [answer(null, { actions }), answerBuffers(actions)];
 }
 
 function isUserError(e: unknown): boolean {
