@@ -6,6 +6,8 @@
 import uWS from 'uWebSockets.js';
 import { createRequire } from 'node:module';
 import { HttpError, route, sendJson, sendText, type Req } from './http.ts';
+import { createApp } from './guard.ts';
+import { hideServerPath } from './redact.ts';
 import { requireOwner } from './auth.ts';
 import { log } from './log.ts';
 import { Store } from './store.ts';
@@ -43,6 +45,8 @@ export interface ServerHandle {
   store: Store;
   sessions: SessionManager;
   runner: JobRunner;
+  /** Every route of the app (`WS` for a websocket): method and uWS pattern. */
+  routes(): { method: string; pattern: string }[];
   /** Stop accepting, close every session (answering what is in flight), close engines and the store. */
   close(): Promise<void>;
 }
@@ -62,6 +66,8 @@ export interface StartOptions {
  */
 export async function startServer(config: ServerConfig, opts: StartOptions = {}): Promise<ServerHandle> {
   assertNativeUws();
+  hideServerPath(config.dataDir, '<data dir>');
+  hideServerPath(config.datasetsDir, '<datasets dir>');
   const store = new Store(config.dataDir);
   const orphans = store.closeOrphanSessions('the server restarted; session memory is lost (load a saved state in a new session)');
   if (orphans > 0) log.info(`closed ${orphans} session(s) left open by the previous run`);
@@ -71,7 +77,7 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
     (opts.onNewKey ?? ((k) => log.info(`created an API key (shown once): ${k}`)))(key);
   }
   const sessions = new SessionManager(store, config, opts.engineFactory);
-  const app = uWS.App();
+  const app = createApp();
   let baseUrl = '';
   const wsBase = () => (config.publicUrl ?? baseUrl).replace(/^http/, 'ws').replace(/\/$/, '');
 
@@ -109,7 +115,7 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
 
   mountUi(app);
 
-  app.any('/*', route(0, (r) => {
+  app.fallback(route(0, (r) => {
     throw new HttpError(404, `no route ${r.method} ${r.url}`);
   }));
 
@@ -128,6 +134,7 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
     store,
     sessions,
     runner,
+    routes: () => app.routes(),
     close: () =>
       (closing ??= (async () => {
         uWS.us_listen_socket_close(listenSocket);

@@ -8,6 +8,7 @@ import type { HttpRequest, HttpResponse } from 'uWebSockets.js';
 import { ProtocolError } from '../protocol/errors.ts';
 import { log } from './log.ts';
 import { randomId } from './store.ts';
+import { redactPaths } from './redact.ts';
 
 /** An HTTP error that the client caused or must see: `{"error": message}` with `status`. */
 export class HttpError extends Error {
@@ -37,6 +38,8 @@ export interface Req {
   params: string[];
   res: HttpResponse;
   aborted: boolean;
+  /** The client went away (uWS onAborted): marks the request aborted and fails a body read in progress. */
+  abort(): void;
   /** Reads the whole body (at most `limitBytes`, else 413). */
   body(limitBytes?: number): Promise<Buffer>;
   /** Reads and parses a JSON object body (400 when it is not one). */
@@ -50,11 +53,27 @@ export function requestHeaders(req: HttpRequest): Record<string, string> {
   return headers;
 }
 
-/** Copy what a handler needs out of uWS's request (valid only synchronously) and start reading the body. */
+/**
+ * `decodeURIComponent` for a part of a request's URL.
+ * @throws HttpError 400 naming the part when it holds a malformed %-escape or invalid UTF-8.
+ */
+export function decodeUrlPart(text: string, what = 'a URL path segment'): string {
+  try {
+    return decodeURIComponent(text);
+  } catch {
+    const shown = text.length > 200 ? `${text.slice(0, 200)}...` : text;
+    throw new HttpError(400, `${what} ${JSON.stringify(shown)} has a malformed %-escape (or one that is not UTF-8)`);
+  }
+}
+
+/**
+ * Copy what a handler needs out of uWS's request (valid only synchronously) and start reading the body.
+ * @throws HttpError 400 for a path parameter with a malformed %-escape.
+ */
 export function copyRequest(res: HttpResponse, req: HttpRequest, paramCount: number): Req {
   const headers = requestHeaders(req);
   const params: string[] = [];
-  for (let i = 0; i < paramCount; i++) params.push(decodeURIComponent(req.getParameter(i) ?? ''));
+  for (let i = 0; i < paramCount; i++) params.push(decodeUrlPart(req.getParameter(i) ?? ''));
 
   // onData must be attached synchronously; chunks past the limit are counted, not kept.
   const chunks: Buffer[] = [];
@@ -62,6 +81,7 @@ export function copyRequest(res: HttpResponse, req: HttpRequest, paramCount: num
   let limit = Infinity;
   let done = false;
   let wake: (() => void) | null = null;
+  let cut: (() => void) | null = null;
   res.onData((chunk, isLast) => {
     size += chunk.byteLength;
     if (size <= limit) chunks.push(Buffer.from(chunk.slice(0)));
@@ -79,11 +99,21 @@ export function copyRequest(res: HttpResponse, req: HttpRequest, paramCount: num
     params,
     res,
     aborted: false,
+    abort() {
+      r.aborted = true;
+      if (!done) cut?.(); // a body cut short: its reader fails instead of waiting forever
+    },
     async body(limitBytes = 1024 * 1024) {
       const declared = Number(headers['content-length'] ?? 0);
       if (declared > limitBytes) throw new HttpError(413, `body is ${declared} bytes; the limit is ${limitBytes}`);
       limit = limitBytes;
-      if (!done) await new Promise<void>((resolve) => (wake = resolve));
+      if (!done && r.aborted) throw new HttpError(400, 'the client went away before its body was complete');
+      if (!done) {
+        await new Promise<void>((resolve, reject) => {
+          wake = resolve;
+          cut = () => reject(new HttpError(400, `the client went away after ${size} bytes of its body`));
+        });
+      }
       if (size > limitBytes) throw new HttpError(413, `body is ${size} bytes; the limit is ${limitBytes}`);
       return Buffer.concat(chunks);
     },
@@ -125,11 +155,11 @@ export function sendText(r: Req, status: number, text: string, contentType = 'te
 
 /** Map any thrown value to an answer; unexpected ones are 500 with a request id, logged with the stack. */
 export function sendError(r: Req, err: unknown): void {
-  if (err instanceof HttpError) return sendJson(r, err.status, { error: err.message, ...err.extra });
-  if (err instanceof ProtocolError) return sendJson(r, err.code === 'too_large' ? 413 : 400, { error: err.message, code: err.code });
+  if (err instanceof HttpError) return sendJson(r, err.status, { error: redactPaths(err.message), ...err.extra });
+  if (err instanceof ProtocolError) return sendJson(r, err.code === 'too_large' ? 413 : 400, { error: redactPaths(err.message), code: err.code });
   const code = (err as { code?: unknown })?.code;
   if (err instanceof Error && typeof code === 'string' && (err as any).status) {
-    return sendJson(r, (err as any).status, { error: err.message, code });
+    return sendJson(r, (err as any).status, { error: redactPaths(err.message), code });
   }
   const requestId = randomId('req-');
   log.error(`${r.method} ${r.url} failed (${requestId})`, err);
@@ -142,9 +172,7 @@ export type Handler = (r: Req) => Promise<void> | void;
 export function route(paramCount: number, handler: Handler) {
   return (res: HttpResponse, req: HttpRequest) => {
     const r = copyRequest(res, req, paramCount);
-    res.onAborted(() => {
-      r.aborted = true;
-    });
+    res.onAborted(() => r.abort());
     Promise.resolve()
       .then(() => handler(r))
       .catch((err) => sendError(r, err));

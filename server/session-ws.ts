@@ -14,6 +14,7 @@ import { credentialOf, safeEqual } from './auth.ts';
 import { EngineError } from './engine/messages.ts';
 import { requestHeaders, statusLine, wsSettings } from './http.ts';
 import { log } from './log.ts';
+import { redactPaths } from './redact.ts';
 import { runOp } from './ops.ts';
 import type { LiveSession, SessionManager } from './sessions.ts';
 import type { ServerConfig } from './config.ts';
@@ -35,10 +36,10 @@ interface ConnData {
 
 /** Turn a thrown value into the error text of an answer; internal errors are logged, not shown. */
 export function errorText(err: unknown, context: string): { error: string; code: string } {
-  if (err instanceof ProtocolError) return { error: err.message, code: err.code };
-  if (err instanceof EngineError) return { error: err.message, code: err.code };
+  if (err instanceof ProtocolError) return { error: redactPaths(err.message), code: err.code };
+  if (err instanceof EngineError) return { error: redactPaths(err.message), code: err.code };
   const code = (err as { code?: unknown })?.code;
-  if (err instanceof Error && typeof code === 'string' && err.name !== 'Error' && err.name !== 'TypeError') return { error: err.message, code };
+  if (err instanceof Error && typeof code === 'string' && err.name !== 'Error' && err.name !== 'TypeError') return { error: redactPaths(err.message), code };
   log.error(`${context}: internal error`, err);
   return { error: 'internal error (see the server log)', code: 'internal' };
 }

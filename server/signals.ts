@@ -1,24 +1,38 @@
-/** SIGINT/SIGTERM for long-running commands: the first asks for a graceful stop, a second exits now. */
+/**
+ * Process-level handling for long-running commands: SIGINT/SIGTERM ask for a graceful stop (a
+ * second signal exits now), and the last line of defence behind the per-request guard
+ * (server/guard.ts): a rejected promise that nobody handled is logged and the server goes on (it
+ * belonged to one request); an exception that escaped every guard leaves the process in an
+ * unknown state, so it is logged and the server shuts down gracefully (in-flight requests are
+ * answered, jobs resume from their checkpoints on restart) and exits 1.
+ */
 import { log } from './log.ts';
 
-/** Call `close` on the first SIGINT/SIGTERM, then exit 0 (1 if it fails); a second signal exits 1 at once. */
+/** Call `close` on the first SIGINT/SIGTERM (or uncaught exception), then exit 0 (1 after an exception or a failed close); a second signal exits 1 at once. */
 export function stopOnSignals(close: () => Promise<void>, what = 'shutting down (finishing in-flight requests)'): void {
   let stopping = false;
-  const stop = (signal: string) => {
+  const stop = (reason: string, code: number) => {
     if (stopping) {
-      log.warn(`${signal} again: exiting now`);
+      log.warn(`${reason} again: exiting now`);
       process.exit(1);
     }
     stopping = true;
-    log.info(`${signal}: ${what}`);
+    log.info(`${reason}: ${what}`);
     close().then(
-      () => process.exit(0),
+      () => process.exit(code),
       (e) => {
         log.error('shutdown failed', e);
         process.exit(1);
       },
     );
   };
-  process.on('SIGINT', () => stop('SIGINT'));
-  process.on('SIGTERM', () => stop('SIGTERM'));
+  process.on('SIGINT', () => stop('SIGINT', 0));
+  process.on('SIGTERM', () => stop('SIGTERM', 0));
+  process.on('unhandledRejection', (reason) => {
+    log.error('a promise was rejected and nobody handled it (a bug; the server goes on)', reason);
+  });
+  process.on('uncaughtException', (err) => {
+    log.error('an exception escaped every handler (a bug)', err);
+    stop('uncaught exception', 1);
+  });
 }

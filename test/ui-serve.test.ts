@@ -43,7 +43,7 @@ describe('dashboard build and serving', () => {
   it('answers 503 naming the build command while nothing is built', async () => {
     const res = await get('/ui/');
     expect(res.status).toBe(503);
-    expect(await res.text()).toBe(`The dashboard is not built: ${outDir}/index.html is missing. Run "npm run build:ui" (npm start and npm test run it first).\n`);
+    expect(await res.text()).toBe('The dashboard is not built on this server: the operator runs "npm run build:ui" (npm start and npm test run it first).\n');
   });
 
   it('builds hashed assets and serves them with their types and caching', async () => {

@@ -10,6 +10,7 @@ import type { SessionRequest } from '../../protocol/messages.ts';
 import { EngineError } from '../engine/messages.ts';
 import { HttpError, type Req } from '../http.ts';
 import { log } from '../log.ts';
+import { redactPaths } from '../redact.ts';
 
 /** A futures op: its engine (websocket) op and the body fields it takes besides model_id, seq_id. */
 export const OPS: Record<string, { op: SessionRequest['op']; args: string[] }> = {
@@ -83,11 +84,11 @@ export function wsRequest(name: string, body: Record<string, unknown>): Record<s
 
 /** Map a thrown value to status and body, in PROTOCOL.md section 0's terms. */
 export function errorAnswer(r: Req, err: unknown): [number, Record<string, unknown>] {
-  if (err instanceof HttpError) return [err.status, { error: err.message, ...err.extra }];
-  if (err instanceof ProtocolError) return [err.code === 'too_large' ? 413 : 400, { error: err.message, code: err.code }];
+  if (err instanceof HttpError) return [err.status, { error: redactPaths(err.message), ...err.extra }];
+  if (err instanceof ProtocolError) return [err.code === 'too_large' ? 413 : 400, { error: redactPaths(err.message), code: err.code }];
   if (err instanceof EngineError) {
     const status = err.code === 'not_found' ? 404 : ['conflict', 'busy', 'poisoned'].includes(err.code) ? 409 : 400;
-    return [status, { error: err.message, code: err.code }];
+    return [status, { error: redactPaths(err.message), code: err.code }];
   }
   const requestId = `req-${crypto.randomBytes(6).toString('hex')}`;
   log.error(`${r.method} ${r.url} failed (${requestId})`, err);

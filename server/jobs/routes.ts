@@ -7,7 +7,8 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { TemplatedApp } from 'uWebSockets.js';
 import { requireOwner } from '../auth.ts';
-import { HttpError, route, sendJson, type Req } from '../http.ts';
+import { log } from '../log.ts';
+import { decodeUrlPart, HttpError, route, sendJson, type Req } from '../http.ts';
 import { openSse, streamFile } from '../stream.ts';
 import type { FineTuneJob } from '../../protocol/jobs.ts';
 import { nowS, randomId, type JobEvent, type JobRow, type Store } from '../store.ts';
@@ -67,13 +68,17 @@ export function mountJobRoutes(app: TemplatedApp, deps: JobRoutesDeps): void {
     const owner = requireOwner(store, r);
     const cfg = parseFineTuneConfig(await r.json());
     const dir = resolveDatasetDir(cfg.dataset_name, config.datasetsDir, config.allowAbsoluteDatasets);
-    if (!fs.existsSync(dir)) throw new HttpError(400, `dataset_name "${cfg.dataset_name}" not found: ${dir} does not exist (datasets root: ${config.datasetsDir})`);
+    if (!fs.existsSync(dir)) {
+      log.info(`fine-tune refused: dataset_name "${cfg.dataset_name}" resolves to ${dir}, which does not exist`);
+      throw new HttpError(400, `dataset_name "${cfg.dataset_name}" not found: no such dataset folder under this server's datasets root (the operator sets it with --datasets-dir / VELA_DATASETS_DIR)`);
+    }
     try {
       const { ds } = await prepareRun(cfg, dir, (d) => runner.openDataset(d));
       await ds.checkVideos();
     } catch (e) {
       if (e instanceof HttpError) throw e;
-      throw new HttpError(400, `dataset "${cfg.dataset_name}": ${(e as Error).message}`);
+      // Dataset readers name files by their full path; the client named the dataset.
+      throw new HttpError(400, `dataset "${cfg.dataset_name}": ${(e as Error).message.split(dir).join(cfg.dataset_name)}`);
     }
     const id = randomId('ft-');
     const row: JobRow = {
@@ -144,7 +149,7 @@ export function mountJobRoutes(app: TemplatedApp, deps: JobRoutesDeps): void {
 
   app.get('/v1/fine-tunes/:id/files/*', route(1, async (r) => {
     const j = ownJob(r, requireOwner(store, r));
-    const rel = decodeURIComponent(r.url.slice(r.url.indexOf('/files/') + '/files/'.length));
+    const rel = decodeUrlPart(r.url.slice(r.url.indexOf('/files/') + '/files/'.length), 'the file path');
     const segments = rel.split('/');
     if (rel === '' || segments.some((s) => s === '' || s === '.' || s === '..' || s.includes('\\'))) {
       throw new HttpError(400, `file path "${rel}" must be plain relative segments`);

@@ -8,6 +8,7 @@ import { EventEmitter } from 'node:events';
 import fs from 'node:fs';
 import path from 'node:path';
 import { log } from '../log.ts';
+import { redactPaths } from '../redact.ts';
 import { nowS, type JobEvent, type JobRow, type Store } from '../store.ts';
 import type { EngineLike } from '../engine/host.ts';
 import type { ServerConfig } from '../config.ts';
@@ -134,7 +135,7 @@ export class JobRunner {
       const msg = (e as Error).message ?? String(e);
       log.warn(`job ${id} failed: ${msg}`);
       if (!(e as { code?: unknown }).code) log.debug((e as Error).stack ?? '');
-      this.finish(id, 'failed', { error: msg });
+      this.finish(id, 'failed', { error: redactPaths(msg) }); // the job's error is shown to its owner
     } finally {
       await engine?.call(id, 'close_session').catch(() => undefined);
     }

@@ -12,8 +12,9 @@ import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket, us_socket_cont
 import { ProtocolError } from '../../protocol/errors.ts';
 import { packNumpy } from '../../protocol/ndarray.ts';
 import { EngineError } from '../engine/messages.ts';
-import { HttpError, requestHeaders, statusLine, wsSettings } from '../http.ts';
+import { decodeUrlPart, HttpError, requestHeaders, statusLine, wsSettings } from '../http.ts';
 import { log } from '../log.ts';
+import { redactPaths } from '../redact.ts';
 import { randomId } from '../store.ts';
 import { decodeMessage, DEFAULT_POLICY_LIMITS } from './observation.ts';
 import { MAX_STREAM_CHARS, seedStream } from './seeds.ts';
@@ -61,7 +62,7 @@ function errorFrame(err: unknown, debug: boolean, context: string): string {
   const e = err as Error;
   const client = err instanceof ProtocolError || err instanceof EngineError || CLIENT_ERRORS.has(e?.name);
   let text: string;
-  if (client) text = e.message;
+  if (client) text = redactPaths(e.message);
   else {
     const id = randomId('req-');
     log.error(`${context}: internal error (${id})`, err);
@@ -133,7 +134,7 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
     upgrade: (res: HttpResponse, req: HttpRequest, ctx: us_socket_context_t) => {
       const headers = requestHeaders(req);
       const params: string[] = [];
-      for (let i = 0; i < nParams; i++) params.push(decodeURIComponent(req.getParameter(i) ?? ''));
+      for (let i = 0; i < nParams; i++) params.push(decodeUrlPart(req.getParameter(i) ?? ''));
       const upgrade: PolicyUpgrade = { url: req.getUrl(), query: new URLSearchParams(req.getQuery() ?? ''), headers, params };
       let aborted = false;
       res.onAborted(() => (aborted = true));
@@ -151,7 +152,7 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
           res.cork(() => res.upgrade<Conn>(conn, headers['sec-websocket-key']!, headers['sec-websocket-protocol'] ?? '', headers['sec-websocket-extensions'] ?? '', ctx));
         })
         .catch((err) => {
-          if (err instanceof HttpError) return refuse(err.status, err.message);
+          if (err instanceof HttpError) return refuse(err.status, redactPaths(err.message));
           const id = randomId('req-');
           log.error(`policy upgrade ${upgrade.url} failed (${id})`, err);
           refuse(500, `internal error (${id})`);

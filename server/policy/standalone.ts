@@ -7,6 +7,8 @@ import uWS from 'uWebSockets.js';
 import { assertNativeUws } from '../app.ts';
 import { credentialOf, safeEqual } from '../auth.ts';
 import { HttpError, route, sendJson, sendText, statusLine, type Req } from '../http.ts';
+import { createApp } from '../guard.ts';
+import { hideServerPath } from '../redact.ts';
 import { createPolicyServer, type PolicyServer, type PolicyServerOptions } from './service.ts';
 import { mountPolicySocket } from './socket.ts';
 
@@ -25,6 +27,8 @@ export interface PolicyServerHandle {
   /** `ws://host:port/` */
   wsUrl: string;
   policy: PolicyServer;
+  /** Every route (`WS` for the websocket): method and uWS pattern. */
+  routes(): { method: string; pattern: string }[];
   /** Stop listening, close every connection (1001), refuse queued requests. The engine stays open. */
   close(): Promise<void>;
 }
@@ -43,9 +47,10 @@ export function checkPolicyKey(policy: PolicyServer, headers: Record<string, str
 /** Loads the checkpoint (see createPolicyServer) and listens. @throws Error when the port is taken. */
 export async function startPolicyServer(opts: StandaloneOptions): Promise<PolicyServerHandle> {
   assertNativeUws();
+  hideServerPath(opts.checkpointDir, '<checkpoint>');
   const policy = await createPolicyServer(opts);
   const host = opts.host ?? '127.0.0.1';
-  const app = uWS.App();
+  const app = createApp();
   const sockets = new Set<uWS.WebSocket<unknown>>();
   const authed = (r: Req) => checkPolicyKey(policy, r.headers);
 
@@ -66,7 +71,7 @@ export async function startPolicyServer(opts: StandaloneOptions): Promise<Policy
     checkPolicyKey(policy, req.headers);
     return policy;
   }, { maxMessageBytes: policy.limits.maxMessageBytes, sockets });
-  app.any('/*', route(0, (r) => {
+  app.fallback(route(0, (r) => {
     throw new HttpError(404, `no route ${r.method} ${r.url}; the policy websocket is at /`);
   }));
 
@@ -82,6 +87,7 @@ export async function startPolicyServer(opts: StandaloneOptions): Promise<Policy
     baseUrl: `http://${hostPart}:${port}`,
     wsUrl: `ws://${hostPart}:${port}/`,
     policy,
+    routes: () => app.routes(),
     close: () =>
       (closing ??= (async () => {
         uWS.us_listen_socket_close(listenSocket);

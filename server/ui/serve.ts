@@ -54,7 +54,7 @@ export function mountUi(app: TemplatedApp, opts: UiOptions = {}): void {
     const set = current();
     if (!set) {
       return answer(r, 503, { 'content-type': 'text/plain; charset=utf-8', 'cache-control': 'no-store' },
-        `The dashboard is not built: ${dir}/index.html is missing. Run "npm run build:ui" (npm start and npm test run it first).\n`);
+        'The dashboard is not built on this server: the operator runs "npm run build:ui" (npm start and npm test run it first).\n');
     }
     const rel = r.url.slice('/ui/'.length);
     const asset = set.files.get(rel);

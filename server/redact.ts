@@ -1,0 +1,26 @@
+/**
+ * Server paths never reach a client (PROTOCOL.md section 0): the folders a server was started with
+ * (data dir, datasets root) are registered here, and every error text that goes to a client
+ * passes through `redactPaths`, which names each registered folder by its label instead. Error
+ * messages should name what the client sent in the first place; this is the safety net for the
+ * ones that come from deeper layers (dataset readers, checkpoint loaders) with a path inside.
+ * The full text, with paths, still goes to the server log where it is logged.
+ */
+import path from 'node:path';
+
+const roots: { dir: string; label: string }[] = [];
+
+/** Register a server folder: `label` (e.g. `<data dir>`) replaces it in client-visible errors. */
+export function hideServerPath(dir: string, label: string): void {
+  const abs = path.resolve(dir);
+  if (abs === path.parse(abs).root || roots.some((r) => r.dir === abs)) return;
+  roots.push({ dir: abs, label });
+  roots.sort((a, b) => b.dir.length - a.dir.length); // the deepest folder first
+}
+
+/** `text` with every registered server folder replaced by its label. */
+export function redactPaths(text: string): string {
+  let out = text;
+  for (const { dir, label } of roots) if (out.includes(dir)) out = out.split(dir).join(label);
+  return out;
+}
