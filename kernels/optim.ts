@@ -22,7 +22,8 @@ import { hostMemory, type HostMemory } from './host-memory.ts';
 export type OptimErrorCode =
   | 'bad_option' // an AdamW option outside its range
   | 'grad_mismatch' // gradients whose names or shapes do not match the parameters
-  | 'bad_moments'; // moments that do not match the parameters (create/import)
+  | 'bad_moments' // moments that do not match the parameters (create/import)
+  | 'non_finite_update'; // the step would leave a parameter or moment non-finite (nothing changed)
 
 /** The optimizer's one error type; `code` says which check failed. */
 export class OptimError extends Error {
@@ -68,10 +69,12 @@ export function validateAdamWOptions(opts: AdamWOptions): void {
     throw new OptimError('bad_option', `${name} is ${String(value)}; it must be ${want}`);
   };
   const num = (v: unknown): v is number => typeof v === 'number' && Number.isFinite(v);
-  if (!num(opts.learningRate) || opts.learningRate <= 0) bad('learning_rate', opts.learningRate, 'a finite number > 0');
+  if (!num(opts.learningRate) || opts.learningRate < 0) bad('learning_rate', opts.learningRate, 'a finite number >= 0');
   if (!num(opts.beta1) || opts.beta1 < 0 || opts.beta1 >= 1) bad('beta1', opts.beta1, 'in [0, 1)');
   if (!num(opts.beta2) || opts.beta2 < 0 || opts.beta2 >= 1) bad('beta2', opts.beta2, 'in [0, 1)');
-  if (!num(opts.eps) || opts.eps < 0) bad('eps', opts.eps, 'a finite number >= 0');
+  // eps = 0 divides 0 by 0 for every parameter whose gradient was zero (NaN weights), and the
+  // update runs in float32, so an eps that rounds to 0 there is as bad.
+  if (!num(opts.eps) || !(Math.fround(opts.eps) > 0)) bad('eps', opts.eps, 'a finite number > 0 (at least 1.4e-45, the smallest float32)');
   if (!num(opts.weightDecay) || opts.weightDecay < 0) bad('weight_decay', opts.weightDecay, 'a finite number >= 0');
   if (!num(opts.gradClipNorm) || opts.gradClipNorm < 0) bad('grad_clip_norm', opts.gradClipNorm, 'a finite number >= 0 (0 = off)');
 }
@@ -285,6 +288,22 @@ function clipScaleOf(opts: AdamWOptions, gradNorm: number): number {
   return opts.gradClipNorm > 0 && gradNorm > opts.gradClipNorm ? opts.gradClipNorm / gradNorm : 1;
 }
 
+/**
+ * Refuse a step that would leave a non-finite parameter or moment (finite options can still
+ * overflow float32, e.g. a huge weight_decay): the caller assigns nothing.
+ * @throws OptimError 'non_finite_update' naming the tensor and the first bad element.
+ */
+function checkFinite(name: string, [p, m, v]: Float32Array[], opts: AdamWOptions): void {
+  for (const [what, a] of [['', p], [' (exp_avg)', m], [' (exp_avg_sq)', v]] as const) {
+    for (let i = 0; i < a!.length; i++) {
+      if (!Number.isFinite(a![i]!)) {
+        throw new OptimError('non_finite_update', `optim_step would make ${name}${what}[${i}] ${a![i]}; nothing was changed ` +
+          `(learning_rate ${opts.learningRate}, weight_decay ${opts.weightDecay}, eps ${opts.eps}): use smaller values`);
+      }
+    }
+  }
+}
+
 function assignAll(p: tf.Variable, m: tf.Variable, v: tf.Variable, next: [tf.Tensor, tf.Tensor, tf.Tensor]): void {
   p.assign(next[0]);
   m.assign(next[1]);
@@ -297,11 +316,16 @@ function fusedStep(host: HostMemory, params: Map<string, tf.Variable>, grads: Ma
   if (!Number.isFinite(gradNorm)) return { gradNorm, skipped: true };
   const t = moments.step + 1;
   const s = scalarsOf(opts, t, divisor, clipScaleOf(opts, gradNorm));
-  for (const [name, p] of params) {
-    const m = moments.m.get(name)!;
-    const v = moments.v.get(name)!;
-    assignAll(p, m, v, adamwFused(host, p, grads.get(name)!, m, v, s));
+  const next = new Map<string, [tf.Tensor, tf.Tensor, tf.Tensor]>();
+  try {
+    for (const [name, p] of params) next.set(name, adamwFused(host, p, grads.get(name)!, moments.m.get(name)!, moments.v.get(name)!, s));
+    // Views after the last alloc (a growing wasm heap detaches older views).
+    for (const [name, out] of next) checkFinite(name, out.map((x) => host.view(x) as Float32Array), opts);
+  } catch (e) {
+    for (const out of next.values()) tf.dispose(out);
+    throw e;
   }
+  for (const [name, out] of next) assignAll(params.get(name)!, moments.m.get(name)!, moments.v.get(name)!, out);
   moments.step = t;
   return { gradNorm, skipped: false };
 }
@@ -313,10 +337,11 @@ function opsStep(params: Map<string, tf.Variable>, grads: Map<string, tf.Tensor>
     if (!Number.isFinite(gradNorm)) return { gradNorm, skipped: true };
     const t = moments.step + 1;
     const { clipScale, decay, w, beta2: b2, bc2Sqrt, eps, stepSize } = scalarsOf(opts, t, divisor, clipScaleOf(opts, gradNorm));
+    const next = new Map<string, [tf.Tensor, tf.Tensor, tf.Tensor]>();
     for (const [name, p] of params) {
       const m = moments.m.get(name)!;
       const v = moments.v.get(name)!;
-      assignAll(p, m, v, tf.tidy(() => {
+      next.set(name, tf.tidy(() => {
         const g = clipScale === 1 ? mean.get(name)! : tf.mul(mean.get(name)!, clipScale);
         const pDecayed = decay === 1 ? p : tf.mul(p, decay);
         // torch's lerp kernel switches formula at weight 0.5 for accuracy; match both branches.
@@ -327,6 +352,13 @@ function opsStep(params: Map<string, tf.Variable>, grads: Map<string, tf.Tensor>
         return [pNext, mNext, vNext] as [tf.Tensor, tf.Tensor, tf.Tensor];
       }));
     }
+    try {
+      for (const [name, out] of next) checkFinite(name, out.map((x) => x.dataSync() as Float32Array), opts);
+    } catch (e) {
+      for (const out of next.values()) tf.dispose(out);
+      throw e;
+    }
+    for (const [name, out] of next) assignAll(params.get(name)!, moments.m.get(name)!, moments.v.get(name)!, out);
     moments.step = t;
     return { gradNorm, skipped: false };
   } finally {

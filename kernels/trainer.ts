@@ -385,7 +385,9 @@ export class TrainingState {
   /**
    * optim_step: applies G / D once with AdamW (kernels/optim.ts, torch.optim.AdamW), global L2
    * clipping, non-finite skip, then clears G, D and any capture. D == 0 or not finite: throws
-   * TrainerError('no_gradients') and nothing changes; bad options throw OptimError first.
+   * TrainerError('no_gradients') and nothing changes; bad options throw OptimError first; an
+   * update that would leave a non-finite parameter throws OptimError('non_finite_update') and
+   * changes nothing (G and D stay, so a step with other options may follow).
    * Parameters without a gradient in this epoch (the prefix expert's last O and MLP, which
    * feed nothing) get a zero gradient.
    */
@@ -402,12 +404,18 @@ export class TrainingState {
       if (!g) zeros.push((g = tf.zeros(p.shape)));
       grads.set(name, g);
     }
+    let result: { gradNorm: number; skipped: boolean };
     try {
-      return adamwStep(this.params, grads, this.moments, opts, D);
-    } finally {
+      result = adamwStep(this.params, grads, this.moments, opts, D);
+    } catch (e) {
       tf.dispose(zeros);
+      if ((e as { code?: unknown }).code === 'non_finite_update') throw e; // refused, nothing changed: G and D stay
       this.clearEpoch();
+      throw e;
     }
+    tf.dispose(zeros);
+    this.clearEpoch();
+    return result;
   }
 
   private clearEpoch(): void {

@@ -290,7 +290,9 @@ describe('AdamW options', () => {
   });
 
   const bad: [Partial<AdamWOptions>, RegExp][] = [
-    [{ learningRate: 0 }, /learning_rate is 0/],
+    [{ learningRate: -1e-3 }, /learning_rate is -0.001; it must be a finite number >= 0/],
+    [{ eps: 0 }, /eps is 0; it must be a finite number > 0/],
+    [{ eps: 1e-50 }, /eps is 1e-50; it must be a finite number > 0 \(at least 1.4e-45/],
     [{ learningRate: Infinity }, /learning_rate is Infinity/],
     [{ beta1: 1 }, /beta1 is 1; it must be in \[0, 1\)/],
     [{ beta2: -0.1 }, /beta2 is -0.1/],

@@ -4,6 +4,7 @@
  */
 import path from 'node:path';
 import { PRESETS, PRESET_ALIASES, resolvePreset } from '../../kernels/config.ts';
+import { validateAdamWOptions, type AdamWOptions } from '../../kernels/optim.ts';
 import { HttpError } from '../http.ts';
 
 export interface FineTuneConfig {
@@ -23,6 +24,9 @@ export interface FineTuneConfig {
   eval_every: number; // steps between evaluations on held-out episodes (0 = only at the end)
   checkpoint_every: number; // steps between resumable checkpoints
 }
+
+/** The job's AdamW settings besides its learning rate (openpi's defaults for pi0 fine-tunes). */
+export const JOB_ADAMW: Omit<AdamWOptions, 'learningRate'> = { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 1e-10, gradClipNorm: 1 };
 
 const TARGETS = ['attn', 'mlp', 'action_expert', 'prefix_expert', 'all'];
 const FIELDS = ['model', 'dataset_name', 'batch_size', 'learning_rate', 'steps', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed', 'eval_every', 'checkpoint_every'];
@@ -49,6 +53,11 @@ export function parseFineTuneConfig(body: Record<string, unknown>): FineTuneConf
   if (typeof ds !== 'string' || ds.length === 0 || ds.length > 512) bad('dataset_name is required: a LeRobot dataset folder under the datasets root, e.g. "lerobot/pusht_image"');
   const lr = body.learning_rate ?? 1e-4;
   if (typeof lr !== 'number' || !(lr > 0) || lr > 1) bad(`learning_rate must be > 0 and <= 1, got ${JSON.stringify(lr)}`);
+  try {
+    validateAdamWOptions({ ...JOB_ADAMW, learningRate: lr }); // the rules every optim_step follows
+  } catch (e) {
+    bad((e as Error).message);
+  }
   const finetune = body.finetune ?? 'lora';
   if (finetune !== 'lora' && finetune !== 'full') bad(`finetune must be "lora" or "full", got ${JSON.stringify(finetune)}`);
   const alpha = body.lora_alpha ?? 32;

@@ -11,7 +11,7 @@ import { makeConfig, type PolicyConfig } from '../../kernels/config.ts';
 import { computeNormStats, normalizerFor, normStatsToJson, type NormStatsSet } from '../../kernels/normalize.ts';
 import { defaultActionSpace, deltaPairs, gatherNormRows, makeDatum, openDataset, pairsFor, sampleBatch, seededRng, splitEpisodes, type Dataset, type TrainingDatum } from '../datasets/index.ts';
 import type { EngineLike } from '../engine/host.ts';
-import type { FineTuneConfig } from './config.ts';
+import { JOB_ADAMW, type FineTuneConfig } from './config.ts';
 
 /** Where a run writes: `<workDir>/states/<name>` (resumable), `<workDir>/weights/final` (output). */
 export interface RunContext {
@@ -156,7 +156,7 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
     const batch = toBatch(model, datums, cameras, norm, normalizer, ad);
     const fb = await call<{ loss: number }>(ctx, 'forward_backward', { batch, lossFn: 'mse' }, batchBuffers(batch));
     const lr = learningRateAt(step + 1, cfg.steps, cfg.learning_rate);
-    const opt = await call<{ gradNorm: number; skipped: boolean }>(ctx, 'optim_step', { learningRate: lr, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 1e-10, gradClipNorm: 1 });
+    const opt = await call<{ gradNorm: number; skipped: boolean }>(ctx, 'optim_step', { ...JOB_ADAMW, learningRate: lr });
     step++;
     lastLoss = Number.isFinite(fb.loss) ? fb.loss : null;
     const record: Record<string, unknown> = {
