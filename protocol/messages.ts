@@ -130,6 +130,19 @@ function parseData(req: Record<string, unknown>, limits: RequestLimits): WireDat
   return data.map((d, i) => parseDatum(d, i, limits));
 }
 
+/**
+ * Ops that train need a target chunk in every datum: without one the datum's loss is 0 while its
+ * weight still counts in D, silently shrinking the step. (forward without keep and sample do not.)
+ * @throws ProtocolError `bad_request` naming the first datum without actions.
+ */
+function withTargets(data: WireDatum[], what: string): WireDatum[] {
+  data.forEach((d, i) => {
+    if (d.actions === null) bad(`data[${i}] has no "actions": ${what} needs a target action chunk [H, A] in every datum`);
+    if (d.actions.size === 0) bad(`data[${i}].actions is empty (shape [${d.actions.shape}]): ${what} needs at least one action value per datum`);
+  });
+  return data;
+}
+
 function codec(req: Record<string, unknown>): string {
   const c = req.codec ?? 'RAW';
   if (typeof c !== 'string') bad('codec must be a string');
@@ -158,11 +171,13 @@ export function parseRequest(value: unknown, limits: RequestLimits): SessionRequ
     case 'forward_backward': {
       const lossFn = req.loss_fn ?? 'mse';
       if (lossFn !== 'mse' && lossFn !== 'l1') bad(`loss_fn must be "mse" or "l1", got ${JSON.stringify(lossFn)}`);
-      return { id, op: 'forward_backward', data: parseData(req, limits), codec: codec(req), loss_fn: lossFn };
+      return { id, op: 'forward_backward', data: withTargets(parseData(req, limits), 'forward_backward'), codec: codec(req), loss_fn: lossFn };
     }
-    case 'forward':
+    case 'forward': {
       if (req.keep !== undefined && typeof req.keep !== 'boolean') bad('keep must be true or false');
-      return { id, op: 'forward', data: parseData(req, limits), codec: codec(req), keep: req.keep === true };
+      const data = parseData(req, limits);
+      return { id, op: 'forward', data: req.keep === true ? withTargets(data, 'forward with keep: true') : data, codec: codec(req), keep: req.keep === true };
+    }
     case 'backward':
       if (!isNDArray(req.velocity_grad)) bad('velocity_grad must be an ndarray [B, H, A]');
       return { id, op: 'backward', velocity_grad: req.velocity_grad };
@@ -170,10 +185,10 @@ export function parseRequest(value: unknown, limits: RequestLimits): SessionRequ
       return {
         id,
         op: 'optim_step',
-        learning_rate: num(req, 'learning_rate', 1e-4, (x) => x > 0 && x <= 1, 'in (0, 1]'),
+        learning_rate: num(req, 'learning_rate', 1e-4, (x) => x >= 0 && x <= 1, 'in [0, 1]'),
         beta1: num(req, 'beta1', 0.9, (x) => x >= 0 && x < 1, 'in [0, 1)'),
         beta2: num(req, 'beta2', 0.95, (x) => x >= 0 && x < 1, 'in [0, 1)'),
-        eps: num(req, 'eps', 1e-12, (x) => x >= 0, '>= 0'),
+        eps: num(req, 'eps', 1e-12, (x) => Math.fround(x) > 0, '> 0 (at least 1.4e-45, the smallest float32)'),
         weight_decay: num(req, 'weight_decay', 0, (x) => x >= 0, '>= 0'),
         grad_clip_norm: num(req, 'grad_clip_norm', 0, (x) => x >= 0, '>= 0 (0 = off)'),
       };
