@@ -256,3 +256,72 @@ describe('every futures op over real HTTP equals the in-process op', () => {
     });
   }
 });
+
+describe('optim_step refuses what would break the weights, before anything changes (item 5)', () => {
+  it('eps 0 and other bad hyperparameters are refused; a non-finite update is refused; G and D survive both', async () => {
+    const client = new VelaClient(server.baseUrl, server.apiKey);
+    const conn = await client.connect(await client.waitReady((await client.createSession(SESSION)).id));
+    const ref = local();
+    const A = datums(2, 7);
+    const bA = await batchOf(A);
+    await conn.forwardBackward(A, { codec: 'RAW' });
+    ref.forwardBackward(bA);
+    const probe = async () => (await conn.sample(A, { codec: 'RAW', seed: 1, num_steps: 2 })).actions.data as Float32Array;
+    const before = await probe();
+    const bad: [Record<string, number>, RegExp][] = [
+      [{ eps: 0 }, /^eps must be > 0 \(at least 1.4e-45, the smallest float32\), got 0$/],
+      [{ eps: 1e-50 }, /^eps must be > 0/],
+      [{ learning_rate: -1e-4 }, /^learning_rate must be in \[0, 1\], got -0.0001$/],
+      [{ beta1: 1 }, /^beta1 must be in \[0, 1\), got 1$/],
+      [{ beta2: -0.5 }, /^beta2 must be in \[0, 1\)/],
+      [{ weight_decay: -1 }, /^weight_decay must be >= 0/],
+      [{ grad_clip_norm: -1 }, /^grad_clip_norm must be >= 0/],
+    ];
+    for (const [opts, msg] of bad) await expect(conn.optimStep(opts), JSON.stringify(opts)).rejects.toThrow(msg);
+    // Finite options whose update overflows float32: refused, nothing changed.
+    await expect(conn.optimStep({ learning_rate: 1, weight_decay: 1e39 })).rejects.toThrow(/^optim_step would make \S+ -?Infinity; nothing was changed \(learning_rate 1, weight_decay 1e\+39, eps 1e-12\)/);
+    expect(Array.from(await probe())).toEqual(Array.from(before));
+    // G and D are intact: the next valid step equals the in-process one.
+    const o = await conn.optimStep(OPTIM);
+    expectNumClose(o.grad_norm, ref.optimStep(adamw).gradNorm);
+    expectClose(await probe(), ref.sample(bA, { seed: 1, numSteps: 2 }));
+    for (const x of await probe()) expect(Number.isFinite(x)).toBe(true);
+    ref.dispose();
+    await conn.close();
+  });
+
+  it('the futures optim_step and the fine-tune config follow the same rules', async () => {
+    const fc = new FuturesClient(server.baseUrl, server.apiKey, 'json');
+    const { model_id } = await fc.createModel({ base_model: 'pi05-tiny' });
+    await expect(fc.submit('optim_step', { model_id, adam_params: { eps: 0 } })).rejects.toThrow(/HTTP 400: eps must be > 0/);
+    const job = await fetch(`${server.baseUrl}/v1/fine-tunes`, {
+      method: 'POST', headers: { authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'pi05-tiny', dataset_name: 'x', learning_rate: 0 }),
+    });
+    expect(job.status).toBe(400);
+    expect(((await job.json()) as { error: string }).error).toBe('learning_rate must be > 0 and <= 1, got 0');
+    await fc.call('kill_session', { model_id });
+  });
+});
+
+describe('ops that train refuse a datum without actions, naming it (item 8)', () => {
+  it('forward_backward and forward(keep) refuse; forward and sample take it', async () => {
+    const client = new VelaClient(server.baseUrl, server.apiKey);
+    const conn = await client.connect(await client.waitReady((await client.createSession(SESSION)).id));
+    const [d0, d1] = datums(2, 8);
+    const noActions = { observation: d1!.observation } as Datum;
+    const emptyActions = { ...d1!, actions: ndarray(new Float32Array(0), [0, 6]) } as Datum;
+    await expect(conn.forwardBackward([d0!, noActions], { codec: 'RAW' })).rejects.toThrow('data[1] has no "actions": forward_backward needs a target action chunk [H, A] in every datum');
+    await expect(conn.forward([noActions], { codec: 'RAW', keep: true })).rejects.toThrow('data[0] has no "actions": forward with keep: true needs');
+    await expect(conn.forwardBackward([emptyActions], { codec: 'RAW' })).rejects.toThrow('data[0].actions is empty (shape [0,6])');
+    // Nothing was accumulated by the refused requests.
+    await expect(conn.optimStep()).rejects.toThrow(/D is 0 after 0 calls/);
+    expect((await conn.forward([noActions], { codec: 'RAW' })).velocity.shape).toEqual([1, cfg.horizon, cfg.actionDim]);
+    expect((await conn.sample([noActions], { codec: 'RAW', seed: 0, num_steps: 1 })).actions.shape).toEqual([1, cfg.horizon, cfg.actionDim]);
+    const fc = new FuturesClient(server.baseUrl, server.apiKey, 'msgpack');
+    const { model_id } = await fc.createModel({ base_model: 'pi05-tiny' });
+    await expect(fc.submit('forward_backward', { model_id, data: [noActions] })).rejects.toThrow(/HTTP 400: data\[0\] has no "actions"/);
+    await fc.call('kill_session', { model_id });
+    await conn.close();
+  });
+});
