@@ -21,15 +21,25 @@ export interface WireDatum {
 
 export type LossFn = 'mse' | 'l1';
 
+/**
+ * A request id (PROTOCOL.md section 3, "Request ids"): any msgpack integer (int64 and uint64
+ * extremes included) or a string of at most MAX_ID_BYTES bytes. Integers beyond +-(2^53 - 1) are
+ * bigints here; the session websocket echoes the id's exact msgpack bytes in the answer.
+ */
+export type RequestId = number | bigint | string;
+
+/** The longest string id, in UTF-8 bytes. */
+export const MAX_ID_BYTES = 256;
+
 export type SessionRequest =
-  | { id: number; op: 'forward_backward'; data: WireDatum[]; codec: string; loss_fn: LossFn }
-  | { id: number; op: 'forward'; data: WireDatum[]; codec: string; keep: boolean }
-  | { id: number; op: 'backward'; velocity_grad: NDArray }
-  | { id: number; op: 'optim_step'; learning_rate: number; beta1: number; beta2: number; eps: number; weight_decay: number; grad_clip_norm: number }
-  | { id: number; op: 'sample'; data: WireDatum[]; codec: string; num_steps: number; weights: string | null; seed: number | null }
-  | { id: number; op: 'save_state' | 'load_state' | 'save_weights'; name: string; overwrite: boolean }
-  | { id: number; op: 'abort_gradient_epoch' }
-  | { id: number; op: 'heartbeat' };
+  | { id: RequestId; op: 'forward_backward'; data: WireDatum[]; codec: string; loss_fn: LossFn }
+  | { id: RequestId; op: 'forward'; data: WireDatum[]; codec: string; keep: boolean }
+  | { id: RequestId; op: 'backward'; velocity_grad: NDArray }
+  | { id: RequestId; op: 'optim_step'; learning_rate: number; beta1: number; beta2: number; eps: number; weight_decay: number; grad_clip_norm: number }
+  | { id: RequestId; op: 'sample'; data: WireDatum[]; codec: string; num_steps: number; weights: string | null; seed: number | null }
+  | { id: RequestId; op: 'save_state' | 'load_state' | 'save_weights'; name: string; overwrite: boolean }
+  | { id: RequestId; op: 'abort_gradient_epoch' }
+  | { id: RequestId; op: 'heartbeat' };
 
 export type SessionOp = SessionRequest['op'];
 
@@ -81,13 +91,32 @@ function name(obj: Record<string, unknown>): string {
   return v;
 }
 
+/** Why `id` is not a usable request id, or null when it is one. */
+export function idProblem(id: unknown): string | null {
+  if (id === undefined) return 'the request has no "id": send an integer or a string';
+  if (typeof id === 'bigint' || (typeof id === 'number' && Number.isInteger(id))) return null;
+  if (typeof id === 'string') {
+    const n = Buffer.byteLength(id, 'utf8');
+    return n <= MAX_ID_BYTES ? null : `the request's "id" is a string of ${n} bytes; the limit is ${MAX_ID_BYTES}`;
+  }
+  const what = typeof id === 'number' ? `the float ${id}` : id === null ? 'nil' : id instanceof Uint8Array ? 'bytes' : Array.isArray(id) ? 'an array' : typeof id === 'object' ? 'a map' : typeof id;
+  return `the request's "id" must be an integer or a string, got ${what}`;
+}
+
+/**
+ * A request id in JSON (the REST session object): an integer within +-(2^53 - 1) as a number; a
+ * larger one as its decimal string, since JSON numbers are float64 for most readers.
+ */
+export function jsonId(id: RequestId): number | string {
+  return typeof id === 'bigint' ? id.toString() : id;
+}
+
 /** The request id of a decoded message, if it has a usable one (for error answers). */
-export function requestIdOf(value: unknown): number | null {
+export function requestIdOf(value: unknown): RequestId | null {
   if (typeof value !== 'object' || value === null) return null;
   // Before fromWire, maps are Maps (msgpack.ts decodes with mapsAsObjects: false).
   const id = value instanceof Map ? value.get('id') : (value as Record<string, unknown>).id;
-  if (typeof id === 'bigint') return Number(id);
-  return typeof id === 'number' && Number.isInteger(id) ? id : null;
+  return idProblem(id) === null ? (id as RequestId) : null;
 }
 
 function parseDatum(v: unknown, i: number, limits: RequestLimits): WireDatum {
@@ -158,8 +187,9 @@ export function parseRequest(value: unknown, limits: RequestLimits): SessionRequ
     bad('a request must be a map {"id": <int>, "op": <op>, ...}');
   }
   const req = value as Record<string, unknown>;
-  const id = requestIdOf(req);
-  if (id === null) bad('the request has no integer "id"');
+  const problem = idProblem(req.id);
+  if (problem) bad(problem);
+  const id = req.id as RequestId;
   const op = req.op;
   if (typeof op !== 'string') bad('the request has no "op" string');
   if (!(SESSION_OPS as readonly string[]).includes(op)) bad(`unknown op "${op}"; known ops: ${SESSION_OPS.join(', ')}`);

@@ -7,9 +7,9 @@
  */
 import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket, us_socket_context_t } from 'uWebSockets.js';
 import { ProtocolError } from '../protocol/errors.ts';
-import { pack, unpack } from '../protocol/msgpack.ts';
+import { exactIntOrString, mapValueBytes, pack, RawMsgpack, unpack } from '../protocol/msgpack.ts';
 import { fromWire, toWire } from '../protocol/ndarray.ts';
-import { parseRequest, requestIdOf, type SessionRequest } from '../protocol/messages.ts';
+import { idProblem, parseRequest, type RequestId, type SessionRequest } from '../protocol/messages.ts';
 import { credentialOf, safeEqual } from './auth.ts';
 import { EngineError } from './engine/messages.ts';
 import { requestHeaders, statusLine, wsSettings } from './http.ts';
@@ -21,8 +21,31 @@ import type { ServerConfig } from './config.ts';
 import type { Store } from './store.ts';
 
 interface Entry {
-  id: number | null;
+  id: RawMsgpack | null; // the request's id, its msgpack bytes as sent (echoed exactly)
   answer: Buffer | null; // set when ready
+}
+
+const TYPE_NAMES: [number, number, string][] = [
+  [0xc0, 0xc0, 'nil'], [0xc2, 0xc3, 'a boolean'], [0xc4, 0xc6, 'bytes'], [0xca, 0xcb, 'a float'], [0x90, 0x9f, 'an array'],
+  [0xdc, 0xdd, 'an array'], [0x80, 0x8f, 'a map'], [0xde, 0xdf, 'a map'], [0xc7, 0xc9, 'an extension'], [0xd4, 0xd8, 'an extension'],
+];
+
+/**
+ * The request id of a raw message (PROTOCOL.md section 3, "Request ids"): its exact value and
+ * msgpack bytes, or null when the message has none.
+ * @throws ProtocolError bad_request for an id of another type (float, nil, ...) or too long.
+ */
+function requestIdFrom(bytes: Uint8Array): { value: RequestId; raw: RawMsgpack } | null {
+  const raw = mapValueBytes(bytes, 'id');
+  if (!raw) return null;
+  const value = exactIntOrString(raw);
+  if (value === null) {
+    const kind = TYPE_NAMES.find(([lo, hi]) => raw[0]! >= lo && raw[0]! <= hi)?.[2] ?? 'another type';
+    throw new ProtocolError('bad_request', `the request's "id" must be an integer or a string, got ${kind}`);
+  }
+  const problem = idProblem(value);
+  if (problem) throw new ProtocolError('bad_request', problem);
+  return { value, raw: new RawMsgpack(raw) };
 }
 
 interface ConnData {
@@ -44,7 +67,7 @@ export function errorText(err: unknown, context: string): { error: string; code:
   return { error: 'internal error (see the server log)', code: 'internal' };
 }
 
-function answerBytes(id: number | null, body: { result: unknown } | { error: string; code: string }): Buffer {
+function answerBytes(id: RawMsgpack | null, body: { result: unknown } | { error: string; code: string }): Buffer {
   return pack(toWire({ id, ...body }));
 }
 
@@ -105,7 +128,7 @@ export function mountSessionSocket(app: TemplatedApp, deps: { store: Store; sess
           session_id: live.id, model: live.config.base_model, action_horizon: live.actionHorizon, action_dim: info.actionDim,
           trainable_params: live.trainableParams, image_slots: info.imageSlots, image_size: info.imageSize,
           state_dim: info.stateDim, max_token_len: info.maxTokenLen, backend: info.backend, cameras: live.cameras,
-          last_request_id: live.lastRequestId, pending_gradients: live.pendingGradients, max_message_bytes: limit, read_ahead: config.readAhead,
+          last_request_id: live.lastRequestId?.raw ?? null, pending_gradients: live.pendingGradients, max_message_bytes: limit, read_ahead: config.readAhead,
         },
       })), true);
     },
@@ -125,21 +148,26 @@ export function mountSessionSocket(app: TemplatedApp, deps: { store: Store; sess
       };
       if (!isBinary) return fail(new ProtocolError('bad_request', 'text frames are not accepted: send one binary msgpack value per message'));
       let req: SessionRequest;
+      let id: { value: RequestId; raw: RawMsgpack } | null;
       try {
         // The ArrayBuffer dies when this callback returns: decoding copies what it keeps.
-        const value = unpack(new Uint8Array(message));
-        entry.id = requestIdOf(value);
+        const bytes = new Uint8Array(message);
+        const value = unpack(bytes);
+        id = requestIdFrom(bytes);
+        entry.id = id?.raw ?? null;
         if (conn.queue.length > config.readAhead) {
           throw new ProtocolError('bad_request', `busy: ${conn.queue.length - 1} requests are unanswered (read-ahead ${config.readAhead}); wait for answers before sending more`);
         }
         req = parseRequest(fromWire(value), { maxBatch: config.maxBatch, maxPromptBytes: config.maxPromptBytes });
+        if (id) req.id = id.value; // decoding rounds integers past 2^53; the raw bytes do not
       } catch (err) {
         return fail(err);
       }
+      const sentId = id;
       runOp(live, req, config)
         .then((result) => {
-          live.lastRequestId = req.id;
-          entry.answer = answerBytes(req.id, { result });
+          live.lastRequestId = sentId;
+          entry.answer = answerBytes(entry.id, { result });
           flush(conn);
         })
         .catch(fail);

@@ -3,6 +3,8 @@
  * A session lives in its engine's memory (adapter, gradients, optimizer moments); the store keeps
  * its row so that clients can list it and so that a restart can close what was lost.
  */
+import { jsonId, type RequestId } from '../protocol/messages.ts';
+import type { RawMsgpack } from '../protocol/msgpack.ts';
 import path from 'node:path';
 import { PRESETS, PRESET_ALIASES, resolvePreset } from '../kernels/config.ts';
 import { Engine, type EngineLike } from './engine/host.ts';
@@ -57,9 +59,10 @@ export function parseSessionConfig(body: Record<string, unknown>): SessionConfig
 /** A session that is open in an engine. */
 export class LiveSession {
   cameras: string[] = []; // camera name -> slot index, in the order first seen (saved with weights)
-  lastRequestId: number | null = null;
+  /** The id of the last request answered with a result: exact value, and its msgpack bytes as the client sent them. */
+  lastRequestId: { value: RequestId; raw: RawMsgpack | null } | null = null;
   /** The last op that finished (for dashboards): its name, id, end time (Unix s) and duration. */
-  lastOp: { op: string; id: number; at: number; ms: number; ok: boolean } | null = null;
+  lastOp: { op: string; id: RequestId; at: number; ms: number; ok: boolean } | null = null;
   opsCount = 0;
   pendingGradients = 0;
   lastActivityMs = Date.now();
@@ -189,8 +192,8 @@ export class SessionManager {
       closed_at: row.closed_at,
       trainable_params: live?.trainableParams ?? null,
       connected: !!live?.connection,
-      last_request_id: live?.lastRequestId ?? null,
-      last_op: live?.lastOp ?? null,
+      last_request_id: live?.lastRequestId ? jsonId(live.lastRequestId.value) : null,
+      last_op: live?.lastOp ? { ...live.lastOp, id: jsonId(live.lastOp.id) } : null,
       ops_count: live?.opsCount ?? 0,
       pending_gradients: live?.pendingGradients ?? 0,
       last_activity_at: live ? live.lastActivityMs / 1000 : null,

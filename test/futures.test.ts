@@ -125,7 +125,7 @@ describe('the futures API on pi05-tiny', () => {
       status: 400, body: { error: 'forward_backward has no field "lr"; it takes model_id, seq_id, data, codec, loss_fn' },
     });
     expect(await post('optim_step', {})).toEqual({ status: 400, body: { error: 'model_id must be the string that create_model returned, got undefined' } });
-    expect(await post('optim_step', { model_id, seq_id: -1 })).toEqual({ status: 400, body: { error: 'seq_id must be an integer >= 0, got -1' } });
+    expect(await post('optim_step', { model_id, seq_id: -1 })).toEqual({ status: 400, body: { error: 'seq_id must be an integer in 0..2^64 - 1, got -1' } });
     expect(await post('optim_step', { model_id, learning_rate: 5 })).toMatchObject({ status: 400, body: { error: 'learning_rate must be in [0, 1], got 5' } });
     expect(await post('optim_step', { model_id: 'ts-nosuchmodel' })).toEqual({ status: 404, body: { error: 'no model ts-nosuchmodel' } });
     expect(await post('forward_backward', { model_id, data: [] })).toMatchObject({ status: 400, body: { error: 'data is empty: send at least one datum' } });

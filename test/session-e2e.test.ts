@@ -122,7 +122,7 @@ describe('a pi05-tiny LoRA session on real G1 frames', () => {
     const datum = (over: Record<string, unknown>) => ({ ...good[0], ...over });
     await expectError(() => conn.sendRaw('{"id": 1}'), /text frames are not accepted/);
     await expectError(() => conn.sendRaw(new Uint8Array([0x93, 0x01])), /not valid msgpack/, 'bad_msgpack');
-    await expectError(() => conn.sendRaw(raw({ op: 'forward' })), /no integer "id"/);
+    await expectError(() => conn.sendRaw(raw({ op: 'forward' })), /the request has no "id"/);
     await expectError(() => conn.sendRaw(raw({ id: 5 })), /no "op"/);
     const a = await expectError(() => conn.sendRaw(raw({ id: 6, op: 'dance' })), /unknown op "dance"/);
     expect(a.id).toBe(6);

@@ -10,7 +10,9 @@
  * GET its Accept header, names msgpack). JSON has no NaN or Infinity: such elements of a result
  * array are written as null there (msgpack keeps them); clients that must see them use msgpack.
  */
+import crypto from 'node:crypto';
 import { ProtocolError } from '../../protocol/errors.ts';
+import { exactIntOrString, mapValueBytes, RawMsgpack } from '../../protocol/msgpack.ts';
 import { NDArray, ndarray, packNumpy, unpackNumpy } from '../../protocol/ndarray.ts';
 import { HttpError, statusLine, type Req } from '../http.ts';
 
@@ -23,7 +25,10 @@ export function formatOf(r: Req): Format {
 }
 
 export interface Body {
+  /** The decoded body; a top-level `seq_id` past 2^53 is an exact bigint. */
   value: Record<string, unknown>;
+  /** A msgpack body's `seq_id` bytes as sent, to echo it with its msgpack type. */
+  seqIdRaw?: Uint8Array;
   /** The bytes as received: the identity of a request for `seq_id` retries. */
   raw: Buffer;
   format: Format;
@@ -55,7 +60,49 @@ export async function readBody(r: Req, limitBytes: number): Promise<Body> {
   }
   const obj = value as Record<string, unknown>;
   if (format === 'json' && Array.isArray(obj.data)) obj.data = obj.data.map((d, i) => jsonDatum(d, i));
-  return { value: obj, raw, format };
+  // Decoders round integers past 2^53 (msgpack to float64, JSON.parse too): re-read seq_id exactly.
+  let seqIdRaw: Uint8Array | undefined;
+  if (format === 'msgpack' && obj.seq_id !== undefined) {
+    seqIdRaw = mapValueBytes(raw, 'seq_id') ?? undefined;
+    const exact = seqIdRaw ? exactIntOrString(seqIdRaw) : null;
+    if (typeof exact === 'bigint') obj.seq_id = exact;
+  } else if (format === 'json' && typeof obj.seq_id === 'number' && Number.isInteger(obj.seq_id) && !Number.isSafeInteger(obj.seq_id)) {
+    const literal = topLevelJsonLiteral(raw.toString('utf8'), 'seq_id');
+    if (literal && /^-?\d+$/.test(literal)) obj.seq_id = BigInt(literal);
+  }
+  return { value: obj, raw, format, ...(seqIdRaw ? { seqIdRaw } : {}) };
+}
+
+/**
+ * The source text of the value of top-level key `key` in a JSON object text (the last one, as
+ * JSON.parse keeps), or null: a number's digits before JSON.parse rounded them. Only called for
+ * the rare body whose seq_id is past 2^53.
+ */
+function topLevelJsonLiteral(text: string, key: string): string | null {
+  let depth = 0;
+  let found: string | null = null;
+  for (let i = 0; i < text.length; ) {
+    const c = text[i]!;
+    if (c === '"') {
+      let j = i + 1;
+      while (j < text.length && text[j] !== '"') j += text[j] === '\\' ? 2 : 1;
+      const str = text.slice(i, j + 1);
+      i = j + 1;
+      if (depth !== 1) continue;
+      let k = i;
+      while (/\s/.test(text[k] ?? '')) k++;
+      if (text[k] !== ':') continue;
+      let v = k + 1;
+      while (/\s/.test(text[v] ?? '')) v++;
+      if (JSON.parse(str) === key) found = /^-?\d+(\.\d+)?([eE][+-]?\d+)?/.exec(text.slice(v, v + 64))?.[0] ?? null;
+      i = v;
+      continue;
+    }
+    if (c === '{' || c === '[') depth++;
+    else if (c === '}' || c === ']') depth--;
+    i++;
+  }
+  return found;
 }
 
 function isArraySpec(v: Record<string, unknown>): boolean {
@@ -139,6 +186,10 @@ function toJsonTree(v: unknown): unknown {
     return { data, dtype: v.dtype, shape: [...v.shape] };
   }
   if (v instanceof Uint8Array) return Buffer.from(v.buffer, v.byteOffset, v.byteLength).toString('base64');
+  if (v instanceof RawMsgpack) {
+    const exact = exactIntOrString(v.bytes); // an id echoed as sent: its value in JSON
+    return exact ?? null;
+  }
   if (Array.isArray(v)) return v.map(toJsonTree);
   if (v !== null && typeof v === 'object') {
     const out: Record<string, unknown> = {};
@@ -148,11 +199,21 @@ function toJsonTree(v: unknown): unknown {
   return v;
 }
 
+// A bigint in a JSON answer goes out as its exact digits: JSON.stringify cannot write one.
+const BIGINT_MARK = `bigint-${crypto.randomBytes(6).toString('hex')}:`;
+const BIGINT_RE = new RegExp(`"${BIGINT_MARK}(-?\\d+)"`, 'g');
+
+/** JSON text of an answer: NDArrays as {data, dtype, shape}, bytes base64, bigints as exact integer literals. */
+function jsonText(body: unknown): string {
+  const text = JSON.stringify(toJsonTree(body), (_k, v) => (typeof v === 'bigint' ? `${BIGINT_MARK}${v}` : v instanceof RawMsgpack ? null : v));
+  return text.includes(BIGINT_MARK) ? text.replace(BIGINT_RE, '$1') : text;
+}
+
 /** Send an answer in `format` (corked; a no-op when the client went away). */
 export function sendAs(r: Req, format: Format, status: number, body: unknown): void {
   if (r.aborted) return;
   r.aborted = true;
-  const bytes = format === 'msgpack' ? packNumpy(body) : JSON.stringify(toJsonTree(body));
+  const bytes = format === 'msgpack' ? packNumpy(body) : jsonText(body);
   r.res.cork(() => {
     r.res.writeStatus(statusLine(status)).writeHeader('content-type', format === 'msgpack' ? 'application/msgpack' : 'application/json').end(bytes);
   });

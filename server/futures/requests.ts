@@ -40,13 +40,18 @@ export function modelIdOf(body: Record<string, unknown>, alias?: string): string
   return id;
 }
 
-/** The body's `seq_id`, null when absent. @throws HttpError 400 unless an integer >= 0. */
-export function seqIdOf(body: Record<string, unknown>): number | null {
+const MAX_SEQ_ID = 2n ** 64n - 1n;
+
+/**
+ * The body's `seq_id`, exact (readBody keeps integers past 2^53 as bigints), null when absent.
+ * @throws HttpError 400 unless an integer in 0..2^64 - 1.
+ */
+export function seqIdOf(body: Record<string, unknown>): bigint | null {
   const v = body.seq_id;
   if (v === undefined || v === null) return null;
-  const n = typeof v === 'bigint' ? Number(v) : v;
-  if (typeof n !== 'number' || !Number.isSafeInteger(n) || n < 0) throw new HttpError(400, `seq_id must be an integer >= 0, got ${JSON.stringify(typeof v === 'bigint' ? String(v) : v)}`);
-  return n;
+  const ok = (typeof v === 'bigint' && v >= 0n && v <= MAX_SEQ_ID) || (typeof v === 'number' && Number.isSafeInteger(v) && v >= 0);
+  if (!ok) throw new HttpError(400, `seq_id must be an integer in 0..2^64 - 1, got ${typeof v === 'bigint' ? String(v) : JSON.stringify(v)}`);
+  return BigInt(v as number | bigint);
 }
 
 /** Seconds-resolution name for `save_weights` without a name (xorl: "path: null = auto-timestamped"). */

@@ -23,6 +23,7 @@ import crypto from 'node:crypto';
 import path from 'node:path';
 import type { TemplatedApp } from 'uWebSockets.js';
 import { parseRequest, type SessionRequest } from '../../protocol/messages.ts';
+import { RawMsgpack } from '../../protocol/msgpack.ts';
 import { HttpError } from '../http.ts';
 import { runOp } from '../ops.ts';
 import { errorText } from '../session-ws.ts';
@@ -93,13 +94,15 @@ export function mountFutures(app: TemplatedApp, deps: FuturesDeps): FuturesHandl
         start(f, live, req);
         return sendAs(r, body.format, 200, { request_id: f.id, model_id: modelId });
       }
+      // The answer echoes seq_id as sent: same msgpack type, or the same JSON digits.
+      const echo = { seq_id: body.seqIdRaw ? new RawMsgpack(body.seqIdRaw) : seqId };
       const hash = crypto.createHash('sha256').update(r.url).update('\0').update(body.format).update('\0').update(body.raw).digest('hex');
       const repeat = seq.repeatOf(modelId, seqId, hash);
-      if (repeat) return sendAs(r, body.format, 200, { request_id: repeat, model_id: modelId });
+      if (repeat) return sendAs(r, body.format, 200, { request_id: repeat, model_id: modelId, ...echo });
       const f = admit();
       const fail = (message: string) => futures.settle(f, { error: message, category: 'user', code: 'seq_gap' });
       if (!seq.enqueue(modelId, seqId, hash, f.id, () => start(f, live, req), fail)) f.stage = 'held';
-      sendAs(r, body.format, 200, { request_id: f.id, model_id: modelId });
+      sendAs(r, body.format, 200, { request_id: f.id, model_id: modelId, ...echo });
     });
   }
 

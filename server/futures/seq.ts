@@ -12,6 +12,7 @@
  *   server never accepted (its gap timed out) is a 409 too.
  * - Requests without `seq_id` are run in arrival order, not held.
  * What is remembered per `seq_id` (a body hash and a request id) is kept for `ttlS` seconds.
+ * seq_ids are compared exactly (as bigints), so ids past 2^53 that differ by one stay different.
  */
 import { HttpError } from '../http.ts';
 
@@ -27,9 +28,9 @@ interface Held {
 }
 
 class ModelSeq {
-  next: number | null = null;
-  held = new Map<number, Held>();
-  seen = new Map<number, Seen>(); // insertion (arrival) ordered
+  next: bigint | null = null;
+  held = new Map<bigint, Held>();
+  seen = new Map<bigint, Seen>(); // insertion (arrival) ordered
   gapTimer: NodeJS.Timeout | null = null;
 }
 
@@ -58,7 +59,8 @@ export class SeqOrder {
    * The request id already given to this `seq_id` when `hash` matches, else null (a new one).
    * @throws HttpError 409 for a reused seq_id with another body, or one behind the sequence.
    */
-  repeatOf(modelId: string, seq: number, hash: string): string | null {
+  repeatOf(modelId: string, seqId: number | bigint, hash: string): string | null {
+    const seq = BigInt(seqId);
     const m = this.model(modelId);
     this.prune(m);
     const seen = m.seen.get(seq);
@@ -77,7 +79,8 @@ export class SeqOrder {
    * line, or later when the gap before it fills; `fail` runs if the gap times out.
    * @returns true when started now, false when held.
    */
-  enqueue(modelId: string, seq: number, hash: string, requestId: string, start: () => void, fail: (message: string) => void): boolean {
+  enqueue(modelId: string, seqId: number | bigint, hash: string, requestId: string, start: () => void, fail: (message: string) => void): boolean {
+    const seq = BigInt(seqId);
     const m = this.model(modelId);
     m.seen.set(seq, { hash, requestId, atMs: this.now() });
     if (m.next === null) m.next = seq;
@@ -87,16 +90,17 @@ export class SeqOrder {
       return false;
     }
     start();
-    m.next = seq + 1;
+    m.next = seq + 1n;
     this.drain(modelId, m);
     return true;
   }
 
   /** The seq_ids missing before a held request, for `try_again` answers. */
-  waitingFor(modelId: string, seq: number): string {
+  waitingFor(modelId: string, seqId: number | bigint): string {
+    const seq = BigInt(seqId);
     const m = this.models.get(modelId);
     if (!m || m.next === null || seq <= m.next) return 'queued';
-    return seq - m.next === 1 ? `waiting for seq_id ${m.next}` : `waiting for seq_ids ${m.next}..${seq - 1}`;
+    return seq - m.next === 1n ? `waiting for seq_id ${m.next}` : `waiting for seq_ids ${m.next}..${seq - 1n}`;
   }
 
   /** Forget a model (killed or unloaded): held requests fail with `reason`. */
@@ -132,13 +136,13 @@ export class SeqOrder {
     if (m.gapTimer) return;
     m.gapTimer = setTimeout(() => {
       m.gapTimer = null;
-      const held = [...m.held.keys()].sort((a, b) => a - b);
+      const held = [...m.held.keys()].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
       if (held.length === 0) return;
-      const missing = m.next === held[0]! - 1 ? `${m.next}` : `${m.next}..${held[0]! - 1}`;
+      const missing = m.next === held[0]! - 1n ? `${m.next}` : `${m.next}..${held[0]! - 1n}`;
       const message = `seq_id ${held.join(', ')} of model ${modelId} waited ${this.opts.gapWaitS} s for seq_id ${missing}, which never came; requests run in seq_id order, so these were not run`;
       const hs = held.map((s) => m.held.get(s)!);
       m.held.clear();
-      m.next = held[held.length - 1]! + 1;
+      m.next = held[held.length - 1]! + 1n;
       for (const h of hs) h.fail(message);
     }, this.opts.gapWaitS * 1000);
     m.gapTimer.unref?.();

@@ -16,7 +16,7 @@ export interface Future {
   modelId: string;
   op: string;
   /** The request's seq_id, when it had one. */
-  seqId: number | null;
+  seqId: bigint | null;
   createdMs: number;
   /** Where it is: "held" (a seq_id gap before it), "queued" (handed to the engine chain), "done". */
   stage: string;
@@ -65,7 +65,7 @@ export class FutureStore {
   }
 
   /** Register a pending future and return it. */
-  create(owner: string, modelId: string, op: string, seqId: number | null = null, stage = 'queued'): Future {
+  create(owner: string, modelId: string, op: string, seqId: bigint | null = null, stage = 'queued'): Future {
     const f: Future = { id: randomId('req-'), owner, modelId, op, seqId, createdMs: this.now(), stage, outcome: null, settledMs: null, bytes: 0 };
     this.futures.set(f.id, f);
     this.pendingByModel.set(modelId, (this.pendingByModel.get(modelId) ?? 0) + 1);
