@@ -225,6 +225,11 @@ export class Store {
     })();
   }
 
+  /** The index the job's next event will get (the number of events so far). */
+  nextEventIndex(jobId: string): number {
+    return (this.db.prepare('SELECT COALESCE(MAX(idx) + 1, 0) AS n FROM fine_tune_events WHERE job_id = ?').get(jobId) as { n: number }).n;
+  }
+
   /** Events with index >= from, in order, at most `limit`. */
   events(jobId: string, from = 0, limit = 10_000): JobEvent[] {
     const rows = this.db.prepare('SELECT idx, type, timestamp, data FROM fine_tune_events WHERE job_id = ? AND idx >= ? ORDER BY idx LIMIT ?').all(jobId, from, limit) as any[];

@@ -4,7 +4,7 @@
  * nothing is written once the client went away.
  */
 import fs from 'node:fs';
-import { statusLine, type Req } from './http.ts';
+import { HttpError, statusLine, type Req } from './http.ts';
 
 /**
  * Stream a file as `application/octet-stream`. Resolves when done or when the client left.
@@ -110,4 +110,39 @@ export function openSse(r: Req): SseStream {
       return r.aborted;
     },
   };
+}
+
+const INDEX = /^\d+$/;
+
+/**
+ * The first record index a reader of an event log asks for (PROTOCOL.md section 1, "Event
+ * cursors"), from `?from=N` and the `Last-Event-ID` header (the last record it saw: N means start
+ * at N + 1), given `next`, the index the log's next record will get. Every odd cursor has one
+ * answer, so a reconnect neither skips nor repeats a record:
+ * - neither given: 0; an empty Last-Event-ID counts as not given (the SSE spec's "no last id");
+ * - both given: the later position wins (an EventSource reconnects with its first URL's `from`
+ *   and the Last-Event-ID of what it received since);
+ * - a cursor up to `next` is valid (`next` waits for the next record);
+ * @throws HttpError 400 for an empty `from`, anything but plain decimal digits (negative, "1e3",
+ *   " 2", "2.0", words), and a cursor past `next`, naming the log's last index.
+ */
+export function eventCursor(fromQ: string | null, lastEventId: string | undefined, next: number): number {
+  let from: number | null = null;
+  if (fromQ !== null) {
+    if (!INDEX.test(fromQ)) throw new HttpError(400, `from must be a record index (an integer >= 0), got ${JSON.stringify(fromQ.slice(0, 40))}`);
+    from = Number(fromQ);
+  }
+  const last = lastEventId?.trim() ?? '';
+  if (last !== '') {
+    if (!INDEX.test(last)) throw new HttpError(400, `Last-Event-ID must be the id of a record this log sent (an integer >= 0), got ${JSON.stringify(last.slice(0, 40))}`);
+    from = Math.max(from ?? 0, Number(last) + 1);
+  }
+  const cursor = from ?? 0;
+  if (cursor > next) {
+    const given = fromQ !== null && Number(fromQ) === cursor ? `from=${fromQ}` : `Last-Event-ID ${last}`;
+    throw new HttpError(400, next === 0
+      ? `${given} is past the end of the log: it has no records yet (start at from=0)`
+      : `${given} is past the end of the log: its last record has index ${next - 1} (reconnect with from=${next} or lower)`, { last_index: next - 1 });
+  }
+  return cursor;
 }

@@ -9,7 +9,7 @@ import type { TemplatedApp } from 'uWebSockets.js';
 import { requireOwner } from '../auth.ts';
 import { log } from '../log.ts';
 import { decodeUrlPart, HttpError, route, sendJson, type Req } from '../http.ts';
-import { openSse, streamFile } from '../stream.ts';
+import { eventCursor, openSse, streamFile } from '../stream.ts';
 import type { FineTuneJob } from '../../protocol/jobs.ts';
 import { nowS, randomId, type JobEvent, type JobRow, type Store } from '../store.ts';
 import type { ServerConfig } from '../config.ts';
@@ -45,6 +45,9 @@ async function listFiles(dir: string): Promise<{ path: string; bytes: number; sh
   await walk('');
   return out.sort((a, b) => a.path.localeCompare(b.path));
 }
+
+/** Records per JSON answer of `GET .../events` (continue with `from=`), and per read of an SSE backlog. */
+const EVENTS_PAGE = 10_000;
 
 export interface JobRoutesDeps {
   store: Store;
@@ -105,14 +108,12 @@ export function mountJobRoutes(app: TemplatedApp, deps: JobRoutesDeps): void {
 
   app.get('/v1/fine-tunes/:id/events', route(1, (r) => {
     const j = ownJob(r, requireOwner(store, r));
-    const fromQ = r.query.get('from');
-    const lastId = r.headers['last-event-id'];
-    let from = 0;
-    if (fromQ !== null) from = Number(fromQ);
-    else if (lastId !== undefined) from = Number(lastId) + 1;
-    if (!Number.isInteger(from) || from < 0) throw new HttpError(400, `from must be a non-negative integer, got ${JSON.stringify(fromQ ?? lastId)}`);
+    const from = eventCursor(r.query.get('from'), r.headers['last-event-id'], store.nextEventIndex(j.id));
     const wantsStream = (r.headers['accept'] ?? '').includes('text/event-stream') || r.query.get('stream') === 'true';
-    if (!wantsStream) return sendJson(r, 200, { object: 'list', data: store.events(j.id, from) });
+    if (!wantsStream) {
+      const data = store.events(j.id, from, EVENTS_PAGE);
+      return sendJson(r, 200, { object: 'list', data, has_more: data.length === EVENTS_PAGE && store.nextEventIndex(j.id) > from + EVENTS_PAGE });
+    }
 
     const sse = openSse(r);
     let next = from;
@@ -137,7 +138,10 @@ export function mountJobRoutes(app: TemplatedApp, deps: JobRoutesDeps): void {
     };
     // Subscribe before reading the log, so nothing lands between the two; `next` drops repeats.
     runner.live.on(`event:${j.id}`, onLive);
-    for (const ev of store.events(j.id, from)) send(ev);
+    // The whole backlog, page by page: ending after the terminal status must not skip records.
+    for (let page = store.events(j.id, next, EVENTS_PAGE); page.length > 0 && !ended; page = page.length < EVENTS_PAGE ? [] : store.events(j.id, next, EVENTS_PAGE)) {
+      for (const ev of page) send(ev);
+    }
     // The terminal status is the log's last record: once the job ended, nothing more will come.
     if (!ended && isTerminal(store.getJob(j.id)!.status)) finish();
   }));
