@@ -179,13 +179,29 @@ export function route(paramCount: number, handler: Handler) {
   };
 }
 
+/** The smallest ceiling: above every message that the pixel and batch limits let a client mean to send. */
+const MIN_WS_CEILING = 1024 * 1024 * 1024;
+/** uWS's largest maxPayloadLength (an unsigned 32-bit int). */
+const MAX_WS_CEILING = 2 ** 32 - 1;
+
 /**
- * uWS's `maxPayloadLength` for a websocket whose own limit is `limitBytes`: uWS drops bigger
- * messages with a bare 1006, so it must accept more than the limit for our check to close with
- * 1009 and a reason naming it. Beyond this ceiling the bare 1006 remains.
+ * uWS's `maxPayloadLength` for a websocket whose own limit is `limitBytes`. uWS drops a message
+ * above it with a bare TCP close as soon as the frame header declares its size (no close frame,
+ * no reason: the client sees 1006), so it sits far above our limit: any message up to it is read
+ * (buffered once, by uWS) and answered by our check with an error frame and close 1009 that name
+ * the limit and what to do. 1 GiB, or 4x the limit when that is larger (capped at 4 GiB - 1):
+ * a RAW 4096x4096 frame, the largest image a client may send, is 48 MiB. Above the ceiling the
+ * bare close remains (a uWS limitation); it also caps what one connection can make us buffer.
  */
 export function wsPayloadCeiling(limitBytes: number): number {
-  return Math.max(2 * limitBytes, limitBytes + 16 * 1024 * 1024);
+  return Math.min(MAX_WS_CEILING, Math.max(MIN_WS_CEILING, 4 * limitBytes));
+}
+
+/** A size in bytes for people: `16 MiB`, `1.5 GiB`, `812 bytes`. */
+export function bytesText(n: number): string {
+  const units: [number, string][] = [[2 ** 30, 'GiB'], [2 ** 20, 'MiB'], [2 ** 10, 'KiB']];
+  for (const [size, unit] of units) if (n >= size) return `${Number((n / size).toFixed(1))} ${unit}`;
+  return `${n} bytes`;
 }
 
 /**

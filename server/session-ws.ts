@@ -12,7 +12,7 @@ import { fromWire, toWire } from '../protocol/ndarray.ts';
 import { idProblem, parseRequest, type RequestId, type SessionRequest } from '../protocol/messages.ts';
 import { credentialOf, safeEqual } from './auth.ts';
 import { EngineError } from './engine/messages.ts';
-import { requestHeaders, statusLine, wsSettings } from './http.ts';
+import { bytesText, requestHeaders, statusLine, wsSettings } from './http.ts';
 import { log } from './log.ts';
 import { redactPaths } from './redact.ts';
 import { runOp } from './ops.ts';
@@ -137,7 +137,18 @@ export function mountSessionSocket(app: TemplatedApp, deps: { store: Store; sess
       const live = conn.live!;
       live.touch();
       if (message.byteLength > limit) {
-        ws.end(1009, `message is ${message.byteLength} bytes; the limit is ${limit} (--max-session-message-bytes)`);
+        // An error answer first (with the request's id when it can be read cheaply), then 1009.
+        let id: RawMsgpack | null = null;
+        try {
+          id = requestIdFrom(new Uint8Array(message))?.raw ?? null;
+        } catch {}
+        const size = live.engine?.info.imageSize;
+        const text = `message is ${message.byteLength} bytes (${bytesText(message.byteLength)}); the limit is ${limit} (${bytesText(limit)}, --max-session-message-bytes). ` +
+          `Send frames as JPEG (codec "JPEG") or resize them on the client${size ? ` (the model sees ${size}x${size} images)` : ''}, or split the batch into smaller requests`;
+        ws.cork(() => {
+          ws.send(answerBytes(id, { error: text, code: 'too_large' }), true);
+          ws.end(1009, `message is ${message.byteLength} bytes; the limit is ${limit}`);
+        });
         return;
       }
       const entry: Entry = { id: null, answer: null };

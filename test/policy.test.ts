@@ -337,7 +337,7 @@ describe('policy server: errors close one connection with a text frame', () => {
     return expectError(big, /zstd frame decompresses to 2097152 bytes; the limit is 1048576/);
   });
   it('an oversize message: close 1009 (Message Too Big)', () =>
-    expectError(new Uint8Array(100 * 1024), /message is 102400 bytes; the limit is 65536/, 1009));
+    expectError(new Uint8Array(100 * 1024), /message is 102400 bytes \(100 KiB\); the limit is 65536 \(64 KiB, --max-message-bytes\)\. Send frames as JPEG/, 1009));
   it('an internal failure shows a request id, not the error', async () => {
     engine.failOnPrompt = 'explode';
     const text = await expectError(packNumpy({ ...obs(), prompt: 'explode' }), /^internal error \(req-[\w-]+; see the server log\)$/);

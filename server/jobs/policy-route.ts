@@ -32,12 +32,13 @@ export function mountJobPolicies(app: TemplatedApp, deps: { store: Store; config
     if (job.status !== 'succeeded') throw new HttpError(409, `fine-tune ${job.id} is ${job.status}; only a succeeded job has a policy to serve`);
     let p = served.get(job.id);
     if (!p) {
-      p = engineFor(job.config.model as string).then((engine) => createPolicyServer({ engine, checkpointDir: job.output_dir, policyId: `policy-${job.id}` }));
+      p = engineFor(job.config.model as string).then((engine) =>
+        createPolicyServer({ engine, checkpointDir: job.output_dir, policyId: `policy-${job.id}`, limits: { maxMessageBytes: config.maxPolicyMessageBytes } }));
       served.set(job.id, p);
       p.catch(() => served.delete(job.id));
     }
     return p;
-  }, { maxMessageBytes: config.maxPolicyMessageBytes });
+  }, { maxMessageBytes: config.maxPolicyMessageBytes, limitFlag: '--max-policy-message-bytes' });
 
   return {
     async close() {

@@ -12,7 +12,7 @@ import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket, us_socket_cont
 import { ProtocolError } from '../../protocol/errors.ts';
 import { packNumpy } from '../../protocol/ndarray.ts';
 import { EngineError } from '../engine/messages.ts';
-import { decodeUrlPart, HttpError, requestHeaders, statusLine, wsSettings } from '../http.ts';
+import { bytesText, decodeUrlPart, HttpError, requestHeaders, statusLine, wsSettings } from '../http.ts';
 import { log } from '../log.ts';
 import { redactPaths } from '../redact.ts';
 import { randomId } from '../store.ts';
@@ -126,7 +126,7 @@ function paramCount(pattern: string): number {
  * main server). `resolve` picks the policy (and checks the key) per connection; it may be async.
  * `maxMessageBytes` is the route's ceiling; each policy's own limit is checked per message.
  */
-export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: PolicyResolver, opts: { maxMessageBytes?: number; sockets?: Set<WebSocket<unknown>> } = {}): void {
+export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: PolicyResolver, opts: { maxMessageBytes?: number; sockets?: Set<WebSocket<unknown>>; limitFlag?: string } = {}): void {
   const ceiling = opts.maxMessageBytes ?? DEFAULT_POLICY_LIMITS.maxMessageBytes;
   const nParams = paramCount(pattern);
   app.ws<Conn>(pattern, {
@@ -171,7 +171,10 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
       const arrivedMs = performance.now();
       const { limits } = conn.policy;
       if (message.byteLength > limits.maxMessageBytes) {
-        return fail(conn, new ProtocolError('too_large', `message is ${message.byteLength} bytes; the limit is ${limits.maxMessageBytes} (--max-message-bytes)`), CLOSE_TOO_BIG);
+        const size = conn.policy.meta.model.imageSize;
+        return fail(conn, new ProtocolError('too_large',
+          `message is ${message.byteLength} bytes (${bytesText(message.byteLength)}); the limit is ${limits.maxMessageBytes} (${bytesText(limits.maxMessageBytes)}, ${opts.limitFlag ?? '--max-message-bytes'}). ` +
+          `Send frames as JPEG (image_codec "JPEG") or resize them on the client: the model sees ${size}x${size} images`), CLOSE_TOO_BIG);
       }
       if (!isBinary) return fail(conn, new ProtocolError('bad_request', 'text frames are not accepted: send the observation as msgpack bytes'));
       if (conn.queue.length >= limits.readAhead) {
