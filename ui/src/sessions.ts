@@ -15,10 +15,11 @@ const REFRESH_MS = 3000;
  * field yet; `last_op` ({op, id, at}) or `last_request_id` are shown as soon as it does.
  */
 function lastOp(s: Session): string {
-  const op = s.last_op as { op?: string; id?: number; at?: number } | string | null | undefined;
+  // Ids are integers or strings; one past 2^53 arrives as its decimal string (PROTOCOL.md section 3).
+  const op = s.last_op as { op?: string; id?: number | string; at?: number } | string | null | undefined;
   if (typeof op === 'string') return op;
   if (op && typeof op === 'object' && op.op) return `${op.op}${op.id !== undefined ? ` #${op.id}` : ''}${op.at ? ` at ${dateTime(op.at)}` : ''}`;
-  if (typeof s.last_request_id === 'number') return `request #${s.last_request_id}`;
+  if (typeof s.last_request_id === 'number' || typeof s.last_request_id === 'string') return `request #${s.last_request_id}`;
   return '—';
 }
 
