@@ -63,6 +63,7 @@ async function fuzz(port: number, routes: { method: string; pattern: string }[],
     }
     const path = fill(pattern, 'x');
     const auth = `Authorization: Bearer ${key}`;
+    if (method === 'WS') await send(request('GET', path, [auth])); // a websocket path without the upgrade headers
     // Header values: overlong, invalid UTF-8, odd SSE cursors, lying Content-Lengths.
     await send(request(http, path, [`Authorization: Bearer ${'k'.repeat(6000)}`, ...extra]));
     await send(request(http, path, ['Authorization: Bearer \xff\xfe\xc3\x28', 'Last-Event-ID: \xff%E0', 'Accept: text/event-stream', ...extra]));
@@ -106,6 +107,13 @@ describe('no request takes a server down', () => {
     expect(JSON.parse(issue.body).error).toMatch(/malformed %-escape/);
     const answers = await fuzz(app.port, routes, TEST_KEY);
     expect(answers.length).toBeGreaterThan(500);
+    // The live session's own websocket with its real token: plain GET, and upgrades with bad or missing keys.
+    const s = (await (await fetch(`${app.baseUrl}/v1/training_sessions`, { headers: { authorization: `Bearer ${TEST_KEY}` } })).json()) as { data: { id: string; token: string; status: string }[] };
+    const live = s.data.find((x) => x.status === 'ready')!;
+    const wsPath = `/v1/training_sessions/${live.id}/ws`;
+    for (const headers of [[`Authorization: Bearer ${live.token}`], [`Authorization: Bearer ${live.token}`, 'Upgrade: websocket', 'Connection: Upgrade'], [`Authorization: Bearer ${live.token}`, ...WS_HEADERS.filter((h) => !h.startsWith('Sec-WebSocket-Key'))], [`Authorization: Bearer ${live.token}`, 'Upgrade: websocket', 'Connection: Upgrade', 'Sec-WebSocket-Key: %%%', 'Sec-WebSocket-Version: 99']]) {
+      answers.push({ sent: `GET ${wsPath} ${headers.join(' | ')}`, a: await rawHttp(app.port, request('GET', wsPath, headers)) });
+    }
     expectSane(answers, [app.dataDir, '/tmp/vela-robust-datasets-root', process.cwd()]);
     // Still up: healthz, and the live session answers on its open connection.
     expect((await fetch(`${app.baseUrl}/healthz`)).status).toBe(200);
