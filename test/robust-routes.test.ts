@@ -7,6 +7,10 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient, type SessionConnection } from '../protocol/client.ts';
+import WebSocket from 'ws';
+import uWS from 'uWebSockets.js';
+import { createApp } from '../server/guard.ts';
+import { HttpError } from '../server/http.ts';
 import { startPolicyServer, type PolicyServerHandle } from '../server/policy/index.ts';
 import { rawHttp, type RawAnswer } from './helpers/raw-http.ts';
 import { startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
@@ -126,6 +130,50 @@ describe('no request takes a server down', () => {
     const answers = await fuzz(policy.port, routes, 'pk');
     expectSane(answers, ['/ckpt/run-1', process.cwd()]);
     expect((await fetch(`${policy.baseUrl}/healthz`)).status).toBe(200);
+  });
+});
+
+describe('the guard itself (server/guard.ts)', () => {
+  it('a handler that throws synchronously answers 500 (or its HttpError), a websocket closes 1011, and the app goes on', async () => {
+    const app = createApp();
+    app.get('/boom', () => {
+      throw new Error('a bug');
+    });
+    app.get('/teapot', () => {
+      throw new HttpError(409, 'busy');
+    });
+    app.ws('/upgrade-boom', {
+      upgrade: () => {
+        throw new Error('a bug in an upgrade');
+      },
+    });
+    app.ws<{ n: number }>('/ws', {
+      upgrade: (res, req, ctx) => res.upgrade({ n: 0 }, req.getHeader('sec-websocket-key'), '', '', ctx),
+      open: (ws) => void ws.send('hello'),
+      message: () => {
+        throw new Error('a bug in a message handler');
+      },
+    });
+    app.get('/ok', (res) => void res.end('ok'));
+    const port = await new Promise<number>((resolve) => app.listen('127.0.0.1', 0, (ls) => resolve(uWS.us_socket_local_port(ls))));
+    try {
+      const boom = await rawHttp(port, request('GET', '/boom', []));
+      expect(boom.status).toBe(500);
+      expect(JSON.parse(boom.body)).toMatchObject({ error: 'internal error', request_id: expect.stringMatching(/^req-/) });
+      expect((await rawHttp(port, request('GET', '/teapot', []))).status).toBe(409);
+      expect((await rawHttp(port, request('GET', '/upgrade-boom', WS_HEADERS))).status).toBe(500);
+      const closed = await new Promise<{ code: number; reason: string }>((resolve) => {
+        const ws = new WebSocket(`ws://127.0.0.1:${port}/ws`);
+        ws.on('message', () => ws.send('x'));
+        ws.on('close', (code, reason) => resolve({ code, reason: reason.toString() }));
+      });
+      expect(closed.code).toBe(1011);
+      expect(closed.reason).toMatch(/^internal error \(req-\w+; see the server log\)$/);
+      expect((await rawHttp(port, request('GET', '/ok', []))).body).toBe('ok');
+      expect((await rawHttp(port, request('HEAD', '/ok', []))).headers['content-length']).toBe('2');
+    } finally {
+      (app as unknown as { close(): void }).close(); // the native app has close(); this uWS version's typings lack it
+    }
   });
 });
 
