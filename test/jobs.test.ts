@@ -79,7 +79,7 @@ describe('fine-tunes on g1_pick_bottle', () => {
       [{ ...job(), model: 'pi9' }, /model must be one of/],
       [{ ...job(), dataset_name: '../etc' }, /plain relative segments/],
       [{ ...job(), dataset_name: '/abs/path' }, /absolute path; the operator has not allowed/],
-      [{ ...job(), dataset_name: 'nope/missing' }, /not found: .* does not exist/],
+      [{ ...job(), dataset_name: 'nope/missing' }, /^dataset_name "nope\/missing" not found: no such dataset folder under this server's datasets root/],
       [{ ...job(), cameras: ['wrist'] }, /camera "wrist" is not in the dataset; its cameras are cam_high/],
       [{ ...job(), steps: 0 }, /steps must be an integer in 1..1000000/],
       [{ ...job(), batch_size: 2000 }, /batch_size must be an integer in 1..1024/],
