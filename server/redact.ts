@@ -13,8 +13,12 @@ const roots: { dir: string; label: string }[] = [];
 /** Register a server folder: `label` (e.g. `<data dir>`) replaces it in client-visible errors. */
 export function hideServerPath(dir: string, label: string): void {
   const abs = path.resolve(dir);
-  if (abs === path.parse(abs).root || roots.some((r) => r.dir === abs)) return;
-  roots.push({ dir: abs, label });
+  if (abs === path.parse(abs).root) return;
+  // Both spellings: messages built from a relative setting (./vela-data) carry it as given.
+  const rel = path.normalize(dir).replace(/[\\/]+$/, '');
+  for (const d of new Set([abs, ...(path.isAbsolute(dir) || rel === '.' ? [] : [rel])])) {
+    if (!roots.some((r) => r.dir === d)) roots.push({ dir: d, label });
+  }
   roots.sort((a, b) => b.dir.length - a.dir.length); // the deepest folder first
 }
 

@@ -199,6 +199,18 @@ describe('errors name what the client sent, never server paths', () => {
     expect(e2).not.toContain('/tmp/vela-robust-datasets-root');
     fs.rmSync('/tmp/vela-robust-datasets-root', { recursive: true, force: true });
   });
+
+  it('a damaged saved state: the session error names no server folder', async () => {
+    const fs = await import('node:fs');
+    const path = await import('node:path');
+    expect(await conn.saveState('damaged')).toBe('damaged');
+    const dir = (fs.readdirSync(app.dataDir, { recursive: true }) as string[]).find((p) => p.endsWith(path.join('states', 'damaged')))!;
+    fs.rmSync(path.join(app.dataDir, dir, 'config.json'));
+    const err = await conn.loadState('damaged').then(() => null, (e: Error) => e.message);
+    expect(err).toMatch(/^checkpoint <data dir>\/\S+\/states\/damaged has no config.json$/);
+    expect(err).not.toContain(app.dataDir);
+    expect(await conn.request('heartbeat')).toEqual({});
+  });
 });
 
 describe('HEAD wherever GET answers; 405 with Allow for a known path', () => {
