@@ -191,6 +191,8 @@ describe('message size limit', () => {
     const conn = await c.connect(s);
     const pending = conn.request('forward_backward', { data: [{ observation: { image: { cam: new Uint8Array(100 * 1024) } } }], codec: 'JPEG' });
     await expect(pending).rejects.toBeInstanceOf(VelaError);
+    // The error answer comes first, then the close frame: wait for the close.
+    for (let i = 0; i < 200 && !conn.closed; i++) await new Promise((r) => setTimeout(r, 10));
     expect(conn.closed?.code).toBe(1009);
     expect(conn.closed?.reason).toMatch(/message is \d+ bytes; the limit is 65536/);
     await small.close();
