@@ -37,7 +37,7 @@ export type SessionRequest =
   | { id: RequestId; op: 'backward'; velocity_grad: NDArray }
   | { id: RequestId; op: 'optim_step'; learning_rate: number; beta1: number; beta2: number; eps: number; weight_decay: number; grad_clip_norm: number }
   | { id: RequestId; op: 'sample'; data: WireDatum[]; codec: string; num_steps: number; weights: string | null; seed: number | null }
-  | { id: RequestId; op: 'save_state' | 'load_state' | 'save_weights'; name: string; overwrite: boolean }
+  | { id: RequestId; op: 'save_state' | 'load_state' | 'save_weights'; name: string; overwrite: boolean; dir?: string } // dir: set by the server (load from another model's folder), never read from the wire
   | { id: RequestId; op: 'abort_gradient_epoch' }
   | { id: RequestId; op: 'heartbeat' };
 

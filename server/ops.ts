@@ -180,7 +180,7 @@ function prepareOp(live: LiveSession, req: SessionRequest, server: ServerConfig)
       return () => call(req.op, { name: req.name, overwrite: req.overwrite, cameras: [...live.cameras], actionHorizon: live.actionHorizon });
     case 'load_state':
       return () =>
-        call<{ cameras?: string[] }>('load_state', { name: req.name }).then((r) => {
+        call<{ cameras?: string[] }>('load_state', { name: req.name, dir: req.dir }).then((r) => {
           if (r.cameras) live.cameras = [...r.cameras];
           return {};
         });

@@ -84,6 +84,7 @@ export type EngineFactory = (preset: string) => Promise<EngineLike>;
 
 export class SessionManager {
   private engines = new Map<string, Promise<EngineLike>>();
+  private started = new Set<string>();
   readonly live = new Map<string, LiveSession>();
   private idleTimer: NodeJS.Timeout;
 
@@ -101,9 +102,14 @@ export class SessionManager {
     if (!e) {
       e = this.engineFactory(preset);
       this.engines.set(preset, e);
-      e.catch(() => this.engines.delete(preset)); // a later session may retry
+      e.then(() => this.started.add(preset), () => this.engines.delete(preset)); // a later session may retry
     }
     return e;
+  }
+
+  /** Presets whose engine is started (for /health's engine_running). */
+  runningEngines(): string[] {
+    return [...this.started].filter((p) => this.engines.has(p));
   }
 
   /** Root folder of a session's saved states and weights. */
@@ -111,15 +117,27 @@ export class SessionManager {
     return path.resolve(this.config.dataDir, 'checkpoints', owner, id);
   }
 
-  /** Create a session row (`starting`) and open it in its engine in the background. */
-  create(owner: string, cfg: SessionConfig, baseUrl: string): SessionRow {
+  /**
+   * Create a session row (`starting`) and open it in its engine in the background. `modelName`
+   * is a futures client's own name for it (create_model's `model_id`).
+   * @throws HttpError 429 past the per-key limit, 409 when `modelName` is taken by an open model of the key.
+   */
+  create(owner: string, cfg: SessionConfig, baseUrl: string, modelName: string | null = null): SessionRow {
     const open = this.store.countOpenSessions(owner);
     if (open >= this.config.sessionsPerKey) {
       throw new HttpError(429, `this key has ${open} open sessions; the limit is ${this.config.sessionsPerKey}: close one first`);
     }
+    const taken = () => new HttpError(409, `model_id "${modelName}" is taken by an open model of this key; kill_session or unload_model it first, or pick another name`);
+    if (modelName !== null && this.store.findOpenSessionByName(owner, modelName)) throw taken();
     const id = randomId('ts-');
-    const row: SessionRow = { id, owner, status: 'starting', created_at: nowS(), config: cfg as unknown as Record<string, unknown>, token: newToken(), error: null, closed_at: null };
-    this.store.insertSession(row);
+    const row: SessionRow = { id, owner, status: 'starting', created_at: nowS(), config: cfg as unknown as Record<string, unknown>, token: newToken(), error: null, closed_at: null, model_name: modelName };
+    try {
+      this.store.insertSession(row);
+    } catch (e) {
+      // Two creates racing past the check: the store's unique index decides.
+      if ((e as { code?: string }).code === 'SQLITE_CONSTRAINT_UNIQUE' && modelName !== null) throw taken();
+      throw e;
+    }
     const live = new LiveSession(row, cfg, null);
     this.live.set(id, live);
     void this.open(live);

@@ -54,6 +54,21 @@ const MIGRATIONS: string[] = [
      data TEXT NOT NULL,
      PRIMARY KEY (job_id, idx)
    ) WITHOUT ROWID;`,
+  // A futures client may name its model (xorl's create_model `model_id`): unique among the
+  // owner's open models, so a name is free again once its model is closed.
+  `ALTER TABLE training_sessions ADD COLUMN model_name TEXT;
+   CREATE UNIQUE INDEX training_sessions_open_name ON training_sessions(owner, model_name)
+     WHERE model_name IS NOT NULL AND status IN ('starting', 'ready');`,
+  // Policy servers that sync_inference_weights pushes a model's weights to (xorl's inference endpoints).
+  `CREATE TABLE inference_endpoints (
+     id TEXT PRIMARY KEY,
+     owner TEXT NOT NULL REFERENCES api_keys(id),
+     url TEXT NOT NULL,
+     api_key TEXT,
+     name TEXT,
+     created_at INTEGER NOT NULL,
+     UNIQUE (owner, url)
+   );`,
 ];
 
 export interface ApiKeyRow {
@@ -72,6 +87,19 @@ export interface SessionRow {
   token: string;
   error: string | null;
   closed_at: number | null;
+  /** The client's name for the model (futures `create_model` `model_id`), or null. */
+  model_name: string | null;
+}
+
+/** A policy server registered by `add_inference_endpoint`. */
+export interface EndpointRow {
+  id: string;
+  owner: string;
+  url: string;
+  /** The key the policy server wants (sent as `Authorization: Bearer`), or null. */
+  api_key: string | null;
+  name: string | null;
+  created_at: number;
 }
 
 /** Now, in Unix seconds (the `created_at` unit). */
@@ -149,10 +177,17 @@ export class Store {
 
   // --- Training sessions.
 
+  /** @throws Error with `code` `SQLITE_CONSTRAINT_UNIQUE` when `model_name` is taken by an open model of the owner. */
   insertSession(row: SessionRow): void {
     this.db
-      .prepare('INSERT INTO training_sessions (id, owner, status, created_at, config, token, error, closed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)')
-      .run(row.id, row.owner, row.status, row.created_at, JSON.stringify(row.config), row.token, row.error, row.closed_at);
+      .prepare('INSERT INTO training_sessions (id, owner, status, created_at, config, token, error, closed_at, model_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)')
+      .run(row.id, row.owner, row.status, row.created_at, JSON.stringify(row.config), row.token, row.error, row.closed_at, row.model_name ?? null);
+  }
+
+  /** The owner's open model named `name` (futures `model_id`), or null. */
+  findOpenSessionByName(owner: string, name: string): SessionRow | null {
+    const r = this.db.prepare("SELECT * FROM training_sessions WHERE owner = ? AND model_name = ? AND status IN ('starting', 'ready')").get(owner, name) as (Omit<SessionRow, 'config'> & { config: string }) | undefined;
+    return r ? { ...r, config: JSON.parse(r.config) } : null;
   }
 
   updateSession(id: string, fields: Partial<Pick<SessionRow, 'status' | 'error' | 'closed_at'>>): void {
@@ -180,6 +215,25 @@ export class Store {
     return this.db
       .prepare("UPDATE training_sessions SET status = 'closed', error = ?, closed_at = ? WHERE status IN ('starting', 'ready')")
       .run(reason, nowS()).changes;
+  }
+
+  // --- Inference endpoints (sync_inference_weights).
+
+  /** Register (or update the key and name of) the owner's endpoint at `url`; returns the row. */
+  upsertEndpoint(owner: string, url: string, apiKey: string | null, name: string | null): EndpointRow {
+    this.db
+      .prepare('INSERT INTO inference_endpoints (id, owner, url, api_key, name, created_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (owner, url) DO UPDATE SET api_key = excluded.api_key, name = excluded.name')
+      .run(randomId('ep-'), owner, url, apiKey, name, nowS());
+    return this.db.prepare('SELECT * FROM inference_endpoints WHERE owner = ? AND url = ?').get(owner, url) as EndpointRow;
+  }
+
+  /** Remove the owner's endpoint by id or url; returns whether one was removed. */
+  deleteEndpoint(owner: string, idOrUrl: string): boolean {
+    return this.db.prepare('DELETE FROM inference_endpoints WHERE owner = ? AND (id = ? OR url = ?)').run(owner, idOrUrl, idOrUrl).changes > 0;
+  }
+
+  listEndpoints(owner: string): EndpointRow[] {
+    return this.db.prepare('SELECT * FROM inference_endpoints WHERE owner = ? ORDER BY created_at, rowid').all(owner) as EndpointRow[];
   }
 
   // --- Fine-tune jobs and their durable event log.

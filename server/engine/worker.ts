@@ -95,8 +95,9 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
     }
     case 'load_state': {
       const t = pool.peek(sessionId);
-      const dir = savedDir(t, 'states', args.name);
-      if (!fs.existsSync(dir)) throw new EngineError('not_found', `no saved state named "${args.name}" in this session`);
+      // `dir`: a saved state of another model of the same owner (the server checked the path).
+      const dir = typeof args.dir === 'string' ? args.dir : savedDir(t, 'states', args.name);
+      if (!fs.existsSync(dir)) throw new EngineError('not_found', typeof args.dir === 'string' ? `no saved state at ${args.dir}` : `no saved state named "${args.name}" in this session`);
       const { state } = await pool.use(sessionId);
       const ck = await loadCheckpoint(dir, { preset: config.preset });
       state.importState(toExported(ck));
