@@ -122,8 +122,18 @@ describe('the futures API on pi05-tiny', () => {
     const { model_id } = await json.createModel(MODEL);
     const post = (route: string, body: unknown) => json.raw('POST', route, body);
     expect(await post('forward_backward', { model_id, data: batches[0], codec: 'JPEG', lr: 1 })).toEqual({
-      status: 400, body: { error: 'forward_backward has no field "lr"; it takes model_id, seq_id, data, codec, loss_fn' },
+      status: 400, body: { error: 'forward_backward has no field "lr" (a field of other routes); it takes model_id, seq_id, data, codec, loss_fn, forward_backward_input' },
     });
+    // A misspelling of a field of the route is refused and named; an unrelated unknown field passes and is named back.
+    expect(await post('optim_step', { model_id, grad_clip: 1 })).toEqual({
+      status: 400, body: { error: 'optim_step has no field "grad_clip" (did you mean "grad_clip_norm"?); it takes model_id, seq_id, learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm, adam_params, gradient_clip, lr' },
+    });
+    expect((await post('optim_step', { model_id, adam_params: { learning_rate: 1e-3, Beta2: 0.9 } })).body.error).toMatch(/^adam_params has no field "Beta2" \(did you mean "beta2"\?\)/);
+    const passed = await fetch(`${server.baseUrl}/api/v1/abort_gradient_epoch`, {
+      method: 'POST', headers: { authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/json' }, body: JSON.stringify({ model_id, type: 'abort', client_tag: 7 }),
+    });
+    expect(passed.headers.get('x-vela-ignored-fields')).toBe('type, client_tag');
+    expect(await passed.json()).toMatchObject({ model_id, ignored_fields: ['type', 'client_tag'] });
     expect(await post('optim_step', {})).toEqual({ status: 400, body: { error: 'model_id must be the string that create_model returned, got undefined' } });
     expect(await post('optim_step', { model_id, seq_id: -1 })).toEqual({ status: 400, body: { error: 'seq_id must be an integer in 0..2^64 - 1, got -1' } });
     expect(await post('optim_step', { model_id, learning_rate: 5 })).toMatchObject({ status: 400, body: { error: 'learning_rate must be in [0, 1], got 5' } });
@@ -147,8 +157,8 @@ describe('the futures API on pi05-tiny', () => {
     expect(unpackNumpy(Buffer.from(await mp.arrayBuffer()))).toMatchObject({ code: 'bad_msgpack' });
     const c1 = await fetch(`${server.baseUrl}/api/v1/optim_step`, { method: 'POST', headers: { authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/msgpack' }, body: Buffer.from([0xc1]) });
     expect(unpackNumpy(Buffer.from(await c1.arrayBuffer()))).toEqual({ error: 'message holds the reserved msgpack byte 0xc1, which is not a value', code: 'bad_msgpack' });
-    const noKey = await fetch(`${server.baseUrl}/api/v1/healthz`);
-    expect(noKey.status).toBe(401);
+    const noKey = await fetch(`${server.baseUrl}/api/v1/healthz`); // a health probe has no key
+    expect([noKey.status, await noKey.json()]).toEqual([200, { status: 'ok' }]);
     expect(await json.call('healthz', undefined, 'GET')).toEqual({ status: 'ok' });
     expect(await msgpack.call('healthz', undefined, 'GET')).toEqual({ status: 'ok' });
 

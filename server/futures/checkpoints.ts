@@ -71,6 +71,39 @@ export function checkpointPath(ownerRoot: string, id: unknown): string {
   return p;
 }
 
+/**
+ * The checkpoint id of a `path` that save_weights / list_checkpoints gave (an absolute folder
+ * under `ownerRoot`), or of a checkpoint id given as a path. Null for a bare name (a checkpoint
+ * of the model itself).
+ * @throws HttpError 400 for an absolute path outside the owner's checkpoints, or a malformed one.
+ */
+export function checkpointIdOfPath(ownerRoot: string, p: string): string | null {
+  if (path.isAbsolute(p)) {
+    const rel = path.relative(ownerRoot, path.resolve(p));
+    if (rel.startsWith('..') || path.isAbsolute(rel) || rel === '') throw new HttpError(400, `path ${p} is not a checkpoint of this key: use the path or checkpoint_id that save_weights or list_checkpoints returned`);
+    return rel.split(path.sep).join('/');
+  }
+  return p.includes('/') ? p : null;
+}
+
+/** What weights_info answers about a checkpoint: its model's shape, read from config.json. */
+export function checkpointInfo(ownerRoot: string, id: string): Record<string, unknown> {
+  const dir = checkpointPath(ownerRoot, id);
+  let cfg: Record<string, unknown> = {};
+  try {
+    cfg = JSON.parse(fs.readFileSync(path.join(dir, 'config.json'), 'utf8'));
+  } catch {
+    throw new HttpError(404, `checkpoint ${id} has no readable config.json`);
+  }
+  const info = listCheckpoints(ownerRoot, id.split('/')[0]).find((c) => c.checkpoint_id === id)!;
+  const lora = cfg.finetune !== 'full';
+  return {
+    ...info, base_model: cfg.preset, is_lora: lora, lora_rank: lora ? (cfg.lora_rank ?? null) : null, lora_alpha: lora ? (cfg.lora_alpha ?? null) : null,
+    targets: cfg.lora_targets ?? null, finetune: cfg.finetune ?? null, action_horizon: cfg.action_horizon ?? null, cameras: cfg.cameras ?? [],
+    has_optimizer_state: fs.existsSync(path.join(dir, 'optimizer.safetensors')),
+  };
+}
+
 /** Delete a checkpoint folder. @throws as `checkpointPath`. */
 export function deleteCheckpoint(ownerRoot: string, id: unknown): string {
   const p = checkpointPath(ownerRoot, id);

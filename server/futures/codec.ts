@@ -15,6 +15,7 @@ import { ProtocolError } from '../../protocol/errors.ts';
 import { exactIntOrString, mapValueBytes, RawMsgpack } from '../../protocol/msgpack.ts';
 import { NDArray, ndarray, packNumpy, unpackNumpy } from '../../protocol/ndarray.ts';
 import { HttpError, statusLine, type Req } from '../http.ts';
+import { ignoredFields } from './fields.ts';
 
 export type Format = 'json' | 'msgpack';
 
@@ -59,7 +60,13 @@ export async function readBody(r: Req, limitBytes: number): Promise<Body> {
     throw new HttpError(400, `body must be a ${format === 'json' ? 'JSON object' : 'msgpack map'}`);
   }
   const obj = value as Record<string, unknown>;
-  if (format === 'json' && Array.isArray(obj.data)) obj.data = obj.data.map((d, i) => jsonDatum(d, i));
+  if (format === 'json') {
+    // Datums at the top level, or inside Tinker's input wrappers.
+    for (const holder of [obj, obj.forward_backward_input, obj.forward_input]) {
+      const h = holder as Record<string, unknown> | undefined;
+      if (h && typeof h === 'object' && Array.isArray(h.data)) h.data = h.data.map((d, i) => jsonDatum(d, i));
+    }
+  }
   // Decoders round integers past 2^53 (msgpack to float64, JSON.parse too): re-read seq_id exactly.
   let seqIdRaw: Uint8Array | undefined;
   if (format === 'msgpack' && obj.seq_id !== undefined) {
@@ -214,7 +221,10 @@ export function sendAs(r: Req, format: Format, status: number, body: unknown): v
   if (r.aborted) return;
   r.aborted = true;
   const bytes = format === 'msgpack' ? packNumpy(body) : jsonText(body);
+  const ignored = ignoredFields(r);
   r.res.cork(() => {
-    r.res.writeStatus(statusLine(status)).writeHeader('content-type', format === 'msgpack' ? 'application/msgpack' : 'application/json').end(bytes);
+    r.res.writeStatus(statusLine(status)).writeHeader('content-type', format === 'msgpack' ? 'application/msgpack' : 'application/json');
+    if (ignored.length > 0) r.res.writeHeader('x-vela-ignored-fields', ignored.join(', '));
+    r.res.end(bytes);
   });
 }

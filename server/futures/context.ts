@@ -10,7 +10,7 @@ import { EngineError } from '../engine/messages.ts';
 import { HttpError, route, type Req } from '../http.ts';
 import type { LiveSession, SessionManager } from '../sessions.ts';
 import type { ServerConfig } from '../config.ts';
-import type { Store } from '../store.ts';
+import type { SessionRow, Store } from '../store.ts';
 import { formatOf, readBody, sendAs, type Body, type Format } from './codec.ts';
 import { errorAnswer } from './requests.ts';
 import { SeqOrder } from './seq.ts';
@@ -24,6 +24,11 @@ export interface FuturesDeps {
   baseUrl?: () => string;
 }
 
+/** The id a futures client knows a model by: the name it gave in create_model, else the Vela id. */
+export function publicModelId(row: SessionRow): string {
+  return row.model_name ?? row.id;
+}
+
 export type Handler = (r: Req, owner: string, body: Body) => Promise<void> | void;
 
 /** Opens when a model's engine is ready; ops admitted while it starts wait on it, in order. */
@@ -32,8 +37,18 @@ interface Gate {
   promise: Promise<void>;
 }
 
+/** A Tinker client session (create_session): the models created in it, for its heartbeats. */
+export interface ClientSession {
+  owner: string;
+  models: Set<string>; // Vela ids
+  createdAt: number; // Unix s
+  tags: unknown;
+  userMetadata: unknown;
+}
+
 export class FuturesContext {
   readonly futures: FutureStore;
+  readonly clientSessions = new Map<string, ClientSession>();
   readonly seq: SeqOrder;
   private gates = new Map<string, Gate>();
   private pruneTimer: NodeJS.Timeout;
@@ -46,6 +61,11 @@ export class FuturesContext {
     this.pruneTimer = setInterval(() => {
       for (const id of new Set([...this.gates.keys(), ...this.seq.modelIds()])) {
         if (!sessions.live.has(id)) this.forget(id, `model ${id} was closed before this request ran`);
+      }
+      // Client sessions without an open model, idle past the session timeout, are dropped.
+      const limitS = Date.now() / 1000 - config.sessionIdleTimeoutS;
+      for (const [id, c] of this.clientSessions) {
+        if (c.createdAt < limitS && ![...c.models].some((m) => sessions.live.has(m))) this.clientSessions.delete(id);
       }
     }, 30_000).unref();
   }
@@ -75,22 +95,35 @@ export class FuturesContext {
     this.post(name, fn);
   }
 
+  /** The owner's client session `id`. @throws HttpError 404 (unknown, or another owner's). */
+  clientSession(owner: string, id: unknown): ClientSession {
+    const entry = typeof id === 'string' ? this.clientSessions.get(id) : undefined;
+    if (!entry || entry.owner !== owner) throw new HttpError(404, `no session ${JSON.stringify(id)}: create one with create_session (sessions are not kept across restarts)`);
+    return entry;
+  }
+
   /** The owner's checkpoint root (`<data>/checkpoints/<owner>`). */
   ownerRoot(owner: string): string {
     return path.dirname(this.deps.sessions.sessionDir(owner, 'x'));
   }
 
-  /** A model row of this owner, open or not. @throws HttpError 404 (unknown or another owner's). */
-  ownRow(owner: string, id: string) {
+  /**
+   * A model row of this owner, open or not, by its Vela id (`ts-...`) or by the name its client
+   * gave it in create_model (then the open model of that name).
+   * @throws HttpError 404 (unknown, or another owner's).
+   */
+  ownRow(owner: string, id: string): SessionRow {
     const row = this.deps.store.getSession(id);
-    if (!row || row.owner !== owner) throw new HttpError(404, `no model ${id}`);
-    return row;
+    if (row && row.owner === owner) return row;
+    const named = this.deps.store.findOpenSessionByName(owner, id);
+    if (!named) throw new HttpError(404, `no model ${id}${id.startsWith('ts-') ? '' : ' (no open model has that name)'}`);
+    return named;
   }
 
-  /** The owner's open model. @throws HttpError 404 (unknown or another owner's), 409 (closed). */
+  /** The owner's open model (by id or name). @throws HttpError 404 (unknown or another owner's), 409 (closed). */
   modelOf(owner: string, id: string): LiveSession {
     const row = this.ownRow(owner, id);
-    const live = this.deps.sessions.live.get(id);
+    const live = this.deps.sessions.live.get(row.id);
     if (!live || (row.status !== 'starting' && row.status !== 'ready')) {
       throw new HttpError(409, `model ${id} is ${row.status}${row.error ? `: ${row.error}` : ''}; create a new one with create_model`);
     }
@@ -131,7 +164,7 @@ export class FuturesContext {
     const row = this.deps.store.getSession(id)!;
     const live = this.deps.sessions.live.get(id);
     return {
-      model_id: id, status: row.status, created_at: row.created_at, ...row.config,
+      model_id: publicModelId(row), training_session_id: row.id, status: row.status, created_at: row.created_at, ...row.config,
       action_horizon: live?.actionHorizon || (row.config as { action_horizon?: unknown }).action_horizon,
       trainable_params: live?.trainableParams ?? null, pending_gradients: live?.pendingGradients ?? 0,
       pending_futures: this.futures.pendingCount(id), cameras: live?.cameras ?? [],

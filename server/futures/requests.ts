@@ -11,25 +11,44 @@ import { EngineError } from '../engine/messages.ts';
 import { HttpError, type Req } from '../http.ts';
 import { log } from '../log.ts';
 import { redactPaths } from '../redact.ts';
+import { checkFields } from './fields.ts';
 
-/** A futures op: its engine (websocket) op and the body fields it takes besides model_id, seq_id. */
+export { checkFields } from './fields.ts';
+
+/**
+ * A futures op: its engine (websocket) op and the body fields it takes besides model_id, seq_id
+ * (xorl / Tinker aliases included: they are mapped by `wsRequest`).
+ */
 export const OPS: Record<string, { op: SessionRequest['op']; args: string[] }> = {
-  forward_backward: { op: 'forward_backward', args: ['data', 'codec', 'loss_fn'] },
-  forward: { op: 'forward', args: ['data', 'codec', 'keep'] },
-  optim_step: { op: 'optim_step', args: ['learning_rate', 'beta1', 'beta2', 'eps', 'weight_decay', 'grad_clip_norm', 'adam_params'] },
+  forward_backward: { op: 'forward_backward', args: ['data', 'codec', 'loss_fn', 'forward_backward_input'] },
+  forward: { op: 'forward', args: ['data', 'codec', 'keep', 'forward_input'] },
+  optim_step: { op: 'optim_step', args: ['learning_rate', 'beta1', 'beta2', 'eps', 'weight_decay', 'grad_clip_norm', 'adam_params', 'gradient_clip', 'lr'] },
   abort_gradient_epoch: { op: 'abort_gradient_epoch', args: [] },
   sample: { op: 'sample', args: ['data', 'codec', 'num_steps', 'weights', 'seed'] },
   save_weights: { op: 'save_state', args: ['name', 'path', 'overwrite'] },
-  load_weights: { op: 'load_state', args: ['name', 'path'] },
+  load_weights: { op: 'load_state', args: ['name', 'path', 'checkpoint_id'] },
   save_weights_for_sampler: { op: 'save_weights', args: ['name', 'path', 'overwrite'] },
 };
 
 const ADAM_KEYS = ['learning_rate', 'beta1', 'beta2', 'eps', 'weight_decay', 'grad_clip_norm'];
+/** Other names of optim_step's fields: xorl's `gradient_clip`, the common `lr`. */
+const OPTIM_ALIASES: Record<string, string> = { gradient_clip: 'grad_clip_norm', lr: 'learning_rate' };
+/** Tinker's input wrappers: `forward_backward_input: {data, loss_fn}`, `forward_input: {data}`. */
+const INPUT_WRAPPERS: Record<string, { field: string; args: string[] }> = {
+  forward_backward: { field: 'forward_backward_input', args: ['data', 'codec', 'loss_fn'] },
+  forward: { field: 'forward_input', args: ['data', 'codec', 'keep'] },
+};
 
-/** @throws HttpError 400 naming the first field that `what` does not take. */
-export function checkFields(body: Record<string, unknown>, allowed: string[], what: string): void {
-  for (const k of Object.keys(body)) {
-    if (!allowed.includes(k)) throw new HttpError(400, `${what} has no field "${k}"; it takes ${allowed.join(', ')}`);
+function isObject(v: unknown): v is Record<string, unknown> {
+  return v !== null && typeof v === 'object' && !Array.isArray(v);
+}
+
+/** Move `from`'s fields into `into` (aliases renamed). @throws HttpError 400 for a field given twice. */
+function merge(into: Record<string, unknown>, from: Record<string, unknown>, where: string, aliases: Record<string, string> = {}): void {
+  for (const [k0, v] of Object.entries(from)) {
+    const k = aliases[k0] ?? k0;
+    if (into[k] !== undefined) throw new HttpError(400, `${k === k0 ? k : `${k0} (an alias of ${k})`} is given twice${where ? ` (at the top level and in ${where})` : ''}`);
+    into[k] = v;
   }
 }
 
@@ -61,23 +80,43 @@ function autoName(): string {
 
 /**
  * The websocket request of a futures op body (validate it with parseRequest): Tinker's
- * `adam_params` flattened, `path` read as `name`, a save without a name given an automatic one.
- * @throws HttpError 400 for a field given twice or a bad `adam_params`.
+ * `forward_backward_input` / `forward_input` unwrapped, `adam_params` flattened (with its
+ * `betas: [b1, b2]`), xorl's `gradient_clip` and `lr` renamed, `path` read as `name`, a save
+ * without a name given an automatic one. `load_weights` by `checkpoint_id` or by a path outside
+ * the model's own folder is resolved by the caller (routes.ts) and reaches here as `name`.
+ * @throws HttpError 400 for a field given twice, a bad wrapper or `adam_params`, a misspelt field in one.
  */
-export function wsRequest(name: string, body: Record<string, unknown>): Record<string, unknown> {
+export function wsRequest(name: string, body: Record<string, unknown>, r: Req | null = null): Record<string, unknown> {
   const spec = OPS[name]!;
   const req: Record<string, unknown> = { id: 0, op: spec.op };
-  for (const k of spec.args) if (body[k] !== undefined) req[k] = body[k];
-  if (name === 'optim_step' && req.adam_params !== undefined) {
-    const p = req.adam_params;
-    delete req.adam_params;
-    if (p === null || typeof p !== 'object' || Array.isArray(p)) throw new HttpError(400, 'adam_params must be an object {learning_rate, beta1, beta2, eps, ...}');
-    for (const [k, v] of Object.entries(p)) {
-      if (!ADAM_KEYS.includes(k)) throw new HttpError(400, `adam_params has no field "${k}"; it takes ${ADAM_KEYS.join(', ')}`);
-      if (req[k] !== undefined) throw new HttpError(400, `${k} is given both at the top level and in adam_params`);
-      req[k] = v;
-    }
+  const top: Record<string, unknown> = {};
+  for (const k of spec.args) if (body[k] !== undefined) top[k] = body[k];
+  const wrapper = INPUT_WRAPPERS[name];
+  if (wrapper && top[wrapper.field] !== undefined) {
+    const inner = top[wrapper.field];
+    delete top[wrapper.field];
+    if (!isObject(inner)) throw new HttpError(400, `${wrapper.field} must be an object {${wrapper.args.join(', ')}}`);
+    checkFields(r, inner, wrapper.args, wrapper.field);
+    merge(top, Object.fromEntries(Object.entries(inner).filter(([k]) => wrapper.args.includes(k))), wrapper.field);
   }
+  if (name === 'optim_step') {
+    const p = top.adam_params;
+    delete top.adam_params;
+    const flat: Record<string, unknown> = {};
+    merge(flat, top, '', OPTIM_ALIASES);
+    if (p !== undefined) {
+      if (!isObject(p)) throw new HttpError(400, 'adam_params must be an object {learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm}');
+      const { betas, ...rest } = p;
+      checkFields(r, rest, [...ADAM_KEYS, ...Object.keys(OPTIM_ALIASES)], 'adam_params');
+      const known = Object.fromEntries(Object.entries(rest).filter(([k]) => ADAM_KEYS.includes(k) || k in OPTIM_ALIASES));
+      if (betas !== undefined) {
+        if (!Array.isArray(betas) || betas.length !== 2) throw new HttpError(400, `adam_params.betas must be [beta1, beta2], got ${JSON.stringify(betas)}`);
+        merge(known, { beta1: betas[0], beta2: betas[1] }, 'adam_params.betas');
+      }
+      merge(flat, known, 'adam_params', OPTIM_ALIASES);
+    }
+    Object.assign(req, flat);
+  } else Object.assign(req, top);
   if ('path' in req) {
     if (req.name !== undefined) throw new HttpError(400, 'give either name or path, not both');
     req.name = req.path;

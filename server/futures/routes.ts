@@ -29,12 +29,17 @@ import { runOp } from '../ops.ts';
 import { errorText } from '../session-ws.ts';
 import { parseSessionConfig, type LiveSession } from '../sessions.ts';
 import { sendAs } from './codec.ts';
-import { FuturesContext, type FuturesDeps } from './context.ts';
+import { FuturesContext, publicModelId, type FuturesDeps } from './context.ts';
 import { mountManagement } from './manage.ts';
-import { OPS, checkFields, modelIdOf, seqIdOf, wsRequest } from './requests.ts';
+import { OPS, modelIdOf, seqIdOf, wsRequest } from './requests.ts';
+import { checkFields, withIgnored } from './fields.ts';
+import { checkpointIdOfPath, checkpointPath } from './checkpoints.ts';
 import type { Future, FutureStore } from './store.ts';
 
 export type { FuturesDeps } from './context.ts';
+
+/** A client-chosen model id (xorl's create_model `model_id`). */
+const MODEL_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
 
 export interface FuturesHandle {
   futures: FutureStore;
@@ -62,7 +67,8 @@ export function mountFutures(app: TemplatedApp, deps: FuturesDeps): FuturesHandl
   const shapeResult = (live: LiveSession, req: SessionRequest, r: unknown): unknown => {
     if (req.op !== 'save_state' && req.op !== 'save_weights' && req.op !== 'load_state') return r;
     const kind = req.op === 'save_weights' ? 'weights' : 'states';
-    return { name: req.name, path: path.join(sessions.sessionDir(live.row.owner, live.id), kind, req.name), checkpoint_id: `${live.id}/${kind}/${req.name}` };
+    const dir = req.op === 'load_state' && req.dir ? req.dir : path.join(sessions.sessionDir(live.row.owner, live.id), kind, req.name);
+    return { name: req.name, path: dir, checkpoint_id: path.relative(ctx.ownerRoot(live.row.owner), dir).split(path.sep).join('/') };
   };
 
   /** Hand a parsed request to the model's ordered engine chain (the websocket's runOp). */
@@ -74,40 +80,67 @@ export function mountFutures(app: TemplatedApp, deps: FuturesDeps): FuturesHandl
     settleWith(f, gate.open ? run() : gate.promise.then(run));
   };
 
+  /**
+   * load_weights' source when it is not a bare name of the model's own states: the
+   * `checkpoint_id`, or the `path`, that save_weights / list_checkpoints gave, for any state of
+   * this key (another model's, one saved before a restart). Takes them out of `v`, leaving the
+   * state's name. @returns the checkpoint id, or null for a bare name.
+   */
+  const loadSource = (owner: string, v: Record<string, unknown>): string | null => {
+    let id: string | null = null;
+    if (v.checkpoint_id !== undefined) {
+      if (v.name !== undefined || v.path !== undefined) throw new HttpError(400, 'give one of name, path, checkpoint_id');
+      if (typeof v.checkpoint_id !== 'string') throw new HttpError(400, `checkpoint_id must be a string, got ${JSON.stringify(v.checkpoint_id)}`);
+      id = v.checkpoint_id;
+    } else if (typeof v.path === 'string') id = checkpointIdOfPath(ctx.ownerRoot(owner), v.path);
+    if (id === null) return null;
+    checkpointPath(ctx.ownerRoot(owner), id); // 400 malformed, 404 missing: before the request is accepted
+    if (id.split('/')[1] !== 'states') throw new HttpError(400, `checkpoint ${id} holds weights only (save_weights_for_sampler); load_weights needs one that save_weights wrote (weights + optimizer state)`);
+    delete v.checkpoint_id;
+    delete v.path;
+    v.name = id.split('/')[2];
+    return id;
+  };
+
   for (const name of Object.keys(OPS)) {
     ctx.post(name, (r, owner, body) => {
-      checkFields(body.value, ['model_id', 'seq_id', ...OPS[name]!.args], name);
-      const modelId = modelIdOf(body.value);
+      checkFields(r, body.value, ['model_id', 'seq_id', ...OPS[name]!.args], name);
+      const publicId = modelIdOf(body.value);
       const seqId = seqIdOf(body.value);
-      const req = parseRequest(wsRequest(name, body.value), limits);
-      const live = ctx.modelOf(owner, modelId);
+      const v = { ...body.value };
+      const loadId = name === 'load_weights' ? loadSource(owner, v) : null;
+      const req = parseRequest(wsRequest(name, v, r), limits);
+      const live = ctx.modelOf(owner, publicId);
+      if (loadId !== null && req.op === 'load_state' && loadId.split('/')[0] !== live.id) req.dir = checkpointPath(ctx.ownerRoot(owner), loadId);
+      const modelId = live.id; // per-model state is keyed by the Vela id: a name may be reused after kill
       const admit = () => {
         // The websocket's read-ahead bound, per model: parsed batches wait in memory until they run.
         const pending = futures.pendingCount(modelId);
         if (pending >= config.readAhead) {
-          throw new HttpError(429, `model ${modelId} has ${pending} requests pending (limit ${config.readAhead}, --read-ahead); retrieve their results before sending more`);
+          throw new HttpError(429, `model ${publicId} has ${pending} requests pending (limit ${config.readAhead}, --read-ahead); retrieve their results before sending more`);
         }
         return futures.create(owner, modelId, name, seqId);
       };
+      const ack = (requestId: string, extra: Record<string, unknown> = {}) => sendAs(r, body.format, 200, withIgnored(r, { request_id: requestId, model_id: publicId, ...extra }));
       if (seqId === null) {
         const f = admit();
         start(f, live, req);
-        return sendAs(r, body.format, 200, { request_id: f.id, model_id: modelId });
+        return ack(f.id);
       }
       // The answer echoes seq_id as sent: same msgpack type, or the same JSON digits.
       const echo = { seq_id: body.seqIdRaw ? new RawMsgpack(body.seqIdRaw) : seqId };
       const hash = crypto.createHash('sha256').update(r.url).update('\0').update(body.format).update('\0').update(body.raw).digest('hex');
       const repeat = seq.repeatOf(modelId, seqId, hash);
-      if (repeat) return sendAs(r, body.format, 200, { request_id: repeat, model_id: modelId, ...echo });
+      if (repeat) return ack(repeat, echo);
       const f = admit();
       const fail = (message: string) => futures.settle(f, { error: message, category: 'user', code: 'seq_gap' });
       if (!seq.enqueue(modelId, seqId, hash, f.id, () => start(f, live, req), fail)) f.stage = 'held';
-      sendAs(r, body.format, 200, { request_id: f.id, model_id: modelId, ...echo });
+      ack(f.id, echo);
     });
   }
 
   ctx.post('retrieve_future', async (r, owner, body) => {
-    checkFields(body.value, ['request_id'], 'retrieve_future');
+    checkFields(r, body.value, ['request_id'], 'retrieve_future');
     const id = body.value.request_id;
     if (typeof id !== 'string' || id === '') throw new HttpError(400, `request_id must be the string a request answered, got ${JSON.stringify(id)}`);
     const f = futures.get(id, owner);
@@ -124,21 +157,39 @@ export function mountFutures(app: TemplatedApp, deps: FuturesDeps): FuturesHandl
 
   ctx.post('create_model', (r, owner, body) => {
     const v = { ...body.value };
-    checkFields(v, ['base_model', 'finetune', 'rank', 'alpha', 'targets', 'action_horizon', 'seed', 'lora_config'], 'create_model');
+    // session_id / model_seq_id: Tinker's (create_session's id; the model's order within it).
+    checkFields(r, v, ['model_id', 'base_model', 'finetune', 'rank', 'alpha', 'targets', 'action_horizon', 'seed', 'lora_config', 'session_id', 'model_seq_id'], 'create_model');
+    const name = v.model_id ?? null;
+    const clientSession = v.session_id ?? null;
+    delete v.model_id;
+    delete v.session_id;
+    delete v.model_seq_id;
+    if (name !== null && (typeof name !== 'string' || !MODEL_NAME.test(name) || name.startsWith('ts-'))) {
+      throw new HttpError(400, `model_id must match ${MODEL_NAME.source} and not start with "ts-" (Vela's own ids), got ${JSON.stringify(name)}`);
+    }
     if (v.lora_config !== undefined) {
       const lc = v.lora_config;
       delete v.lora_config;
       if (lc === null || typeof lc !== 'object' || Array.isArray(lc)) throw new HttpError(400, 'lora_config must be an object {rank, alpha, targets}');
+      checkFields(r, lc as Record<string, unknown>, ['rank', 'alpha', 'targets'], 'lora_config');
       for (const [k, x] of Object.entries(lc)) {
-        if (!['rank', 'alpha', 'targets'].includes(k)) throw new HttpError(400, `lora_config has no field "${k}"; it takes rank, alpha, targets`);
+        if (!['rank', 'alpha', 'targets'].includes(k)) continue;
         if (v[k] !== undefined) throw new HttpError(400, `${k} is given both at the top level and in lora_config`);
         v[k] = x;
       }
+      if (name === 'default') throw new HttpError(400, 'model_id "default" is reserved for the full-weight model (xorl): leave out lora_config, or name the LoRA model otherwise');
     }
-    const row = sessions.create(owner, parseSessionConfig(v), deps.baseUrl?.() ?? '');
+    // xorl: full-weight training is the reserved model "default".
+    if (name === 'default') {
+      if (v.finetune !== undefined && v.finetune !== 'full') throw new HttpError(400, `model_id "default" is reserved for the full-weight model (xorl); got finetune ${JSON.stringify(v.finetune)}`);
+      v.finetune = 'full';
+    }
+    const sessionEntry = clientSession === null ? null : ctx.clientSession(owner, clientSession);
+    const row = sessions.create(owner, parseSessionConfig(v), deps.baseUrl?.() ?? '', name as string | null);
+    sessionEntry?.models.add(row.id);
     const f = futures.create(owner, row.id, 'create_model');
     settleWith(f, ctx.gateOf(sessions.live.get(row.id)!).promise.then(() => ({ ...ctx.modelJson(row.id), status: 'ready' })));
-    sendAs(r, body.format, 200, { request_id: f.id, model_id: row.id, status: row.status, ...row.config });
+    sendAs(r, body.format, 200, withIgnored(r, { request_id: f.id, model_id: publicModelId(row), training_session_id: row.id, status: row.status, ...row.config }));
   });
 
   mountManagement(ctx);

@@ -1,0 +1,77 @@
+/**
+ * Body fields of the futures API under xorl's compatibility rule: "unrelated unknown fields
+ * retain their rolling-client / shared-config behavior", so a field that Vela does not know and
+ * that looks like nothing it knows (Tinker's `type`, `allow_metadata_only`, `user_metadata`, ...)
+ * is accepted and ignored, and named back to the client (`ignored_fields` in the answer, and the
+ * `X-Vela-Ignored-Fields` header). A field that looks like one of the route's own fields (a
+ * misspelling: `learnig_rate`, `grad_clip`, `Learning-Rate`), or that belongs to another route
+ * (`learning_rate` sent to forward_backward), is still a 400: a typo must never silently train
+ * on defaults. Documented aliases (`gradient_clip`, `lr`, ...) are mapped before this check.
+ */
+import { distance } from 'fastest-levenshtein';
+import { HttpError, type Req } from '../http.ts';
+
+/** Fields with a meaning somewhere in Vela's futures API (ids excluded: they are harmless). */
+const VELA_FIELDS = new Set([
+  'data', 'codec', 'loss_fn', 'keep', 'learning_rate', 'beta1', 'beta2', 'eps', 'weight_decay', 'grad_clip_norm',
+  'adam_params', 'num_steps', 'weights', 'seed', 'name', 'path', 'overwrite', 'checkpoint_id', 'base_model',
+  'finetune', 'rank', 'alpha', 'targets', 'action_horizon', 'lora_config', 'quantization', 'url', 'api_key',
+  'lr', 'gradient_clip', 'forward_backward_input', 'forward_input', 'observation',
+]);
+
+const ignoredByReq = new WeakMap<Req, string[]>();
+
+function norm(s: string): string {
+  return s.toLowerCase().replace(/[^a-z0-9]/g, '');
+}
+
+function tokens(s: string): string {
+  return s.toLowerCase().split(/[^a-z0-9]+/).filter(Boolean).sort().join(' ');
+}
+
+/** The known field that `field` looks like a misspelling of (the closest one), or null. */
+export function resemblance(field: string, known: readonly string[]): string | null {
+  const nf = norm(field);
+  const same = known.find((k) => norm(k) === nf || tokens(k) === tokens(field));
+  if (same) return same;
+  let best: string | null = null;
+  let bestD = Infinity;
+  for (const k of known) {
+    const nk = norm(k);
+    const d = distance(nf, nk);
+    const limit = nk.length >= 8 ? 2 : nk.length >= 4 ? 1 : 0;
+    if (d <= limit && d < bestD) [best, bestD] = [k, d];
+  }
+  if (best) return best;
+  // A shortened or lengthened name (`grad_clip`, `learning_rate_peak`) changes a knob too.
+  return known.find((k) => Math.min(nf.length, norm(k).length) >= 4 && (nf.includes(norm(k)) || norm(k).includes(nf))) ?? null;
+}
+
+/**
+ * Check a body's fields against what `what` takes.
+ * @returns the unknown, unrelated fields (ignored; also noted for the answer's header).
+ * @throws HttpError 400 for a field that resembles one of `allowed` or belongs to another route.
+ */
+export function checkFields(r: Req | null, body: Record<string, unknown>, allowed: readonly string[], what: string): string[] {
+  const ignored: string[] = [];
+  for (const k of Object.keys(body)) {
+    if (allowed.includes(k)) continue;
+    const like = resemblance(k, allowed);
+    if (like) throw new HttpError(400, `${what} has no field "${k}" (did you mean "${like}"?); it takes ${allowed.join(', ')}`);
+    if (VELA_FIELDS.has(k)) throw new HttpError(400, `${what} has no field "${k}" (a field of other routes); it takes ${allowed.join(', ')}`);
+    ignored.push(k);
+  }
+  if (r && ignored.length > 0) ignoredByReq.set(r, [...(ignoredByReq.get(r) ?? []), ...ignored]);
+  return ignored;
+}
+
+/** Fields ignored so far for this request (for the `X-Vela-Ignored-Fields` header). */
+export function ignoredFields(r: Req): string[] {
+  return ignoredByReq.get(r) ?? [];
+}
+
+/** `answer` plus `ignored_fields` when some were ignored (for answers that are not an op's result). */
+export function withIgnored<T extends Record<string, unknown>>(r: Req, answer: T): T & { ignored_fields?: string[] } {
+  const ignored = ignoredFields(r);
+  return ignored.length > 0 ? { ...answer, ignored_fields: ignored } : answer;
+}

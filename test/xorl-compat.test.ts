@@ -1,0 +1,105 @@
+/**
+ * The xorl / Tinker compatibility of the futures API that the Python client does not cover:
+ * load_weights across a server restart (weights and optimizer state: the next step equals the
+ * one the old model would have taken), by checkpoint_id into another model of the key, the
+ * reserved full-weight model "default", weights-only checkpoints refused, `GET /` by Accept, and
+ * another key's checkpoints out of reach. Real engine (pi05-tiny), synthetic RAW frames.
+ */
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { ndarray } from '../protocol/ndarray.ts';
+import type { Datum } from '../protocol/client.ts';
+import { Store } from '../server/store.ts';
+import { startTestServer, type TestServer } from './helpers/server.ts';
+import { FuturesClient } from './helpers/futures-client.ts';
+
+/** Two datums of one 24x32 camera frame, an 8-dim state and a 16x8 action chunk, varying with k. */
+export function syntheticBatch(k: number): Datum[] {
+  return [0, 1].map((j) => {
+    const image = new Uint8Array(24 * 32 * 3).map((_, i) => (i * 7 + (k * 2 + j) * 31) % 256);
+    const state = Float32Array.from({ length: 8 }, (_, i) => (i + 1) * 0.1 * (j ? 1 : -1));
+    const actions = Float32Array.from({ length: 16 * 8 }, (_, i) => ((i + k + j) % 11) / 10 - 0.5);
+    return { observation: { image: { cam_high: ndarray(image, [24, 32, 3]) }, state: ndarray(state, [8]), prompt: 'pick up the bottle' }, actions: ndarray(actions, [16, 8]) };
+  });
+}
+
+const LORA = { base_model: 'pi05-tiny', lora_config: { rank: 4, alpha: 8 } };
+const servers: TestServer[] = [];
+afterAll(async () => {
+  for (const s of servers) await s.close();
+});
+
+async function step(c: FuturesClient, model: string, k: number): Promise<{ loss: number; grad_norm: number }> {
+  const fb = await c.forwardBackward(model, syntheticBatch(k), { codec: 'RAW' });
+  const o = await c.optimStep(model, { adam_params: { learning_rate: 3e-3 }, gradient_clip: 1 });
+  return { loss: fb.loss, grad_norm: o.grad_norm };
+}
+
+describe('xorl recovery and model ids', () => {
+  it('after a server restart, a new model loads the checkpoint by path and takes the step the old model took next', async () => {
+    const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-xorl-'));
+    const first = await startTestServer({ dataDir });
+    servers.push(first);
+    const c1 = new FuturesClient(first.baseUrl, first.apiKey);
+    expect((await c1.createModel({ ...LORA, model_id: 'arm' })).model_id).toBe('arm');
+    await step(c1, 'arm', 0);
+    const saved = await c1.saveWeights('arm', { path: 'after-1' });
+    const next = await step(c1, 'arm', 1); // what the uninterrupted model does next
+    await first.close();
+
+    const second = await startTestServer({ dataDir });
+    servers.push(second);
+    const c2 = new FuturesClient(second.baseUrl, second.apiKey);
+    expect((await c2.call('session_info', undefined, 'GET')).sessions).toEqual([]); // models do not survive a restart
+    await c2.createModel({ ...LORA, model_id: 'arm' }); // the name is free again
+    expect(await c2.run('load_weights', { model_id: 'arm', path: saved.path })).toMatchObject({ checkpoint_id: saved.checkpoint_id });
+    expect(await step(c2, 'arm', 1)).toEqual(next);
+
+    // By checkpoint_id into a second model of the key: the same step again.
+    await c2.createModel({ ...LORA, model_id: 'arm-2' });
+    await c2.run('load_weights', { model_id: 'arm-2', checkpoint_id: saved.checkpoint_id });
+    expect(await step(c2, 'arm-2', 1)).toEqual(next);
+
+    // A weights-only checkpoint has no optimizer state to restore.
+    const sampler = await c2.run('save_weights_for_sampler', { model_id: 'arm-2', name: 'policy' });
+    const wo = await c2.raw('POST', 'load_weights', { model_id: 'arm', checkpoint_id: sampler.checkpoint_id });
+    expect(wo).toEqual({ status: 400, body: { error: `checkpoint ${sampler.checkpoint_id} holds weights only (save_weights_for_sampler); load_weights needs one that save_weights wrote (weights + optimizer state)` } });
+    // A path outside this key's checkpoints, and another key's checkpoint: refused.
+    expect((await c2.raw('POST', 'load_weights', { model_id: 'arm', path: '/etc' })).status).toBe(400);
+    const store = new Store(dataDir);
+    const { key } = store.createApiKey('other');
+    store.close();
+    const other = new FuturesClient(second.baseUrl, key);
+    await other.createModel({ ...LORA, model_id: 'arm' }); // names are per key
+    expect((await other.raw('POST', 'load_weights', { model_id: 'arm', path: saved.path })).status).toBe(400);
+    expect((await other.raw('POST', 'load_weights', { model_id: 'arm', checkpoint_id: saved.checkpoint_id })).status).toBe(404);
+    expect((await other.raw('POST', 'weights_info', { checkpoint_id: saved.checkpoint_id })).status).toBe(404);
+  }, 240_000);
+
+  it('reserves "default" for the full-weight model and checks client ids', async () => {
+    const s = servers[1]!;
+    const c = new FuturesClient(s.baseUrl, s.apiKey);
+    const d = await c.createModel({ base_model: 'pi05-tiny', model_id: 'default' });
+    expect(d).toMatchObject({ model_id: 'default', finetune: 'full' });
+    expect((await c.raw('POST', 'create_model', { ...LORA, model_id: 'default' })).body.error).toBe(
+      'model_id "default" is reserved for the full-weight model (xorl): leave out lora_config, or name the LoRA model otherwise',
+    );
+    expect((await c.raw('POST', 'create_model', { base_model: 'pi05-tiny', model_id: 'ts-mine' })).status).toBe(400);
+    expect((await c.raw('POST', 'create_model', { base_model: 'pi05-tiny', model_id: '../x' })).status).toBe(400);
+    expect(await c.call('weights_info', { model_id: 'default' })).toMatchObject({ model_id: 'default', is_lora: false, lora_rank: null, base_model: 'pi05-tiny' });
+    await c.call('kill_session', { model_id: 'default' });
+  }, 120_000);
+
+  it('answers GET / with root info for API clients and the dashboard redirect for browsers', async () => {
+    const s = servers[1]!;
+    const api = await fetch(s.baseUrl + '/', { headers: { accept: 'application/json' } });
+    expect(api.status).toBe(200);
+    expect(await api.json()).toMatchObject({ name: 'vela', dashboard: `${s.baseUrl}/ui/` });
+    const browser = await fetch(s.baseUrl + '/', { headers: { accept: 'text/html,application/xhtml+xml' }, redirect: 'manual' });
+    expect([browser.status, browser.headers.get('location')]).toEqual([302, '/ui/']);
+    const health = await (await fetch(s.baseUrl + '/health')).json();
+    expect(health).toMatchObject({ status: 'healthy', engine_running: true, engines: ['pi05-tiny'] });
+  });
+});
