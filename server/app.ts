@@ -38,6 +38,21 @@ export function assertNativeUws(): void {
   }
 }
 
+/** `GET /` for API clients (xorl's root info): what this server is and where its APIs live. */
+function rootInfo(baseUrl: string): Record<string, unknown> {
+  return {
+    name: 'vela',
+    description: 'training and policy server for flow-matching vision-language-action policies',
+    dashboard: `${baseUrl}/ui/`,
+    health: `${baseUrl}/health`,
+    apis: {
+      vela: `${baseUrl}/v1`,
+      xorl_tinker: `${baseUrl}/api/v1`,
+      sidecar: `${baseUrl}/training`,
+    },
+  };
+}
+
 export interface ServerHandle {
   port: number;
   host: string;
@@ -82,7 +97,8 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
   const wsBase = () => (config.publicUrl ?? baseUrl).replace(/^http/, 'ws').replace(/\/$/, '');
 
   app.get('/healthz', route(0, (r) => sendText(r, 200, 'OK')));
-  app.get('/health', route(0, (r) => sendJson(r, 200, { status: 'ok', backend: config.backend })));
+  // xorl's shape; `backend` kept for Vela's own clients. engine_running: an engine worker is up.
+  app.get('/health', route(0, (r) => sendJson(r, 200, { status: 'healthy', engine_running: sessions.runningEngines().length > 0, engines: sessions.runningEngines(), backend: config.backend })));
 
   app.post('/v1/training_sessions', route(0, async (r) => {
     const owner = requireOwner(store, r);
@@ -113,7 +129,7 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
   mountJobRoutes(app, { store, config, runner, keepaliveS: opts.sseKeepaliveS });
   const policies = mountJobPolicies(app, { store, config, engineFor: (preset) => sessions.engineFor(preset) });
 
-  mountUi(app);
+  mountUi(app, { rootInfo: () => rootInfo(baseUrl) });
 
   app.fallback(route(0, (r) => {
     throw new HttpError(404, `no route ${r.method} ${r.url}`);

@@ -1,7 +1,7 @@
 /**
  * Serving the dashboard: `GET /ui/` and `/ui/<file>` from the built folder, kept in memory and
  * re-read when a rebuild changes index.html. `/ui` and `/` redirect to `/ui/` (the page uses
- * relative asset paths). The page itself carries no key: it asks for one and calls `/v1/...`
+ * relative asset paths); with `rootInfo`, `/` answers API clients JSON and only browsers the redirect. The page itself carries no key: it asks for one and calls `/v1/...`
  * with an Authorization header, so these routes are open, like /health.
  */
 import type { TemplatedApp } from 'uWebSockets.js';
@@ -11,6 +11,8 @@ import { buildStamp, loadAssets, UI_DIST_DIR, type AssetSet } from './assets.ts'
 export interface UiOptions {
   /** The built folder (default ui/dist). */
   dir?: string;
+  /** `GET /` for API clients (an Accept without text/html): this JSON instead of the redirect. */
+  rootInfo?: () => Record<string, unknown>;
 }
 
 /** Sent with every dashboard answer: no framing, no sniffing, no Referer, scripts only from here. */
@@ -48,7 +50,12 @@ export function mountUi(app: TemplatedApp, opts: UiOptions = {}): void {
   };
 
   const redirect = (to: string) => route(0, (r) => answer(r, 302, { location: to, 'content-type': 'text/plain; charset=utf-8' }, `see ${to}`));
-  app.get('/', redirect('/ui/'));
+  const toUi = redirect('/ui/');
+  // xorl's "root info" for API clients; browsers (Accept: text/html) still land on the dashboard.
+  app.get('/', opts.rootInfo ? route(0, (r) => {
+    if (/text\/html/i.test(r.headers['accept'] ?? '')) return answer(r, 302, { location: '/ui/', 'content-type': 'text/plain; charset=utf-8' }, 'see /ui/');
+    answer(r, 200, { 'content-type': 'application/json', 'cache-control': 'no-store' }, JSON.stringify(opts.rootInfo!()));
+  }) : toUi);
   app.get('/ui', redirect('/ui/'));
   app.get('/ui/*', route(0, (r) => {
     const set = current();
