@@ -208,10 +208,11 @@ export function checkCompatible(config: CheckpointConfig, expected: { preset: st
   }
 }
 
-function toSafeTensors(tensors: NamedTensors): Record<string, SafeTensor> {
+/** Float32 tensors as safetensors entries of `dtype` (F16 / BF16 round to nearest even). */
+function toSafeTensors(tensors: NamedTensors, dtype: 'F32' | 'BF16' | 'F16' = 'F32'): Record<string, SafeTensor> {
   const out: Record<string, SafeTensor> = {};
   for (const [name, t] of Object.entries(tensors)) {
-    Object.defineProperty(out, name, { value: { dtype: 'F32', shape: t.shape, data: t.data }, enumerable: true });
+    Object.defineProperty(out, name, { value: { dtype, shape: t.shape, data: t.data }, enumerable: true });
   }
   return out;
 }
@@ -235,11 +236,13 @@ export function toFloat32Tensors(content: SafetensorsContent, what = 'safetensor
 const ST_META = { format: 'pt' }; // what transformers/peft expect in safetensors metadata
 
 /**
- * Saves a checkpoint folder (layout above) atomically. Needs `weights` or `adapter` (or both);
- * `optimizer` and `trainerState` go together. Throws CheckpointError ('bad_config' for a bad
- * combination, plus writeCheckpointDir's errors and the encoders' 'shape_mismatch' / 'bad_dtype').
+ * The files of a checkpoint folder (layout above), name -> bytes or text. `weightsDtype` stores
+ * the weights (model and adapter, not the optimizer) as F32 (default), BF16 or F16: a smaller
+ * transfer (sync_inference_weights), read back as float32 by loadCheckpoint. Needs `weights` or
+ * `adapter` (or both); `optimizer` and `trainerState` go together. Throws CheckpointError
+ * ('bad_config' for a bad combination, the encoders' 'shape_mismatch' / 'bad_dtype').
  */
-export async function saveCheckpoint(dir: string, content: CheckpointContent, opts: WriteOptions = {}): Promise<void> {
+export function checkpointFiles(content: CheckpointContent, weightsDtype: 'F32' | 'BF16' | 'F16' = 'F32'): Record<string, Uint8Array | string> {
   const { config, weights, adapter, optimizer, trainerState, normStats } = content;
   if (!config || typeof config.preset !== 'string') throw new CheckpointError('bad_config', 'checkpoint config needs a string "preset"');
   if (!weights && !adapter) throw new CheckpointError('bad_config', 'a checkpoint needs weights or an adapter');
@@ -247,9 +250,9 @@ export async function saveCheckpoint(dir: string, content: CheckpointContent, op
     throw new CheckpointError('bad_config', `a saved state needs both optimizer tensors and trainer_state; got ${optimizer ? 'optimizer' : 'trainer_state'} only`);
   }
   const files: Record<string, Uint8Array | string> = { 'config.json': JSON.stringify(config, null, 2) + '\n' };
-  if (weights) files['model.safetensors'] = encodeSafetensors(toSafeTensors(weights), ST_META);
+  if (weights) files['model.safetensors'] = encodeSafetensors(toSafeTensors(weights, weightsDtype), ST_META);
   if (adapter) {
-    files['adapter_model.safetensors'] = encodeSafetensors(toSafeTensors(adapter.tensors), ST_META);
+    files['adapter_model.safetensors'] = encodeSafetensors(toSafeTensors(adapter.tensors, weightsDtype), ST_META);
     files['adapter_config.json'] = JSON.stringify(adapter.config, null, 2) + '\n';
   }
   if (normStats) files['norm_stats.json'] = normStatsToJson(normStats);
@@ -257,7 +260,12 @@ export async function saveCheckpoint(dir: string, content: CheckpointContent, op
     files['optimizer.safetensors'] = encodeSafetensors(toSafeTensors(optimizer), ST_META);
     files['trainer_state.json'] = JSON.stringify(trainerState, null, 2) + '\n';
   }
-  await writeCheckpointDir(dir, files, opts);
+  return files;
+}
+
+/** Saves a checkpoint folder (layout above) atomically. Throws as checkpointFiles and writeCheckpointDir. */
+export async function saveCheckpoint(dir: string, content: CheckpointContent, opts: WriteOptions = {}): Promise<void> {
+  await writeCheckpointDir(dir, checkpointFiles(content), opts);
 }
 
 /**

@@ -16,7 +16,8 @@ import { mountSessionSocket } from './session-ws.ts';
 import { mountUi } from './ui/index.ts';
 import { JobRunner } from './jobs/runner.ts';
 import { mountJobRoutes } from './jobs/routes.ts';
-import { mountJobPolicies } from './jobs/policy-route.ts';
+import { mountInference, type SamplingSession } from './inference/routes.ts';
+import { ServedPolicies } from './inference/served.ts';
 import { mountFutures } from './futures/index.ts';
 import type { ServerConfig } from './config.ts';
 
@@ -124,10 +125,12 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
   }));
 
   mountSessionSocket(app, { store, sessions, config });
-  const futures = mountFutures(app, { store, sessions, config, baseUrl: () => baseUrl });
+  const served = new ServedPolicies(config.inferIdleS);
+  const inference = { store, config, sessions, served, sampling: new Map<string, SamplingSession>(), engineFor: (preset: string) => sessions.engineFor(preset) };
+  const futures = mountFutures(app, { store, sessions, config, baseUrl: () => baseUrl, inference });
   const runner = new JobRunner(store, config, (preset) => sessions.engineFor(preset));
   mountJobRoutes(app, { store, config, runner, keepaliveS: opts.sseKeepaliveS });
-  const policies = mountJobPolicies(app, { store, config, engineFor: (preset) => sessions.engineFor(preset) });
+  mountInference(app, inference);
 
   mountUi(app, { rootInfo: () => rootInfo(baseUrl) });
 
@@ -155,7 +158,7 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
       (closing ??= (async () => {
         uWS.us_listen_socket_close(listenSocket);
         await runner.shutdown();
-        await policies.close();
+        await served.close();
         futures.close();
         await sessions.shutdown();
         // Kept-alive HTTP connections and open SSE streams: the native app has close() although

@@ -48,6 +48,8 @@ export interface ServerConfig {
   readAhead: number;
   maxResidentSessions: number;
   storagePerKeyBytes: number;
+  inferIdleS: number;
+  maxDatasetBytes: number;
   logLevel: string;
 }
 
@@ -79,6 +81,8 @@ export const SETTINGS: Setting[] = [
   { key: 'readAhead', flag: '--read-ahead', env: 'VELA_READ_AHEAD', kind: 'int', def: () => 32, help: 'queued requests per session connection before new ones are refused as busy' },
   { key: 'maxResidentSessions', flag: '--max-resident-sessions', env: 'VELA_MAX_RESIDENT_SESSIONS', kind: 'int', def: () => 64, help: 'sessions whose tensors stay in an engine at once; the least recently used others wait on disk' },
   { key: 'storagePerKeyBytes', flag: '--storage-per-key-bytes', env: 'VELA_STORAGE_PER_KEY_BYTES', kind: 'int', def: () => 20 * 1024 * 1024 * 1024, help: 'saved states and weights per API key; a save past it is refused (507)' },
+  { key: 'inferIdleS', flag: '--infer-idle-s', env: 'VELA_INFER_IDLE_S', kind: 'number', def: () => 60, help: 'seconds a served policy stays loaded after its last request or connection' },
+  { key: 'maxDatasetBytes', flag: '--max-dataset-bytes', env: 'VELA_MAX_DATASET_BYTES', kind: 'int', def: () => 8 * 1024 * 1024 * 1024, help: 'largest uploaded dataset (PUT /v1/datasets/{name}, job_start dataset_content), archive and extracted' },
   { key: 'logLevel', flag: '--log-level', env: 'VELA_LOG_LEVEL', kind: 'string', def: () => 'info', help: 'error | warn | info | debug' },
 ];
 

@@ -9,21 +9,10 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { ndarray } from '../protocol/ndarray.ts';
-import type { Datum } from '../protocol/client.ts';
+import { syntheticBatch } from './helpers/synthetic.ts';
 import { Store } from '../server/store.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 import { FuturesClient } from './helpers/futures-client.ts';
-
-/** Two datums of one 24x32 camera frame, an 8-dim state and a 16x8 action chunk, varying with k. */
-export function syntheticBatch(k: number): Datum[] {
-  return [0, 1].map((j) => {
-    const image = new Uint8Array(24 * 32 * 3).map((_, i) => (i * 7 + (k * 2 + j) * 31) % 256);
-    const state = Float32Array.from({ length: 8 }, (_, i) => (i + 1) * 0.1 * (j ? 1 : -1));
-    const actions = Float32Array.from({ length: 16 * 8 }, (_, i) => ((i + k + j) % 11) / 10 - 0.5);
-    return { observation: { image: { cam_high: ndarray(image, [24, 32, 3]) }, state: ndarray(state, [8]), prompt: 'pick up the bottle' }, actions: ndarray(actions, [16, 8]) };
-  });
-}
 
 const LORA = { base_model: 'pi05-tiny', lora_config: { rank: 4, alpha: 8 } };
 const servers: TestServer[] = [];

@@ -10,7 +10,7 @@ import * as tf from '@tensorflow/tfjs';
 import { initBackend } from '../../kernels/backend.ts';
 import { makeConfig, type PolicyConfig } from '../../kernels/config.ts';
 import { BaseWeights, TrainingState } from '../../kernels/trainer.ts';
-import { loadCheckpoint, saveCheckpoint, type CheckpointContent } from '../../kernels/checkpoint.ts';
+import { checkpointFiles, loadCheckpoint, saveCheckpoint, type CheckpointContent } from '../../kernels/checkpoint.ts';
 import { parseNormStats } from '../../kernels/normalize.ts';
 import { drawNoiseTime } from '../../kernels/flow.ts';
 import { Rng } from '../../kernels/rng.ts';
@@ -112,6 +112,16 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
       return [answer(null, {}), []];
     case 'infer':
       return infer(sessionId, args);
+    case 'export_weights': {
+      // The session's weights as checkpoint files (sync_inference_weights), between its ops.
+      const t = pool.peek(sessionId);
+      if (t.poisoned) throw new EngineError('poisoned', `session ${sessionId} is poisoned (${t.poisoned}): its weights may be half-updated, so they are not sent; load_state a saved state first`);
+      const { tenant, state } = await pool.use(sessionId);
+      const files = checkpointFiles(checkpointContent(tenant, state, false, args), args.dtype ?? 'F32');
+      const out: Record<string, Uint8Array> = {};
+      for (const [name, f] of Object.entries(files)) out[name] = typeof f === 'string' ? new Uint8Array(Buffer.from(f, 'utf8')) : f;
+      return [answer(state, { files: out, step: state.step }), answerBuffers(...Object.values(out))];
+    }
   }
   // Ops that compute on a training session.
   const { tenant, state } = await pool.use(sessionId);
@@ -222,8 +232,20 @@ async function loadPolicy(policyId: string, dir: string): Promise<[unknown, Arra
   return [answer(null, { config: ck.config, normStats: ck.normStats ? { norm_stats: ck.normStats } : null }), []];
 }
 
-function infer(policyId: string, args: Record<string, any>): [unknown, ArrayBuffer[]] {
-  const state = policies.get(policyId);
+/**
+ * Sample actions for a policy's batch: a loaded policy, or a training session's live weights
+ * (a session's policy websocket). One call runs on one set of weights: an optim_step is one
+ * call too, so a batch never sees a half-updated model. Answers the weights' step for sessions.
+ */
+async function infer(policyId: string, args: Record<string, any>): Promise<[unknown, ArrayBuffer[]]> {
+  let state = policies.get(policyId) ?? null;
+  let step: number | null = null;
+  if (!state && pool.has(policyId)) {
+    const t = pool.peek(policyId);
+    if (t.poisoned) throw new EngineError('poisoned', `session ${policyId} is poisoned (${t.poisoned}): its policy answers again after load_state`);
+    state = (await pool.use(policyId)).state;
+    step = state.step;
+  }
   if (!state) throw new EngineError('not_found', `policy ${policyId} is not loaded in this engine`);
   const batch = args.batch as ModelBatch;
   const seeds = args.seeds as number[];
@@ -233,7 +255,7 @@ function infer(policyId: string, args: Record<string, any>): [unknown, ArrayBuff
   const noise = new Float32Array(batch.size * per);
   seeds.forEach((seed, i) => noise.set(new Rng(seed).normals(per), i * per));
   const actions = state.sample(batch, { numSteps: args.numSteps ?? 10, noise });
-  return [answer(null, { actions }), answerBuffers(actions)];
+  return [answer(null, { actions, step }), answerBuffers(actions)];
 }
 
 function isUserError(e: unknown): boolean {

@@ -11,6 +11,7 @@ import { HttpError, route, type Req } from '../http.ts';
 import type { LiveSession, SessionManager } from '../sessions.ts';
 import type { ServerConfig } from '../config.ts';
 import type { SessionRow, Store } from '../store.ts';
+import type { InferenceDeps } from '../inference/routes.ts';
 import { formatOf, readBody, sendAs, type Body, type Format } from './codec.ts';
 import { errorAnswer } from './requests.ts';
 import { SeqOrder } from './seq.ts';
@@ -22,6 +23,8 @@ export interface FuturesDeps {
   config: ServerConfig;
   /** The server's base URL (read when a model is created). */
   baseUrl?: () => string;
+  /** The served policies, for xorl's inference integration (inference.ts); absent: not mounted. */
+  inference?: InferenceDeps;
 }
 
 /** The id a futures client knows a model by: the name it gave in create_model, else the Vela id. */
@@ -170,6 +173,20 @@ export class FuturesContext {
       pending_futures: this.futures.pendingCount(id), cameras: live?.cameras ?? [],
       last_activity_at: live ? Math.floor(live.lastActivityMs / 1000) : null, error: row.error,
     };
+  }
+
+  /**
+   * Run an engine op on a ready model after every op sent to it before (its ops.ts chain), so it
+   * never lands between two of them. @throws HttpError 409 while the model starts; the op's errors.
+   */
+  async engineCall<T = Record<string, unknown>>(live: LiveSession, op: string, args: Record<string, unknown> = {}, transfer?: ArrayBuffer[]): Promise<T> {
+    if (!this.gateOf(live).open || !live.engine) throw new HttpError(409, `model ${publicModelId(live.row)} is starting; retry when create_model's future is ready`);
+    const engine = live.engine;
+    const p = live.chain.then(() => engine.call<{ result: T; pending_gradients: number }>(live.id, op, args, transfer));
+    live.chain = p.catch(() => undefined);
+    const a = await p;
+    live.touch();
+    return a?.result;
   }
 
   /** Drop a model's gate and sequence; its held requests fail with `reason`. */

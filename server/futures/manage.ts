@@ -75,16 +75,9 @@ export function mountManagement(ctx: FuturesContext): void {
     });
   }
 
-  /** The engine op `op` (sleep / wake_up) on a model, after its earlier ops. */
   const engineOp = async (live: LiveSession, op: 'sleep' | 'wake_up'): Promise<Record<string, unknown>> => {
-    if (!ctx.gateOf(live).open || !live.engine) throw new HttpError(409, `model ${publicModelId(live.row)} is starting; retry when create_model's future is ready`);
-    const engine = live.engine;
-    // On the model's chain (ops.ts), so it never lands between two ops sent before it.
-    const p = live.chain.then(() => engine.call<{ result: unknown; pending_gradients: number }>(live.id, op, {}));
-    live.chain = p.catch(() => undefined);
-    const a = await p;
-    live.touch();
-    return a?.result && typeof a.result === 'object' ? (a.result as Record<string, unknown>) : {};
+    const result = await ctx.engineCall<unknown>(live, op);
+    return result && typeof result === 'object' ? (result as Record<string, unknown>) : {};
   };
 
   for (const name of ['sleep', 'wake_up'] as const) {

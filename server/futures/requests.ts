@@ -126,6 +126,9 @@ export function wsRequest(name: string, body: Record<string, unknown>, r: Req | 
   return req;
 }
 
+/** Errors of the model layers that bad input causes (their messages are safe to show). */
+const CLIENT_ERRORS = ['ShapeError', 'NormError', 'PolicyConfigError', 'CheckpointError', 'TrainerError'];
+
 /** Map a thrown value to status and body, in PROTOCOL.md section 0's terms. */
 export function errorAnswer(r: Req, err: unknown): [number, Record<string, unknown>] {
   if (err instanceof HttpError) return [err.status, { error: redactPaths(err.message), ...err.extra }];
@@ -134,6 +137,9 @@ export function errorAnswer(r: Req, err: unknown): [number, Record<string, unkno
     const status = err.code === 'not_found' ? 404 : ['conflict', 'busy', 'poisoned'].includes(err.code) ? 409 : 400;
     return [status, { error: redactPaths(err.message), code: err.code }];
   }
+  const e = err as { name?: string; code?: unknown; status?: unknown; message?: string };
+  if (typeof e?.status === 'number' && typeof e.code === 'string') return [e.status, { error: e.message, code: e.code }]; // e.g. StorageLimitError (507)
+  if (typeof e?.code === 'string' && CLIENT_ERRORS.includes(e.name ?? '')) return [400, { error: e.message, code: e.code }];
   const requestId = `req-${crypto.randomBytes(6).toString('hex')}`;
   log.error(`${r.method} ${r.url} failed (${requestId})`, err);
   return [500, { error: 'internal error', request_id: requestId }];

@@ -31,6 +31,7 @@ import { parseSessionConfig, type LiveSession } from '../sessions.ts';
 import { sendAs } from './codec.ts';
 import { FuturesContext, publicModelId, type FuturesDeps } from './context.ts';
 import { mountManagement } from './manage.ts';
+import { mountInferenceIntegration } from './inference.ts';
 import { OPS, modelIdOf, seqIdOf, wsRequest } from './requests.ts';
 import { checkFields, withIgnored } from './fields.ts';
 import { checkpointIdOfPath, checkpointPath } from './checkpoints.ts';
@@ -193,5 +194,6 @@ export function mountFutures(app: TemplatedApp, deps: FuturesDeps): FuturesHandl
   });
 
   mountManagement(ctx);
+  if (deps.inference) mountInferenceIntegration(ctx, deps.inference);
   return { futures, close: () => ctx.close() };
 }

@@ -13,8 +13,8 @@
  */
 import type { DatumInput } from '../../kernels/batch.ts';
 
-/** Runs one batch: rows[i] is datum i's answer. */
-export type RunBatch = (datums: DatumInput[], seeds: number[]) => Promise<{ rows: Float32Array[]; inferMs: number }>;
+/** Runs one batch: rows[i] is datum i's answer. `tags[i]` is what datum i was submitted with (its weights version). */
+export type RunBatch = (datums: DatumInput[], seeds: number[], tags: unknown[]) => Promise<{ rows: Float32Array[]; inferMs: number }>;
 
 /** A request's result: its row, the engine time of its batch, and that batch's size. */
 export interface BatchResult {
@@ -26,6 +26,7 @@ export interface BatchResult {
 interface Waiting {
   datum: DatumInput;
   seed: number;
+  tag: unknown;
   resolve: (r: BatchResult) => void;
   reject: (e: unknown) => void;
 }
@@ -58,11 +59,11 @@ export class Batcher {
     if (!Number.isInteger(maxBatch) || maxBatch < 1) throw new RangeError(`max batch is ${maxBatch}; it must be an integer >= 1`);
   }
 
-  /** Queue one datum; resolves with its row once its batch has run. */
-  submit(datum: DatumInput, seed: number): Promise<BatchResult> {
+  /** Queue one datum (with an opaque `tag` handed to the runner); resolves with its row once its batch has run. */
+  submit(datum: DatumInput, seed: number, tag: unknown = null): Promise<BatchResult> {
     if (this.closed) return Promise.reject(this.closed);
     return new Promise<BatchResult>((resolve, reject) => {
-      this.queue.push({ datum, seed, resolve, reject });
+      this.queue.push({ datum, seed, tag, resolve, reject });
       this.schedule();
     });
   }
@@ -89,7 +90,7 @@ export class Batcher {
       if (this.queue.length > 0) this.flush();
     };
     Promise.resolve()
-      .then(() => this.run(batch.map((w) => w.datum), batch.map((w) => w.seed)))
+      .then(() => this.run(batch.map((w) => w.datum), batch.map((w) => w.seed), batch.map((w) => w.tag)))
       .then(({ rows, inferMs }) => {
         if (rows.length !== batch.length) throw new Error(`the engine answered ${rows.length} rows for a batch of ${batch.length}`);
         return { rows, inferMs };

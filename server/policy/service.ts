@@ -2,11 +2,20 @@
  * One served policy: its checkpoint loaded in an engine, its meta, its batcher. The websocket
  * layer (socket.ts) calls `infer` per observation; everything that is work happens in the
  * engine's worker, so the event loop only decodes, batches and encodes.
+ *
+ * Weights versions (sync_inference_weights): `swap` loads new weights under a new engine policy
+ * id while the old ones keep serving, then makes them current. Each request is pinned to the
+ * version current when it arrived, for its whole path (observation checks, normalisation, the
+ * engine call, unnormalisation), and the batcher runs each version's datums as their own engine
+ * call; so a request never sees half of one model and half of another, and no connection is
+ * closed by a swap. A retired version is unloaded once its last request is answered.
+ * A live policy (a training session's) has no versions: every batch runs on the session's
+ * weights of the moment, and an optim_step is one engine call, never half-applied.
  */
 import { performance } from 'node:perf_hooks';
 import { ndarray, type NDArray } from '../../protocol/ndarray.ts';
 import { dictionaryId, initZstd, loadObservationDictionary } from '../../protocol/zstd.ts';
-import { batchBuffers, makeBatch, type ModelBatch } from '../../kernels/batch.ts';
+import { batchBuffers, makeBatch } from '../../kernels/batch.ts';
 import type { EngineLike } from '../engine/host.ts';
 import { log } from '../log.ts';
 import { Batcher, type BatchStats } from './batcher.ts';
@@ -16,9 +25,16 @@ import { DEFAULT_POLICY_LIMITS, parseObservation, toDatum, toRobotActions, type 
 export interface PolicyServerOptions {
   engine: EngineLike;
   /** The checkpoint folder (PROTOCOL.md section 4), loaded by the engine's `load_policy`. */
-  checkpointDir: string;
-  /** The engine session that holds this policy's weights. */
+  checkpointDir?: string;
+  /** The engine session that holds this policy's weights (swapped-in versions get `<id>#<n>`). */
   policyId: string;
+  /**
+   * Serve a training session's live weights instead of a checkpoint: `policyId` is the session
+   * id and `config` stands in for the checkpoint's config.json (preset, cameras, action_horizon).
+   */
+  live?: { config: Record<string, unknown> };
+  /** The label of the first weights (what `weights_version` reports before any swap). */
+  version?: string | number | null;
   /** `--seed`: reproducible per-connection seed streams (seeds.ts); absent = random seeds. */
   seed?: number | null;
   /** `--debug`: error frames carry the stack trace. */
@@ -42,9 +58,20 @@ export interface PolicyAnswer {
 export interface PolicyStats extends BatchStats {
   connections: number;
   errors: number;
+  weights_version: string | number | null;
+  /** Weights swapped in since start. */
+  swaps: number;
+}
+
+/** What `swap` reports. */
+export interface SwapResult {
+  weights_version: string | number | null;
+  previous_version: string | number | null;
+  load_seconds: number;
 }
 
 export interface PolicyServer {
+  /** The current version's meta. */
   readonly meta: PolicyMeta;
   readonly limits: PolicyLimits;
   readonly seed: number | null;
@@ -59,13 +86,36 @@ export interface PolicyServer {
   stats(): PolicyStats;
   /** Counters kept by the websocket layer. */
   readonly counters: { connections: number; errors: number };
+  /** The current weights' label (a live policy: the session's step at its last answer). */
+  weightsVersion(): string | number | null;
+  /** Whether this serves a session's live weights (no swap). */
+  readonly isLive: boolean;
+  /**
+   * Load the checkpoint at `dir` as the new current weights (see the module comment); swaps are
+   * serialised. @throws PolicyConfigError for a checkpoint that cannot be served (the old
+   * weights keep serving), Error for a live policy.
+   */
+  swap(dir: string, version: string | number | null): Promise<SwapResult>;
   /** Refuse new work; queued requests fail. The engine is the caller's to close. */
   close(): void;
+  /** close(), then free every version's weights in the engine. */
+  dispose(): Promise<void>;
+}
+
+/** One set of weights in the engine, with the meta that goes with it. */
+interface Version {
+  engineId: string;
+  meta: PolicyMeta;
+  label: string | number | null;
+  refs: number; // requests in flight on it
+  retired: boolean;
+  unloaded: boolean;
 }
 
 
 /**
- * Loads a checkpoint into the engine (`load_policy`) and returns the policy ready to serve.
+ * Loads a checkpoint into the engine (`load_policy`), or binds a session's live weights, and
+ * returns the policy ready to serve.
  * @throws PolicyConfigError / NormError for a checkpoint that cannot be served; the engine's
  *   error when it cannot load the weights.
  */
@@ -73,61 +123,143 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   await initZstd();
   const { engine, policyId } = opts;
   const limits: PolicyLimits = { ...DEFAULT_POLICY_LIMITS, ...opts.limits };
-  const loaded = await engine.call<{ result: { config: unknown; normStats: unknown } }>(policyId, 'load_policy', { dir: opts.checkpointDir });
-  const meta = policyMeta(engine.info, loaded.result.config, loaded.result.normStats);
-  if (!meta.norm) log.warn(`policy ${policyId}: the checkpoint has no norm_stats.json; states and actions pass unnormalised`);
-  const { horizon: H, actionDim: A } = meta.model;
+  const isLive = opts.live !== undefined;
+  let swaps = 0;
+  let liveStep: number | null = null;
+
+  const load = async (engineId: string, dir: string, label: string | number | null): Promise<Version> => {
+    const loaded = await engine.call<{ result: { config: unknown; normStats: unknown } }>(engineId, 'load_policy', { dir });
+    let meta: PolicyMeta;
+    try {
+      meta = policyMeta(engine.info, loaded.result.config, loaded.result.normStats);
+    } catch (e) {
+      await engine.call(engineId, 'unload_policy').catch(() => undefined);
+      throw e;
+    }
+    if (!meta.norm) log.warn(`policy ${engineId}: the checkpoint has no norm_stats.json; states and actions pass unnormalised`);
+    return { engineId, meta, label, refs: 0, retired: false, unloaded: false };
+  };
+  let current: Version = isLive
+    ? { engineId: policyId, meta: policyMeta(engine.info, opts.live!.config, null), label: 'live', refs: 0, retired: false, unloaded: true }
+    : await load(policyId, opts.checkpointDir ?? '', opts.version ?? null);
+  const versions = new Set<Version>([current]);
+
+  /** A retired version is freed once nothing runs on it (its engine queue orders the unload after its last infer). */
+  const release = (v: Version) => {
+    if (!v.retired || v.refs > 0 || v.unloaded) return;
+    v.unloaded = true;
+    versions.delete(v);
+    engine.call(v.engineId, 'unload_policy').catch((e) => log.warn(`unloading policy ${v.engineId}: ${(e as Error).message}`));
+  };
+
   const counters = { connections: 0, errors: 0 };
   const batcher = new Batcher(
-    async (datums, seeds) => {
-      const batch = makeBatch(meta.model, datums, { maxPromptBytes: limits.maxPromptBytes });
-      const t0 = performance.now();
-      const ans = await engine.call<{ result: { actions: Float32Array } }>(policyId, 'infer', { batch, seeds, numSteps: meta.numSteps }, batchBuffers(batch));
-      const inferMs = performance.now() - t0;
-      const actions = ans?.result?.actions;
-      if (!(actions instanceof Float32Array) || actions.length !== datums.length * H * A) {
-        throw new Error(`engine infer answered ${actions instanceof Float32Array ? `${actions.length} floats` : typeof actions}; expected ${datums.length} x ${H} x ${A}`);
+    async (datums, seeds, tags) => {
+      // One engine call per weights version in the batch (more than one only around a swap).
+      const groups = new Map<Version, number[]>();
+      tags.forEach((t, i) => {
+        const v = t as Version;
+        if (!groups.has(v)) groups.set(v, []);
+        groups.get(v)!.push(i);
+      });
+      const rows: Float32Array[] = new Array(datums.length);
+      let inferMs = 0;
+      for (const [v, idx] of groups) {
+        const { horizon: H, actionDim: A } = v.meta.model;
+        const batch = makeBatch(v.meta.model, idx.map((i) => datums[i]!), { maxPromptBytes: limits.maxPromptBytes });
+        const t0 = performance.now();
+        const ans = await engine.call<{ result: { actions: Float32Array; step?: number | null } }>(v.engineId, 'infer', { batch, seeds: idx.map((i) => seeds[i]!), numSteps: v.meta.numSteps }, batchBuffers(batch));
+        inferMs += performance.now() - t0;
+        const actions = ans?.result?.actions;
+        if (!(actions instanceof Float32Array) || actions.length !== idx.length * H * A) {
+          throw new Error(`engine infer answered ${actions instanceof Float32Array ? `${actions.length} floats` : typeof actions}; expected ${idx.length} x ${H} x ${A}`);
+        }
+        if (typeof ans.result.step === 'number') liveStep = ans.result.step;
+        idx.forEach((i, k) => (rows[i] = actions.subarray(k * H * A, (k + 1) * H * A)));
       }
-      return { rows: datums.map((_, i) => actions.subarray(i * H * A, (i + 1) * H * A)), inferMs };
+      return { rows, inferMs };
     },
     opts.batchWindowMs ?? 5,
     opts.maxBatch ?? 16,
     () => counters.connections,
   );
   const dictionary = loadObservationDictionary();
-  const metadata = {
-    server: 'vela',
-    model: meta.preset,
-    action_horizon: meta.actionHorizon,
-    action_dim: meta.actionDim,
-    action_space: meta.actionSpace,
-    cameras: meta.cameras,
-    state_dim: meta.stateDim ?? meta.model.stateDim,
-    image_size: meta.model.imageSize,
-    image_codecs: ['RAW', 'LOSSLESS', 'PNG', 'JPEG', 'CODEC_JPEG_Q<N>'],
-    zstd_dictionary_id: dictionaryId(dictionary),
-    zstd_dictionary_path: '/v1/observation.zdict',
-    max_message_bytes: limits.maxMessageBytes,
-    max_batch: batcher.maxBatch,
-    seeded: opts.seed !== undefined && opts.seed !== null,
-  };
+  const dictId = dictionaryId(dictionary);
+  const weightsVersion = () => (isLive ? liveStep : current.label);
+  let swapChain: Promise<unknown> = Promise.resolve();
   return {
-    meta,
+    get meta() {
+      return current.meta;
+    },
     limits,
     seed: opts.seed ?? null,
     debug: opts.debug ?? false,
     apiKey: opts.apiKey ?? null,
     dictionary,
     counters,
-    metadata: () => metadata,
-    async infer(obs, seed) {
-      const parsed = parseObservation(obs, meta, limits);
-      const datum = await toDatum(parsed, meta, limits);
-      const r = await batcher.submit(datum, seed);
-      const actions = toRobotActions(r.row, meta, parsed.state);
-      return { actions: ndarray(actions, [meta.actionHorizon, meta.actionDim]), policyInferMs: r.inferMs, batchSize: r.batchSize };
+    isLive,
+    weightsVersion,
+    metadata: () => {
+      const meta = current.meta;
+      return {
+        server: 'vela',
+        model: meta.preset,
+        action_horizon: meta.actionHorizon,
+        action_dim: meta.actionDim,
+        action_space: meta.actionSpace,
+        cameras: meta.cameras,
+        state_dim: meta.stateDim ?? meta.model.stateDim,
+        image_size: meta.model.imageSize,
+        image_codecs: ['RAW', 'LOSSLESS', 'PNG', 'JPEG', 'CODEC_JPEG_Q<N>'],
+        zstd_dictionary_id: dictId,
+        zstd_dictionary_path: '/v1/observation.zdict',
+        max_message_bytes: limits.maxMessageBytes,
+        max_batch: batcher.maxBatch,
+        seeded: opts.seed !== undefined && opts.seed !== null,
+        weights_version: weightsVersion(),
+        live: isLive,
+      };
     },
-    stats: () => ({ ...batcher.stats(), ...counters }),
+    async infer(obs, seed) {
+      const v = current; // pinned for the whole request
+      v.refs++;
+      try {
+        const parsed = parseObservation(obs, v.meta, limits);
+        const datum = await toDatum(parsed, v.meta, limits);
+        const r = await batcher.submit(datum, seed, v);
+        const actions = toRobotActions(r.row, v.meta, parsed.state);
+        return { actions: ndarray(actions, [v.meta.actionHorizon, v.meta.actionDim]), policyInferMs: r.inferMs, batchSize: r.batchSize };
+      } finally {
+        v.refs--;
+        release(v);
+      }
+    },
+    stats: () => ({ ...batcher.stats(), ...counters, weights_version: weightsVersion(), swaps }),
+    swap(dir, version) {
+      if (isLive) return Promise.reject(new Error(`policy ${policyId} serves a training session's live weights; it takes no pushed weights`));
+      const run = async (): Promise<SwapResult> => {
+        const t0 = performance.now();
+        const next = await load(`${policyId}#${++swaps}`, dir, version);
+        versions.add(next);
+        const prev = current;
+        current = next;
+        prev.retired = true;
+        release(prev);
+        log.info(`policy ${policyId}: weights ${JSON.stringify(prev.label)} -> ${JSON.stringify(version)}`);
+        return { weights_version: version, previous_version: prev.label, load_seconds: (performance.now() - t0) / 1000 };
+      };
+      const p = swapChain.then(run, run);
+      swapChain = p.catch(() => undefined);
+      return p;
+    },
     close: () => batcher.close(new Error('the policy server is shutting down')),
+    async dispose() {
+      batcher.close(new Error('the policy was unloaded'));
+      for (const v of [...versions]) {
+        v.retired = true;
+        if (!isLive) release(v);
+      }
+      await swapChain;
+    },
   };
 }

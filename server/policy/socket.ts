@@ -147,8 +147,12 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
         .then((policy) => {
           const stream = upgrade.query.get('stream') ?? '0';
           if (stream.length > MAX_STREAM_CHARS) return refuse(400, `stream is ${stream.length} characters; the limit is ${MAX_STREAM_CHARS}`);
+          // ?seed=N: this connection's own seed (reproducible runs on a server started without --seed).
+          const seedQ = upgrade.query.get('seed');
+          const seed = seedQ === null ? policy.seed : Number(seedQ);
+          if (seed !== null && (!/^\d+$/.test(seedQ ?? String(seed)) || !Number.isSafeInteger(seed) || seed > 0xffffffff)) return refuse(400, `seed must be an integer in 0..4294967295, got ${JSON.stringify(seedQ)}`);
           if (aborted) return;
-          const conn: Conn = { policy, seeds: seedStream(policy.seed, stream), queue: [], prevTotalMs: null, closed: false, failed: false };
+          const conn: Conn = { policy, seeds: seedStream(seed, stream), queue: [], prevTotalMs: null, closed: false, failed: false };
           res.cork(() => res.upgrade<Conn>(conn, headers['sec-websocket-key']!, headers['sec-websocket-protocol'] ?? '', headers['sec-websocket-extensions'] ?? '', ctx));
         })
         .catch((err) => {

@@ -1,7 +1,8 @@
 /**
  * `vela policy`'s server: one policy at the root path. Routes: the websocket at `/`,
  * `GET /healthz` (OK), `GET /v1/observation.zdict` (the zstd dictionary), `GET /stats` (batch
- * sizes served, open connections, errors). Binds 127.0.0.1 unless told otherwise.
+ * sizes served, open connections, errors, weights version), `PUT /weights` (weights pushed by a
+ * training server, push.ts; needs --api-key). Binds 127.0.0.1 unless told otherwise.
  */
 import uWS from 'uWebSockets.js';
 import { assertNativeUws } from '../app.ts';
@@ -11,12 +12,15 @@ import { createApp } from '../guard.ts';
 import { hideServerPath } from '../redact.ts';
 import { createPolicyServer, type PolicyServer, type PolicyServerOptions } from './service.ts';
 import { mountPolicySocket } from './socket.ts';
+import { applyWeightsPush, decodeWeightsPush, MAX_PUSH_BYTES } from './push.ts';
 
 export interface StandaloneOptions extends PolicyServerOptions {
   /** Default 127.0.0.1 (OpenPI's server binds every interface; ours does not by default). */
   host?: string;
   /** Default 8000, OpenPI's port; 0 picks a free one. */
   port?: number;
+  /** Largest weights push (`PUT /weights`) in bytes; default MAX_PUSH_BYTES (1 GiB). */
+  maxPushBytes?: number;
 }
 
 export interface PolicyServerHandle {
@@ -47,7 +51,7 @@ export function checkPolicyKey(policy: PolicyServer, headers: Record<string, str
 /** Loads the checkpoint (see createPolicyServer) and listens. @throws Error when the port is taken. */
 export async function startPolicyServer(opts: StandaloneOptions): Promise<PolicyServerHandle> {
   assertNativeUws();
-  hideServerPath(opts.checkpointDir, '<checkpoint>');
+  if (opts.checkpointDir) hideServerPath(opts.checkpointDir, '<checkpoint>');
   const policy = await createPolicyServer(opts);
   const host = opts.host ?? '127.0.0.1';
   const app = createApp();
@@ -66,6 +70,14 @@ export async function startPolicyServer(opts: StandaloneOptions): Promise<Policy
   app.get('/stats', route(0, (r) => {
     authed(r);
     sendJson(r, 200, policy.stats());
+  }));
+  // Weights pushed by a training server (sync_inference_weights): only with a key, since they
+  // replace what every robot gets.
+  app.put('/weights', route(0, async (r) => {
+    if (!policy.apiKey) throw new HttpError(403, 'this policy server has no --api-key, so it refuses weight pushes: start it with --api-key K');
+    authed(r);
+    const push = decodeWeightsPush(await r.body(opts.maxPushBytes ?? MAX_PUSH_BYTES));
+    sendJson(r, 200, await applyWeightsPush(policy, push));
   }));
   mountPolicySocket(app, '/', (req) => {
     checkPolicyKey(policy, req.headers);

@@ -80,13 +80,14 @@ def batch(step):
     return [datum(2 * step), datum(2 * step + 1)]
 
 
-def train_step(client, model_id, step, seq_id):
+def train_step(client, model_id, step, seq_id=None):
+    seq = (lambda k: {}) if seq_id is None else (lambda k: {"seq_id": seq_id + k})
     fb = client.op("forward_backward", {
-        "model_id": model_id, "seq_id": seq_id,
+        "model_id": model_id, **seq(0),
         "forward_backward_input": {"data": batch(step), "loss_fn": "mse", "codec": "RAW"},
     })
     opt = client.op("optim_step", {
-        "model_id": model_id, "seq_id": seq_id + 1,
+        "model_id": model_id, **seq(1),
         "adam_params": {"learning_rate": 3e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}, "gradient_clip": 1.0,
     })
     return {"loss": fb["loss"], "grad_norm": opt["grad_norm"], "skipped": opt["skipped"]}

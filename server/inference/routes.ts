@@ -1,0 +1,165 @@
+/**
+ * Policies served by the main server (PROTOCOL.md section 6), each over OpenPI's websocket and
+ * over HTTP:
+ * - a succeeded fine-tune: `/v1/fine-tunes/{id}/policy` (its final weights),
+ * - a sampling session (create_sampling_session): `/v1/sampling_sessions/{id}/policy`,
+ * - a training session's live weights: `/v1/training_sessions/{id}/policy` (a robot runs the
+ *   policy while a client trains it; the session's API key or its session token).
+ * `POST .../infer` (the sidecar's infer/query, for robots): one observation, JSON (arrays as
+ * `{data, dtype, shape}` or number lists, frames base64) or msgpack, with an optional `seed`
+ * -> `{"actions", "cold_start", "load_seconds", "infer_ms", "weights_version"}`.
+ * `PUT .../policy/weights` takes pushed weights (push.ts) into a fine-tune's or sampling
+ * session's policy. Loaded policies stay warm for VELA_INFER_IDLE_S (served.ts).
+ */
+import { performance } from 'node:perf_hooks';
+import type { TemplatedApp } from 'uWebSockets.js';
+import { loadObservationDictionary } from '../../protocol/zstd.ts';
+import { credentialOf, safeEqual } from '../auth.ts';
+import { HttpError, route, sendJson, statusLine, type Req } from '../http.ts';
+import { applyWeightsPush, createPolicyServer, decodeWeightsPush, MAX_PUSH_BYTES, mountPolicySocket, randomSeed, type PolicyServer } from '../policy/index.ts';
+import { readBody, sendAs } from '../futures/codec.ts';
+import { errorAnswer } from '../futures/requests.ts';
+import type { EngineLike } from '../engine/host.ts';
+import type { SessionManager } from '../sessions.ts';
+import type { ServerConfig } from '../config.ts';
+import type { Store } from '../store.ts';
+import type { ServedPolicies } from './served.ts';
+
+export type PolicyKind = 'fine-tunes' | 'training_sessions' | 'sampling_sessions';
+
+/** A saved checkpoint served without a job (create_sampling_session). */
+export interface SamplingSession {
+  id: string; // "samp-..."
+  owner: string;
+  checkpointDir: string;
+  checkpointId: string;
+  preset: string;
+  createdAt: number;
+}
+
+export interface InferenceDeps {
+  store: Store;
+  config: ServerConfig;
+  sessions: SessionManager;
+  served: ServedPolicies;
+  sampling: Map<string, SamplingSession>;
+  engineFor: (preset: string) => Promise<EngineLike>;
+}
+
+/** What serving a target takes: its cache key, how to load it, whether it still exists. */
+interface Target {
+  key: string;
+  load: () => Promise<PolicyServer>;
+  alive?: () => boolean;
+}
+
+/**
+ * The policy target `kind`/`id` for a request's credentials.
+ * @throws HttpError 401 (no or bad key), 404 (unknown, or another owner's), 409 (not servable yet).
+ */
+export function targetOf(deps: InferenceDeps, kind: PolicyKind, id: string, headers: Record<string, string>): Target {
+  const { store, sessions, sampling, engineFor } = deps;
+  const key = credentialOf(headers);
+  if (!key) throw new HttpError(401, 'missing API key: send "Authorization: Bearer <key>" (or OpenPI\'s "Api-Key <key>")');
+  const owner = store.findApiKey(key);
+  if (kind === 'training_sessions') {
+    const row = store.getSession(id);
+    if (!row || (row.owner !== owner && !safeEqual(key, row.token))) throw new HttpError(owner || row ? 404 : 401, owner || row ? `no training session ${id}` : 'invalid API key');
+    const live = sessions.live.get(id);
+    if (row.status !== 'ready' || !live?.engine) throw new HttpError(409, `training session ${id} is ${row.status}${row.error ? `: ${row.error}` : ''}`);
+    if (live.cameras.length === 0) throw new HttpError(409, `training session ${id} has no camera bound yet: its first forward_backward, forward or sample binds them`);
+    const cameras = [...live.cameras];
+    const engine = live.engine;
+    return {
+      key: `ts:${id}:${cameras.join(',')}`,
+      load: () => createPolicyServer({ engine, policyId: id, live: { config: { preset: engine.info.preset, cameras, action_horizon: live.actionHorizon } }, limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes } }),
+      alive: () => sessions.live.get(id) === live && live.cameras.join(',') === cameras.join(','),
+    };
+  }
+  if (!owner) throw new HttpError(401, 'invalid API key');
+  if (kind === 'fine-tunes') {
+    const job = store.getJob(id);
+    if (!job || job.owner !== owner) throw new HttpError(404, `no fine-tune ${id}`);
+    if (job.status !== 'succeeded') throw new HttpError(409, `fine-tune ${job.id} is ${job.status}; only a succeeded job has a policy to serve`);
+    return {
+      key: `ft:${id}`,
+      load: () => engineFor(job.config.model as string).then((engine) => createPolicyServer({ engine, checkpointDir: job.output_dir, policyId: `policy-${job.id}`, version: 'final', limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes } })),
+    };
+  }
+  const s = sampling.get(id);
+  if (!s || s.owner !== owner) throw new HttpError(404, `no sampling session ${id}`);
+  return {
+    key: `samp:${id}`,
+    load: () => engineFor(s.preset).then((engine) => createPolicyServer({ engine, checkpointDir: s.checkpointDir, policyId: `policy-${s.id}`, version: s.checkpointId, limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes } })),
+    alive: () => sampling.has(id),
+  };
+}
+
+/** Frame keys of an observation whose JSON strings are base64 frames. */
+function isFrameKey(key: string): boolean {
+  return (key.startsWith('observation/') && key !== 'observation/state') || key.startsWith('observation.images.');
+}
+
+/** A JSON observation's base64 frames as bytes (arrays were made NDArrays by readBody). */
+function jsonFrames(obs: Record<string, unknown>): void {
+  const decode = (v: unknown, where: string) => {
+    if (typeof v !== 'string') return v;
+    if (v.length % 4 !== 0 || !/^[A-Za-z0-9+/]*={0,2}$/.test(v)) throw new HttpError(400, `${where} is a string but not base64 (${v.length} characters)`);
+    return Buffer.from(v, 'base64');
+  };
+  for (const [k, v] of Object.entries(obs)) {
+    if (isFrameKey(k)) obs[k] = decode(v, k);
+    else if (k === 'images' && v && typeof v === 'object' && !Array.isArray(v)) {
+      for (const [cam, f] of Object.entries(v)) (v as Record<string, unknown>)[cam] = decode(f, `images.${cam}`);
+    }
+  }
+}
+
+export function mountInference(app: TemplatedApp, deps: InferenceDeps): void {
+  const { config, served } = deps;
+
+  app.get('/v1/observation.zdict', route(0, (r) => {
+    if (r.aborted) return;
+    r.aborted = true;
+    const dict = loadObservationDictionary();
+    r.res.cork(() => r.res.writeStatus(statusLine(200)).writeHeader('content-type', 'application/octet-stream').end(dict));
+  }));
+
+  for (const kind of ['fine-tunes', 'training_sessions', 'sampling_sessions'] as const) {
+    mountPolicySocket(app, `/v1/${kind}/:id/policy`, async (req) => {
+      const t = targetOf(deps, kind, req.params[0]!, req.headers);
+      return (await served.acquire(t.key, t.load, t.alive)).policy;
+    }, { maxMessageBytes: config.maxPolicyMessageBytes });
+
+    app.post(`/v1/${kind}/:id/infer`, route(1, async (r: Req) => {
+      try {
+        const t = targetOf(deps, kind, r.params[0]!, r.headers);
+        const body = await readBody(r, config.maxPolicyMessageBytes);
+        const obs = { ...body.value };
+        const seed = obs.seed ?? randomSeed();
+        delete obs.seed;
+        if (typeof seed !== 'number' || !Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) throw new HttpError(400, `seed must be an integer in 0..4294967295, got ${JSON.stringify(seed)}`);
+        if (body.format === 'json') jsonFrames(obs);
+        const got = await served.acquire(t.key, t.load, t.alive);
+        const t0 = performance.now();
+        const a = await got.policy.infer(obs, seed);
+        sendAs(r, body.format, 200, {
+          actions: a.actions, cold_start: got.coldStart, load_seconds: got.loadSeconds, infer_ms: performance.now() - t0,
+          weights_version: got.policy.weightsVersion(), model: got.policy.meta.preset, seed,
+        });
+      } catch (err) {
+        const [status, answer] = errorAnswer(r, err);
+        sendAs(r, /msgpack/i.test(r.headers['content-type'] ?? '') ? 'msgpack' : 'json', status, answer);
+      }
+    }));
+
+    app.put(`/v1/${kind}/:id/policy/weights`, route(1, async (r) => {
+      const t = targetOf(deps, kind, r.params[0]!, r.headers);
+      const push = decodeWeightsPush(await r.body(MAX_PUSH_BYTES));
+      const { policy } = await served.acquire(t.key, t.load, t.alive);
+      const result = await applyWeightsPush(policy, push);
+      served.pin(t.key); // an unload would lose the pushed weights
+      sendJson(r, 200, result);
+    }));
+  }
+}
