@@ -19,6 +19,8 @@ import { mountJobRoutes } from './jobs/routes.ts';
 import { mountInference, type SamplingSession } from './inference/routes.ts';
 import { ServedPolicies } from './inference/served.ts';
 import { mountFutures } from './futures/index.ts';
+import { mountDatasetUpload } from './datasets-route.ts';
+import { mountSidecar } from './sidecar/routes.ts';
 import type { ServerConfig } from './config.ts';
 
 /**
@@ -71,6 +73,9 @@ export interface StartOptions {
   engineFactory?: EngineFactory;
   /** Seconds between SSE keepalives (default 15; tests shorten it). */
   sseKeepaliveS?: number;
+  /** The sidecar's job_events: stream cap and watchdog period, seconds (300, 15; tests shorten them). */
+  sidecarStreamCapS?: number;
+  sidecarWatchdogS?: number;
   /** Called once with a key that was created because the store had none. */
   onNewKey?: (key: string) => void;
 }
@@ -131,6 +136,8 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
   const runner = new JobRunner(store, config, (preset) => sessions.engineFor(preset));
   mountJobRoutes(app, { store, config, runner, keepaliveS: opts.sseKeepaliveS });
   mountInference(app, inference);
+  mountDatasetUpload(app, { store, config });
+  mountSidecar(app, { store, config, runner, inference, keepaliveS: opts.sseKeepaliveS, streamCapS: opts.sidecarStreamCapS, watchdogS: opts.sidecarWatchdogS });
 
   mountUi(app, { rootInfo: () => rootInfo(baseUrl) });
 

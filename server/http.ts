@@ -4,6 +4,7 @@
  * here once: copy everything from `HttpRequest` synchronously, register `onAborted` before any
  * await, and `cork` every write made after an await.
  */
+import fs from 'node:fs';
 import type { HttpRequest, HttpResponse } from 'uWebSockets.js';
 import { ProtocolError } from '../protocol/errors.ts';
 import { log } from './log.ts';
@@ -44,6 +45,12 @@ export interface Req {
   body(limitBytes?: number): Promise<Buffer>;
   /** Reads and parses a JSON object body (400 when it is not one). */
   json<T = Record<string, unknown>>(limitBytes?: number): Promise<T>;
+  /**
+   * Streams the body into `file` (created; pausing the socket while the disk lags), never
+   * holding it in memory. Resolves with its size. @throws HttpError 413 past `limitBytes` (the
+   * partial file is removed), Error when the client went away.
+   */
+  bodyToFile(file: string, limitBytes: number): Promise<number>;
 }
 
 /** The request's headers (lower-case names), copied: uWS's request is valid only synchronously. */
@@ -75,15 +82,18 @@ export function copyRequest(res: HttpResponse, req: HttpRequest, paramCount: num
   const params: string[] = [];
   for (let i = 0; i < paramCount; i++) params.push(decodeUrlPart(req.getParameter(i) ?? ''));
 
-  // onData must be attached synchronously; chunks past the limit are counted, not kept.
+  // onData must be attached synchronously; chunks past the limit are counted, not kept. Once a
+  // handler streams the body to a file, chunks go to `sink` instead.
   const chunks: Buffer[] = [];
   let size = 0;
   let limit = Infinity;
   let done = false;
   let wake: (() => void) | null = null;
   let cut: (() => void) | null = null;
+  let sink: ((chunk: Buffer, isLast: boolean) => void) | null = null;
   res.onData((chunk, isLast) => {
     size += chunk.byteLength;
+    if (sink) return sink(Buffer.from(chunk.slice(0)), isLast);
     if (size <= limit) chunks.push(Buffer.from(chunk.slice(0)));
     if (isLast) {
       done = true;
@@ -116,6 +126,39 @@ export function copyRequest(res: HttpResponse, req: HttpRequest, paramCount: num
       }
       if (size > limitBytes) throw new HttpError(413, `body is ${size} bytes; the limit is ${limitBytes}`);
       return Buffer.concat(chunks);
+    },
+    bodyToFile(file: string, limitBytes: number) {
+      const declared = Number(headers['content-length'] ?? 0);
+      if (declared > limitBytes) return Promise.reject(new HttpError(413, `body is ${declared} bytes; the limit is ${limitBytes}`));
+      return new Promise<number>((resolve, reject) => {
+        const out = fs.createWriteStream(file, { flags: 'wx' });
+        let over = false;
+        let finished = false;
+        const fail = (e: Error) => {
+          if (finished) return;
+          finished = true;
+          out.destroy();
+          fs.rm(file, { force: true }, () => reject(e));
+        };
+        out.on('error', fail);
+        out.on('drain', () => !r.aborted && res.resume());
+        const take = (chunk: Buffer, isLast: boolean) => {
+          if (size > limitBytes) over = true; // keep reading (and dropping) to the end, then answer 413
+          else if (!out.write(chunk) && !isLast) res.pause();
+          if (!isLast) return;
+          if (over) return fail(new HttpError(413, `body is ${size} bytes; the limit is ${limitBytes}`));
+          out.end(() => {
+            if (finished) return;
+            finished = true;
+            resolve(size);
+          });
+        };
+        for (const c of chunks.splice(0)) out.write(c);
+        if (done) take(Buffer.alloc(0), true);
+        else sink = take;
+        cut = () => fail(new HttpError(400, `the client went away after ${size} bytes of its upload`));
+        if (r.aborted && !done) cut();
+      });
     },
     async json<T>(limitBytes?: number) {
       const buf = await r.body(limitBytes);

@@ -17,7 +17,7 @@ import { loadObservationDictionary } from '../../protocol/zstd.ts';
 import { credentialOf, safeEqual } from '../auth.ts';
 import { HttpError, route, sendJson, statusLine, type Req } from '../http.ts';
 import { applyWeightsPush, createPolicyServer, decodeWeightsPush, MAX_PUSH_BYTES, mountPolicySocket, randomSeed, type PolicyServer } from '../policy/index.ts';
-import { readBody, sendAs } from '../futures/codec.ts';
+import { readBody, sendAs, type Format } from '../futures/codec.ts';
 import { errorAnswer } from '../futures/requests.ts';
 import type { EngineLike } from '../engine/host.ts';
 import type { SessionManager } from '../sessions.ts';
@@ -47,7 +47,7 @@ export interface InferenceDeps {
 }
 
 /** What serving a target takes: its cache key, how to load it, whether it still exists. */
-interface Target {
+export interface Target {
   key: string;
   load: () => Promise<PolicyServer>;
   alive?: () => boolean;
@@ -115,6 +115,26 @@ function jsonFrames(obs: Record<string, unknown>): void {
   }
 }
 
+/**
+ * Run one observation (a decoded body: `seed` optional, the rest OpenPI's keys) on a target's
+ * policy and answer it in `format`: `{"actions", "cold_start", "load_seconds", "infer_ms",
+ * "weights_version", "model", "seed"}`. @throws HttpError / ProtocolError for bad input.
+ */
+export async function answerInfer(deps: InferenceDeps, r: Req, t: Target, value: Record<string, unknown>, format: Format): Promise<void> {
+  const obs = { ...value };
+  const seed = obs.seed ?? randomSeed();
+  delete obs.seed;
+  if (typeof seed !== 'number' || !Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) throw new HttpError(400, `seed must be an integer in 0..4294967295, got ${JSON.stringify(seed)}`);
+  if (format === 'json') jsonFrames(obs);
+  const got = await deps.served.acquire(t.key, t.load, t.alive);
+  const t0 = performance.now();
+  const a = await got.policy.infer(obs, seed);
+  sendAs(r, format, 200, {
+    actions: a.actions, cold_start: got.coldStart, load_seconds: got.loadSeconds, infer_ms: performance.now() - t0,
+    weights_version: got.policy.weightsVersion(), model: got.policy.meta.preset, seed,
+  });
+}
+
 export function mountInference(app: TemplatedApp, deps: InferenceDeps): void {
   const { config, served } = deps;
 
@@ -135,18 +155,7 @@ export function mountInference(app: TemplatedApp, deps: InferenceDeps): void {
       try {
         const t = targetOf(deps, kind, r.params[0]!, r.headers);
         const body = await readBody(r, config.maxPolicyMessageBytes);
-        const obs = { ...body.value };
-        const seed = obs.seed ?? randomSeed();
-        delete obs.seed;
-        if (typeof seed !== 'number' || !Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) throw new HttpError(400, `seed must be an integer in 0..4294967295, got ${JSON.stringify(seed)}`);
-        if (body.format === 'json') jsonFrames(obs);
-        const got = await served.acquire(t.key, t.load, t.alive);
-        const t0 = performance.now();
-        const a = await got.policy.infer(obs, seed);
-        sendAs(r, body.format, 200, {
-          actions: a.actions, cold_start: got.coldStart, load_seconds: got.loadSeconds, infer_ms: performance.now() - t0,
-          weights_version: got.policy.weightsVersion(), model: got.policy.meta.preset, seed,
-        });
+        await answerInfer(deps, r, t, body.value, body.format);
       } catch (err) {
         const [status, answer] = errorAnswer(r, err);
         sendAs(r, /msgpack/i.test(r.headers['content-type'] ?? '') ? 'msgpack' : 'json', status, answer);

@@ -27,7 +27,7 @@ export function jobJson(j: JobRow): FineTuneJob {
 }
 
 /** Every file under `dir`, relative, sorted: {path, bytes, sha256}. */
-async function listFiles(dir: string): Promise<{ path: string; bytes: number; sha256: string }[]> {
+export async function listFiles(dir: string): Promise<{ path: string; bytes: number; sha256: string }[]> {
   if (!fs.existsSync(dir)) return [];
   const out: { path: string; bytes: number; sha256: string }[] = [];
   const walk = async (rel: string) => {
@@ -57,6 +57,56 @@ export interface JobRoutesDeps {
   keepaliveS?: number;
 }
 
+/**
+ * Validate a fine-tune body (config and dataset, before any work) and queue the job.
+ * @throws HttpError 400 naming the field or the dataset file that is wrong.
+ */
+export async function submitFineTune(deps: Pick<JobRoutesDeps, 'store' | 'config' | 'runner'>, owner: string, body: Record<string, unknown>): Promise<JobRow> {
+  const { store, config, runner } = deps;
+  const cfg = parseFineTuneConfig(body);
+  const dir = resolveDatasetDir(cfg.dataset_name, config.datasetsDir, config.allowAbsoluteDatasets);
+  if (!fs.existsSync(dir)) {
+    log.info(`fine-tune refused: dataset_name "${cfg.dataset_name}" resolves to ${dir}, which does not exist`);
+    throw new HttpError(400, `dataset_name "${cfg.dataset_name}" not found: no such dataset folder under this server's datasets root (the operator sets it with --datasets-dir / VELA_DATASETS_DIR)`);
+  }
+  try {
+    const { ds } = await prepareRun(cfg, dir, (d) => runner.openDataset(d));
+    await ds.checkVideos();
+  } catch (e) {
+    if (e instanceof HttpError) throw e;
+    // Dataset readers name files by their full path; the client named the dataset.
+    throw new HttpError(400, `dataset "${cfg.dataset_name}": ${(e as Error).message.split(dir).join(cfg.dataset_name)}`);
+  }
+  const id = randomId('ft-');
+  const row: JobRow = {
+    id, owner, status: 'queued', created_at: nowS(), config: cfg as unknown as Record<string, unknown>, step: 0, loss: null, eval_loss: null,
+    error: null, output_dir: path.join(jobWorkDir(config.dataDir, id), 'weights', 'final'), started_at: null, finished_at: null, cancel_requested: false,
+  };
+  store.insertJob(row);
+  runner.submit(row);
+  return store.getJob(id)!;
+}
+
+/** @throws HttpError 400 unless `rel` is a relative path of plain segments (no `..`, `.`, empty, backslash). */
+export function relativeSegments(rel: string): string[] {
+  const segments = rel.split('/');
+  if (rel === '' || segments.some((s) => s === '' || s === '.' || s === '..' || s.includes('\\') || s.includes('\0'))) {
+    throw new HttpError(400, `file path "${rel}" must be plain relative segments`);
+  }
+  return segments;
+}
+
+/**
+ * The file `rel` of a succeeded job's output, for streaming.
+ * @throws HttpError 400 unless `rel` is plain relative segments, 404 when the job has no such file.
+ */
+export function jobOutputFile(j: JobRow, rel: string): string {
+  const segments = relativeSegments(rel);
+  const file = path.join(j.output_dir, ...segments);
+  if (j.status !== 'succeeded' || !fs.existsSync(file) || !fs.statSync(file).isFile()) throw new HttpError(404, `no file "${rel}" in fine-tune ${j.id}'s output`);
+  return file;
+}
+
 export function mountJobRoutes(app: TemplatedApp, deps: JobRoutesDeps): void {
   const { store, config, runner } = deps;
   const keepaliveMs = (deps.keepaliveS ?? 15) * 1000;
@@ -69,28 +119,8 @@ export function mountJobRoutes(app: TemplatedApp, deps: JobRoutesDeps): void {
 
   app.post('/v1/fine-tunes', route(0, async (r) => {
     const owner = requireOwner(store, r);
-    const cfg = parseFineTuneConfig(await r.json());
-    const dir = resolveDatasetDir(cfg.dataset_name, config.datasetsDir, config.allowAbsoluteDatasets);
-    if (!fs.existsSync(dir)) {
-      log.info(`fine-tune refused: dataset_name "${cfg.dataset_name}" resolves to ${dir}, which does not exist`);
-      throw new HttpError(400, `dataset_name "${cfg.dataset_name}" not found: no such dataset folder under this server's datasets root (the operator sets it with --datasets-dir / VELA_DATASETS_DIR)`);
-    }
-    try {
-      const { ds } = await prepareRun(cfg, dir, (d) => runner.openDataset(d));
-      await ds.checkVideos();
-    } catch (e) {
-      if (e instanceof HttpError) throw e;
-      // Dataset readers name files by their full path; the client named the dataset.
-      throw new HttpError(400, `dataset "${cfg.dataset_name}": ${(e as Error).message.split(dir).join(cfg.dataset_name)}`);
-    }
-    const id = randomId('ft-');
-    const row: JobRow = {
-      id, owner, status: 'queued', created_at: nowS(), config: cfg as unknown as Record<string, unknown>, step: 0, loss: null, eval_loss: null,
-      error: null, output_dir: path.join(jobWorkDir(config.dataDir, id), 'weights', 'final'), started_at: null, finished_at: null, cancel_requested: false,
-    };
-    store.insertJob(row);
-    runner.submit(row);
-    sendJson(r, 200, jobJson(store.getJob(id)!));
+    const row = await submitFineTune(deps, owner, await r.json());
+    sendJson(r, 200, jobJson(row));
   }));
 
   app.get('/v1/fine-tunes', route(0, (r) => {
@@ -154,12 +184,7 @@ export function mountJobRoutes(app: TemplatedApp, deps: JobRoutesDeps): void {
   app.get('/v1/fine-tunes/:id/files/*', route(1, async (r) => {
     const j = ownJob(r, requireOwner(store, r));
     const rel = decodeUrlPart(r.url.slice(r.url.indexOf('/files/') + '/files/'.length), 'the file path');
-    const segments = rel.split('/');
-    if (rel === '' || segments.some((s) => s === '' || s === '.' || s === '..' || s.includes('\\'))) {
-      throw new HttpError(400, `file path "${rel}" must be plain relative segments`);
-    }
-    const file = path.join(j.output_dir, ...segments);
-    if (j.status !== 'succeeded' || !fs.existsSync(file) || !fs.statSync(file).isFile()) throw new HttpError(404, `no file "${rel}" in fine-tune ${j.id}'s output`);
+    const file = jobOutputFile(j, rel);
     await streamFile(r, file, fs.statSync(file).size);
   }));
 }

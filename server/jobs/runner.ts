@@ -84,6 +84,24 @@ export class JobRunner {
     return true;
   }
 
+  /** Whether this runner has the job: running it now or queued to. */
+  isActive(id: string): boolean {
+    return this.running === id || this.queue.includes(id);
+  }
+
+  /**
+   * The watchdog's verdict on a job that the store says is queued or running but that no runner
+   * holds (lost with a worker): it ends `failed` with `reason`, so a waiting reader learns it.
+   * @returns true when the job was marked failed now.
+   */
+  failLost(id: string, reason: string): boolean {
+    const job = this.store.getJob(id);
+    if (!job || isTerminal(job.status) || this.isActive(id) || this.stopped) return false;
+    log.warn(`job ${id} is ${job.status} but no runner holds it: marking it failed`);
+    this.finish(id, 'failed', { error: reason });
+    return true;
+  }
+
   private finish(id: string, status: 'succeeded' | 'failed' | 'cancelled', fields: { error?: string | null; output_dir?: string }): void {
     this.store.updateJob(id, { status, finished_at: nowS(), error: fields.error ?? null });
     this.emit(id, 'status', { status, ...(fields.error ? { error: fields.error } : {}), ...(fields.output_dir ? { output_dir: fields.output_dir } : {}) });

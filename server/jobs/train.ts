@@ -149,6 +149,8 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
   let lastLoss: number | null = null;
   let lastEval: number | null = null;
   let rng = seededRng(samplerSeed);
+  // The trainer begins: `stage` lets the sidecar view report its `training` status here.
+  ctx.emit('log', { message: `training: steps ${step + 1}..${cfg.steps}, batch ${cfg.batch_size}`, stage: 'training', max_steps: cfg.steps });
 
   while (step < cfg.steps) {
     if (ctx.isCancelled()) return { status: 'cancelled', outputDir: null, step, loss: lastLoss, evalLoss: lastEval };

@@ -6,7 +6,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { loadConfig, type ServerConfig } from '../../server/config.ts';
-import { startServer, type ServerHandle } from '../../server/app.ts';
+import { startServer, type ServerHandle, type StartOptions } from '../../server/app.ts';
 import type { EngineFactory } from '../../server/sessions.ts';
 import { log } from '../../server/log.ts';
 
@@ -18,11 +18,11 @@ export interface TestServer extends ServerHandle {
 
 export const TEST_KEY = 'vela-test-key-0123456789';
 
-export async function startTestServer(opts: { env?: Record<string, string>; engineFactory?: EngineFactory; dataDir?: string } = {}): Promise<TestServer> {
+export async function startTestServer(opts: { env?: Record<string, string>; engineFactory?: EngineFactory; dataDir?: string; start?: StartOptions } = {}): Promise<TestServer> {
   log.setLevel(process.env.VELA_TEST_LOG ?? 'error');
   const dataDir = opts.dataDir ?? fs.mkdtempSync(path.join(os.tmpdir(), 'vela-test-'));
   const { config } = loadConfig([], { VELA_PORT: '0', VELA_DATA_DIR: dataDir, VELA_API_KEY: TEST_KEY, VELA_BACKEND: 'wasm', ...opts.env });
-  const server = await startServer(config, { engineFactory: opts.engineFactory });
+  const server = await startServer(config, { ...opts.start, engineFactory: opts.engineFactory });
   return Object.assign(server, { apiKey: TEST_KEY, dataDir, config });
 }
 

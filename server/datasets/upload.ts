@@ -1,0 +1,221 @@
+/**
+ * LeRobot datasets sent to the server as an archive (`PUT /v1/datasets/{name}`, the sidecar's
+ * `dataset_content`): a tar (optionally gzipped) or a zip of the dataset folder, extracted with
+ * node-tar / yauzl into a temporary folder beside the target, checked, validated like any
+ * dataset (openDataset + checkVideos), then renamed into `<datasets root>/<name>`.
+ *
+ * Safety: only regular files and folders (no links, devices or fifos); every path relative, of
+ * plain segments (no `..`, no absolute path, no backslash), resolved inside the temporary
+ * folder; the archive and its extracted size are capped (`maxBytes`: tar headers and zip
+ * central-directory sizes are summed before anything is written, and yauzl checks each entry's
+ * real size against its declared one). A name under the root that was not uploaded (the
+ * operator's own dataset) is never replaced; one uploaded by another key neither; the same
+ * archive again (same SHA-256) is reused without rewriting.
+ */
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import { pipeline } from 'node:stream/promises';
+import * as tar from 'tar';
+import yauzl from 'yauzl';
+import { HttpError } from '../http.ts';
+
+/** A dataset name: one plain path segment. */
+export const DATASET_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+/** The marker written into an uploaded dataset: who uploaded which archive, when. */
+export const UPLOAD_MARKER = '.vela-upload.json';
+const MAX_ENTRIES = 200_000;
+
+export interface InstallOptions {
+  /** The datasets root (config.datasetsDir). */
+  root: string;
+  name: string;
+  /** The archive, a file on disk. */
+  archive: string;
+  owner: string;
+  /** Cap of the archive and of the extracted bytes. */
+  maxBytes: number;
+  /** Validates the extracted dataset folder; throws with a message naming the bad file. */
+  validate: (dir: string) => Promise<{ episodes: number; frames: number }>;
+}
+
+export interface InstallResult {
+  name: string;
+  dir: string;
+  sha256: string;
+  bytes: number; // the archive
+  extracted_bytes: number;
+  files: number;
+  episodes: number | null;
+  frames: number | null;
+  /** True when the same archive was already installed under this name: nothing was rewritten. */
+  reused: boolean;
+}
+
+function bad(message: string): never {
+  throw new HttpError(400, message);
+}
+
+/** @throws HttpError 400 unless `name` is one plain segment. */
+export function checkDatasetName(name: unknown, field = 'dataset'): string {
+  if (typeof name !== 'string' || !DATASET_NAME.test(name)) bad(`${field} must be a plain name (letters, digits, '.', '_', '-', at most 128, no '/'), got ${JSON.stringify(name)}`);
+  return name;
+}
+
+/** @throws HttpError 400 unless `p` is a relative path of plain segments. */
+function checkEntryPath(p: string): string {
+  const rel = p.replace(/\/+$/, '');
+  if (rel === '' || rel === '.' || rel === './') return '';
+  if (rel.includes('\0') || rel.includes('\\') || path.posix.isAbsolute(rel) || /^[A-Za-z]:/.test(rel)) bad(`the archive holds an entry with an unsafe path: ${JSON.stringify(p)}`);
+  const segments = rel.replace(/^\.\//, '').split('/');
+  if (segments.some((s) => s === '..' || s === '')) bad(`the archive holds an entry with an unsafe path: ${JSON.stringify(p)}`);
+  return segments.join('/');
+}
+
+async function sha256Of(file: string): Promise<string> {
+  const h = crypto.createHash('sha256');
+  for await (const chunk of fs.createReadStream(file)) h.update(chunk as Buffer);
+  return h.digest('hex');
+}
+
+function formatOf(file: string): 'zip' | 'tar' | 'tgz' {
+  const head = Buffer.alloc(262);
+  const fd = fs.openSync(file, 'r');
+  const n = fs.readSync(fd, head, 0, head.length, 0);
+  fs.closeSync(fd);
+  if (n >= 4 && head.readUInt32LE(0) === 0x04034b50) return 'zip';
+  if (n >= 2 && head[0] === 0x1f && head[1] === 0x8b) return 'tgz';
+  if (n >= 262 && head.toString('latin1', 257, 262) === 'ustar') return 'tar';
+  bad(`the archive is neither a tar (optionally gzipped) nor a zip file (${n} bytes; it starts with ${head.subarray(0, Math.min(n, 8)).toString('hex') || 'nothing'})`);
+}
+
+/** Extract a tar or tar.gz into `dest` after checking every entry. @returns [files, bytes]. */
+async function extractTar(file: string, dest: string, maxBytes: number): Promise<[number, number]> {
+  let files = 0;
+  let bytes = 0;
+  let problem: string | null = null;
+  await tar.t({
+    file,
+    onReadEntry: (e) => {
+      if (problem) return;
+      try {
+        checkEntryPath(e.path);
+      } catch (err) {
+        problem = (err as Error).message;
+      }
+      if (e.type !== 'File' && e.type !== 'OldFile' && e.type !== 'ContiguousFile' && e.type !== 'Directory') problem ??= `the archive holds ${e.path}, a ${e.type}; only files and folders are taken`;
+      if (e.type !== 'Directory') files++;
+      bytes += e.size ?? 0;
+      if (bytes > maxBytes) problem ??= `the archive extracts to more than ${maxBytes} bytes (--max-dataset-bytes)`;
+      if (files > MAX_ENTRIES) problem ??= `the archive holds more than ${MAX_ENTRIES} files`;
+    },
+  }).catch((e: Error) => bad(`the archive is not a readable tar: ${e.message}`));
+  if (problem) bad(problem);
+  await tar.x({ file, cwd: dest, strict: true, preservePaths: false, preserveOwner: false, filter: (_p, e) => 'type' in e && (e.type === 'File' || e.type === 'OldFile' || e.type === 'ContiguousFile' || e.type === 'Directory') });
+  return [files, bytes];
+}
+
+/** Extract a zip into `dest` after checking every entry. @returns [files, bytes]. */
+async function extractZip(file: string, dest: string, maxBytes: number): Promise<[number, number]> {
+  let zip: yauzl.ZipFile;
+  try {
+    // strictFileNames: a backslash is an error, not a separator; yauzl refuses absolute and `..` names.
+    zip = await yauzl.openPromise(file, { lazyEntries: true, strictFileNames: true, validateEntrySizes: true });
+  } catch (e) {
+    bad(`the archive is not a readable zip: ${(e as Error).message}`);
+  }
+  let files = 0;
+  let bytes = 0;
+  try {
+    for await (const entry of zip.eachEntry()) {
+      const rel = checkEntryPath(entry.fileName);
+      const mode = (entry.externalFileAttributes >>> 16) & 0o170000;
+      if (mode !== 0 && mode !== 0o100000 && mode !== 0o040000) bad(`the archive holds ${entry.fileName}, which is not a file or a folder`);
+      if (entry.isEncrypted()) bad(`the archive holds ${entry.fileName} encrypted`);
+      const target = path.resolve(dest, rel);
+      if (target !== dest && !target.startsWith(dest + path.sep)) bad(`the archive holds an entry with an unsafe path: ${JSON.stringify(entry.fileName)}`);
+      if (entry.fileName.endsWith('/')) {
+        fs.mkdirSync(target, { recursive: true });
+        continue;
+      }
+      bytes += entry.uncompressedSize;
+      if (++files > MAX_ENTRIES) bad(`the archive holds more than ${MAX_ENTRIES} files`);
+      if (bytes > maxBytes) bad(`the archive extracts to more than ${maxBytes} bytes (--max-dataset-bytes)`);
+      fs.mkdirSync(path.dirname(target), { recursive: true });
+      await pipeline(await zip.openReadStreamPromise(entry), fs.createWriteStream(target, { flags: 'wx' }));
+    }
+  } catch (e) {
+    if (e instanceof HttpError) throw e;
+    bad(`the zip could not be extracted: ${(e as Error).message}`);
+  } finally {
+    zip.close();
+  }
+  return [files, bytes];
+}
+
+/** The dataset folder of an extracted archive: its top, or its one top folder. */
+function datasetRoot(dir: string): string {
+  if (fs.existsSync(path.join(dir, 'meta', 'info.json'))) return dir;
+  const top = fs.readdirSync(dir, { withFileTypes: true }).filter((e) => !e.name.startsWith('.') && e.name !== '__MACOSX');
+  if (top.length === 1 && top[0]!.isDirectory() && fs.existsSync(path.join(dir, top[0]!.name, 'meta', 'info.json'))) return path.join(dir, top[0]!.name);
+  bad('the archive holds no LeRobot dataset: expected meta/info.json at its top, or in its one top folder');
+}
+
+function readMarker(dir: string): { sha256?: string; owner?: string } | null {
+  try {
+    return JSON.parse(fs.readFileSync(path.join(dir, UPLOAD_MARKER), 'utf8'));
+  } catch {
+    return null;
+  }
+}
+
+const installing = new Map<string, Promise<unknown>>(); // per target folder: one install at a time
+
+/**
+ * Install an archive as dataset `name` (see the module comment).
+ * @throws HttpError 400 (bad archive or dataset, naming the entry or file), 409 (the name is
+ *   the operator's dataset or another key's upload), 413 (too large).
+ */
+export function installDataset(opts: InstallOptions): Promise<InstallResult> {
+  const target = path.resolve(opts.root, checkDatasetName(opts.name, 'name'));
+  const prev = installing.get(target) ?? Promise.resolve();
+  const run = prev.catch(() => undefined).then(() => install(opts, target));
+  installing.set(target, run);
+  void run.finally(() => installing.get(target) === run && installing.delete(target)).catch(() => undefined);
+  return run;
+}
+
+async function install(opts: InstallOptions, target: string): Promise<InstallResult> {
+  const bytes = fs.statSync(opts.archive).size;
+  if (bytes > opts.maxBytes) throw new HttpError(413, `the archive is ${bytes} bytes; the limit is ${opts.maxBytes} (--max-dataset-bytes)`);
+  const sha256 = await sha256Of(opts.archive);
+  const existing = fs.existsSync(target) ? readMarker(target) : null;
+  if (fs.existsSync(target)) {
+    if (!existing) throw new HttpError(409, `dataset "${opts.name}" exists under the datasets root and was not uploaded through the API; it is never replaced: pick another name`);
+    if (existing.owner !== opts.owner) throw new HttpError(409, `dataset "${opts.name}" was uploaded with another API key; pick another name`);
+    if (existing.sha256 === sha256) return { name: opts.name, dir: target, sha256, bytes, extracted_bytes: 0, files: 0, episodes: null, frames: null, reused: true };
+  }
+  fs.mkdirSync(opts.root, { recursive: true });
+  const tag = crypto.randomBytes(4).toString('hex');
+  const tmp = path.join(opts.root, `.${opts.name}.upload-${tag}`);
+  fs.mkdirSync(tmp);
+  try {
+    const format = formatOf(opts.archive);
+    const [files, extracted] = format === 'zip' ? await extractZip(opts.archive, tmp, opts.maxBytes) : await extractTar(opts.archive, tmp, opts.maxBytes);
+    const dir = datasetRoot(tmp);
+    let counts: { episodes: number; frames: number };
+    try {
+      counts = await opts.validate(dir);
+    } catch (e) {
+      bad(`dataset "${opts.name}": ${(e as Error).message.split(dir).join(opts.name)}`); // name files as the client knows them
+    }
+    fs.writeFileSync(path.join(dir, UPLOAD_MARKER), JSON.stringify({ sha256, owner: opts.owner, bytes, uploaded_at: Date.now() / 1000 }, null, 2) + '\n');
+    const old = fs.existsSync(target) ? path.join(opts.root, `.${opts.name}.old-${tag}`) : null;
+    if (old) fs.renameSync(target, old);
+    fs.renameSync(dir, target);
+    if (old) fs.rmSync(old, { recursive: true, force: true });
+    return { name: opts.name, dir: target, sha256, bytes, extracted_bytes: extracted, files, ...counts, reused: false };
+  } finally {
+    fs.rmSync(tmp, { recursive: true, force: true });
+  }
+}

@@ -1,0 +1,223 @@
+/**
+ * The sidecar training API (../shared/reference/sidecar-training-api.txt) on Vela's jobs, for
+ * clients written against it. A sidecar job is a Vela fine-tune (`ft-...`, visible at
+ * `/v1/fine-tunes/{id}` too); every route needs the API key, like the rest of Vela.
+ * - `POST /training/job_start` `{dataset, num_train_steps?, model_size?, dataset_content?}`:
+ *   `dataset` names a LeRobot dataset folder under the datasets root; `dataset_content`, a
+ *   base64 tar / tar.gz / zip of it, is installed there first (datasets/upload.ts);
+ *   `num_train_steps` (default 100) is the job's `steps`; `model_size` (default pi05-tiny) is a
+ *   Vela preset (the document's 4b / 12b / 31b are not: a 400 lists the presets). Vela's other
+ *   fine-tune fields (batch_size, learning_rate, ...) are taken too. Answers the TrainingJob.
+ * - `GET /training/job_progress?job_id=`: `{"progress": [events]}` (sidecar/events.ts).
+ * - `GET /training/job_events?job_id=&from=`: the same as Server-Sent Events, `: keepalive`
+ *   while idle, ending after the final status or after 5 minutes; while idle, a watchdog every
+ *   15 s fails a job that no runner holds any more (the log gets its `failed` event).
+ * - `POST /training/job_cancel` `{job_id}`: `{"job_id", "status": "stopping"}`; 409 when over.
+ * - `GET /models/file?model_path=trained/<job id>&file=`: one file of a completed job's weights.
+ * - `POST /infer/query`: `model_path` + one observation (OpenPI's keys): the job's policy
+ *   (inference/routes.ts answerInfer); `max_tokens` and `temperature` have no meaning for a
+ *   policy and are ignored.
+ * - `POST /evals/add_to_dataset` `{prompt, response, notes?}`, `GET /evals/get_dataset_count`:
+ *   the key's `eval_dataset.jsonl` under `<data>/evals/<key id>/`.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import type { TemplatedApp } from 'uWebSockets.js';
+import { PRESETS, PRESET_ALIASES } from '../../kernels/config.ts';
+import { requireOwner } from '../auth.ts';
+import { HttpError, route, sendJson, type Req } from '../http.ts';
+import { openSse, streamFile } from '../stream.ts';
+import { archiveTemp, installArchive } from '../datasets-route.ts';
+import { checkDatasetName, type InstallResult } from '../datasets/upload.ts';
+import { jobOutputFile, listFiles, relativeSegments, submitFineTune } from '../jobs/routes.ts';
+import { isTerminal, type JobRunner } from '../jobs/runner.ts';
+import { readBody } from '../futures/codec.ts';
+import { answerInfer, targetOf, type InferenceDeps } from '../inference/routes.ts';
+import type { ServerConfig } from '../config.ts';
+import type { JobEvent, JobRow, Store } from '../store.ts';
+import { isFinal, sidecarEvent, sidecarStatus, type TrainedModel } from './events.ts';
+
+export interface SidecarDeps {
+  store: Store;
+  config: ServerConfig;
+  runner: JobRunner;
+  inference: InferenceDeps;
+  /** Seconds between `: keepalive` comments (15). */
+  keepaliveS?: number;
+  /** Seconds a job_events stream lasts at most (300). */
+  streamCapS?: number;
+  /** Seconds between watchdog checks of an idle stream (15). */
+  watchdogS?: number;
+}
+
+const PRESET_NAMES = [...Object.keys(PRESETS), ...Object.keys(PRESET_ALIASES)];
+const VELA_FIELDS = ['batch_size', 'learning_rate', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed', 'eval_every', 'checkpoint_every'];
+const JOB_ID = /^ft-[a-z0-9]{1,64}$/;
+
+export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
+  const { store, config, runner } = deps;
+  const models = new Map<string, Promise<TrainedModel>>(); // a completed job's files never change
+
+  const trainedModel = (job: JobRow): Promise<TrainedModel> => {
+    let m = models.get(job.id);
+    if (!m) {
+      m = listFiles(job.output_dir).then((files) => ({ path: `trained/${job.id}`, model_size: job.config.model as string, files: files.map((f) => ({ path: f.path, size: f.bytes, sha256: f.sha256 })) }));
+      models.set(job.id, m);
+      m.catch(() => models.delete(job.id));
+    }
+    return m;
+  };
+  const mapped = async (job: JobRow, events: JobEvent[]) => {
+    const model = job.status === 'succeeded' && events.some((e) => e.type === 'status' && e.status === 'succeeded') ? await trainedModel(job) : null;
+    return events.map((e) => sidecarEvent(e, job, model));
+  };
+  const jobOf = (owner: string, id: unknown): JobRow => {
+    if (typeof id !== 'string' || !JOB_ID.test(id)) throw new HttpError(400, `job_id must be a job id (ft-...) that job_start returned, got ${JSON.stringify(id ?? null)}`);
+    const job = store.getJob(id);
+    if (!job || job.owner !== owner) throw new HttpError(404, `no job ${id}`);
+    return job;
+  };
+  const trainingJob = (job: JobRow, upload: InstallResult | null = null) => ({
+    job_id: job.id, id: job.id, status: sidecarStatus(job), dataset: job.config.dataset_name, model_size: job.config.model, num_train_steps: job.config.steps,
+    created_at: job.created_at, step: job.step, loss: job.loss, error: job.error,
+    ...(upload ? { dataset_upload: { sha256: upload.sha256, reused: upload.reused, episodes: upload.episodes, frames: upload.frames } } : {}),
+  });
+
+  app.post('/training/job_start', route(0, async (r) => {
+    const owner = requireOwner(store, r);
+    const body = await r.json(Math.ceil((config.maxDatasetBytes * 4) / 3) + 1024 * 1024);
+    for (const k of Object.keys(body)) {
+      if (!['dataset', 'num_train_steps', 'model_size', 'dataset_content', ...VELA_FIELDS].includes(k)) throw new HttpError(400, `job_start has no field "${k}"; it takes dataset, num_train_steps, model_size, dataset_content and Vela's ${VELA_FIELDS.join(', ')}`);
+    }
+    const size = body.model_size ?? 'pi05-tiny';
+    if (typeof size !== 'string' || !PRESET_NAMES.includes(size)) throw new HttpError(400, `model_size must be a Vela preset: ${PRESET_NAMES.join(', ')}; got ${JSON.stringify(size)} (the sidecar's 4b, 12b and 31b are not Vela models)`);
+    const steps = body.num_train_steps ?? 100;
+    if (typeof steps !== 'number' || !Number.isInteger(steps) || steps < 1) throw new HttpError(400, `num_train_steps must be a positive integer, got ${JSON.stringify(steps)}`);
+    if (body.dataset === undefined) throw new HttpError(400, 'dataset is required: the name of a LeRobot dataset folder (there is no default dataset)');
+    const dataset = checkDatasetName(body.dataset);
+    let upload: InstallResult | null = null;
+    if (body.dataset_content !== undefined) {
+      const b64 = body.dataset_content;
+      if (typeof b64 !== 'string' || b64.length === 0) throw new HttpError(400, 'dataset_content is empty: send the dataset folder as a base64 tar or zip');
+      if (b64.length % 4 !== 0 || !/^[A-Za-z0-9+/]*={0,2}$/.test(b64)) throw new HttpError(400, `dataset_content is not valid base64 (${b64.length} characters)`);
+      const file = archiveTemp(config, dataset);
+      fs.writeFileSync(file, Buffer.from(b64, 'base64'), { flag: 'wx' });
+      upload = await installArchive(config, owner, dataset, file);
+    } else if (!fs.existsSync(path.join(path.resolve(config.datasetsDir), dataset, 'meta', 'info.json'))) {
+      throw new HttpError(400, `dataset "${dataset}" is not under the datasets root and no dataset_content was sent`);
+    }
+    const extras = Object.fromEntries(Object.entries(body).filter(([k]) => VELA_FIELDS.includes(k)));
+    const job = await submitFineTune(deps, owner, { ...extras, model: size, dataset_name: dataset, steps });
+    sendJson(r, 200, trainingJob(job, upload));
+  }));
+
+  app.get('/training/job_progress', route(0, async (r) => {
+    const job = jobOf(requireOwner(store, r), r.query.get('job_id'));
+    sendJson(r, 200, { progress: await mapped(job, store.events(job.id)) });
+  }));
+
+  app.post('/training/job_cancel', route(0, async (r) => {
+    const owner = requireOwner(store, r);
+    const job = jobOf(owner, (await r.json()).job_id);
+    if (!runner.cancel(job.id)) throw new HttpError(409, `job ${job.id} is over already (${sidecarStatus(store.getJob(job.id)!)})`);
+    sendJson(r, 200, { job_id: job.id, status: 'stopping' });
+  }));
+
+  app.get('/training/job_events', route(0, (r) => jobEvents(r, deps, jobOf(requireOwner(store, r), r.query.get('job_id')), mapped)));
+
+  app.get('/models/file', route(0, async (r) => {
+    const owner = requireOwner(store, r);
+    const m = /^trained\/(ft-[a-z0-9]{1,64})$/.exec(r.query.get('model_path') ?? '');
+    if (!m) throw new HttpError(400, `model_path must be "trained/<job id>" as a completed job's model gives it, got ${JSON.stringify(r.query.get('model_path'))}`);
+    const rel = r.query.get('file') ?? '';
+    relativeSegments(rel); // a bad file path is a 400 before any lookup
+    const job = store.getJob(m[1]!);
+    if (!job || job.owner !== owner) throw new HttpError(404, `no trained model ${m[1]}`);
+    const file = jobOutputFile(job, rel);
+    await streamFile(r, file, fs.statSync(file).size);
+  }));
+
+  app.post('/infer/query', route(0, async (r) => {
+    requireOwner(store, r);
+    const body = await readBody(r, config.maxPolicyMessageBytes);
+    const { model_path: modelPath, model_size: size, ...obs } = body.value;
+    delete obs.max_tokens; // a policy answers an action chunk: no tokens, no temperature
+    delete obs.temperature;
+    const m = typeof modelPath === 'string' ? /^trained\/(ft-[a-z0-9]{1,64})$/.exec(modelPath) : null;
+    if (!m) throw new HttpError(400, `model_path must be "trained/<job id>" (Vela keeps no per-size default adapter), got ${JSON.stringify(modelPath ?? null)}`);
+    const t = targetOf(deps.inference, 'fine-tunes', m[1]!, r.headers);
+    const job = store.getJob(m[1]!)!;
+    if (size !== undefined && size !== job.config.model) throw new HttpError(400, `model_size ${JSON.stringify(size)} is not the size ${m[1]} was trained for (${job.config.model})`);
+    await answerInfer(deps.inference, r, t, obs, body.format);
+  }));
+
+  const evalsFile = (owner: string) => path.resolve(config.dataDir, 'evals', owner, 'eval_dataset.jsonl');
+  app.post('/evals/add_to_dataset', route(0, async (r) => {
+    const owner = requireOwner(store, r);
+    const body = await r.json();
+    for (const k of Object.keys(body)) if (!['prompt', 'response', 'notes'].includes(k)) throw new HttpError(400, `add_to_dataset has no field "${k}"; it takes prompt, response, notes`);
+    for (const k of ['prompt', 'response']) if (typeof body[k] !== 'string' || body[k] === '') throw new HttpError(400, `${k} is required (a non-empty string)`);
+    if (body.notes !== undefined && body.notes !== null && typeof body.notes !== 'string') throw new HttpError(400, 'notes must be a string');
+    const file = evalsFile(owner);
+    fs.mkdirSync(path.dirname(file), { recursive: true });
+    // One write per line, opened for append: concurrent adds never interleave within a line.
+    fs.appendFileSync(file, JSON.stringify({ prompt: body.prompt, response: body.response, notes: body.notes ?? null, timestamp: Date.now() / 1000 }) + '\n');
+    sendJson(r, 200, { status: 'ok', count: countLines(file) });
+  }));
+  app.get('/evals/get_dataset_count', route(0, (r) => sendJson(r, 200, { count: countLines(evalsFile(requireOwner(store, r))) })));
+}
+
+function countLines(file: string): number {
+  try {
+    const text = fs.readFileSync(file, 'utf8');
+    return text.split('\n').filter((l) => l.length > 0).length;
+  } catch {
+    return 0;
+  }
+}
+
+/** `GET /training/job_events`: the job's events from `from`, live, as the sidecar streams them. */
+function jobEvents(r: Req, deps: SidecarDeps, job: JobRow, mapped: (job: JobRow, events: JobEvent[]) => Promise<Record<string, unknown>[]>): void {
+  const { store, runner } = deps;
+  const fromQ = r.query.get('from');
+  const from = fromQ === null ? 0 : Number(fromQ);
+  if (!Number.isInteger(from) || from < 0) throw new HttpError(400, `from must be a non-negative integer, got ${JSON.stringify(fromQ)}`);
+  const sse = openSse(r);
+  let next = from;
+  let ended = false;
+  let lastSentMs = Date.now();
+  let chain: Promise<void> = Promise.resolve();
+  const deliver = (evs: JobEvent[]) => {
+    // Mapping may read the output's files (completed): keep the order with a chain.
+    chain = chain.then(async () => {
+      for (const ev of await mapped(store.getJob(job.id)!, evs.filter((e) => e.index >= next))) {
+        if (ended || (ev.index as number) < next) continue;
+        sse.send(ev.index as number, ev.type as string, ev);
+        next = (ev.index as number) + 1;
+        lastSentMs = Date.now();
+        if (isFinal(ev)) finish();
+      }
+    }).catch(() => finish());
+  };
+  const onLive = (ev: JobEvent) => deliver(ev.index > next ? store.events(job.id, next, ev.index - next + 1) : [ev]);
+  const timers = [
+    setInterval(() => (sse.closed ? finish() : sse.comment('keepalive')), (deps.keepaliveS ?? 15) * 1000),
+    // The watchdog: an idle stream asks whether anyone still runs the job.
+    setInterval(() => {
+      if (Date.now() - lastSentMs < (deps.watchdogS ?? 15) * 1000 * 0.9) return;
+      runner.failLost(job.id, 'the job stopped without a final event: no worker holds it any more (the server lost it, e.g. its engine died); start it again');
+    }, (deps.watchdogS ?? 15) * 1000),
+    setTimeout(() => finish(), (deps.streamCapS ?? 300) * 1000),
+  ];
+  function finish() {
+    if (ended) return;
+    ended = true;
+    for (const t of timers) clearTimeout(t as NodeJS.Timeout);
+    runner.live.off(`event:${job.id}`, onLive);
+    void chain.then(() => sse.end());
+  }
+  runner.live.on(`event:${job.id}`, onLive);
+  deliver(store.events(job.id, from));
+  const now = store.getJob(job.id)!;
+  if (isTerminal(now.status)) chain.then(() => finish());
+}

@@ -1,0 +1,110 @@
+/**
+ * A sidecar-API Python client (test/python/sidecar_client_check.py, written from the sidecar
+ * document alone) against the real server: job_start with the dataset sent as dataset_content,
+ * job_events to `completed`, every file of the trained model through /models/file with size and
+ * sha256 checked, cancel, evals and infer/query. The dataset is the repository's small LeRobot
+ * image fixture (2 episodes). Needs python3 (standard library only).
+ */
+import { execFile } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { PRESETS, PRESET_ALIASES } from '../kernels/config.ts';
+import { startTestServer, type TestServer } from './helpers/server.ts';
+
+const run = promisify(execFile);
+const SCRIPT = fileURLToPath(new URL('./python/sidecar_client_check.py', import.meta.url));
+const FIXTURE = fileURLToPath(new URL('./fixtures/lerobot_image', import.meta.url));
+
+let server: TestServer;
+let datasets: string;
+let seen: any;
+beforeAll(async () => {
+  datasets = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-sidecar-datasets-'));
+  server = await startTestServer({ env: { VELA_DATASETS_DIR: datasets }, start: { sseKeepaliveS: 0.5 } });
+  try {
+    const { stdout } = await run('python3', [SCRIPT, server.baseUrl, server.apiKey, FIXTURE], { timeout: 400_000, maxBuffer: 64 * 1024 * 1024 });
+    seen = JSON.parse(stdout);
+  } catch (e) {
+    const err = e as { stderr?: string; message: string };
+    throw new Error(`the sidecar-style Python client failed:\n${err.stderr ?? err.message}`);
+  }
+}, 500_000);
+afterAll(() => server?.close());
+
+describe('a sidecar-API Python client', () => {
+  it('gets the document\'s 400s, naming what is wrong; model_size lists Vela\'s presets', () => {
+    const r = seen.refused;
+    for (const v of Object.values(r) as [number, any][]) expect(v[0]).toBe(400);
+    expect(r.size_4b[1].error).toBe(`model_size must be a Vela preset: ${[...Object.keys(PRESETS), ...Object.keys(PRESET_ALIASES)].join(', ')}; got "4b" (the sidecar's 4b, 12b and 31b are not Vela models)`);
+    expect(r.steps_zero[1].error).toBe('num_train_steps must be a positive integer, got 0');
+    expect(r.no_dataset[1].error).toMatch(/^dataset is required/);
+    expect(r.dataset_path[1].error).toMatch(/^dataset must be a plain name/);
+    expect(r.not_base64[1].error).toBe('dataset_content is not valid base64 (11 characters)');
+    expect(r.empty_content[1].error).toMatch(/^dataset_content is empty/);
+    expect(r.not_archive[1].error).toMatch(/^the archive is neither a tar \(optionally gzipped\) nor a zip file/);
+    expect(r.escaping_archive[1].error).toBe('the archive holds an entry with an unsafe path: "../escaped.txt"');
+    expect(r.unknown_dataset[1].error).toBe('dataset "nowhere" is not under the datasets root and no dataset_content was sent');
+    expect(fs.existsSync(path.join(datasets, '..', 'escaped.txt'))).toBe(false);
+  });
+
+  it('starts a job whose dataset came in the request, stored under the datasets root', () => {
+    expect(seen.job_start.status).toBe(200);
+    expect(seen.job_start.job).toMatchObject({ job_id: expect.stringMatching(/^ft-/), dataset: 'pick', model_size: 'pi05-tiny', num_train_steps: 6, dataset_upload: { reused: false, episodes: 2, frames: 7 } });
+    expect(fs.existsSync(path.join(datasets, 'pick', 'meta', 'info.json'))).toBe(true);
+    expect(seen.second_start.job.dataset_upload.reused).toBe(true);
+  });
+
+  it('follows job_events to completed: running, training, one progress per step, completed with final_loss and the model', () => {
+    const data = seen.events.map((e: any) => e.data);
+    expect(seen.events.map((e: any) => e.id)).toEqual(seen.events.map((_: any, i: number) => i));
+    for (const e of seen.events) expect(e.event).toBe(e.data.type);
+    const statuses = data.filter((d: any) => d.type === 'status').map((d: any) => d.status);
+    expect(statuses).toEqual(['running', 'training', 'completed']);
+    expect(data.find((d: any) => d.status === 'running')).toMatchObject({ model_size: 'pi05-tiny', num_train_steps: 6 });
+    expect(data.find((d: any) => d.status === 'training')).toMatchObject({ max_steps: 6 });
+    const progress = data.filter((d: any) => d.type === 'progress');
+    expect(progress.map((p: any) => p.step)).toEqual([1, 2, 3, 4, 5, 6]);
+    for (const p of progress) expect(Object.keys(p)).toEqual(expect.arrayContaining(['step', 'loss', 'learning_rate', 'epoch', 'timestamp', 'elapsed_seconds']));
+    const done = data.at(-1);
+    expect(done.final_loss).toBe(progress.at(-1).loss);
+    expect(done.model.path).toBe(`trained/${seen.job_start.job.job_id}`);
+    expect(done.model.files.map((f: any) => f.path).sort()).toEqual(['adapter_config.json', 'adapter_model.safetensors', 'config.json', 'norm_stats.json']);
+    expect(seen.resumed_from_3.map((e: any) => e.id)).toEqual(seen.events.slice(3).map((e: any) => e.id));
+    expect(seen.progress).toEqual([200, { progress: data }]);
+  });
+
+  it('downloads every file of the trained model with the recorded size and sha256; refuses escapes', () => {
+    expect(seen.files).toHaveLength(4);
+    for (const f of seen.files) expect(f).toMatchObject({ status: 200, content_type: 'application/octet-stream', size_ok: true, sha256_ok: true });
+    expect(seen.file_errors).toEqual({ escape: 400, absolute: 400, bad_model_path: 400, missing: 404 });
+  });
+
+  it('cancels: stopping, then a cancelled event; 409 once over, 400 and 404 for bad ids', () => {
+    expect(seen.cancel).toEqual([200, { job_id: seen.second_start.job.job_id, status: 'stopping' }]);
+    expect(seen.second_last).toMatchObject({ type: 'status', status: 'cancelled' });
+    expect(seen.cancel_over[0]).toBe(409);
+    expect(seen.cancel_bad).toBe(400);
+    expect(seen.cancel_unknown).toBe(404);
+    expect(seen.events_no_job).toBe(400);
+  });
+
+  it('adds and counts eval examples', () => {
+    expect(seen.evals.map((e: any) => e[0])).toEqual([200, 200, 400]);
+    expect(seen.evals[2][1].error).toBe('response is required (a non-empty string)');
+    expect(seen.eval_count).toEqual([200, { count: 2 }]);
+  });
+
+  it('answers infer/query from the trained model, loading it once', () => {
+    const [a, b] = seen.infer;
+    expect(a[0]).toBe(200);
+    expect(a[1].actions.shape).toEqual([16, 3]);
+    expect(a[1]).toMatchObject({ cold_start: true, model: 'pi05-tiny', seed: 3, weights_version: 'final' });
+    expect(a[1].load_seconds).toBeGreaterThan(0);
+    expect(b[1]).toMatchObject({ cold_start: false, load_seconds: 0 });
+    expect(b[1].actions.data).toEqual(a[1].actions.data); // same seed, same weights
+  });
+});
