@@ -85,16 +85,16 @@ describe('vela policy PUT /weights', () => {
     const open = await startPolicyServer({ engine: recordingEngine(), checkpointDir: '/ckpt', policyId: 'p', port: 0 });
     servers.push(open);
     const r = await put(open, push);
-    expect([r.status, (await r.json()).error]).toEqual([403, 'this policy server has no --api-key, so it refuses weight pushes: start it with --api-key K']);
+    expect([r.status, ((await r.json()) as any).error]).toEqual([403, 'this policy server has no --api-key, so it refuses weight pushes: start it with --api-key K']);
     const keyed = await startPolicyServer({ engine: recordingEngine(), checkpointDir: '/ckpt', policyId: 'p', port: 0, apiKey: 'k' });
     servers.push(keyed);
     expect((await put(keyed, push, 'wrong')).status).toBe(401);
     const junk = await put(keyed, Buffer.from('not msgpack at all'), 'k');
     expect(junk.status).toBe(400);
     const noConfig = await put(keyed, encodeWeightsPush({ weights_version: 1, model_id: null, files: { 'model.safetensors': new Uint8Array(4) } }), 'k');
-    expect([noConfig.status, (await noConfig.json()).error]).toEqual([400, 'weights push has no config.json']);
+    expect([noConfig.status, ((await noConfig.json()) as any).error]).toEqual([400, 'weights push has no config.json']);
     const escape = await put(keyed, encodeWeightsPush({ weights_version: 1, model_id: null, files: { '../config.json': new Uint8Array(4) } }), 'k');
-    expect([escape.status, (await escape.json()).error]).toEqual([400, 'weights push file name "../config.json" is not a plain file name']);
+    expect([escape.status, ((await escape.json()) as any).error]).toEqual([400, 'weights push file name "../config.json" is not a plain file name']);
   });
 
   it('swaps a good push in and says so in /stats and the metadata', async () => {

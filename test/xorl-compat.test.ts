@@ -12,7 +12,8 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { syntheticBatch } from './helpers/synthetic.ts';
 import { Store } from '../server/store.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
-import { FuturesClient } from './helpers/futures-client.ts';
+import { FuturesClient, toJsonBody } from './helpers/futures-client.ts';
+import { PolicyClient } from './helpers/policy-stub.ts';
 
 const LORA = { base_model: 'pi05-tiny', lora_config: { rank: 4, alpha: 8 } };
 const servers: TestServer[] = [];
@@ -38,7 +39,7 @@ describe('xorl recovery and model ids', () => {
     const next = await step(c1, 'arm', 1); // what the uninterrupted model does next
     await first.close();
 
-    const second = await startTestServer({ dataDir });
+    const second = await startTestServer({ dataDir, env: { VELA_INFER_IDLE_S: '1' } });
     servers.push(second);
     const c2 = new FuturesClient(second.baseUrl, second.apiKey);
     expect((await c2.call('session_info', undefined, 'GET')).sessions).toEqual([]); // models do not survive a restart
@@ -79,6 +80,49 @@ describe('xorl recovery and model ids', () => {
     expect((await c.raw('POST', 'create_model', { base_model: 'pi05-tiny', model_id: '../x' })).status).toBe(400);
     expect(await c.call('weights_info', { model_id: 'default' })).toMatchObject({ model_id: 'default', is_lora: false, lora_rank: null, base_model: 'pi05-tiny' });
     await c.call('kill_session', { model_id: 'default' });
+  }, 120_000);
+
+  it('registers endpoints, reports an unreachable one per endpoint, and serves a saved checkpoint as a sampling session that idles out', async () => {
+    const s = servers[1]!;
+    const c = new FuturesClient(s.baseUrl, s.apiKey);
+    const post = (route: string, body: unknown) => fetch(`${s.baseUrl}/${route}`, { method: 'POST', headers: { authorization: `Bearer ${s.apiKey}`, 'content-type': 'application/json' }, body: JSON.stringify(body) }).then(async (r) => ({ status: r.status, json: await r.json() as any }));
+    expect((await post('add_inference_endpoint', { url: 'ftp://x' })).json.error).toBe('url must be ws://, wss://, http:// or https://, got ftp:');
+    const dead = await post('add_inference_endpoint', { host: '127.0.0.1', port: 9, api_key: 'secret' }); // nothing listens on port 9
+    expect(dead).toMatchObject({ status: 200, json: { url: 'http://127.0.0.1:9/', has_api_key: true, reachable: false } });
+    await c.createModel({ ...LORA, model_id: 'fresh' });
+    const noCamera = await c.raw('POST', 'sync_inference_weights', { model_id: 'fresh' });
+    expect([noCamera.status, noCamera.body.error]).toEqual([409, 'model fresh has no camera bound yet: a policy needs them (its first forward_backward, forward or sample binds them)']);
+    await step(c, 'fresh', 0);
+    const sync = await c.call('sync_inference_weights', { model_id: 'fresh' });
+    expect(sync).toMatchObject({ model_id: 'fresh', weights_version: 1, quantization: 'none', endpoints: [{ endpoint_id: dead.json.endpoint_id, status: 'error' }] });
+    expect((await c.raw('POST', 'sync_inference_weights', { model_id: 'fresh', endpoints: ['ep-nope'] })).status).toBe(404);
+    expect((await post('remove_inference_endpoint', { endpoint_id: dead.json.endpoint_id })).status).toBe(200);
+    expect((await post('remove_inference_endpoint', { endpoint_id: dead.json.endpoint_id })).status).toBe(404);
+    expect((await c.raw('POST', 'sync_inference_weights', { model_id: 'fresh' })).status).toBe(409);
+
+    // A sampling session of a saved checkpoint: OpenPI websocket and HTTP, unloaded when idle.
+    const saved = await c.run('save_weights_for_sampler', { model_id: 'fresh', name: 'for-robots' });
+    const samp = await c.call('create_sampling_session', { checkpoint_id: saved.checkpoint_id, sampling_session_seq_id: 0 });
+    expect(samp).toMatchObject({ model: 'pi05-tiny', checkpoint_id: saved.checkpoint_id, url: expect.stringMatching(/^ws:\/\/.*\/v1\/sampling_sessions\/samp-\w+\/policy$/) });
+    const ws = await PolicyClient.connect(samp.url, { authorization: `Api-Key ${s.apiKey}` });
+    expect(ws.metadata).toMatchObject({ model: 'pi05-tiny', cameras: ['cam_high'], weights_version: saved.checkpoint_id });
+    const datum = syntheticBatch(0)[0]!.observation;
+    const wsAnswer = await ws.infer({ images: datum.image, state: datum.state, prompt: datum.prompt });
+    expect(wsAnswer.actions.shape).toEqual([16, 32]);
+    ws.close();
+    const body = { images: { cam_high: toJsonBody(datum.image!.cam_high) }, state: Array.from(datum.state!.data as Float32Array), prompt: datum.prompt, seed: 9 };
+    const infer = () => fetch(samp.infer_url, { method: 'POST', headers: { authorization: `Bearer ${s.apiKey}`, 'content-type': 'application/json' }, body: JSON.stringify(body) }).then((r) => r.json() as Promise<any>);
+    const warm = await infer();
+    expect(warm).toMatchObject({ cold_start: false, load_seconds: 0, seed: 9 });
+    const sampled = await c.run('sample', { model_id: 'fresh', data: [{ observation: datum }], codec: 'RAW', seed: 9 });
+    expect(warm.actions.data).toEqual(Array.from(sampled.actions.data as Float32Array)); // the checkpoint's policy is the model
+    await new Promise((r) => setTimeout(r, 3000)); // VELA_INFER_IDLE_S is 1 on this server
+    const cold = await infer();
+    expect(cold.cold_start).toBe(true);
+    expect(cold.load_seconds).toBeGreaterThan(0);
+    expect(cold.actions.data).toEqual(warm.actions.data);
+    expect((await c.raw('POST', 'create_sampling_session', { checkpoint_id: 'ts-x/weights/none' })).status).toBe(404);
+    await c.call('kill_session', { model_id: 'fresh' });
   }, 120_000);
 
   it('answers GET / with root info for API clients and the dashboard redirect for browsers', async () => {
