@@ -12,7 +12,9 @@ export const POLICY_USAGE = `Usage: vela policy CHECKPOINT [options]
 
 Serves a checkpoint folder (config.json, weights, norm_stats.json) over OpenPI's websocket
 protocol: ws://HOST:PORT/ for openpi_client's WebsocketClientPolicy, GET /healthz, GET
-/v1/observation.zdict (the zstd dictionary for compressed observations), GET /stats.
+/v1/observation.zdict (the zstd dictionary for compressed observations), GET /stats, and
+PUT /weights: new weights pushed by a Vela server's sync_inference_weights, swapped in between
+batches without dropping a connection (only with --api-key).
 
 Options:
   --port N              port (default 8000; 0 picks a free one)
@@ -20,7 +22,8 @@ Options:
   --seed N              reproducible sampling: request n of a connection on stream K (the
                         ?stream=K query parameter, default 0) draws its noise from
                         SHA-256("vela-policy-seed:N:K:n"); batching never changes it.
-                        Without --seed, every request gets a random seed.
+                        Without --seed, every request gets a random seed. A connection
+                        may pick its own N with ?seed=N.
   --debug               error frames carry stack traces (never use on a shared network)
   --batch-window-ms MS  how long a request waits for others to batch with (default 5)
   --max-batch N         requests per model call at most (default 16)
