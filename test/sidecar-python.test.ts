@@ -5,18 +5,15 @@
  * sha256 checked, cancel, evals and infer/query. The dataset is the repository's small LeRobot
  * image fixture (2 episodes). Needs python3 (standard library only).
  */
-import { execFile } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { promisify } from 'node:util';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { PRESETS, PRESET_ALIASES } from '../kernels/config.ts';
+import { runPythonJson } from './helpers/python.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 
-const run = promisify(execFile);
-const SCRIPT = fileURLToPath(new URL('./python/sidecar_client_check.py', import.meta.url));
 const FIXTURE = fileURLToPath(new URL('./fixtures/lerobot_image', import.meta.url));
 
 let server: TestServer;
@@ -25,13 +22,7 @@ let seen: any;
 beforeAll(async () => {
   datasets = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-sidecar-datasets-'));
   server = await startTestServer({ env: { VELA_DATASETS_DIR: datasets }, start: { sseKeepaliveS: 0.5 } });
-  try {
-    const { stdout } = await run('python3', [SCRIPT, server.baseUrl, server.apiKey, FIXTURE], { timeout: 400_000, maxBuffer: 64 * 1024 * 1024 });
-    seen = JSON.parse(stdout);
-  } catch (e) {
-    const err = e as { stderr?: string; message: string };
-    throw new Error(`the sidecar-style Python client failed:\n${err.stderr ?? err.message}`);
-  }
+  seen = await runPythonJson('sidecar_client_check.py', [server.baseUrl, server.apiKey, FIXTURE], 400_000);
 }, 500_000);
 afterAll(() => server?.close());
 

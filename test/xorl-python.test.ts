@@ -5,26 +5,16 @@
  * checkpoint" (kill, create_model again, load_weights by the path save_weights returned), whose
  * next step must equal an uninterrupted twin's. Needs python3 (standard library only).
  */
-import { execFile } from 'node:child_process';
-import { promisify } from 'node:util';
-import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { runPythonJson } from './helpers/python.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 
-const run = promisify(execFile);
-const SCRIPT = fileURLToPath(new URL('./python/xorl_client_check.py', import.meta.url));
 
 let server: TestServer;
 let seen: any;
 beforeAll(async () => {
   server = await startTestServer({ env: { VELA_FUTURE_WAIT_S: '0.5' } });
-  try {
-    const { stdout } = await run('python3', [SCRIPT, server.baseUrl, server.apiKey], { timeout: 240_000, maxBuffer: 64 * 1024 * 1024 });
-    seen = JSON.parse(stdout);
-  } catch (e) {
-    const err = e as { stderr?: string; message: string };
-    throw new Error(`the xorl-style Python client failed:\n${err.stderr ?? err.message}`);
-  }
+  seen = await runPythonJson('xorl_client_check.py', [server.baseUrl, server.apiKey], 240_000);
 }, 300_000);
 afterAll(() => server?.close());
 
