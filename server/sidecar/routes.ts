@@ -25,17 +25,18 @@ import path from 'node:path';
 import type { TemplatedApp } from 'uWebSockets.js';
 import { PRESETS, PRESET_ALIASES } from '../../kernels/config.ts';
 import { requireOwner } from '../auth.ts';
-import { HttpError, route, sendJson, type Req } from '../http.ts';
-import { openSse, streamFile } from '../stream.ts';
+import { HttpError, route, sendJson } from '../http.ts';
+import { streamFile } from '../stream.ts';
 import { archiveTemp, installArchive } from '../datasets-route.ts';
 import { checkDatasetName, type InstallResult } from '../datasets/upload.ts';
 import { jobOutputFile, listFiles, relativeSegments, submitFineTune } from '../jobs/routes.ts';
-import { isTerminal, type JobRunner } from '../jobs/runner.ts';
+import type { JobRunner } from '../jobs/runner.ts';
 import { readBody } from '../futures/codec.ts';
 import { answerInfer, targetOf, type InferenceDeps } from '../inference/routes.ts';
 import type { ServerConfig } from '../config.ts';
 import type { JobEvent, JobRow, Store } from '../store.ts';
-import { isFinal, sidecarEvent, sidecarStatus, type TrainedModel } from './events.ts';
+import { sidecarEvent, sidecarStatus, type TrainedModel } from './events.ts';
+import { jobEvents } from './stream.ts';
 
 export interface SidecarDeps {
   store: Store;
@@ -174,50 +175,4 @@ function countLines(file: string): number {
   } catch {
     return 0;
   }
-}
-
-/** `GET /training/job_events`: the job's events from `from`, live, as the sidecar streams them. */
-function jobEvents(r: Req, deps: SidecarDeps, job: JobRow, mapped: (job: JobRow, events: JobEvent[]) => Promise<Record<string, unknown>[]>): void {
-  const { store, runner } = deps;
-  const fromQ = r.query.get('from');
-  const from = fromQ === null ? 0 : Number(fromQ);
-  if (!Number.isInteger(from) || from < 0) throw new HttpError(400, `from must be a non-negative integer, got ${JSON.stringify(fromQ)}`);
-  const sse = openSse(r);
-  let next = from;
-  let ended = false;
-  let lastSentMs = Date.now();
-  let chain: Promise<void> = Promise.resolve();
-  const deliver = (evs: JobEvent[]) => {
-    // Mapping may read the output's files (completed): keep the order with a chain.
-    chain = chain.then(async () => {
-      for (const ev of await mapped(store.getJob(job.id)!, evs.filter((e) => e.index >= next))) {
-        if (ended || (ev.index as number) < next) continue;
-        sse.send(ev.index as number, ev.type as string, ev);
-        next = (ev.index as number) + 1;
-        lastSentMs = Date.now();
-        if (isFinal(ev)) finish();
-      }
-    }).catch(() => finish());
-  };
-  const onLive = (ev: JobEvent) => deliver(ev.index > next ? store.events(job.id, next, ev.index - next + 1) : [ev]);
-  const timers = [
-    setInterval(() => (sse.closed ? finish() : sse.comment('keepalive')), (deps.keepaliveS ?? 15) * 1000),
-    // The watchdog: an idle stream asks whether anyone still runs the job.
-    setInterval(() => {
-      if (Date.now() - lastSentMs < (deps.watchdogS ?? 15) * 1000 * 0.9) return;
-      runner.failLost(job.id, 'the job stopped without a final event: no worker holds it any more (the server lost it, e.g. its engine died); start it again');
-    }, (deps.watchdogS ?? 15) * 1000),
-    setTimeout(() => finish(), (deps.streamCapS ?? 300) * 1000),
-  ];
-  function finish() {
-    if (ended) return;
-    ended = true;
-    for (const t of timers) clearTimeout(t as NodeJS.Timeout);
-    runner.live.off(`event:${job.id}`, onLive);
-    void chain.then(() => sse.end());
-  }
-  runner.live.on(`event:${job.id}`, onLive);
-  deliver(store.events(job.id, from));
-  const now = store.getJob(job.id)!;
-  if (isTerminal(now.status)) chain.then(() => finish());
 }
