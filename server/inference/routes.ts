@@ -149,7 +149,7 @@ export function mountInference(app: TemplatedApp, deps: InferenceDeps): void {
     mountPolicySocket(app, `/v1/${kind}/:id/policy`, async (req) => {
       const t = targetOf(deps, kind, req.params[0]!, req.headers);
       return (await served.acquire(t.key, t.load, t.alive)).policy;
-    }, { maxMessageBytes: config.maxPolicyMessageBytes });
+    }, { maxMessageBytes: config.maxPolicyMessageBytes, limitFlag: '--max-policy-message-bytes' });
 
     app.post(`/v1/${kind}/:id/infer`, route(1, async (r: Req) => {
       try {

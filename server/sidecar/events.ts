@@ -10,7 +10,7 @@
  *   `trained/<job id>`, `files` with `path`, `size`, `sha256`),
  * - `failed` / `cancelled` -> the same, with `error`; other logs stay logs.
  */
-import type { JobEvent, JobRow } from '../store.ts';
+import type { JobEvent, JobRow, Store } from '../store.ts';
 
 /** The saved weights of a completed job, as `/models/file` serves them. */
 export interface TrainedModel {
@@ -56,4 +56,11 @@ export function sidecarEvent(ev: JobEvent, job: JobRow, model: TrainedModel | nu
 /** Whether a sidecar event ends the job. */
 export function isFinal(ev: Record<string, unknown>): boolean {
   return ev.type === 'status' && ['completed', 'failed', 'cancelled'].includes(ev.status as string);
+}
+
+/** Every event of a job from index `from`, read page by page (the store answers at most 10,000 at once). */
+export function allEvents(store: Store, jobId: string, from = 0): JobEvent[] {
+  const out: JobEvent[] = [];
+  for (let page = store.events(jobId, from); page.length > 0; page = store.events(jobId, out.at(-1)!.index + 1)) out.push(...page);
+  return out;
 }

@@ -35,7 +35,7 @@ import { readBody } from '../futures/codec.ts';
 import { answerInfer, targetOf, type InferenceDeps } from '../inference/routes.ts';
 import type { ServerConfig } from '../config.ts';
 import type { JobEvent, JobRow, Store } from '../store.ts';
-import { sidecarEvent, sidecarStatus, type TrainedModel } from './events.ts';
+import { allEvents, sidecarEvent, sidecarStatus, type TrainedModel } from './events.ts';
 import { jobEvents } from './stream.ts';
 
 export interface SidecarDeps {
@@ -114,7 +114,7 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
 
   app.get('/training/job_progress', route(0, async (r) => {
     const job = jobOf(requireOwner(store, r), r.query.get('job_id'));
-    sendJson(r, 200, { progress: await mapped(job, store.events(job.id)) });
+    sendJson(r, 200, { progress: await mapped(job, allEvents(store, job.id)) });
   }));
 
   app.post('/training/job_cancel', route(0, async (r) => {

@@ -10,7 +10,7 @@ import { HttpError, type Req } from '../http.ts';
 import { openSse } from '../stream.ts';
 import { isTerminal } from '../jobs/runner.ts';
 import type { JobEvent, JobRow } from '../store.ts';
-import { isFinal } from './events.ts';
+import { allEvents, isFinal } from './events.ts';
 import type { SidecarDeps } from './routes.ts';
 
 /** `GET /training/job_events`: the job's events from `from`, live, as the sidecar streams them. */
@@ -54,7 +54,7 @@ export function jobEvents(r: Req, deps: SidecarDeps, job: JobRow, mapped: (job: 
     void chain.then(() => sse.end());
   }
   runner.live.on(`event:${job.id}`, onLive);
-  deliver(store.events(job.id, from));
+  deliver(allEvents(store, job.id, from));
   const now = store.getJob(job.id)!;
   if (isTerminal(now.status)) chain.then(() => finish());
 }
