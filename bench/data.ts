@@ -1,5 +1,5 @@
 /**
- * Bench inputs from the real G1 dataset (shared/datasets/g1_pick_bottle, one camera at 480x640):
+ * Bench inputs from the real G1 dataset (episode 0 of datasets/g1_pick_bottle_sample, one camera at 480x640):
  * datums as a robot client sends them (frames encoded with a codec) and the same datums as the
  * engine's ModelBatch (decoded and resized the way server/ops.ts does). G1 has one camera;
  * 2 or 3 cameras reuse cam_high at other times of the episode under the names cam_left_wrist
@@ -14,7 +14,7 @@ import { makeBatch, type DatumInput, type ModelBatch } from '../kernels/batch.ts
 import type { PolicyConfig } from '../kernels/config.ts';
 import { openDataset, type Dataset, type Frame } from '../server/datasets/index.ts';
 
-export const G1_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../shared/datasets/g1_pick_bottle');
+export const G1_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../datasets/g1_pick_bottle_sample');
 export const CAMERA_NAMES = ['cam_high', 'cam_left_wrist', 'cam_right_wrist'];
 
 let ds: Promise<Dataset> | undefined;

@@ -24,8 +24,9 @@ import {
   splitEpisodes,
 } from '../server/datasets/index.ts';
 import type { Dataset } from '../server/datasets/index.ts';
+import { G1_DIR } from './helpers/g1.ts';
 
-const G1 = '/work/shared/datasets/g1_pick_bottle';
+const G1 = G1_DIR; // the shipped 3-episode sample (290, 421, 372 frames)
 const V30 = path.join(import.meta.dirname, 'fixtures', 'lerobot_v30');
 const IMAGE = path.join(import.meta.dirname, 'fixtures', 'lerobot_image');
 
@@ -80,16 +81,16 @@ describe('G1 pick-bottle (v2.1, AV1)', () => {
     const m = ds.meta;
     expect(m.codebaseVersion).toBe('v2.1');
     expect(m.fps).toBe(30);
-    expect(m.episodes.length).toBe(15);
-    expect(m.totalFrames).toBe(5163);
+    expect(m.episodes.length).toBe(3);
+    expect(m.totalFrames).toBe(1083);
     expect(m.cameras).toEqual([{ key: 'observation.images.cam_high', name: 'cam_high', kind: 'video', height: 480, width: 640, codec: 'av1' }]);
     expect([m.stateDim, m.actionDim]).toEqual([26, 26]);
     expect(m.stateNames?.[0]).toBe('kLeftShoulderPitch');
     expect(m.actionNames).toEqual(m.stateNames);
     expect(defaultActionSpace(m)).toBe('delta');
     expect(m.tasks.get(0)).toBe('Pick up the yellow bottle on the table.');
-    expect(m.episodes[7].dataFile).toBe('data/chunk-000/episode_000007.parquet');
-    expect(m.episodes[7].videos['observation.images.cam_high'].file).toBe('videos/chunk-000/observation.images.cam_high/episode_000007.mp4');
+    expect(m.episodes[2].dataFile).toBe('data/chunk-000/episode_000002.parquet');
+    expect(m.episodes[2].videos['observation.images.cam_high'].file).toBe('videos/chunk-000/observation.images.cam_high/episode_000002.mp4');
   });
 
   it('reads as many parquet rows per episode as episodes.jsonl says, in frame order', () => {
@@ -102,11 +103,11 @@ describe('G1 pick-bottle (v2.1, AV1)', () => {
       expect(t.timestamp[t.length - 1]).toBeCloseTo((t.length - 1) / 30, 4);
       total += t.length;
     }
-    expect(total).toBe(5163);
+    expect(total).toBe(1083);
     // Values as the parquet stores them (float32), read once with hyparquet by hand.
     expect(ds.table(0).state[0]).toBe(Math.fround(-0.7153264284133911));
     expect(ds.table(0).action[0]).toBe(Math.fround(-0.7146168947219849));
-    expect(ds.prompt(3, 10)).toBe('Pick up the yellow bottle on the table.');
+    expect(ds.prompt(2, 10)).toBe('Pick up the yellow bottle on the table.');
   });
 
   it('decodes exactly episode 0 length frames at 96x96 with centred black padding', async () => {
@@ -182,8 +183,8 @@ describe('G1 pick-bottle (v2.1, AV1)', () => {
 
   it('describes the dataset for `vela datasets inspect`', () => {
     const text = describeDataset(ds.meta);
-    expect(text).toContain('episodes  15 (length min 290, mean 344.2, max 421 frames)');
-    expect(text).toContain('frames    5163 (172.1 s)');
+    expect(text).toContain('episodes  3 (length min 290, mean 361.0, max 421 frames)');
+    expect(text).toContain('frames    1083 (36.1 s)');
     expect(text).toContain('cam_high         video 640x480 av1 (observation.images.cam_high)');
     expect(text).toContain('state     26 dims');
     expect(text).toContain('fps       30');
@@ -191,15 +192,15 @@ describe('G1 pick-bottle (v2.1, AV1)', () => {
 
   it('names a missing video file', async () => {
     const dir = copyDataset(G1);
-    fs.rmSync(path.join(dir, 'videos/chunk-000/observation.images.cam_high/episode_000007.mp4'));
+    fs.rmSync(path.join(dir, 'videos/chunk-000/observation.images.cam_high/episode_000002.mp4'));
     const err = await datasetError(openDataset(dir));
     expect(err.code).toBe('missing_file');
-    expect(err.message).toContain('videos/chunk-000/observation.images.cam_high/episode_000007.mp4');
+    expect(err.message).toContain('videos/chunk-000/observation.images.cam_high/episode_000002.mp4');
   });
 
   it('names a corrupt or missing parquet file', async () => {
     const dir = copyDataset(G1);
-    const rel = 'data/chunk-000/episode_000003.parquet';
+    const rel = 'data/chunk-000/episode_000001.parquet';
     const bytes = fs.readFileSync(path.join(dir, rel));
     fs.writeFileSync(path.join(dir, rel), bytes.subarray(0, bytes.length >> 1));
     const err = await datasetError(openDataset(dir));
@@ -219,10 +220,10 @@ describe('G1 pick-bottle (v2.1, AV1)', () => {
     fs.writeFileSync(epPath, eps.map((e) => JSON.stringify(e)).join('\n') + '\n');
     const total = await datasetError(openDataset(dir));
     expect(total.code).toBe('row_count_mismatch');
-    expect(total.message).toContain('total_frames 5163');
+    expect(total.message).toContain('total_frames 1083');
     const infoPath = path.join(dir, 'meta/info.json');
     const info = JSON.parse(fs.readFileSync(infoPath, 'utf8')) as Record<string, unknown>;
-    fs.writeFileSync(infoPath, JSON.stringify({ ...info, total_frames: 5164 }));
+    fs.writeFileSync(infoPath, JSON.stringify({ ...info, total_frames: 1084 }));
     const rows = await datasetError(openDataset(dir));
     expect(rows.code).toBe('row_count_mismatch');
     expect(rows.message).toBe('data/chunk-000/episode_000002.parquet has 372 rows, but meta/episodes.jsonl gives its episodes 373 frames');
@@ -239,13 +240,13 @@ describe('G1 pick-bottle (v2.1, AV1)', () => {
   it('fails a video whose frame count differs from the episode length, naming it', async () => {
     const dir = copyDataset(G1);
     const vid = (e: number) => path.join(dir, `videos/chunk-000/observation.images.cam_high/episode_${String(e).padStart(6, '0')}.mp4`);
-    // Episode 10 (297 frames) gets episode 0's video (290 frames).
-    fs.rmSync(vid(10));
-    fs.symlinkSync(path.join(G1, 'videos/chunk-000/observation.images.cam_high/episode_000000.mp4'), vid(10));
+    // Episode 2 (372 frames) gets episode 0's video (290 frames).
+    fs.rmSync(vid(2));
+    fs.symlinkSync(path.join(G1, 'videos/chunk-000/observation.images.cam_high/episode_000000.mp4'), vid(2));
     const copy = await openDataset(dir);
-    const err = await datasetError(copy.frames(10, 'cam_high', 8));
+    const err = await datasetError(copy.frames(2, 'cam_high', 8));
     expect(err.code).toBe('bad_video');
-    expect(err.message).toBe('video file videos/chunk-000/observation.images.cam_high/episode_000010.mp4: decoded 290 frames, but the episode has 297');
+    expect(err.message).toBe('video file videos/chunk-000/observation.images.cam_high/episode_000002.mp4: decoded 290 frames, but the episode has 372');
   });
 });
 

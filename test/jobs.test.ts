@@ -13,8 +13,8 @@ import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/serve
 import { g1Datums, g1Subset } from './helpers/g1.ts';
 import { PolicyClient } from './helpers/policy-stub.ts';
 
-// The first 5 real G1 episodes (4 train, 1 held out): the same data, a fifth of the decoding.
-const SUBSET = g1Subset(5);
+// The shipped sample's 3 real G1 episodes (2 train, 1 held out), copied to a temp datasets root.
+const SUBSET = g1Subset(3);
 let server: TestServer;
 
 async function waitFor<T>(fn: () => Promise<T | null | undefined | false>, timeoutMs = 300_000, pollMs = 200): Promise<T> {

@@ -1,5 +1,5 @@
 /**
- * Overfits one small real batch: 8 frames of episode 0 of g1_pick_bottle (AV1 video decoded
+ * Overfits one small real batch: 8 frames of episode 0 of the shipped G1 sample (AV1 video decoded
  * by server/datasets, 96x96 with padding, z-scored state/actions, pi0-tiny with depth 2 and
  * width 64 to keep the test fast). Noise and time are one fixed draw, so the objective is a
  * fixed regression problem and its loss can fall to ~0; with fresh noise every step the flow-
@@ -14,8 +14,7 @@ import { makeBatch } from '../kernels/batch.ts';
 import { BaseWeights, TrainingState } from '../kernels/trainer.ts';
 import { drawNoiseTime } from '../kernels/flow.ts';
 import { Rng } from '../kernels/rng.ts';
-
-const DATASET = new URL('../../shared/datasets/g1_pick_bottle', import.meta.url).pathname;
+import { G1_DIR as DATASET } from './helpers/g1.ts';
 
 beforeAll(async () => {
   await initBackend('wasm', null);

@@ -1,6 +1,7 @@
 /**
- * Test helper: real datums from the Unitree G1 dataset (../shared/datasets/g1_pick_bottle), with
- * frames JPEG-encoded at full size (480x640) as a robot client would send them.
+ * Test helper: real datums from the Unitree G1 dataset sample the repository ships
+ * (datasets/g1_pick_bottle_sample: 3 episodes, see its PROVENANCE.md), with frames JPEG-encoded
+ * at full size (480x640) as a robot client would send them.
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -11,7 +12,10 @@ import { ndarray } from '../../protocol/ndarray.ts';
 import type { Datum } from '../../protocol/client.ts';
 import { openDataset, type Dataset } from '../../server/datasets/index.ts';
 
-export const G1_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../shared/datasets/g1_pick_bottle');
+/** The repository's datasets folder (what VELA_DATASETS_DIR points at in the quickstart). */
+export const DATASETS_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../datasets');
+export const G1_NAME = 'g1_pick_bottle_sample';
+export const G1_DIR = path.join(DATASETS_DIR, G1_NAME);
 
 let ds: Promise<Dataset> | undefined;
 export function g1(): Promise<Dataset> {
@@ -49,8 +53,9 @@ export async function g1Datums(count: number, opts: { episode?: number; horizon?
 }
 
 /**
- * A copy of the first `n` G1 episodes as a dataset of its own (real data, faster tests: frame
- * decoding is most of a job's start-up). Returns the folder; `root/name` for VELA_DATASETS_DIR.
+ * A copy of the first `n` G1 episodes (n <= 3, the sample's) as a dataset of its own in a temp
+ * folder (real data, faster tests: frame decoding is most of a job's start-up). Returns the
+ * folder; `root/name` for VELA_DATASETS_DIR.
  */
 export function g1Subset(n: number, root = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-g1-')), name = 'g1_subset'): { root: string; name: string; dir: string } {
   const dir = path.join(root, name);
