@@ -3,6 +3,8 @@ import { defineConfig } from 'vitest/config';
 export default defineConfig({
   test: {
     include: ['test/**/*.test.ts'],
+    // Makes .venv (the Python that plays OpenPI's client) on first run; see the file.
+    globalSetup: ['test/setup/python-env.ts'],
     // Model tests are CPU-heavy; two cores is the CI machine.
     pool: 'forks',
     maxWorkers: 2,

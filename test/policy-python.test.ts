@@ -1,7 +1,7 @@
 /**
  * The policy server against a Python client that follows OpenPI's WebsocketClientPolicy
- * (test/python/openpi_client_check.py). Needs python3 with websockets, msgpack, numpy and
- * zstandard (`pip install websockets msgpack numpy zstandard`).
+ * (test/python/openpi_client_check.py), run by the test virtualenv's Python (websockets, msgpack,
+ * numpy, zstandard; made by test/setup/python-env.ts).
  */
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
@@ -12,10 +12,12 @@ import { dictionaryId, loadObservationDictionary } from '../protocol/zstd.ts';
 import { startPolicyServer, type PolicyServerHandle } from '../server/policy/index.ts';
 import { log } from '../server/log.ts';
 import { PolicyClient, STUB_CONFIG, stubEngine, type StubEngine } from './helpers/policy-stub.ts';
+import { missing, pythonEnv } from './helpers/requires.ts';
 
 const run = promisify(execFile);
 const SCRIPT = fileURLToPath(new URL('./python/openpi_client_check.py', import.meta.url));
 const KEY = 'python-client-key';
+const PY = pythonEnv();
 
 function pattern(n: number, mul: number): Uint8Array {
   const out = new Uint8Array(n);
@@ -34,22 +36,23 @@ const observation = {
 let engine: StubEngine;
 let server: PolicyServerHandle;
 let seen: any;
-beforeAll(async () => {
-  log.setLevel('error');
-  engine = stubEngine();
-  server = await startPolicyServer({ engine, checkpointDir: '/ckpt', policyId: 'p', seed: 11, apiKey: KEY, batchWindowMs: 0, maxBatch: 4, port: 0 });
-  let stdout: string;
-  try {
-    ({ stdout } = await run('python3', [SCRIPT, server.wsUrl, server.baseUrl, KEY], { timeout: 60_000 }));
-  } catch (e) {
-    const err = e as { stderr?: string; message: string };
-    throw new Error(`the Python client failed (CI needs: pip install websockets msgpack numpy zstandard):\n${err.stderr ?? err.message}`);
-  }
-  seen = JSON.parse(stdout);
-});
-afterAll(() => server.close());
 
-describe('an OpenPI-style Python client', () => {
+describe.skipIf(missing('the Python test environment', PY.reason))('an OpenPI-style Python client', () => {
+  beforeAll(async () => {
+    log.setLevel('error');
+    engine = stubEngine();
+    server = await startPolicyServer({ engine, checkpointDir: '/ckpt', policyId: 'p', seed: 11, apiKey: KEY, batchWindowMs: 0, maxBatch: 4, port: 0 });
+    let stdout: string;
+    try {
+      ({ stdout } = await run(PY.python!, [SCRIPT, server.wsUrl, server.baseUrl, KEY], { timeout: 60_000 }));
+    } catch (e) {
+      const err = e as { stderr?: string; message: string };
+      throw new Error(`the Python client failed:\n${err.stderr ?? err.message}`);
+    }
+    seen = JSON.parse(stdout);
+  });
+  afterAll(() => server?.close());
+
   it('gets the metadata first', () => {
     expect(seen.metadata).toMatchObject({ model: 'pi0-tiny', action_horizon: 5, action_dim: 6, cameras: STUB_CONFIG.cameras, state_dim: 7 });
     expect(seen.metadata.zstd_dictionary_id).toBe(dictionaryId(loadObservationDictionary()));

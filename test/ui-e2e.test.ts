@@ -1,7 +1,7 @@
 /**
  * The dashboard end to end, in Debian's headless Chromium driven by playwright-core: a wrong key
  * is refused in words; a signed-in user starts a 12-step pi05-tiny fine-tune on
- * ../shared/datasets/g1_pick_bottle, sees the loss chart gain points while the job runs, cancels
+ * the shipped datasets/g1_pick_bottle_sample, sees the loss chart gain points while the job runs, cancels
  * a second job, downloads an output file (sha256 checked), and closes a training session. The
  * key never appears in a request URL. Screenshots land in test/ui/*.png (gitignored).
  */
@@ -15,11 +15,12 @@ import { chromium, type BrowserContext, type Page } from 'playwright-core';
 import { buildUi } from '../scripts/build-ui.ts';
 import { num } from '../ui/src/format.ts';
 import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
+import { chromiumPath, missing } from './helpers/requires.ts';
 
 const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const DATASETS = path.resolve(REPO, '../shared/datasets');
+const DATASETS = path.join(REPO, 'datasets');
 const SHOTS = path.join(REPO, 'test/ui');
-const CHROMIUM = '/usr/bin/chromium';
+const CHROMIUM = chromiumPath();
 // No network on CI machines: without these, Chromium's background services fail loudly.
 const CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
   '--disable-component-update', '--disable-sync'];
@@ -48,31 +49,28 @@ async function signIn(page: Page, key: string): Promise<void> {
 const statusOf = (page: Page) => page.locator('#job-status [data-status]').getAttribute('data-status');
 const chartCount = (page: Page, chart: string, attr = 'data-points') => page.locator(`#chart-${chart}`).getAttribute(attr).then(Number);
 
-beforeAll(async () => {
-  if (!fs.existsSync(CHROMIUM)) {
-    throw new Error(`Chromium is not installed at ${CHROMIUM}: install Debian's "chromium" package (apt-get install -y chromium); this test drives it with playwright-core`);
-  }
-  await buildUi();
-  server = await startTestServer({ env: { VELA_DATASETS_DIR: DATASETS } });
-  const probe = await fetch(`${server.baseUrl}/ui/`);
-  if (probe.status !== 200) {
-    throw new Error(`GET /ui/ answered ${probe.status} (${(await probe.text()).slice(0, 200)}): server/app.ts must call mountUi(app) from server/ui/index.ts before its catch-all route`);
-  }
-  fs.mkdirSync(SHOTS, { recursive: true });
-  profileDir = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-chromium-'));
-  context = await chromium.launchPersistentContext(profileDir, {
-    executablePath: CHROMIUM, headless: true, args: CHROMIUM_ARGS, viewport: { width: 1366, height: 900 }, acceptDownloads: true,
+describe.skipIf(missing('Chromium', CHROMIUM.reason))('dashboard in headless Chromium', () => {
+  beforeAll(async () => {
+    await buildUi();
+    server = await startTestServer({ env: { VELA_DATASETS_DIR: DATASETS } });
+    const probe = await fetch(`${server.baseUrl}/ui/`);
+    if (probe.status !== 200) {
+      throw new Error(`GET /ui/ answered ${probe.status} (${(await probe.text()).slice(0, 200)}): server/app.ts must call mountUi(app) from server/ui/index.ts before its catch-all route`);
+    }
+    fs.mkdirSync(SHOTS, { recursive: true });
+    profileDir = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-chromium-'));
+    context = await chromium.launchPersistentContext(profileDir, {
+      executablePath: CHROMIUM.path, headless: true, args: CHROMIUM_ARGS, viewport: { width: 1366, height: 900 }, acceptDownloads: true,
+    });
+    context.on('request', (r) => requests.push({ url: r.url(), authorization: r.headers()['authorization'] }));
   });
-  context.on('request', (r) => requests.push({ url: r.url(), authorization: r.headers()['authorization'] }));
-});
 
-afterAll(async () => {
-  await context?.close();
-  await server?.close();
-  if (profileDir) fs.rmSync(profileDir, { recursive: true, force: true });
-});
+  afterAll(async () => {
+    await context?.close();
+    await server?.close();
+    if (profileDir) fs.rmSync(profileDir, { recursive: true, force: true });
+  });
 
-describe('dashboard in headless Chromium', () => {
   it('a wrong key gets a clear error, not a blank page', async () => {
     const page = await newPage();
     await signIn(page, 'vela-wrong-key');
@@ -97,7 +95,7 @@ describe('dashboard in headless Chromium', () => {
     const startJob = async (name: string) => {
       await page.goto(`${server.baseUrl}/ui/#/jobs`);
       await page.getByText('New fine-tune').click();
-      await page.getByLabel('Dataset').fill('g1_pick_bottle');
+      await page.getByLabel('Dataset').fill('g1_pick_bottle_sample');
       await page.getByLabel('Steps', { exact: true }).fill(String(STEPS));
       await page.getByLabel('Batch size').fill('4');
       await page.getByLabel('Learning rate').fill('0.003');

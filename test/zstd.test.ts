@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ProtocolError } from '../protocol/errors.ts';
+import { missing, zstdCliReason } from './helpers/requires.ts';
 import {
   dictionaryId,
   initZstd,
@@ -147,7 +148,7 @@ describe('round trips', () => {
   });
 });
 
-describe('the zstd CLI', () => {
+describe.skipIf(missing('the zstd CLI', zstdCliReason()))('the zstd CLI', () => {
   const msg = () => vec('obs.msgpack');
   const big = () => sample(3 * MiB + 17, 7);
 
