@@ -4,9 +4,11 @@
  */
 import os from 'node:os';
 import path from 'node:path';
+import type { BackendChoice } from '../kernels/backend.ts';
+import { shown, UsageError } from './cli-args.ts';
 
-export class ConfigError extends Error {
-  readonly code = 'bad_config';
+/** A setting with a bad value, or an unknown one: `vela` prints it as one line and exits 2. */
+export class ConfigError extends UsageError {
   constructor(message: string) {
     super(message);
     this.name = 'ConfigError';
@@ -15,14 +17,22 @@ export class ConfigError extends Error {
 
 const MiB = 1024 * 1024;
 
+/** Every TF.js backend name `--backend` takes (checked against kernels/backend.ts's type). */
+const BACKEND_NAMES = { auto: 1, 'node-gpu': 1, node: 1, wasm: 1, cpu: 1 } satisfies Record<BackendChoice, 1>;
+export const BACKEND_CHOICES = Object.keys(BACKEND_NAMES) as BackendChoice[];
+export const LOG_LEVELS = ['error', 'warn', 'info', 'debug'] as const;
+
 /** One setting: its flag, its environment variable, its default and how to parse it. */
 interface Setting {
   key: keyof ServerConfig;
   flag: string;
   env: string;
   help: string;
-  kind: 'string' | 'int' | 'number' | 'bool';
+  kind: 'string' | 'int' | 'number' | 'bool' | 'choice';
+  choices?: readonly string[];
   def: (env: NodeJS.ProcessEnv) => string | number | boolean | undefined;
+  /** The default as `--help` shows it, where the value alone would not say it (derived, or none). */
+  defaultText?: string;
 }
 
 export interface ServerConfig {
@@ -53,24 +63,25 @@ export interface ServerConfig {
   logLevel: string;
 }
 
-function defaultDatasetsDir(env: NodeJS.ProcessEnv): string {
+/** LeRobot's dataset cache: $HF_LEROBOT_HOME, else $HF_HOME/lerobot, else ~/.cache/huggingface/lerobot. */
+export function defaultDatasetsDir(env: NodeJS.ProcessEnv = process.env): string {
   if (env.HF_LEROBOT_HOME) return env.HF_LEROBOT_HOME;
-  return path.join(os.homedir(), '.cache', 'huggingface', 'lerobot');
+  return path.join(env.HF_HOME || path.join(os.homedir(), '.cache', 'huggingface'), 'lerobot');
 }
 
 export const SETTINGS: Setting[] = [
   { key: 'host', flag: '--host', env: 'VELA_HOST', kind: 'string', def: () => '127.0.0.1', help: 'address to bind' },
   { key: 'port', flag: '--port', env: 'VELA_PORT', kind: 'int', def: () => 8080, help: 'port to listen on (0 picks a free one)' },
   { key: 'dataDir', flag: '--data-dir', env: 'VELA_DATA_DIR', kind: 'string', def: () => './vela-data', help: 'the SQLite file, checkpoints and job outputs' },
-  { key: 'datasetsDir', flag: '--datasets-dir', env: 'VELA_DATASETS_DIR', kind: 'string', def: defaultDatasetsDir, help: 'root that dataset_name resolves under (default $HF_LEROBOT_HOME, else ~/.cache/huggingface/lerobot)' },
-  { key: 'apiKey', flag: '--api-key', env: 'VELA_API_KEY', kind: 'string', def: () => undefined, help: 'an API key to accept (one is created and printed when the store has none)' },
-  { key: 'backend', flag: '--backend', env: 'VELA_BACKEND', kind: 'string', def: () => 'auto', help: 'auto | node-gpu | node | wasm | cpu (TF.js backend of the engines)' },
-  { key: 'publicUrl', flag: '--public-url', env: 'VELA_PUBLIC_URL', kind: 'string', def: () => undefined, help: 'base of session and policy URLs behind a proxy' },
+  { key: 'datasetsDir', flag: '--datasets-dir', env: 'VELA_DATASETS_DIR', kind: 'string', def: defaultDatasetsDir, help: 'root that dataset_name resolves under (LeRobot\'s cache; `vela datasets download` writes there)', defaultText: '$HF_LEROBOT_HOME, else $HF_HOME/lerobot, else ~/.cache/huggingface/lerobot' },
+  { key: 'apiKey', flag: '--api-key', env: 'VELA_API_KEY', kind: 'string', def: () => undefined, help: 'an API key to accept (one is created and printed when the store has none)', defaultText: 'none' },
+  { key: 'backend', flag: '--backend', env: 'VELA_BACKEND', kind: 'choice', choices: BACKEND_CHOICES, def: () => 'auto', help: `TF.js backend of the engines: ${BACKEND_CHOICES.join(' | ')}` },
+  { key: 'publicUrl', flag: '--public-url', env: 'VELA_PUBLIC_URL', kind: 'string', def: () => undefined, help: 'base of session and policy URLs behind a proxy', defaultText: 'none (the address it listens on)' },
   { key: 'allowAbsoluteDatasets', flag: '--allow-absolute-datasets', env: 'VELA_ALLOW_ABSOLUTE_DATASETS', kind: 'bool', def: () => false, help: 'let dataset_name be an absolute path' },
   { key: 'maxSessionMessageBytes', flag: '--max-session-message-bytes', env: 'VELA_MAX_SESSION_MESSAGE_BYTES', kind: 'int', def: () => 64 * MiB, help: 'session websocket message limit' },
   { key: 'maxPolicyMessageBytes', flag: '--max-policy-message-bytes', env: 'VELA_MAX_POLICY_MESSAGE_BYTES', kind: 'int', def: () => 16 * MiB, help: 'policy websocket message limit' },
   { key: 'maxObservationBytes', flag: '--max-observation-bytes', env: 'VELA_MAX_OBSERVATION_BYTES', kind: 'int', def: () => 64 * MiB, help: 'decompressed observation limit' },
-  { key: 'maxImagePixels', flag: '--max-image-pixels', env: 'VELA_MAX_IMAGE_PIXELS', kind: 'int', def: () => 4096 * 4096, help: 'largest frame, in pixels' },
+  { key: 'maxImagePixels', flag: '--max-image-pixels', env: 'VELA_MAX_IMAGE_PIXELS', kind: 'int', def: () => 4096 * 4096, help: 'largest frame, in pixels', defaultText: '16777216 (4096 x 4096)' },
   { key: 'maxBatch', flag: '--max-batch', env: 'VELA_MAX_BATCH', kind: 'int', def: () => 256, help: 'datums per request' },
   { key: 'maxPromptBytes', flag: '--max-prompt-bytes', env: 'VELA_MAX_PROMPT_BYTES', kind: 'int', def: () => 1024, help: 'prompt length in UTF-8 bytes' },
   { key: 'sessionsPerKey', flag: '--sessions-per-key', env: 'VELA_SESSIONS_PER_KEY', kind: 'int', def: () => 4, help: 'open training sessions per API key' },
@@ -83,22 +94,26 @@ export const SETTINGS: Setting[] = [
   { key: 'storagePerKeyBytes', flag: '--storage-per-key-bytes', env: 'VELA_STORAGE_PER_KEY_BYTES', kind: 'int', def: () => 20 * 1024 * 1024 * 1024, help: 'saved states and weights per API key; a save past it is refused (507)' },
   { key: 'inferIdleS', flag: '--infer-idle-s', env: 'VELA_INFER_IDLE_S', kind: 'number', def: () => 60, help: 'seconds a served policy stays loaded after its last request or connection' },
   { key: 'maxDatasetBytes', flag: '--max-dataset-bytes', env: 'VELA_MAX_DATASET_BYTES', kind: 'int', def: () => 8 * 1024 * 1024 * 1024, help: 'largest uploaded dataset (PUT /v1/datasets/{name}, job_start dataset_content), archive and extracted' },
-  { key: 'logLevel', flag: '--log-level', env: 'VELA_LOG_LEVEL', kind: 'string', def: () => 'info', help: 'error | warn | info | debug' },
+  { key: 'logLevel', flag: '--log-level', env: 'VELA_LOG_LEVEL', kind: 'choice', choices: LOG_LEVELS, def: () => 'info', help: `least severe log lines shown: ${LOG_LEVELS.join(' | ')}` },
 ];
 
-function parseValue(s: Setting, raw: string, from: string): string | number | boolean {
+/** `typed` is how the value was given: `--port abc`, `--port=abc` or `VELA_PORT=abc`. */
+function parseValue(s: Setting, raw: string, typed: string): string | number | boolean {
   switch (s.kind) {
     case 'string':
+      return raw;
+    case 'choice':
+      if (!s.choices!.includes(raw)) throw new ConfigError(`${typed}: must be one of ${s.choices!.join(', ')}`);
       return raw;
     case 'bool':
       if (/^(1|true|yes|on)$/i.test(raw)) return true;
       if (/^(0|false|no|off)$/i.test(raw)) return false;
-      throw new ConfigError(`${from} must be true or false, got "${raw}"`);
+      throw new ConfigError(`${typed}: must be true or false`);
     case 'int':
     case 'number': {
       const n = Number(raw);
       if (raw.trim() === '' || !Number.isFinite(n) || n < 0 || (s.kind === 'int' && !Number.isInteger(n))) {
-        throw new ConfigError(`${from} must be a non-negative ${s.kind === 'int' ? 'integer' : 'number'}, got "${raw}"`);
+        throw new ConfigError(`${typed}: must be a non-negative ${s.kind === 'int' ? 'integer' : 'number'}`);
       }
       return n;
     }
@@ -108,13 +123,14 @@ function parseValue(s: Setting, raw: string, from: string): string | number | bo
 /**
  * Resolve the configuration from flags (`--port 9000` or `--port=9000`), the environment and
  * the defaults. Returns the config and the arguments that were not settings.
- * @throws ConfigError for an unknown `--flag` or a value that does not parse.
+ * @throws ConfigError (one line naming the flag or variable and the value as given) for a value
+ *   that does not parse or is out of range. Unknown flags are returned in `rest`.
  */
 export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env): { config: ServerConfig; rest: string[] } {
   const out: Record<string, unknown> = {};
   for (const s of SETTINGS) {
     const fromEnv = env[s.env];
-    out[s.key] = fromEnv !== undefined && fromEnv !== '' ? parseValue(s, fromEnv, s.env) : s.def(env);
+    out[s.key] = fromEnv !== undefined && fromEnv !== '' ? parseValue(s, fromEnv, `${s.env}=${shown(fromEnv)}`) : s.def(env);
   }
   const rest: string[] = [];
   for (let i = 0; i < argv.length; i++) {
@@ -134,15 +150,30 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
     if (eq >= 0) raw = arg.slice(eq + 1);
     else if (s.kind === 'bool' && (argv[i + 1] === undefined || argv[i + 1]!.startsWith('--'))) raw = 'true';
     else raw = argv[++i];
-    if (raw === undefined) throw new ConfigError(`${flag} needs a value`);
-    out[s.key] = parseValue(s, raw, flag);
+    if (raw === undefined) throw new ConfigError(`${flag} needs a value (see vela serve --help)`);
+    out[s.key] = parseValue(s, raw, eq >= 0 ? `${flag}=${shown(raw)}` : `${flag} ${shown(raw)}`);
   }
   const config = out as unknown as ServerConfig;
-  if (config.port > 65535) throw new ConfigError(`--port must be at most 65535, got ${config.port}`);
+  if (config.port > 65535) throw new ConfigError(`port ${config.port}: must be at most 65535`);
   return { config, rest };
 }
 
-/** The settings table for `--help`. */
+/** A setting's default for `--help`: `64 MiB` beside a byte count, `none` when unset. */
+function defaultShown(s: Setting): string {
+  if (s.defaultText) return s.defaultText;
+  const v = s.def({});
+  if (v === undefined) return 'none';
+  if (typeof v === 'number' && s.key.endsWith('Bytes') && v >= MiB) return `${v} (${v % (1024 * MiB) === 0 ? `${v / 1024 / MiB} GiB` : `${v / MiB} MiB`})`;
+  return String(v);
+}
+
+/**
+ * The settings for `--help`: two lines each, the flag with its environment variable and default,
+ * then what it does.
+ */
 export function settingsHelp(): string {
-  return SETTINGS.map((s) => `  ${(s.flag + (s.kind === 'bool' ? '' : ' V')).padEnd(32)} ${s.env.padEnd(32)} ${s.help}`).join('\n');
+  return SETTINGS.map((s) => {
+    const flag = s.flag + (s.kind === 'bool' ? '' : s.kind === 'int' || s.kind === 'number' ? ' N' : ' V');
+    return `  ${flag.padEnd(30)} ${s.env.padEnd(31)} default: ${defaultShown(s)}\n      ${s.help}`;
+  }).join('\n');
 }

@@ -1,18 +1,27 @@
 /**
  * `vela finetune`: the server's fine-tune job run locally, without the server: same config,
  * same training code (train.ts), same output folder layout, a live progress bar, and the events
- * as JSON lines in `<output>/events.jsonl`. `vela datasets inspect DIR` describes a dataset.
+ * as JSON lines in `<output>/events.jsonl`.
  */
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
-import { describeDataset, openDataset } from '../datasets/index.ts';
-import { HttpError } from '../http.ts';
-import { parseFineTuneConfig } from './config.ts';
+import { badValue, splitArgs, UsageError, type FlagArg } from '../cli-args.ts';
+import { BACKEND_CHOICES } from '../config.ts';
+import { DatasetError } from '../datasets/index.ts';
+import { FieldError, parseFineTuneConfig } from './config.ts';
 import { prepareRun, runFineTune } from './train.ts';
 
-const FINETUNE_USAGE = `Usage: vela finetune --dataset DIR [options]
+/** Where `vela finetune` writes without --output: outside any repository, under the user's cache. */
+export function defaultFinetuneRoot(env: NodeJS.ProcessEnv = process.env): string {
+  return path.join(env.XDG_CACHE_HOME || path.join(os.homedir(), '.cache'), 'vela', 'finetunes');
+}
+
+export const FINETUNE_USAGE = `Usage: vela finetune --dataset DIR [options]
 
 Fine-tunes a policy on a LeRobot dataset on this machine (the same job as POST /v1/fine-tunes).
+Writes weights/step-N at each checkpoint and weights/final (each one a folder that
+vela policy serves), norm stats, and events.jsonl to the output folder.
 
 Options (defaults in brackets):
   --dataset DIR            LeRobot dataset folder (v2.x or v3.0)       [required]
@@ -25,18 +34,66 @@ Options (defaults in brackets):
   --targets a,b            attn, mlp, action_expert, prefix_expert, all [all]
   --cameras a,b            camera names                                 [every camera]
   --action-space delta|absolute                                         [delta when names match]
-  --eval-every N / --checkpoint-every N
+  --eval-every N           steps between held-out evals (0: at the end) [steps/4, at most 500]
+  --checkpoint-every N     steps between kept checkpoints               [as --eval-every's default]
   --seed N                                                              [0]
-  --output DIR             output folder                                [./vela-finetune-<time>]
-  --backend B              auto, node-gpu, node, wasm, cpu              [$VELA_BACKEND or auto]
+  --name NAME              a name for the run                           [none]
+  --output DIR             output folder                                [${path.join('~/.cache/vela/finetunes', '<dataset>-<time>')}]
+  --backend B              ${BACKEND_CHOICES.join(', ')}              [$VELA_BACKEND or auto]
 `;
 
+/** Flag -> [config field, how the value is read]. */
 const FLAGS: Record<string, [string, 'int' | 'number' | 'string' | 'list']> = {
   '--model': ['model', 'string'], '--steps': ['steps', 'int'], '--batch-size': ['batch_size', 'int'], '--learning-rate': ['learning_rate', 'number'],
   '--finetune': ['finetune', 'string'], '--lora-rank': ['lora_rank', 'int'], '--lora-alpha': ['lora_alpha', 'number'], '--targets': ['targets', 'list'],
   '--cameras': ['cameras', 'list'], '--action-space': ['action_space', 'string'], '--eval-every': ['eval_every', 'int'],
   '--checkpoint-every': ['checkpoint_every', 'int'], '--seed': ['seed', 'int'], '--name': ['name', 'string'],
 };
+const SPEC = Object.fromEntries([...Object.keys(FLAGS), '--dataset', '--output', '--backend'].map((f) => [f, 'value' as const]));
+const HELP = 'vela finetune --help';
+
+/**
+ * The job config and local options from `vela finetune`'s arguments.
+ * @throws UsageError naming the flag and the value as typed (`--steps abc: must be an integer in 1..1000000`).
+ */
+export function parseFinetuneArgs(argv: string[], env: NodeJS.ProcessEnv = process.env) {
+  const { flags, positional } = splitArgs(argv, SPEC, HELP);
+  if (positional.length > 0) throw new UsageError(`unexpected argument ${positional[0]} (options take the form --name value; see ${HELP})`);
+  const body: Record<string, unknown> = { model: 'pi05-tiny' };
+  const byField = new Map<string, FlagArg>();
+  let dataset: FlagArg | null = null;
+  let output: string | null = null;
+  let backend = env.VELA_BACKEND || 'auto';
+  for (const f of flags) {
+    if (f.flag === '--dataset') dataset = f;
+    else if (f.flag === '--output') output = f.value;
+    else if (f.flag === '--backend') {
+      if (!(BACKEND_CHOICES as string[]).includes(f.value)) throw badValue(f, `must be one of ${BACKEND_CHOICES.join(', ')}`);
+      backend = f.value;
+    } else {
+      const [key, kind] = FLAGS[f.flag]!;
+      byField.set(key, f);
+      // A value that is not a number goes through as typed: the config check names the rule.
+      const n = Number(f.value);
+      body[key] = kind === 'list' ? f.value.split(',').map((x) => x.trim()) : kind === 'string' || f.value.trim() === '' || !Number.isFinite(n) ? f.value : n;
+    }
+  }
+  if (!dataset) throw new UsageError(`--dataset DIR is required (see ${HELP})`);
+  const datasetDir = path.resolve(dataset.value);
+  if (!fs.existsSync(datasetDir) || !fs.statSync(datasetDir).isDirectory()) throw badValue(dataset, 'no such folder');
+  body.dataset_name = datasetDir;
+  let cfg;
+  try {
+    cfg = parseFineTuneConfig(body);
+  } catch (e) {
+    const arg = e instanceof FieldError ? byField.get(e.field) : undefined;
+    if (arg) throw badValue(arg, (e as FieldError).rule);
+    throw new UsageError((e as Error).message);
+  }
+  const stamp = new Date().toISOString().replace(/[:.]/g, '-').slice(0, 19);
+  const outDir = path.resolve(output ?? path.join(defaultFinetuneRoot(env), `${path.basename(datasetDir)}-${stamp}`));
+  return { cfg, datasetDir, dataset, outDir, backend, byField };
+}
 
 function fmtDuration(s: number): string {
   if (!Number.isFinite(s)) return '--:--';
@@ -58,32 +115,7 @@ export function progressLine(step: number, steps: number, loss: number | null, s
  */
 export async function finetuneCommand(argv: string[]): Promise<void> {
   if (argv.includes('--help') || argv.includes('-h')) return void process.stdout.write(FINETUNE_USAGE);
-  const body: Record<string, unknown> = { model: 'pi05-tiny' };
-  let dataset: string | null = null;
-  let output: string | null = null;
-  let backend = process.env.VELA_BACKEND ?? 'auto';
-  for (let i = 0; i < argv.length; i++) {
-    const flag = argv[i]!;
-    const value = argv[++i];
-    if (value === undefined) throw new Error(`${flag} needs a value (see vela finetune --help)`);
-    if (flag === '--dataset') dataset = value;
-    else if (flag === '--output') output = value;
-    else if (flag === '--backend') backend = value;
-    else if (FLAGS[flag]) {
-      const [key, kind] = FLAGS[flag]!;
-      body[key] = kind === 'list' ? value.split(',').map((s) => s.trim()) : kind === 'string' ? value : Number(value);
-    } else throw new Error(`unknown option ${flag} (see vela finetune --help)`);
-  }
-  if (!dataset) throw new Error('--dataset DIR is required (see vela finetune --help)');
-  const datasetDir = path.resolve(dataset);
-  body.dataset_name = datasetDir;
-  let cfg;
-  try {
-    cfg = parseFineTuneConfig(body);
-  } catch (e) {
-    throw new Error(e instanceof HttpError ? e.message.replace(/\b(batch_size|learning_rate|lora_rank|lora_alpha|eval_every|checkpoint_every|action_space)\b/g, (m) => `--${m.replace(/_/g, '-')}`) : (e as Error).message);
-  }
-  const outDir = path.resolve(output ?? `vela-finetune-${new Date().toISOString().replace(/[:.]/g, '-').slice(0, 19)}`);
+  const { cfg, datasetDir, dataset, outDir, backend, byField } = parseFinetuneArgs(argv);
   let index = 0;
   const tty = process.stderr.isTTY;
   const started = Date.now();
@@ -91,7 +123,16 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
   let firstStep = 0;
   // Validate the dataset before any work (a missing or corrupt file is named), then reuse it.
   process.stderr.write(`vela finetune: ${cfg.model} on ${datasetDir} -> ${outDir}\n`);
-  const opened = await prepareRun(cfg, datasetDir);
+  let opened;
+  try {
+    opened = await prepareRun(cfg, datasetDir);
+  } catch (e) {
+    // A camera or action space the dataset cannot give is a mistake in a flag: name it.
+    const arg = e instanceof DatasetError && e.code === 'unknown_camera' ? byField.get('cameras') : e instanceof DatasetError && e.code === 'bad_argument' ? byField.get('action_space') : undefined;
+    if (arg) throw badValue(arg, e instanceof Error ? e.message : String(e));
+    if (e instanceof DatasetError) throw new Error(`--dataset ${dataset.value}: ${e.message}`);
+    throw e;
+  }
   await opened.ds.checkVideos();
   fs.mkdirSync(outDir, { recursive: true });
   const eventsFile = fs.openSync(path.join(outDir, 'events.jsonl'), 'a');
@@ -129,20 +170,11 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
       },
     });
     process.stderr.write(`${tty ? '\n' : ''}${result.status} after ${result.step} steps in ${fmtDuration((Date.now() - started) / 1000)}; ${result.outputDir ? `weights in ${result.outputDir}` : 'no final weights'}\n`);
+    const kept = fs.existsSync(path.join(outDir, 'weights')) ? fs.readdirSync(path.join(outDir, 'weights')).filter((n) => n.startsWith('step-')).sort() : [];
+    if (kept.length > 0) process.stderr.write(`checkpoints kept in ${path.join(outDir, 'weights')}: ${kept.join(', ')}\n`);
+    if (result.outputDir) process.stderr.write(`serve it: vela policy ${result.outputDir}\n`);
   } finally {
     fs.closeSync(eventsFile);
     await engine.close();
   }
-}
-
-/** `vela datasets inspect DIR`: print the dataset's description. @throws DatasetError naming the file. */
-export async function datasetsCommand(argv: string[]): Promise<void> {
-  const [sub, dir] = argv;
-  if (sub !== 'inspect' || !dir || argv.includes('--help') || argv.includes('-h')) {
-    process.stdout.write('Usage: vela datasets inspect DIR\n\nPrints a LeRobot dataset\'s episodes, frames, cameras, state/action dims and fps.\n');
-    if (!argv.includes('--help') && !argv.includes('-h')) process.exitCode = 2;
-    return;
-  }
-  const ds = await openDataset(path.resolve(dir));
-  process.stdout.write(describeDataset(ds.meta) + '\n');
 }

@@ -22,7 +22,7 @@ export interface FineTuneConfig {
   name: string | null;
   seed: number;
   eval_every: number; // steps between evaluations on held-out episodes (0 = only at the end)
-  checkpoint_every: number; // steps between resumable checkpoints
+  checkpoint_every: number; // steps between checkpoints (weights kept; the resumable state only the newest)
 }
 
 /** The job's AdamW settings besides its learning rate (openpi's defaults for pi0 fine-tunes). */
@@ -31,14 +31,33 @@ export const JOB_ADAMW: Omit<AdamWOptions, 'learningRate'> = { beta1: 0.9, beta2
 const TARGETS = ['attn', 'mlp', 'action_expert', 'prefix_expert', 'all'];
 const FIELDS = ['model', 'dataset_name', 'batch_size', 'learning_rate', 'steps', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed', 'eval_every', 'checkpoint_every'];
 
+/**
+ * A 400 about one field: `${field} ${rule}, got ${value}`. `vela finetune` shows the same rule
+ * beside the flag and value as the user typed them.
+ */
+export class FieldError extends HttpError {
+  constructor(readonly field: string, readonly rule: string, value: unknown) {
+    super(400, `${field} ${rule}, got ${JSON.stringify(value)}`);
+  }
+}
+
 function bad(msg: string): never {
   throw new HttpError(400, msg);
 }
 
+function badField(field: string, rule: string, value: unknown): never {
+  throw new FieldError(field, rule, value);
+}
+
 function int(body: Record<string, unknown>, k: string, def: number, lo: number, hi: number): number {
   const v = body[k] ?? def;
-  if (typeof v !== 'number' || !Number.isInteger(v) || v < lo || v > hi) bad(`${k} must be an integer in ${lo}..${hi}, got ${JSON.stringify(v)}`);
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < lo || v > hi) badField(k, `must be an integer in ${lo}..${hi}`, v);
   return v;
+}
+
+/** Default steps between evals and between checkpoints: a quarter of the run, at most 500. */
+export function defaultInterval(steps: number): number {
+  return Math.max(1, Math.min(500, Math.ceil(steps / 4)));
 }
 
 /**
@@ -48,28 +67,28 @@ function int(body: Record<string, unknown>, k: string, def: number, lo: number, 
 export function parseFineTuneConfig(body: Record<string, unknown>): FineTuneConfig {
   for (const k of Object.keys(body)) if (!FIELDS.includes(k)) bad(`unknown field "${k}"; known fields: ${FIELDS.join(', ')}`);
   const names = [...Object.keys(PRESETS), ...Object.keys(PRESET_ALIASES)];
-  if (typeof body.model !== 'string' || !names.includes(body.model)) bad(`model must be one of ${names.join(', ')}, got ${JSON.stringify(body.model)}`);
+  if (typeof body.model !== 'string' || !names.includes(body.model)) badField('model', `must be one of ${names.join(', ')}`, body.model);
   const ds = body.dataset_name;
   if (typeof ds !== 'string' || ds.length === 0 || ds.length > 512) bad('dataset_name is required: a LeRobot dataset folder under the datasets root, e.g. "lerobot/pusht_image"');
   const lr = body.learning_rate ?? 1e-4;
-  if (typeof lr !== 'number' || !(lr > 0) || lr > 1) bad(`learning_rate must be > 0 and <= 1, got ${JSON.stringify(lr)}`);
+  if (typeof lr !== 'number' || !(lr > 0) || lr > 1) badField('learning_rate', 'must be > 0 and <= 1', lr);
   try {
     validateAdamWOptions({ ...JOB_ADAMW, learningRate: lr }); // the rules every optim_step follows
   } catch (e) {
     bad((e as Error).message);
   }
   const finetune = body.finetune ?? 'lora';
-  if (finetune !== 'lora' && finetune !== 'full') bad(`finetune must be "lora" or "full", got ${JSON.stringify(finetune)}`);
+  if (finetune !== 'lora' && finetune !== 'full') badField('finetune', 'must be "lora" or "full"', finetune);
   const alpha = body.lora_alpha ?? 32;
-  if (typeof alpha !== 'number' || !(alpha > 0) || !Number.isFinite(alpha)) bad(`lora_alpha must be a number > 0, got ${JSON.stringify(alpha)}`);
+  if (typeof alpha !== 'number' || !(alpha > 0) || !Number.isFinite(alpha)) badField('lora_alpha', 'must be a number > 0', alpha);
   const targets = body.targets ?? ['all'];
-  if (!Array.isArray(targets) || targets.length === 0 || !targets.every((t) => TARGETS.includes(t as string))) bad(`targets must be a non-empty list of ${TARGETS.join(', ')}, got ${JSON.stringify(targets)}`);
+  if (!Array.isArray(targets) || targets.length === 0 || !targets.every((t) => TARGETS.includes(t as string))) badField('targets', `must be a non-empty list of ${TARGETS.join(', ')}`, targets);
   const cameras = body.cameras ?? null;
-  if (cameras !== null && (!Array.isArray(cameras) || cameras.length === 0 || !cameras.every((c) => typeof c === 'string' && c.length > 0))) bad(`cameras must be a non-empty list of camera names, got ${JSON.stringify(cameras)}`);
+  if (cameras !== null && (!Array.isArray(cameras) || cameras.length === 0 || !cameras.every((c) => typeof c === 'string' && c.length > 0))) badField('cameras', 'must be a non-empty list of camera names', cameras);
   const space = body.action_space ?? null;
-  if (space !== null && space !== 'delta' && space !== 'absolute') bad(`action_space must be "delta" or "absolute", got ${JSON.stringify(space)}`);
+  if (space !== null && space !== 'delta' && space !== 'absolute') badField('action_space', 'must be "delta" or "absolute"', space);
   const name = body.name ?? null;
-  if (name !== null && (typeof name !== 'string' || name.length > 128)) bad('name must be a string of at most 128 characters');
+  if (name !== null && (typeof name !== 'string' || name.length > 128)) badField('name', 'must be a string of at most 128 characters', name);
   const steps = int(body, 'steps', 1000, 1, 1_000_000);
   return {
     model: resolvePreset(body.model as string),
@@ -85,8 +104,9 @@ export function parseFineTuneConfig(body: Record<string, unknown>): FineTuneConf
     action_space: space,
     name: name as string | null,
     seed: int(body, 'seed', 0, 0, 2 ** 31 - 1),
-    eval_every: int(body, 'eval_every', Math.max(1, Math.min(500, Math.ceil(steps / 4))), 0, 1_000_000),
-    checkpoint_every: int(body, 'checkpoint_every', Math.max(1, Math.min(500, Math.ceil(steps / 10))), 1, 1_000_000),
+    eval_every: int(body, 'eval_every', defaultInterval(steps), 0, 1_000_000),
+    // The same default interval: every kept checkpoint has a held-out eval to choose it by.
+    checkpoint_every: int(body, 'checkpoint_every', defaultInterval(steps), 1, 1_000_000),
   };
 }
 

@@ -4,9 +4,13 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
+import { badValue, choiceArg, intArg, numberArg, shown, splitArgs, UsageError, type FlagSpec } from '../cli-args.ts';
+import { BACKEND_CHOICES, LOG_LEVELS } from '../config.ts';
 import { log } from '../log.ts';
 import { stopOnSignals } from '../signals.ts';
 import { DEFAULT_POLICY_LIMITS } from './observation.ts';
+
+const HELP = 'vela policy --help';
 
 export const POLICY_USAGE = `Usage: vela policy CHECKPOINT [options]
 
@@ -28,9 +32,9 @@ Options:
   --batch-window-ms MS  how long a request waits for others to batch with (default 5)
   --max-batch N         requests per model call at most (default 16)
   --api-key K           require "Authorization: Api-Key K" or "Bearer K" (also VELA_API_KEY)
-  --backend B           auto | node-gpu | node | wasm | cpu (default auto; also VELA_BACKEND)
+  --backend B           ${BACKEND_CHOICES.join(' | ')} (default auto; also VELA_BACKEND)
   --max-message-bytes N largest observation message (default ${DEFAULT_POLICY_LIMITS.maxMessageBytes})
-  --log-level L         error | warn | info | debug (default info)
+  --log-level L         ${LOG_LEVELS.join(' | ')} (default info)
   -h, --help            this text
 `;
 
@@ -48,61 +52,53 @@ interface Parsed {
   logLevel: string;
 }
 
-/** Parses the arguments; throws Error with a message naming the bad flag. */
+const SPEC: FlagSpec = {
+  '--port': 'value', '--host': 'value', '--seed': 'value', '--debug': 'switch', '--batch-window-ms': 'value', '--max-batch': 'value',
+  '--api-key': 'value', '--backend': 'value', '--max-message-bytes': 'value', '--log-level': 'value',
+};
+
+/**
+ * Parses the arguments.
+ * @throws UsageError naming the flag and the value as typed (`--port abc: must be an integer in 0..65535`).
+ */
 export function parsePolicyArgs(argv: string[], env: NodeJS.ProcessEnv = process.env): Parsed {
   const out: Parsed = {
     checkpoint: '', port: 8000, host: '127.0.0.1', seed: null, debug: false, batchWindowMs: 5, maxBatch: 16,
     apiKey: env.VELA_API_KEY || null, backend: env.VELA_BACKEND || 'auto', maxMessageBytes: DEFAULT_POLICY_LIMITS.maxMessageBytes, logLevel: 'info',
   };
-  const int = (flag: string, v: string | undefined, lo: number, hi: number): number => {
-    const n = Number(v);
-    if (v === undefined || !Number.isInteger(n) || n < lo || n > hi) throw new Error(`${flag} must be an integer in ${lo}..${hi}, got ${JSON.stringify(v ?? null)}`);
-    return n;
-  };
-  const positional: string[] = [];
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i]!;
-    const [flag, inline] = a.startsWith('--') && a.includes('=') ? [a.slice(0, a.indexOf('=')), a.slice(a.indexOf('=') + 1)] : [a, undefined];
-    const value = () => {
-      if (inline !== undefined) return inline;
-      const v = argv[++i];
-      if (v === undefined) throw new Error(`${flag} needs a value`);
-      return v;
-    };
-    switch (flag) {
-      case '--port': out.port = int(flag, value(), 0, 65535); break;
-      case '--host': out.host = value(); break;
-      case '--seed': out.seed = int(flag, value(), 0, 2 ** 32 - 1); break;
+  const { flags, positional } = splitArgs(argv, SPEC, HELP);
+  for (const f of flags) {
+    switch (f.flag) {
+      case '--port': out.port = intArg(f, 0, 65535); break;
+      case '--host': out.host = f.value; break;
+      case '--seed': out.seed = intArg(f, 0, 2 ** 32 - 1); break;
       case '--debug': out.debug = true; break;
-      case '--batch-window-ms': {
-        const v = value();
-        const n = Number(v);
-        if (!Number.isFinite(n) || n < 0 || n > 10_000) throw new Error(`--batch-window-ms must be a number in 0..10000, got ${JSON.stringify(v)}`);
-        out.batchWindowMs = n;
-        break;
-      }
-      case '--max-batch': out.maxBatch = int(flag, value(), 1, 256); break;
-      case '--api-key': out.apiKey = value(); break;
-      case '--backend': out.backend = value(); break;
-      case '--max-message-bytes': out.maxMessageBytes = int(flag, value(), 1024, 1024 * 1024 * 1024); break;
-      case '--log-level': out.logLevel = value(); break;
-      default:
-        if (a.startsWith('-')) throw new Error(`unknown option ${a} (see vela policy --help)`);
-        positional.push(a);
+      case '--batch-window-ms': out.batchWindowMs = numberArg(f, 0, 10_000); break;
+      case '--max-batch': out.maxBatch = intArg(f, 1, 256); break;
+      case '--api-key': out.apiKey = f.value; break;
+      case '--backend': out.backend = choiceArg(f, BACKEND_CHOICES); break;
+      case '--max-message-bytes': out.maxMessageBytes = intArg(f, 1024, 1024 * 1024 * 1024); break;
+      case '--log-level': out.logLevel = choiceArg(f, LOG_LEVELS); break;
     }
   }
-  if (positional.length !== 1) throw new Error(`expected one CHECKPOINT folder, got ${positional.length ? positional.join(' ') : 'none'} (see vela policy --help)`);
+  if (positional.length !== 1) throw new UsageError(`expected one CHECKPOINT folder, got ${positional.length ? positional.map(shown).join(' ') : 'none'} (see ${HELP})`);
   out.checkpoint = positional[0]!;
   return out;
 }
 
-/** The `vela policy` command: starts an engine for the checkpoint's preset and serves it until SIGINT/SIGTERM. */
-export async function policyCommand(argv: string[]): Promise<void> {
-  if (argv.includes('--help') || argv.includes('-h')) return void process.stdout.write(POLICY_USAGE);
-  const args = parsePolicyArgs(argv);
-  log.setLevel(args.logLevel);
-  const dir = path.resolve(args.checkpoint);
+/**
+ * A checkpoint folder's config.json, read before any engine starts.
+ * @throws UsageError when the folder or its config.json is missing (a mistyped path);
+ *   Error when config.json is not JSON or has no preset.
+ */
+export function readCheckpointConfig(checkpoint: string): { preset: string; baseSeed: number } {
+  const dir = path.resolve(checkpoint);
+  const arg = { flag: 'CHECKPOINT', value: checkpoint, typed: `CHECKPOINT ${shown(checkpoint)}` };
+  if (!fs.existsSync(dir) || !fs.statSync(dir).isDirectory()) throw badValue(arg, 'no such folder');
   const configPath = path.join(dir, 'config.json');
+  if (!fs.existsSync(configPath)) {
+    throw badValue(arg, 'has no config.json; a checkpoint is a folder such as <output>/weights/final or <output>/weights/step-N of vela finetune');
+  }
   let ckConfig: { preset?: unknown; base_seed?: unknown };
   try {
     ckConfig = JSON.parse(fs.readFileSync(configPath, 'utf8'));
@@ -112,7 +108,16 @@ export async function policyCommand(argv: string[]): Promise<void> {
   const preset = ckConfig.preset;
   if (typeof preset !== 'string') throw new Error(`${configPath} has no "preset"`);
   // LoRA adapters only make sense on the base weights they were trained on: the same init seed.
-  const baseSeed = typeof ckConfig.base_seed === 'number' ? ckConfig.base_seed : 0;
+  return { preset, baseSeed: typeof ckConfig.base_seed === 'number' ? ckConfig.base_seed : 0 };
+}
+
+/** The `vela policy` command: starts an engine for the checkpoint's preset and serves it until SIGINT/SIGTERM. */
+export async function policyCommand(argv: string[]): Promise<void> {
+  if (argv.includes('--help') || argv.includes('-h')) return void process.stdout.write(POLICY_USAGE);
+  const args = parsePolicyArgs(argv);
+  log.setLevel(args.logLevel);
+  const dir = path.resolve(args.checkpoint);
+  const { preset, baseSeed } = readCheckpointConfig(args.checkpoint);
   const { Engine } = await import('../engine/host.ts');
   const { startPolicyServer } = await import('./standalone.ts');
   const engine = await Engine.start({ preset, backend: args.backend, seed: baseSeed });

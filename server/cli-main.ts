@@ -1,0 +1,147 @@
+/**
+ * `vela`: the command line. `vela serve` (what `npm start` runs), `vela keys create`, and the
+ * local tools (finetune, datasets, policy, presets). Every command answers `--help`.
+ *
+ * Errors: a mistake in the command line (UsageError, ConfigError) is one line naming the flag and
+ * the value as typed, exit code 2; any other failure is one line, exit code 1. Stack traces only
+ * with `--debug`.
+ */
+import path from 'node:path';
+import { shown, splitArgs, UsageError } from './cli-args.ts';
+import { ConfigError, loadConfig, settingsHelp } from './config.ts';
+import { log } from './log.ts';
+import { stopOnSignals } from './signals.ts';
+import { Store } from './store.ts';
+
+export const USAGE = `vela: a training and policy server for flow-matching VLA policies
+
+Usage:
+  vela serve [settings]              run the server (REST, session websockets, jobs)
+  vela keys create [--name N]        create an API key and print it (shown once)
+  vela finetune --dataset DIR        fine-tune locally with a progress bar (same job as the server's)
+  vela datasets inspect DIR          describe a LeRobot dataset
+  vela datasets download REPO_ID     fetch a LeRobot dataset from the Hugging Face Hub
+  vela policy CHECKPOINT [opts]      serve a checkpoint to robots over OpenPI's websocket protocol
+  vela presets                       print each model preset's parameter count
+  vela help                          this text
+
+Every command answers --help. --debug (any command) prints the stack trace of a failure.
+
+Settings of vela serve and vela keys (flag, environment variable, default):
+${settingsHelp()}
+`;
+
+export const SERVE_USAGE = `Usage: vela serve [settings]
+
+Runs the server: REST, the session and policy websockets, fine-tune jobs, the dashboard at /ui/.
+Each setting is a flag or an environment variable; a flag wins over the variable, the variable
+over the default.
+
+Settings (flag, environment variable, default):
+${settingsHelp()}
+`;
+
+const KEYS_USAGE = `Usage: vela keys create [--name NAME] [settings]
+
+Creates an API key in the store (the --data-dir setting, VELA_DATA_DIR) and prints it; only its
+hash is kept, so this is the one time it is shown.
+`;
+
+const PRESETS_USAGE = 'Usage: vela presets\n\nPrints each model preset with its parameter count (MODEL.md).\n';
+
+function wantsHelp(args: string[]): boolean {
+  return args.includes('--help') || args.includes('-h');
+}
+
+async function serve(argv: string[]): Promise<void> {
+  if (wantsHelp(argv)) return void process.stdout.write(SERVE_USAGE);
+  const { config, rest } = loadConfig(argv);
+  if (rest.length > 0) throw new UsageError(rest[0]!.startsWith('-') ? `unknown option ${shown(rest[0]!)} (see vela serve --help)` : `unexpected argument ${shown(rest[0]!)} (see vela serve --help)`);
+  log.setLevel(config.logLevel);
+  const { startServer } = await import('./app.ts');
+  const server = await startServer(config, {
+    onNewKey: (key) => process.stdout.write(`\nNo API key existed, so one was created. It is shown only this once:\n\n    ${key}\n\nUse it as: Authorization: Bearer ${key}\n\n`),
+  });
+  process.stdout.write(
+    `Vela listening on ${server.baseUrl} (data: ${path.resolve(config.dataDir)}, datasets: ${config.datasetsDir}, backend: ${config.backend})\n` +
+      (config.apiKey ? 'Accepting the key from VELA_API_KEY / --api-key.\n' : ''),
+  );
+  stopOnSignals(() => server.close());
+}
+
+async function keys(argv: string[]): Promise<void> {
+  if (wantsHelp(argv)) return void process.stdout.write(KEYS_USAGE);
+  const [sub, ...rest] = argv;
+  if (sub !== 'create') throw new UsageError(sub === undefined ? 'which one? the only subcommand is "create" (see vela keys --help)' : `unknown subcommand ${shown(sub)}; the only one is "create" (see vela keys --help)`);
+  const { config, rest: other } = loadConfig(rest);
+  const { flags, positional } = splitArgs(other, { '--name': 'value' }, 'vela keys --help');
+  if (positional.length > 0) throw new UsageError(`unexpected argument ${shown(positional[0]!)} (see vela keys --help)`);
+  const name = flags.find((f) => f.flag === '--name')?.value ?? null;
+  const store = new Store(config.dataDir);
+  const { key } = store.createApiKey(name);
+  store.close();
+  process.stdout.write(key + '\n');
+}
+
+async function presets(argv: string[]): Promise<void> {
+  if (wantsHelp(argv)) return void process.stdout.write(PRESETS_USAGE);
+  splitArgs(argv, {}, 'vela presets --help');
+  if (argv.length > 0) throw new UsageError(`unexpected argument ${shown(argv[0]!)} (see vela presets --help)`);
+  const { describePresets } = await import('../kernels/config.ts');
+  process.stdout.write(describePresets() + '\n');
+}
+
+async function policy(argv: string[]): Promise<void> {
+  const { policyCommand } = await import('./policy/cli.ts');
+  await policyCommand(argv);
+}
+
+async function finetune(argv: string[]): Promise<void> {
+  const { finetuneCommand } = await import('./jobs/cli.ts');
+  await finetuneCommand(argv);
+}
+
+async function datasets(argv: string[]): Promise<void> {
+  const { datasetsCommand } = await import('./datasets-cli.ts');
+  await datasetsCommand(argv);
+}
+
+const COMMANDS: Record<string, (argv: string[]) => Promise<void>> = { serve, keys, presets, policy, finetune, datasets };
+
+/** What `vela` prints for a failure, and its exit code: 2 for a usage mistake, else 1. */
+export function describeFailure(command: string | undefined, e: unknown, debug: boolean): { text: string; exitCode: number } {
+  const usage = e instanceof UsageError || e instanceof ConfigError;
+  const message = e instanceof Error ? e.message : String(e);
+  const head = `vela${command ? ` ${command}` : ''}: ${message.split('\n')[0]}`;
+  const stack = debug && e instanceof Error && e.stack ? `\n${e.stack}` : '';
+  return { text: head + stack + '\n', exitCode: usage ? 2 : 1 };
+}
+
+/**
+ * Runs `vela` with `argv` (without node and the script). Resolves to the exit code for errors
+ * caught here (2 usage, 1 failure) or 0; long-running commands (serve, policy) resolve once
+ * they listen. Writes the one-line error to `stderr`.
+ */
+export async function runCli(argv: string[], stderr: (text: string) => void = (t) => process.stderr.write(t)): Promise<number> {
+  // --debug belongs to every command; `vela policy` also reads it (stack traces in error frames).
+  const debug = argv.includes('--debug');
+  const [cmd, ...rest] = argv[0] === 'policy' ? argv : argv.filter((a) => a !== '--debug');
+  if (!cmd || cmd === 'help' || cmd === '--help' || cmd === '-h') {
+    process.stdout.write(USAGE);
+    return 0;
+  }
+  const fn = COMMANDS[cmd];
+  if (!fn) {
+    stderr(`vela: unknown command ${shown(cmd)}; the commands are ${Object.keys(COMMANDS).join(', ')} (see vela --help)\n`);
+    return 2;
+  }
+  try {
+    await fn(rest);
+    return 0;
+  } catch (e) {
+    const sub = cmd === 'datasets' || cmd === 'keys' ? [cmd, rest[0]].filter((x) => x && !x.startsWith('-')).join(' ') : cmd;
+    const { text, exitCode } = describeFailure(sub, e, debug);
+    stderr(text);
+    return exitCode;
+  }
+}
