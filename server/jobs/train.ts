@@ -13,7 +13,11 @@ import { defaultActionSpace, deltaPairs, gatherNormRows, makeDatum, openDataset,
 import type { EngineLike } from '../engine/host.ts';
 import { JOB_ADAMW, type FineTuneConfig } from './config.ts';
 
-/** Where a run writes: `<workDir>/states/<name>` (resumable), `<workDir>/weights/final` (output). */
+/**
+ * Where a run writes: `<workDir>/weights/step-NNNNNNN` at each checkpoint and `<workDir>/weights/final`
+ * (weights only, kept: each can be served with `vela policy`), `<workDir>/states/step-NNNNNNN`
+ * (weights + optimizer, resumable; only the newest is kept, and none after success).
+ */
 export interface RunContext {
   jobId: string;
   datasetDir: string;
@@ -172,20 +176,23 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
     ctx.emit('progress', record);
     if (step % cfg.checkpoint_every === 0 && step < cfg.steps) {
       const name = `step-${String(step).padStart(7, '0')}`;
+      // Weights first: a resume point never names a step whose weights are not on disk.
+      const weightsDir = await call<string>(ctx, 'save_weights', { name, overwrite: true, extraConfig: checkpointExtra, normStats: normJson });
       await call(ctx, 'save_state', { name, overwrite: true, extraConfig: checkpointExtra, normStats: normJson });
       // Draw the next sampler seed now, so a resumed run sees the same batches as an uninterrupted one.
       samplerSeed = Math.floor(rng() * 2 ** 31);
       rng = seededRng(samplerSeed);
       writeJsonAtomic(resumeFile, { step, state: name, samplerSeed, elapsedSeconds: elapsedBefore + (Date.now() - started) / 1000 } satisfies ResumePoint);
       pruneStates(ctx.workDir, name);
-      ctx.emit('log', { message: `checkpoint written at step ${step}` });
+      ctx.emit('log', { message: `checkpoint written at step ${step}: weights in ${weightsDir}${record.eval_loss !== undefined ? ` (eval_loss ${(record.eval_loss as number).toFixed(4)})` : ''}` });
     }
   }
   if (ctx.isCancelled()) return { status: 'cancelled', outputDir: null, step, loss: lastLoss, evalLoss: lastEval };
   const outputDir = await call<string>(ctx, 'save_weights', { name: 'final', overwrite: true, extraConfig: checkpointExtra, normStats: normJson });
   ctx.emit('log', { message: `final weights written to ${outputDir}` });
-  // The resumable states are superseded by the final weights: free their disk, and make a rerun
-  // into the same folder start afresh instead of resuming a finished run.
+  // The resumable states (optimizer moments: twice the weights) are superseded by the final
+  // weights: free their disk, and make a rerun into the same folder start afresh instead of
+  // resuming a finished run. The checkpoints' weights (weights/step-*) stay, as LeRobot's do.
   fs.rmSync(resumeFile, { force: true });
   fs.rmSync(path.join(ctx.workDir, 'states'), { recursive: true, force: true });
   return { status: 'succeeded', outputDir, step, loss: lastLoss, evalLoss: lastEval };
