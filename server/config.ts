@@ -30,6 +30,8 @@ interface Setting {
   help: string;
   kind: 'string' | 'int' | 'number' | 'bool' | 'choice';
   choices?: readonly string[];
+  /** Largest value of an int setting. */
+  max?: number;
   def: (env: NodeJS.ProcessEnv) => string | number | boolean | undefined;
   /** The default as `--help` shows it, where the value alone would not say it (derived, or none). */
   defaultText?: string;
@@ -71,7 +73,7 @@ export function defaultDatasetsDir(env: NodeJS.ProcessEnv = process.env): string
 
 export const SETTINGS: Setting[] = [
   { key: 'host', flag: '--host', env: 'VELA_HOST', kind: 'string', def: () => '127.0.0.1', help: 'address to bind' },
-  { key: 'port', flag: '--port', env: 'VELA_PORT', kind: 'int', def: () => 8080, help: 'port to listen on (0 picks a free one)' },
+  { key: 'port', flag: '--port', env: 'VELA_PORT', kind: 'int', max: 65535, def: () => 8080, help: 'port to listen on (0 picks a free one)' },
   { key: 'dataDir', flag: '--data-dir', env: 'VELA_DATA_DIR', kind: 'string', def: () => './vela-data', help: 'the SQLite file, checkpoints and job outputs' },
   { key: 'datasetsDir', flag: '--datasets-dir', env: 'VELA_DATASETS_DIR', kind: 'string', def: defaultDatasetsDir, help: 'root that dataset_name resolves under (LeRobot\'s cache; `vela datasets download` writes there)', defaultText: '$HF_LEROBOT_HOME, else $HF_HOME/lerobot, else ~/.cache/huggingface/lerobot' },
   { key: 'apiKey', flag: '--api-key', env: 'VELA_API_KEY', kind: 'string', def: () => undefined, help: 'an API key to accept (one is created and printed when the store has none)', defaultText: 'none' },
@@ -112,8 +114,8 @@ function parseValue(s: Setting, raw: string, typed: string): string | number | b
     case 'int':
     case 'number': {
       const n = Number(raw);
-      if (raw.trim() === '' || !Number.isFinite(n) || n < 0 || (s.kind === 'int' && !Number.isInteger(n))) {
-        throw new ConfigError(`${typed}: must be a non-negative ${s.kind === 'int' ? 'integer' : 'number'}`);
+      if (raw.trim() === '' || !Number.isFinite(n) || n < 0 || (s.kind === 'int' && !Number.isInteger(n)) || (s.max !== undefined && n > s.max)) {
+        throw new ConfigError(`${typed}: must be ${s.max !== undefined ? `an integer in 0..${s.max}` : `a non-negative ${s.kind === 'int' ? 'integer' : 'number'}`}`);
       }
       return n;
     }
@@ -153,9 +155,7 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
     if (raw === undefined) throw new ConfigError(`${flag} needs a value (see vela serve --help)`);
     out[s.key] = parseValue(s, raw, eq >= 0 ? `${flag}=${shown(raw)}` : `${flag} ${shown(raw)}`);
   }
-  const config = out as unknown as ServerConfig;
-  if (config.port > 65535) throw new ConfigError(`port ${config.port}: must be at most 65535`);
-  return { config, rest };
+  return { config: out as unknown as ServerConfig, rest };
 }
 
 /** A setting's default for `--help`: `64 MiB` beside a byte count, `none` when unset. */

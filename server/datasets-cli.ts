@@ -38,6 +38,10 @@ async function inspect(argv: string[]): Promise<void> {
   if (positional.length !== 1) throw new UsageError(`expected one dataset folder, got ${positional.length ? positional.map(shown).join(' ') : 'none'} (see vela datasets --help)`);
   const dir = positional[0]!;
   if (!fs.existsSync(dir) || !fs.statSync(dir).isDirectory()) throw badValue({ flag: 'DIR', value: dir, typed: `DIR ${shown(dir)}` }, 'no such folder');
-  const ds = await openDataset(path.resolve(dir));
+  const ds = await openDataset(path.resolve(dir)).catch((e: Error) => {
+    // The reader names the file inside the dataset; say which dataset too.
+    e.message = `${shown(dir)}: ${e.message}`;
+    throw e;
+  });
   process.stdout.write(describeDataset(ds.meta) + '\n');
 }

@@ -416,8 +416,8 @@ describe('vela policy: arguments', () => {
   it('names the bad argument', () => {
     expect(() => parsePolicyArgs([], {})).toThrow(/expected one CHECKPOINT folder, got none/);
     expect(() => parsePolicyArgs(['a', 'b'], {})).toThrow(/expected one CHECKPOINT folder, got a b/);
-    expect(() => parsePolicyArgs(['ckpt', '--port', '70000'], {})).toThrow(/--port must be an integer in 0..65535, got "70000"/);
-    expect(() => parsePolicyArgs(['ckpt', '--max-batch', '0'], {})).toThrow(/--max-batch must be an integer in 1..256/);
+    expect(() => parsePolicyArgs(['ckpt', '--port', '70000'], {})).toThrow('--port 70000: must be an integer in 0..65535');
+    expect(() => parsePolicyArgs(['ckpt', '--max-batch', '0'], {})).toThrow('--max-batch 0: must be an integer in 1..256');
     expect(() => parsePolicyArgs(['ckpt', '--sed', '1'], {})).toThrow(/unknown option --sed/);
     expect(() => parsePolicyArgs(['ckpt', '--seed'], {})).toThrow(/--seed needs a value/);
   });

@@ -124,6 +124,7 @@ describe('config', () => {
     expect(config.host).toBe('0.0.0.0');
     expect(config.maxBatch).toBe(8);
     expect(config.dataDir).toBe('./vela-data');
-    expect(() => loadConfig(['--port', 'x'], {})).toThrow(/--port must be a non-negative integer, got "x"/);
+    expect(() => loadConfig(['--port', 'x'], {})).toThrow('--port x: must be an integer in 0..65535');
+    expect(() => loadConfig([], { VELA_MAX_BATCH: '-1' })).toThrow('VELA_MAX_BATCH=-1: must be a non-negative integer');
   });
 });

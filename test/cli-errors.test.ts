@@ -1,0 +1,148 @@
+/**
+ * The exact words `vela` prints for a mistake on its command line, for every command and flag
+ * (issue 14): one line naming the flag and the value as typed, exit code 2, no stack trace; a
+ * failure that is not a usage mistake is one line with exit code 1; `--debug` adds the stack.
+ * Most cases run `runCli` in-process (fast); two run the real `bin/vela.js` to show the process's
+ * exit code and stderr. `vela serve --help` is compared with a snapshot file.
+ */
+import { execFile } from 'node:child_process';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { describe, expect, it } from 'vitest';
+import { runCli, SERVE_USAGE } from '../server/cli-main.ts';
+import { G1_DIR } from './helpers/g1.ts';
+
+const REPO = path.resolve(import.meta.dirname, '..');
+const rel = path.relative(REPO, G1_DIR); // datasets/g1_pick_bottle_sample
+const MODELS = 'pi0-tiny, pi05-tiny, pi0-small, pi05-small, pi0, pi05';
+
+async function cli(argv: string[], env: Record<string, string> = {}): Promise<{ code: number; text: string }> {
+  const saved = { ...process.env };
+  const cwd = process.cwd();
+  Object.assign(process.env, env);
+  process.chdir(REPO);
+  let text = '';
+  try {
+    const code = await runCli(argv, (t) => (text += t));
+    return { code, text };
+  } finally {
+    process.env = saved;
+    process.chdir(cwd);
+  }
+}
+
+const ft = (...args: string[]) => ['finetune', '--dataset', rel, ...args];
+
+// [argv, the exact line printed]; every one exits 2.
+const USAGE_CASES: [string[], string][] = [
+  [ft('--steps', 'abc'), 'vela finetune: --steps abc: must be an integer in 1..1000000'],
+  [ft('--steps=1.5'), 'vela finetune: --steps=1.5: must be an integer in 1..1000000'],
+  [ft('--model', 'pi9'), `vela finetune: --model pi9: must be one of ${MODELS}`],
+  [ft('--batch-size', '0'), 'vela finetune: --batch-size 0: must be an integer in 1..1024'],
+  [ft('--learning-rate', 'fast'), 'vela finetune: --learning-rate fast: must be > 0 and <= 1'],
+  [ft('--learning-rate', '2'), 'vela finetune: --learning-rate 2: must be > 0 and <= 1'],
+  [ft('--finetune', 'half'), 'vela finetune: --finetune half: must be "lora" or "full"'],
+  [ft('--lora-rank', '0'), 'vela finetune: --lora-rank 0: must be an integer in 1..256'],
+  [ft('--lora-alpha', '-1'), 'vela finetune: --lora-alpha -1: must be a number > 0'],
+  [ft('--targets', 'attn,ffn'), 'vela finetune: --targets attn,ffn: must be a non-empty list of attn, mlp, action_expert, prefix_expert, all'],
+  [ft('--cameras', 'wrist'), 'vela finetune: --cameras wrist: camera "wrist" is not in the dataset; its cameras are cam_high'],
+  [ft('--action-space', 'sideways'), 'vela finetune: --action-space sideways: must be "delta" or "absolute"'],
+  [ft('--eval-every', '-1'), 'vela finetune: --eval-every -1: must be an integer in 0..1000000'],
+  [ft('--checkpoint-every', '0'), 'vela finetune: --checkpoint-every 0: must be an integer in 1..1000000'],
+  [ft('--seed', 'x'), 'vela finetune: --seed x: must be an integer in 0..2147483647'],
+  [ft('--name', 'x'.repeat(129)), `vela finetune: --name ${'x'.repeat(129)}: must be a string of at most 128 characters`],
+  [ft('--backend', 'gpu'), 'vela finetune: --backend gpu: must be one of auto, node-gpu, node, wasm, cpu'],
+  [ft('--name'), 'vela finetune: --name needs a value (see vela finetune --help)'],
+  [ft('--stpes', '5'), 'vela finetune: unknown option --stpes (see vela finetune --help)'],
+  [ft('300'), 'vela finetune: unexpected argument 300 (options take the form --name value; see vela finetune --help)'],
+  [['finetune', '--dataset', './nope'], 'vela finetune: --dataset ./nope: no such folder'],
+  [['finetune', '--steps', '5'], 'vela finetune: --dataset DIR is required (see vela finetune --help)'],
+  [['policy'], 'vela policy: expected one CHECKPOINT folder, got none (see vela policy --help)'],
+  [['policy', './nope'], 'vela policy: CHECKPOINT ./nope: no such folder'],
+  [['policy', rel], `vela policy: CHECKPOINT ${rel}: has no config.json; a checkpoint is a folder such as <output>/weights/final or <output>/weights/step-N of vela finetune`],
+  [['policy', 'ck', '--port', 'abc'], 'vela policy: --port abc: must be an integer in 0..65535'],
+  [['policy', 'ck', '--port=70000'], 'vela policy: --port=70000: must be an integer in 0..65535'],
+  [['policy', 'ck', '--seed', '-1'], 'vela policy: --seed -1: must be an integer in 0..4294967295'],
+  [['policy', 'ck', '--batch-window-ms', 'soon'], 'vela policy: --batch-window-ms soon: must be a number in 0..10000'],
+  [['policy', 'ck', '--max-batch', '0'], 'vela policy: --max-batch 0: must be an integer in 1..256'],
+  [['policy', 'ck', '--backend', 'gpu'], 'vela policy: --backend gpu: must be one of auto, node-gpu, node, wasm, cpu'],
+  [['policy', 'ck', '--max-message-bytes', '10'], 'vela policy: --max-message-bytes 10: must be an integer in 1024..1073741824'],
+  [['policy', 'ck', '--log-level', 'loud'], 'vela policy: --log-level loud: must be one of error, warn, info, debug'],
+  [['policy', 'ck', '--debug=yes'], 'vela policy: --debug=yes: --debug takes no value'],
+  [['policy', 'ck', '--sed', '1'], 'vela policy: unknown option --sed (see vela policy --help)'],
+  [['policy', 'ck', '--api-key'], 'vela policy: --api-key needs a value (see vela policy --help)'],
+  [['serve', '--port', 'abc'], 'vela serve: --port abc: must be an integer in 0..65535'],
+  [['serve', '--port=70000'], 'vela serve: --port=70000: must be an integer in 0..65535'],
+  [['serve', '--max-batch', '-3'], 'vela serve: --max-batch -3: must be a non-negative integer'],
+  [['serve', '--backend', 'gpu'], 'vela serve: --backend gpu: must be one of auto, node-gpu, node, wasm, cpu'],
+  [['serve', '--log-level=loud'], 'vela serve: --log-level=loud: must be one of error, warn, info, debug'],
+  [['serve', '--allow-absolute-datasets=maybe'], 'vela serve: --allow-absolute-datasets=maybe: must be true or false'],
+  [['serve', '--data-dir'], 'vela serve: --data-dir needs a value (see vela serve --help)'],
+  [['serve', '--prot', '9000'], 'vela serve: unknown option --prot (see vela serve --help)'],
+  [['serve', 'now'], 'vela serve: unexpected argument now (see vela serve --help)'],
+  [['keys'], 'vela keys: which one? the only subcommand is "create" (see vela keys --help)'],
+  [['keys', 'delete'], 'vela keys delete: unknown subcommand delete; the only one is "create" (see vela keys --help)'],
+  [['keys', 'create', '--name'], 'vela keys create: --name needs a value (see vela keys --help)'],
+  [['keys', 'create', '--owner', 'x'], 'vela keys create: unknown option --owner (see vela keys --help)'],
+  [['datasets'], 'vela datasets: which one? inspect DIR or download REPO_ID (see vela datasets --help)'],
+  [['datasets', 'list'], 'vela datasets list: unknown subcommand list; the subcommands are inspect and download (see vela datasets --help)'],
+  [['datasets', 'inspect'], 'vela datasets inspect: expected one dataset folder, got none (see vela datasets --help)'],
+  [['datasets', 'inspect', './nope'], 'vela datasets inspect: DIR ./nope: no such folder'],
+  [['datasets', 'inspect', rel, '--episodes', '3'], 'vela datasets inspect: unknown option --episodes (see vela datasets --help)'],
+  [['datasets', 'download'], 'vela datasets download: expected one REPO_ID (namespace/name), got none (see vela datasets --help)'],
+  [['datasets', 'download', 'lerobot/pusht', '--endpoint', 'ftp://x'], 'vela datasets download: --endpoint ftp://x: must be an http(s) URL'],
+  [['presets', '--all'], 'vela presets: unknown option --all (see vela presets --help)'],
+  [['frobnicate'], 'vela: unknown command frobnicate; the commands are serve, keys, presets, policy, finetune, datasets (see vela --help)'],
+];
+
+describe('vela: usage mistakes', () => {
+  it.each(USAGE_CASES)('%j', async (argv, line) => {
+    const { code, text } = await cli(argv);
+    expect(text).toBe(line + '\n');
+    expect(code).toBe(2);
+  });
+
+  it('an environment variable is named with its value', async () => {
+    expect(await cli(['serve'], { VELA_PORT: 'eighty' })).toEqual({ code: 2, text: 'vela serve: VELA_PORT=eighty: must be an integer in 0..65535\n' });
+    expect(await cli(['serve'], { VELA_BACKEND: 'tpu' })).toEqual({ code: 2, text: 'vela serve: VELA_BACKEND=tpu: must be one of auto, node-gpu, node, wasm, cpu\n' });
+  });
+
+  it('a failure that is not a usage mistake is one line, exit 1; --debug adds the stack', async () => {
+    const notADataset = path.join('test', 'fixtures');
+    const plain = await cli(['datasets', 'inspect', notADataset]);
+    expect(plain).toEqual({ code: 1, text: 'vela datasets inspect: test/fixtures: meta/info.json is missing\n' });
+    const debug = await cli(['datasets', 'inspect', notADataset, '--debug']);
+    expect(debug.code).toBe(1);
+    const lines = debug.text.trim().split('\n');
+    expect(lines[0]).toBe(plain.text.trim());
+    expect(lines.length).toBeGreaterThan(2);
+    expect(lines.slice(2).every((l) => /^\s+at /.test(l))).toBe(true);
+  });
+});
+
+describe('the real process', () => {
+  const run = promisify(execFile);
+  const vela = async (args: string[]) => {
+    try {
+      const r = await run(process.execPath, ['bin/vela.js', ...args], { cwd: REPO, env: { ...process.env, VELA_LOG_LEVEL: 'info' } });
+      return { code: 0, stderr: r.stderr };
+    } catch (e) {
+      const err = e as { code: number; stderr: string };
+      return { code: err.code, stderr: err.stderr };
+    }
+  };
+
+  it('exits 2 with one line on stderr and no stack trace', async () => {
+    expect(await vela(['finetune', '--steps', 'abc', '--dataset', rel])).toEqual({ code: 2, stderr: 'vela finetune: --steps abc: must be an integer in 1..1000000\n' });
+    expect(await vela(['policy', './nope'])).toEqual({ code: 2, stderr: 'vela policy: CHECKPOINT ./nope: no such folder\n' });
+  });
+});
+
+describe('vela serve --help', () => {
+  it('shows every setting with its environment variable and default', async () => {
+    await expect(SERVE_USAGE).toMatchFileSnapshot('./__snapshots__/serve-help.txt');
+    expect(SERVE_USAGE).toContain('  --port N                       VELA_PORT                       default: 8080\n      port to listen on (0 picks a free one)');
+    expect(SERVE_USAGE).toContain('VELA_DATASETS_DIR               default: $HF_LEROBOT_HOME, else $HF_HOME/lerobot, else ~/.cache/huggingface/lerobot');
+    expect(SERVE_USAGE.match(/ default: /g)).toHaveLength(23);
+  });
+});
