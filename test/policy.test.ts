@@ -95,6 +95,12 @@ describe('policy server: handshake and HTTP routes', () => {
       max_message_bytes: 16 * 1024 * 1024, seeded: true,
     });
     expect(c.metadata.zstd_dictionary_id).toBeGreaterThan(0);
+    // Self-describing: the keys to send (short camera names), their dtypes and shapes, the answer.
+    expect(Object.keys(c.metadata.observation_keys)).toEqual(['observation/cam_high', 'observation/cam_wrist', 'observation/state', 'prompt']);
+    expect(c.metadata.observation_keys['observation/state']).toBe('float32 [7], the robot\'s raw state (normalised by the server)');
+    expect(c.metadata.observation_keys['observation/cam_high']).toMatch(/^uint8 \[height, width, 3\] or \[3, height, width\]/);
+    expect(c.metadata.observation_keys.prompt).toBe('str, at most 1024 UTF-8 bytes');
+    expect(c.metadata.answer_keys.actions).toMatch(/^float32 \[5, 6\]: /);
     c.close();
   });
 

@@ -70,8 +70,11 @@ export async function submitFineTune(deps: Pick<JobRoutesDeps, 'store' | 'config
     throw new HttpError(400, `dataset_name "${cfg.dataset_name}" not found: no such dataset folder under this server's datasets root (the operator sets it with --datasets-dir / VELA_DATASETS_DIR)`);
   }
   try {
-    const { ds } = await prepareRun(cfg, dir, (d) => runner.openDataset(d));
+    const { ds, cameras, actionSpace } = await prepareRun(cfg, dir, (d) => runner.openDataset(d));
     await ds.checkVideos();
+    // The job records what it will use, not "default": the dataset's cameras and action space.
+    cfg.cameras = cameras;
+    cfg.action_space = actionSpace;
   } catch (e) {
     if (e instanceof HttpError) throw e;
     // Dataset readers name files by their full path; the client named the dataset.

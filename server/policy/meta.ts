@@ -37,6 +37,8 @@ export interface PolicyMeta {
   actionHorizon: number; // <= model.horizon
   actionDim: number; // dataset action dims, <= model.actionDim
   stateDim: number | null; // dataset state dims, <= model.stateDim; null = unknown
+  stateNames: string[] | null; // the dataset's names of the state dims, when the checkpoint has them
+  actionNames: string[] | null;
   actionSpace: 'delta' | 'absolute';
   deltaMask: boolean[]; // length actionDim; all false for absolute
   norm: { normalizer: Normalizer; stats: NormStatsSet } | null;
@@ -114,7 +116,7 @@ export function policyMeta(info: EngineInfo, config: unknown, normStats: unknown
   const horizon = count(cfg, 'action_horizon', 1, model.horizon) ?? model.horizon;
   const numSteps = count(cfg, 'num_steps', 1, 1000) ?? 10;
   return {
-    preset, model, cameras, actionHorizon: horizon, actionDim, stateDim, actionSpace: space, deltaMask,
+    preset, model, cameras, actionHorizon: horizon, actionDim, stateDim, stateNames: stateNames ?? null, actionNames: actionNames ?? null, actionSpace: space, deltaMask,
     norm: stats ? { normalizer: normalizerFor(preset), stats } : null, numSteps,
   };
 }

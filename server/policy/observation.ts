@@ -100,6 +100,23 @@ function toState(v: unknown, key: string): Float32Array {
 }
 
 /**
+ * The observation keys a client sends and what each holds, for the handshake metadata
+ * (`observation_keys`), written from the same rules parseObservation applies: one
+ * `observation/<camera>` per camera (short names), the state, the prompt.
+ * Example (G1): {"observation/cam_high": "uint8 [height, width, 3] ...", "observation/state":
+ * "float32 [26]", "prompt": "str, at most 1024 UTF-8 bytes"}.
+ */
+export function observationKeys(meta: PolicyMeta, limits: PolicyLimits): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const c of meta.cameras) {
+    out[`observation/${shortCamera(c)}`] = 'uint8 [height, width, 3] or [3, height, width] (image_codec RAW, the default), or the bytes of a PNG / JPEG image with image_codec set; any size, resized with padding to image_size';
+  }
+  out['observation/state'] = meta.stateDim !== null ? `float32 [${meta.stateDim}], the robot's raw state (normalised by the server)` : `float32 [at most ${meta.model.stateDim}], the robot's raw state`;
+  out.prompt = `str, at most ${limits.maxPromptBytes} UTF-8 bytes`;
+  return out;
+}
+
+/**
  * Checks an observation's keys, cameras, state, prompt and codec against the policy
  * (synchronous: no frame is decoded yet).
  * @throws ProtocolError `bad_request` (unknown key, wrong camera, camera twice, missing or wrong

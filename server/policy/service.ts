@@ -20,7 +20,7 @@ import type { EngineLike } from '../engine/host.ts';
 import { log } from '../log.ts';
 import { Batcher, type BatchStats } from './batcher.ts';
 import { policyMeta, type PolicyMeta } from './meta.ts';
-import { DEFAULT_POLICY_LIMITS, parseObservation, toDatum, toRobotActions, type PolicyLimits } from './observation.ts';
+import { DEFAULT_POLICY_LIMITS, observationKeys, parseObservation, toDatum, toRobotActions, type PolicyLimits } from './observation.ts';
 
 export interface PolicyServerOptions {
   engine: EngineLike;
@@ -209,6 +209,14 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         action_space: meta.actionSpace,
         cameras: meta.cameras,
         state_dim: meta.stateDim ?? meta.model.stateDim,
+        // Self-description: the keys to send and what comes back (PROTOCOL.md section 6).
+        observation_keys: observationKeys(meta, limits),
+        answer_keys: {
+          actions: `float32 [${meta.actionHorizon}, ${meta.actionDim}]: action_horizon steps of the robot's actions, in its units${meta.actionSpace === 'delta' ? ' (absolute: the server adds the state back on the delta dims)' : ''}`,
+          policy_timing: 'map: infer_ms', server_timing: 'map: infer_ms, prev_total_ms',
+        },
+        ...(meta.stateNames ? { state_names: meta.stateNames } : {}),
+        ...(meta.actionNames ? { action_names: meta.actionNames } : {}),
         image_size: meta.model.imageSize,
         image_codecs: ['RAW', 'LOSSLESS', 'PNG', 'JPEG', 'CODEC_JPEG_Q<N>'],
         zstd_dictionary_id: dictId,
