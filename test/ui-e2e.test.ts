@@ -129,6 +129,8 @@ describe.skipIf(missing('Chromium', CHROMIUM.reason))('dashboard in headless Chr
     await page.goto(`${server.baseUrl}/ui/#/jobs`);
     await expect.poll(() => page.locator('tr[data-job]').evaluateAll((rows) => rows.map((r) => r.getAttribute('data-job')))).toEqual([jobB, jobA]);
     await expect.poll(() => page.locator(`tr[data-job="${jobB}"] [data-status]`).textContent()).toBe('cancelled');
+    // 24-hour like every other time on the page (Chromium's en-US locale would say "7:45:30 PM").
+    expect(await page.getByText(/refreshed at/).textContent()).toMatch(/^2 jobs; refreshed at \d{2}:\d{2}:\d{2}$/);
     await page.screenshot({ path: path.join(SHOTS, 'jobs.png'), fullPage: true });
 
     // Back to A until it ends: every step, each evaluation and each learning rate is on the charts.
@@ -147,6 +149,16 @@ describe.skipIf(missing('Chromium', CHROMIUM.reason))('dashboard in headless Chr
     expect(summary).toBe(`train loss: ${STEPS} points, last ${num(last.loss)} at step ${STEPS}; ` +
       `eval loss (held-out): ${evals.length} points, last ${num(evals.at(-1)!.eval_loss)} at step ${evals.at(-1)!.step}.`);
     await expect.poll(() => page.locator('#job-step').textContent()).toBe(`step ${STEPS} / ${STEPS}`);
+    // The legend shows the last values while the pointer is elsewhere (uPlot alone shows "--").
+    await page.mouse.move(1, 1);
+    await expect.poll(() => page.locator('#chart-loss .u-legend .u-value').allTextContents()).toEqual([`${STEPS} (last)`, num(last.loss), num(evals.at(-1)!.eval_loss)]);
+    await expect.poll(() => page.locator('#chart-learning-rate .u-legend .u-value').allTextContents()).toEqual([`${STEPS} (last)`, num(last.learning_rate)]);
+    // The loss axis has enough labels to read a value off it.
+    const yTicks = (await page.locator('#chart-loss').getAttribute('data-y-ticks'))!.split(' ');
+    expect(yTicks.length, yTicks.join(' ')).toBeGreaterThanOrEqual(4);
+    // The config shows what the job used, not the request's nulls.
+    expect(await page.locator('tr[data-field="cameras"] td').textContent()).toBe('cam_high');
+    expect(await page.locator('tr[data-field="action_space"] td').textContent()).toBe('delta');
     const lastEval = evals.at(-1)!;
     await expect.poll(() => page.locator('dl.summary').innerText()).toContain(
       `Eval baselines\nmean chunk ${num(lastEval.eval_loss_baseline_mean_chunk)}, hold state ${num(lastEval.eval_loss_baseline_hold_state)}`);

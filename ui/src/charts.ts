@@ -1,9 +1,10 @@
 /**
  * Live line charts over training steps (uPlot). Points are appended as progress records arrive
  * and drawn at most every 100 ms, so a fast stream or a long replay does not redraw per record.
- * The figure carries `data-points` (number of steps) and `data-count-<key>` (non-null values of
- * each series) and a text summary in its caption, for screen readers and tests: canvas pixels
- * say nothing to either.
+ * The figure carries `data-points` (number of steps), `data-count-<key>` (non-null values of
+ * each series), `data-y-ticks` (the y labels drawn) and a text summary in its caption, for
+ * screen readers and tests: canvas pixels say nothing to either. The legend shows the values
+ * under the cursor, and the last ones while the cursor is elsewhere.
  */
 import uPlot from 'uplot';
 import { h } from './dom.ts';
@@ -32,6 +33,22 @@ const STEP_INCRS = [1, 2, 5].flatMap((m) => [1, 10, 100, 1e3, 1e4, 1e5, 1e6].map
 function tick(v: number): string {
   if (v !== 0 && Math.abs(v) < 1e-3) return v.toExponential(1);
   return String(Number(v.toPrecision(4)));
+}
+
+/**
+ * Y-axis ticks: the largest step of 1, 2 or 5 x 10^k that still puts at least `min` ticks in
+ * [lo, hi] (uPlot's own choice gave a falling loss as few as two). Example: 0.42..1.9 -> 0.5, 1,
+ * 1.5 (step 0.5 leaves 3), so step 0.2: 0.6, 0.8, ..., 1.8.
+ */
+export function yTicks(lo: number, hi: number, min = 4): number[] {
+  if (!(hi > lo) || !Number.isFinite(lo) || !Number.isFinite(hi)) return Number.isFinite(lo) ? [lo] : [];
+  const mag = 10 ** Math.floor(Math.log10((hi - lo) / min));
+  for (const step of [10, 5, 2, 1].map((m) => m * mag)) {
+    const first = Math.ceil(lo / step - 1e-9);
+    const last = Math.floor(hi / step + 1e-9);
+    if (last - first + 1 >= min) return Array.from({ length: last - first + 1 }, (_, i) => Number(((first + i) * step).toPrecision(12)));
+  }
+  return [lo, hi];
 }
 
 /** A chart titled `title` with one y axis; `figure` is not attached yet. */
@@ -63,17 +80,29 @@ export function liveChart(title: string, yLabel: string, series: SeriesSpec[]): 
           ...size(),
           scales: { x: { time: false } },
           // Steps are whole numbers: no 1.2, 1.4 ticks.
-          axes: [{ label: 'step', incrs: STEP_INCRS }, { label: yLabel, size: 64, values: (_u, splits) => splits.map(tick) }],
+          axes: [
+            { label: 'step', incrs: STEP_INCRS },
+            {
+              label: yLabel, size: 64, splits: (_u, _axis, lo, hi) => yTicks(lo, hi),
+              // The drawn labels, for tests and screen readers (the canvas says nothing to either).
+              values: (_u, splits) => {
+                const labels = splits.map(tick);
+                figure.setAttribute('data-y-ticks', labels.join(' '));
+                return labels;
+              },
+            },
+          ],
           series: [
-            { label: 'step' },
-            ...series.map((s) => ({
+            // Away from the plot, the legend shows the last point instead of uPlot's "--".
+            { label: 'step', value: (_u: uPlot, v: number | null, _s: number, idx: number | null) => (idx === null ? (xs.length ? `${xs.at(-1)} (last)` : '—') : String(v)) },
+            ...series.map((s, i) => ({
               label: s.label,
               stroke: s.color,
               width: 2,
               spanGaps: !!s.sparse,
               dash: s.sparse ? [6, 4] : undefined,
               points: { show: s.sparse ? true : undefined, size: 7 },
-              value: (_u: uPlot, v: number | null) => num(v),
+              value: (_u: uPlot, v: number | null, _s: number, idx: number | null) => num(idx === null ? last[i]?.y : v),
             })),
           ],
           legend: { live: true },

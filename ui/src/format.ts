@@ -3,12 +3,18 @@
  * significant digits, byte counts in KiB/MiB.
  */
 
+const p2 = (n: number) => String(n).padStart(2, '0');
+
 /** Unix seconds -> "2026-11-30 04:42:07" in the viewer's time zone; "—" for null. */
 export function dateTime(unixS: number | null | undefined): string {
   if (unixS === null || unixS === undefined) return '—';
   const d = new Date(unixS * 1000);
-  const p = (n: number) => String(n).padStart(2, '0');
-  return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
+  return `${d.getFullYear()}-${p2(d.getMonth() + 1)}-${p2(d.getDate())} ${clock(d)}`;
+}
+
+/** A time of day, 24-hour like every other time on the page: "19:45:30" (not the locale's "7:45:30 PM"). */
+export function clock(d: Date = new Date()): string {
+  return `${p2(d.getHours())}:${p2(d.getMinutes())}:${p2(d.getSeconds())}`;
 }
 
 /** A loss or rate: 4 significant digits, exponent form below 1e-3; "—" for null/undefined. */

@@ -13,9 +13,16 @@ import type { View } from './view.ts';
 /** Fields of a job that are progress or bookkeeping, not config. */
 const NOT_CONFIG = new Set(['id', 'object', 'status', 'created_at', 'step', 'loss', 'eval_loss', 'error', 'output_dir', 'started_at', 'finished_at']);
 
+/** A config value as text: lists of names as "cam_high, cam_wrist", other objects as JSON. */
+function configValue(v: unknown): string {
+  if (v === null || v === undefined) return '—';
+  if (Array.isArray(v) && v.every((x) => typeof x === 'string')) return v.join(', ');
+  return typeof v === 'object' ? JSON.stringify(v) : String(v);
+}
+
 function configTable(job: Job): HTMLElement {
   const rows = Object.entries(job).filter(([k]) => !NOT_CONFIG.has(k)).map(([k, v]) =>
-    h('tr', {}, h('th', { scope: 'row', class: 'mono' }, k), h('td', { class: 'mono' }, v === null || v === undefined ? '—' : typeof v === 'object' ? JSON.stringify(v) : String(v))));
+    h('tr', { 'data-field': k }, h('th', { scope: 'row', class: 'mono' }, k), h('td', { class: 'mono' }, configValue(v))));
   return h('table', { class: 'kv', 'aria-label': 'Config' }, h('tbody', {}, ...rows));
 }
 

@@ -4,7 +4,7 @@
  */
 import { json, type Job } from './api.ts';
 import { badge, errorLine, h, replace } from './dom.ts';
-import { dateTime, num } from './format.ts';
+import { clock, dateTime, num } from './format.ts';
 import { poll, type View } from './view.ts';
 
 const PRESETS = ['pi05-tiny', 'pi0-tiny', 'pi05-small', 'pi0-small'];
@@ -116,7 +116,7 @@ export function jobsView(navigate: (hash: string) => void): View {
         if (body.querySelector('td.empty')) replace(body);
         updateRows(body, data);
       }
-      note.textContent = `${data.length} job${data.length === 1 ? '' : 's'}; refreshed at ${new Date().toLocaleTimeString()}`;
+      note.textContent = `${data.length} job${data.length === 1 ? '' : 's'}; refreshed at ${clock()}`;
     } catch (err) {
       replace(problem, errorLine(`Could not load the jobs: ${(err as Error).message}`));
       throw err;

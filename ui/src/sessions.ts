@@ -5,7 +5,7 @@
  */
 import { json, type Session } from './api.ts';
 import { badge, errorLine, h, replace } from './dom.ts';
-import { dateTime } from './format.ts';
+import { clock, dateTime } from './format.ts';
 import { poll, type View } from './view.ts';
 
 const REFRESH_MS = 3000;
@@ -68,7 +68,7 @@ export function sessionsView(): View {
         if (data.length === 0) replace(body, h('tr', {}, h('td', { colspan: 8, class: 'empty' }, 'No training sessions. Clients open them with POST /v1/training_sessions.')));
         else replace(body, ...data.map((s) => sessionRow(s, () => void load(), problem)));
       }
-      note.textContent = `${data.length} session${data.length === 1 ? '' : 's'}; refreshed at ${new Date().toLocaleTimeString()}`;
+      note.textContent = `${data.length} session${data.length === 1 ? '' : 's'}; refreshed at ${clock()}`;
     } catch (e) {
       replace(problem, errorLine(`Could not load the sessions: ${(e as Error).message}`));
       throw e;
