@@ -174,6 +174,7 @@ describe.skipIf(missing('Chromium', CHROMIUM.reason))('dashboard in headless Chr
     expect(download.suggestedFilename()).toBe(target.path.split('/').pop());
     expect(crypto.createHash('sha256').update(fs.readFileSync(saved)).digest('hex')).toBe(target.sha256);
     await page.screenshot({ path: path.join(SHOTS, 'job-succeeded.png'), fullPage: true });
+    expect(await page.locator('#banner').isHidden(), (await page.locator('#banner').textContent()) ?? '').toBe(true);
 
     // Sessions: one opened through the API shows with its status, and closes from the page.
     const created = await api(server, 'POST', '/v1/training_sessions', { base_model: 'pi05-tiny' });
@@ -192,6 +193,8 @@ describe.skipIf(missing('Chromium', CHROMIUM.reason))('dashboard in headless Chr
     expect(apiCalls.length).toBeGreaterThan(10);
     expect(apiCalls.filter((r) => r.authorization !== `Bearer ${TEST_KEY}` && !['Bearer vela-wrong-key', 'Bearer vela-revoked-key'].includes(r.authorization!))).toEqual([]);
     expect(pageErrors).toEqual([]);
+    // Errors the page caught itself (a ResizeObserver loop is not a page error to Playwright).
+    expect(await page.locator('#banner').isHidden(), (await page.locator('#banner').textContent()) ?? '').toBe(true);
     await page.close();
   }, 300_000); // ~60 s on an idle 2-core machine; room for a loaded one
 });

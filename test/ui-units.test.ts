@@ -3,8 +3,7 @@
  * clock. The browser-side behaviour (legend, config, labels) is in ui-e2e.test.ts.
  */
 import { describe, expect, it } from 'vitest';
-import { yTicks } from '../ui/src/charts.ts';
-import { clock, dateTime } from '../ui/src/format.ts';
+import { clock, dateTime, yTicks } from '../ui/src/format.ts';
 
 describe('yTicks', () => {
   it('puts at least four round ticks in the range of a falling loss', () => {

@@ -8,7 +8,7 @@
  */
 import uPlot from 'uplot';
 import { h } from './dom.ts';
-import { num } from './format.ts';
+import { num, yTicks } from './format.ts';
 
 export interface SeriesSpec {
   /** Short key used in `data-count-<key>`. */
@@ -33,22 +33,6 @@ const STEP_INCRS = [1, 2, 5].flatMap((m) => [1, 10, 100, 1e3, 1e4, 1e5, 1e6].map
 function tick(v: number): string {
   if (v !== 0 && Math.abs(v) < 1e-3) return v.toExponential(1);
   return String(Number(v.toPrecision(4)));
-}
-
-/**
- * Y-axis ticks: the largest step of 1, 2 or 5 x 10^k that still puts at least `min` ticks in
- * [lo, hi] (uPlot's own choice gave a falling loss as few as two). Example: 0.42..1.9 -> 0.5, 1,
- * 1.5 (step 0.5 leaves 3), so step 0.2: 0.6, 0.8, ..., 1.8.
- */
-export function yTicks(lo: number, hi: number, min = 4): number[] {
-  if (!(hi > lo) || !Number.isFinite(lo) || !Number.isFinite(hi)) return Number.isFinite(lo) ? [lo] : [];
-  const mag = 10 ** Math.floor(Math.log10((hi - lo) / min));
-  for (const step of [10, 5, 2, 1].map((m) => m * mag)) {
-    const first = Math.ceil(lo / step - 1e-9);
-    const last = Math.floor(hi / step + 1e-9);
-    if (last - first + 1 >= min) return Array.from({ length: last - first + 1 }, (_, i) => Number(((first + i) * step).toPrecision(12)));
-  }
-  return [lo, hi];
 }
 
 /** A chart titled `title` with one y axis; `figure` is not attached yet. */
@@ -110,7 +94,20 @@ export function liveChart(title: string, yLabel: string, series: SeriesSpec[]): 
         data,
         plotBox,
       );
-      resize = new ResizeObserver(() => plot?.setSize(size()));
+      // Resize in the next frame, not inside the observer: a resize that changes layout within the
+      // callback (a scrollbar appearing, the legend re-wrapping) is a "ResizeObserver loop
+      // completed with undelivered notifications" error. Only a new width redraws.
+      let width = size().width;
+      let frame = 0;
+      resize = new ResizeObserver(() => {
+        cancelAnimationFrame(frame);
+        frame = requestAnimationFrame(() => {
+          const next = size();
+          if (next.width === width) return;
+          width = next.width;
+          plot?.setSize(next);
+        });
+      });
       resize.observe(plotBox);
     } else plot.setData(data);
     figure.setAttribute('data-points', String(xs.length));

@@ -1,6 +1,6 @@
 /**
  * Formatting of wire values for people: Unix seconds as local date-times, losses with four
- * significant digits, byte counts in KiB/MiB.
+ * significant digits, byte counts in KiB/MiB, round axis ticks. No DOM here (tests import it).
  */
 
 const p2 = (n: number) => String(n).padStart(2, '0');
@@ -38,4 +38,20 @@ export function duration(s: number | null | undefined): string {
   if (t < 60) return `${t} s`;
   if (t < 3600) return `${Math.floor(t / 60)} min ${String(t % 60).padStart(2, '0')} s`;
   return `${Math.floor(t / 3600)} h ${String(Math.floor((t % 3600) / 60)).padStart(2, '0')} min`;
+}
+
+/**
+ * Y-axis ticks: the largest step of 1, 2 or 5 x 10^k that still puts at least `min` ticks in
+ * [lo, hi] (uPlot's own choice gave a falling loss as few as two). Example: 0.42..1.9 -> 0.5, 1,
+ * 1.5 (step 0.5 leaves 3), so step 0.2: 0.6, 0.8, ..., 1.8.
+ */
+export function yTicks(lo: number, hi: number, min = 4): number[] {
+  if (!(hi > lo) || !Number.isFinite(lo) || !Number.isFinite(hi)) return Number.isFinite(lo) ? [lo] : [];
+  const mag = 10 ** Math.floor(Math.log10((hi - lo) / min));
+  for (const step of [10, 5, 2, 1].map((m) => m * mag)) {
+    const first = Math.ceil(lo / step - 1e-9);
+    const last = Math.floor(hi / step + 1e-9);
+    if (last - first + 1 >= min) return Array.from({ length: last - first + 1 }, (_, i) => Number(((first + i) * step).toPrecision(12)));
+  }
+  return [lo, hi];
 }
