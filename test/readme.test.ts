@@ -52,7 +52,8 @@ async function runPythonClient(urlLine: string): Promise<string[]> {
   const script = path.join(tmp, `client-${Date.now()}.py`);
   fs.writeFileSync(script, swap(PY_CLIENT, POLICY_LINE, urlLine));
   try {
-    const { stdout } = await run(PY.python!, [script], { timeout: 120_000 });
+    const { stdout, stderr } = await run(PY.python!, [script], { timeout: 120_000 });
+    expect(stderr, 'the README client printed warnings').toBe('');
     return stdout.trim().split('\n');
   } catch (e) {
     throw new Error(`the README's Python client failed:\n${(e as { stderr?: string }).stderr ?? (e as Error).message}`);
