@@ -323,9 +323,13 @@ async function fetchInto(hub: Hub, url: string, name: string, partial: string, w
       cb(null, chunk);
     },
   });
+  const out = fs.createWriteStream(partial, { flags: append ? 'a' : 'w' });
   try {
-    await pipeline(Readable.fromWeb(res.body as import('node:stream/web').ReadableStream), count, fs.createWriteStream(partial, { flags: append ? 'a' : 'w' }));
+    await pipeline(Readable.fromWeb(res.body as import('node:stream/web').ReadableStream), count, out);
   } catch (e) {
+    // pipeline rejects as soon as the source breaks; writes already handed to the file may still
+    // land. Wait for the file to close so the size we report (and resume from) is final.
+    if (!out.closed) await new Promise<void>((resolve) => out.once('close', () => resolve()));
     throw new HubError('network', `${name}: the connection broke after ${fs.statSync(partial).size} of ${want.size} bytes (${(e as Error & { cause?: Error }).cause?.message ?? (e as Error).message})`);
   }
 }
