@@ -1,28 +1,38 @@
 /**
- * Backend selection for the kernels. TF.js runs the same ops on every backend; we prefer, in
- * order, `tensorflow` from @tensorflow/tfjs-node-gpu (CUDA), `tensorflow` from
- * @tensorflow/tfjs-node, the wasm backend (SIMD, one thread under Node) and the plain cpu
- * backend. `VELA_BACKEND` (`auto`, `node-gpu`, `node`, `wasm`, `cpu`) forces one. The choice
- * and every fallback are returned and logged once (MODEL.md "Backends": never silent).
+ * Backend selection for the kernels. TF.js runs the same ops on every backend; `auto` prefers,
+ * in order, `tensorflow` from @tensorflow/tfjs-node-gpu (CUDA; only when a GPU is visible),
+ * `tensorflow` from @tensorflow/tfjs-node (CPU), the wasm backend (SIMD, one thread under Node)
+ * and the plain cpu backend. `VELA_BACKEND` (`auto`, `node-gpu`, `node`, `wasm`, `cpu`) forces
+ * one. The choice is logged once as one calm line that names the backend, where it runs, and
+ * briefly why a faster one is not in use (MODEL.md "Backends": never silent).
  */
 import * as tf from '@tensorflow/tfjs';
 import { setWasmPaths } from '@tensorflow/tfjs-backend-wasm';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 import { installFastWasmKernels } from './wasm-fast.ts';
+import { applyNativeEnv, installStatus, visibleGpus, type NativeThreads } from './native.ts';
 
 export type BackendChoice = 'auto' | 'node-gpu' | 'node' | 'wasm' | 'cpu';
+export type BackendKind = Exclude<BackendChoice, 'auto'>;
 
 export interface BackendReport {
   /** The TF.js backend in use: `tensorflow` (tfjs-node / tfjs-node-gpu), `wasm` or `cpu`. */
   name: string;
   /** The kind we chose, as VELA_BACKEND spells it. */
-  kind: Exclude<BackendChoice, 'auto'>;
-  /** Backends tried before it and why each failed. */
+  kind: BackendKind;
+  /** Where ops run, e.g. "CPU, libtensorflow 2.21.0, threads 1 intra-op, 1 inter-op". */
+  device: string;
+  /** TensorFlow's thread pools (native kinds only). */
+  threads?: NativeThreads;
+  /** Faster backends not in use and why, in preference order. */
   fallbacks: { backend: string; reason: string }[];
+  /** The one line that was logged. */
+  line: string;
 }
 
-const ORDER: Exclude<BackendChoice, 'auto'>[] = ['node-gpu', 'node', 'wasm', 'cpu'];
+const ORDER: BackendKind[] = ['node-gpu', 'node', 'wasm', 'cpu'];
+const PACKAGE = { 'node-gpu': '@tensorflow/tfjs-node-gpu', node: '@tensorflow/tfjs-node' } as const;
 let report: BackendReport | undefined;
 let pending: Promise<BackendReport> | undefined;
 
@@ -33,27 +43,63 @@ function wasmDir(): string {
   return path.dirname(entry) + path.sep;
 }
 
-async function tryOne(kind: Exclude<BackendChoice, 'auto'>): Promise<string> {
+/** A load error in a few words: the first line, without the require stack. */
+function brief(err: unknown): string {
+  const msg = (err instanceof Error ? err.message : String(err)).split('\n')[0]!;
+  if (/Cannot find (package|module) '@tensorflow\/tfjs-node(-gpu)?'/.test(msg)) return 'its package is not installed';
+  if (/tfjs_binding\.node/.test(msg)) return 'its native library is not set up: run npm run setup:native';
+  return msg.slice(0, 200);
+}
+
+/** Why the native runtime is missing, as the install recorded it (one short clause). */
+function installReason(kind: 'node' | 'node-gpu', loadError: string): string {
+  const st = installStatus()?.[kind];
+  if (st && !st.ok && st.reason) return st.reason.slice(0, 240);
+  return loadError;
+}
+
+async function tryOne(kind: BackendKind, threads: Partial<NativeThreads>): Promise<Omit<BackendReport, 'fallbacks' | 'line' | 'kind'>> {
   switch (kind) {
     case 'node-gpu':
     case 'node': {
-      const pkg = kind === 'node-gpu' ? '@tensorflow/tfjs-node-gpu' : '@tensorflow/tfjs-node';
+      let gpus: string[] = [];
+      if (kind === 'node-gpu') {
+        gpus = visibleGpus();
+        if (gpus.length === 0) throw new Error('no NVIDIA GPU is visible');
+      }
+      const t = applyNativeEnv(threads);
       // A variable specifier keeps bundlers and tsc from resolving a package that is optional.
-      await import(/* @vite-ignore */ pkg as string);
-      if (!(await tf.setBackend('tensorflow'))) throw new Error(`${pkg} loaded but backend 'tensorflow' did not initialise`);
-      return 'tensorflow';
+      await import(/* @vite-ignore */ PACKAGE[kind] as string);
+      if (!(await tf.setBackend('tensorflow'))) throw new Error(`${PACKAGE[kind]} loaded but backend 'tensorflow' did not initialise`);
+      const native = tf.backend() as unknown as { binding?: { TF_Version?: string }; isUsingGpuDevice?: boolean };
+      const version = native.binding?.TF_Version ?? '?';
+      // tfjs-node-gpu runs on the CPU when TensorFlow registers no GPU device (CUDA or cuDNN
+      // libraries missing): that is the node backend with extra weight, so say so and move on.
+      if (kind === 'node-gpu' && native.isUsingGpuDevice === false) throw new Error(`libtensorflow ${version} registered no GPU device (are CUDA and cuDNN installed?)`);
+      const pools = `threads ${t.intraOp} intra-op, ${t.interOp} inter-op`;
+      const device = kind === 'node-gpu'
+        ? `GPU ${gpus[0]}${gpus.length > 1 ? ` (+${gpus.length - 1} more visible, unused)` : ''}, libtensorflow ${version}, memory ${process.env.TF_FORCE_GPU_ALLOW_GROWTH === 'true' ? 'taken as needed' : 'reserved at start'}; ${pools} on the CPU`
+        : `CPU, libtensorflow ${version}, ${pools}`;
+      return { name: 'tensorflow', device, threads: t };
     }
     case 'wasm': {
       setWasmPaths(wasmDir());
       if (!(await tf.setBackend('wasm'))) throw new Error('wasm backend did not initialise');
       installFastWasmKernels();
-      return 'wasm';
+      return { name: 'wasm', device: 'CPU, SIMD, 1 thread' };
     }
     case 'cpu': {
       if (!(await tf.setBackend('cpu'))) throw new Error('cpu backend did not initialise');
-      return 'cpu';
+      return { name: 'cpu', device: 'CPU, plain JavaScript' };
     }
   }
+}
+
+/** The calm line: what runs, then (briefly) why not something faster. */
+function describe(kind: BackendKind, device: string, fallbacks: { backend: string; reason: string }[]): string {
+  const label = kind === 'node-gpu' ? 'tensorflow (tfjs-node-gpu)' : kind === 'node' ? 'tensorflow (tfjs-node)' : kind;
+  const why = fallbacks.map((f) => `${f.backend} (${f.reason})`).join(', ');
+  return `vela kernels: backend ${label} on ${device}${why ? `; not used: ${why}` : ''}`;
 }
 
 /**
@@ -63,10 +109,12 @@ async function tryOne(kind: Exclude<BackendChoice, 'auto'>): Promise<string> {
  *
  * @param prefer `auto` (default from VELA_BACKEND, else `auto`) or one backend to force.
  * @param log where the one line is written (default console.log); pass null for silence.
+ * @param threads TensorFlow thread counts (native kinds; default applyNativeEnv's).
  */
 export function initBackend(
   prefer: string = process.env.VELA_BACKEND ?? 'auto',
   log: ((line: string) => void) | null = (line) => console.log(line),
+  threads: Partial<NativeThreads> = {},
 ): Promise<BackendReport> {
   const choice = prefer.trim().toLowerCase() as BackendChoice;
   if (choice !== 'auto' && !ORDER.includes(choice as never)) {
@@ -74,21 +122,23 @@ export function initBackend(
   }
   if (report) return Promise.resolve(report);
   if (pending) return pending;
+  // TF.js's own notices ("Hi, looks like you are running TensorFlow.js in Node.js", flag
+  // overrides) go to the console from library code; the line below says what a reader needs.
+  tf.env().set('PROD', true);
   pending = (async () => {
-    const candidates = choice === 'auto' ? ORDER : [choice as Exclude<BackendChoice, 'auto'>];
+    const candidates = choice === 'auto' ? ORDER : [choice as BackendKind];
     const fallbacks: { backend: string; reason: string }[] = [];
     for (const kind of candidates) {
       try {
-        const name = await tryOne(kind);
+        const got = await tryOne(kind, threads);
         await tf.ready();
-        report = { name, kind, fallbacks };
-        if (log) {
-          const fb = fallbacks.map((f) => `${f.backend} (${f.reason})`).join('; ');
-          log(`vela kernels: backend ${kind}${fallbacks.length ? `; fell back from ${fb}` : ''}`);
-        }
+        const line = describe(kind, got.device, fallbacks);
+        report = { ...got, kind, fallbacks, line };
+        log?.(line);
         return report;
       } catch (err) {
-        const reason = (err instanceof Error ? err.message : String(err)).split('\n')[0]!.slice(0, 200);
+        const why = brief(err);
+        const reason = kind === 'node' || (kind === 'node-gpu' && why !== 'no NVIDIA GPU is visible') ? installReason(kind, why) : why;
         fallbacks.push({ backend: kind, reason });
       }
     }

@@ -6,8 +6,9 @@
  * at a time, which keeps a crash or a long op attributable to one session.
  */
 import { Worker } from 'node:worker_threads';
-import { EngineError, type EngineInfo, type FromWorker, type ToWorker } from './messages.ts';
+import { EngineError, type BackendInfo, type EngineInfo, type FromWorker, type ToWorker } from './messages.ts';
 import { log } from '../log.ts';
+import { applyNativeEnv, pinNativeLibrary, type NativeThreads } from '../../kernels/native.ts';
 
 interface Pending {
   callId: number;
@@ -26,6 +27,18 @@ export interface EngineOptions {
   baseWeightsPath?: string;
   /** Sessions resident in the engine at once; past it the least recently used is saved to disk (default 64). */
   maxResident?: number;
+  /** TensorFlow's thread pools (native backends; process-wide, fixed by the first engine that loads it). */
+  threads?: Partial<NativeThreads>;
+}
+
+function spawnWorker(backend: string, threads?: Partial<NativeThreads>): Worker {
+  // TensorFlow reads its thread counts from the process environment when it loads, and a
+  // worker's process.env is only a copy: set them here, on the main thread, first.
+  applyNativeEnv(threads);
+  pinNativeLibrary(backend.trim().toLowerCase());
+  return new Worker(new URL('./bootstrap.mjs', import.meta.url), {
+    workerData: { entry: new URL('./worker.ts', import.meta.url).href },
+  });
 }
 
 /** The interface the session server, jobs and the policy server use (tests inject stubs). */
@@ -55,9 +68,7 @@ export class Engine implements EngineLike {
    * @throws Error with the worker's reason when the model cannot be built (unknown preset, backend).
    */
   static async start(opts: EngineOptions): Promise<Engine> {
-    const worker = new Worker(new URL('./bootstrap.mjs', import.meta.url), {
-      workerData: { entry: new URL('./worker.ts', import.meta.url).href },
-    });
+    const worker = spawnWorker(opts.backend, opts.threads);
     let onMsg!: (m: FromWorker) => void;
     let onError!: (e: Error) => void;
     let onExit!: (code: number) => void;
@@ -80,6 +91,29 @@ export class Engine implements EngineLike {
       throw e;
     } finally {
       worker.off('message', onMsg).off('error', onError).off('exit', onExit);
+    }
+  }
+
+  /**
+   * The backend that engines started with these settings run on, chosen in a short-lived worker
+   * (the same choice as Engine.start makes: the same package, environment and order).
+   * @throws Error when no backend can start, or a forced one fails.
+   */
+  static async probe(backend: string, threads?: Partial<NativeThreads>): Promise<BackendInfo> {
+    const worker = spawnWorker(backend, threads);
+    try {
+      return await new Promise<BackendInfo>((resolve, reject) => {
+        worker.on('message', (m: FromWorker) => {
+          if (m.kind === 'probed') resolve(m.backend);
+          else if (m.kind === 'init_failed') reject(new Error(m.error));
+        });
+        worker.on('error', reject);
+        worker.on('exit', (code) => reject(new Error(`backend probe exited with code ${code}`)));
+        const msg: ToWorker = { kind: 'probe', backend };
+        worker.postMessage(msg);
+      });
+    } finally {
+      await worker.terminate();
     }
   }
 

@@ -6,20 +6,39 @@
 /** Main -> worker. */
 export type ToWorker =
   | { kind: 'init'; preset: string; backend: string; seed: number; baseWeightsPath?: string; maxResident?: number }
+  /** Only select the backend and report it (what engines of this process will run on). */
+  | { kind: 'probe'; backend: string }
   | { kind: 'call'; callId: number; session: string; op: string; args: Record<string, unknown> };
 
 /** Worker -> main. */
 export type FromWorker =
   | { kind: 'ready'; info: EngineInfo }
+  | { kind: 'probed'; backend: BackendInfo }
   | { kind: 'init_failed'; error: string }
   | { kind: 'result'; callId: number; result: unknown }
   | { kind: 'error'; callId: number; error: string; code: string; internal: boolean; stack?: string }
   | { kind: 'log'; level: 'info' | 'warn' | 'error'; message: string };
 
+/** The TF.js backend an engine runs on (kernels/backend.ts BackendReport, as sent between threads). */
+export interface BackendInfo {
+  /** `tensorflow`, `wasm` or `cpu`: what session info and /health call `backend`. */
+  name: string;
+  /** As VELA_BACKEND spells it: `node-gpu`, `node`, `wasm`, `cpu`. */
+  kind: string;
+  /** Where ops run: device, library version, thread pools, GPU memory policy. */
+  device: string;
+  /** Faster backends not in use, each "kind: reason". */
+  fallbacks: string[];
+  /** The one line logged when it was chosen. */
+  line: string;
+}
+
 /** What an engine reports once its model is ready. */
 export interface EngineInfo {
   preset: string;
   backend: string;
+  backendKind: string;
+  backendDevice: string;
   backendFallbacks: string[];
   imageSize: number;
   imageSlots: number;

@@ -7,7 +7,7 @@ import { parentPort } from 'node:worker_threads';
 import fs from 'node:fs';
 import path from 'node:path';
 import * as tf from '@tensorflow/tfjs';
-import { initBackend } from '../../kernels/backend.ts';
+import { initBackend, type BackendReport } from '../../kernels/backend.ts';
 import { makeConfig, type PolicyConfig } from '../../kernels/config.ts';
 import { BaseWeights, TrainingState } from '../../kernels/trainer.ts';
 import { checkpointFiles, loadCheckpoint, saveCheckpoint, type CheckpointContent } from '../../kernels/checkpoint.ts';
@@ -15,7 +15,7 @@ import { parseNormStats } from '../../kernels/normalize.ts';
 import { drawNoiseTime } from '../../kernels/flow.ts';
 import { Rng } from '../../kernels/rng.ts';
 import type { ModelBatch } from '../../kernels/batch.ts';
-import { EngineError, type FromWorker, type ToWorker } from './messages.ts';
+import { EngineError, type BackendInfo, type FromWorker, type ToWorker } from './messages.ts';
 import { TenantPool, toExported, type Tenant } from './tenants.ts';
 
 const port = parentPort!;
@@ -264,7 +264,18 @@ function isUserError(e: unknown): boolean {
   return ['ShapeError', 'ConfigError', 'CheckpointError', 'OptimError', 'TrainerError', 'LoraError', 'NormError'].includes(name);
 }
 
+function backendInfo(r: BackendReport): BackendInfo {
+  return { name: r.name, kind: r.kind, device: r.device, fallbacks: r.fallbacks.map((f) => `${f.backend}: ${f.reason}`), line: r.line };
+}
+
 port.on('message', (m: ToWorker) => {
+  if (m.kind === 'probe') {
+    initBackend(m.backend, null).then(
+      (r) => send({ kind: 'probed', backend: backendInfo(r) }),
+      (e) => send({ kind: 'init_failed', error: (e as Error).message }),
+    );
+    return;
+  }
   if (m.kind === 'init') {
     (async () => {
       try {
@@ -277,7 +288,8 @@ port.on('message', (m: ToWorker) => {
         send({
           kind: 'ready',
           info: {
-            preset: config.preset, backend: backendName, backendFallbacks: report.fallbacks.map((f) => `${f.backend}: ${f.reason}`),
+            preset: config.preset, backend: backendName, backendKind: report.kind, backendDevice: report.device,
+            backendFallbacks: backendInfo(report).fallbacks,
             imageSize: config.imageSize, imageSlots: config.slots, stateDim: config.stateDim, actionDim: config.actionDim,
             actionHorizon: config.horizon, maxTokenLen: config.maxTokenLen, baseParams: base.paramCount,
           },
