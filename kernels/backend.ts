@@ -27,7 +27,7 @@ export interface BackendReport {
   threads?: NativeThreads;
   /** Faster backends not in use and why, in preference order. */
   fallbacks: { backend: string; reason: string }[];
-  /** The one line that was logged. */
+  /** The calm line ("backend tensorflow (tfjs-node) on CPU, ...; not used: node-gpu (no NVIDIA GPU is visible)"). */
   line: string;
 }
 
@@ -99,7 +99,7 @@ async function tryOne(kind: BackendKind, threads: Partial<NativeThreads>): Promi
 function describe(kind: BackendKind, device: string, fallbacks: { backend: string; reason: string }[]): string {
   const label = kind === 'node-gpu' ? 'tensorflow (tfjs-node-gpu)' : kind === 'node' ? 'tensorflow (tfjs-node)' : kind;
   const why = fallbacks.map((f) => `${f.backend} (${f.reason})`).join(', ');
-  return `vela kernels: backend ${label} on ${device}${why ? `; not used: ${why}` : ''}`;
+  return `backend ${label} on ${device}${why ? `; not used: ${why}` : ''}`;
 }
 
 /**
@@ -134,7 +134,7 @@ export function initBackend(
         await tf.ready();
         const line = describe(kind, got.device, fallbacks);
         report = { ...got, kind, fallbacks, line };
-        log?.(line);
+        log?.(`vela kernels: ${line}`);
         return report;
       } catch (err) {
         const why = brief(err);

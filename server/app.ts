@@ -103,8 +103,15 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
   const wsBase = () => (config.publicUrl ?? baseUrl).replace(/^http/, 'ws').replace(/\/$/, '');
 
   app.get('/healthz', route(0, (r) => sendText(r, 200, 'OK')));
-  // xorl's shape; `backend` kept for Vela's own clients. engine_running: an engine worker is up.
-  app.get('/health', route(0, (r) => sendJson(r, 200, { status: 'healthy', engine_running: sessions.runningEngines().length > 0, engines: sessions.runningEngines(), backend: config.backend })));
+  // xorl's shape (status, engine_running, engines); `backend` is the backend in use (chosen once:
+  // VELA_BACKEND is the request, backend_requested), with where it runs and what was not used.
+  app.get('/health', route(0, async (r) => {
+    const b = await sessions.backend().catch((e: Error) => ({ name: null, kind: null, device: null, fallbacks: [e.message] }));
+    sendJson(r, 200, {
+      status: 'healthy', engine_running: sessions.runningEngines().length > 0, engines: sessions.runningEngines(),
+      backend: b.name, backend_kind: b.kind, backend_device: b.device, backend_requested: config.backend, backend_not_used: b.fallbacks,
+    });
+  }));
 
   app.post('/v1/training_sessions', route(0, async (r) => {
     const owner = requireOwner(store, r);

@@ -62,8 +62,10 @@ async function serve(argv: string[]): Promise<void> {
   const server = await startServer(config, {
     onNewKey: (key) => process.stdout.write(`\nNo API key existed, so one was created. It is shown only this once:\n\n    ${key}\n\nUse it as: Authorization: Bearer ${key}\n\n`),
   });
+  // Chosen now, in a short-lived worker, so the operator sees it before the first session.
+  const backend = await server.sessions.backend().then((b) => b.line, (e: Error) => `no backend: ${e.message}`);
   process.stdout.write(
-    `Vela listening on ${server.baseUrl} (data: ${path.resolve(config.dataDir)}, datasets: ${config.datasetsDir}, backend: ${config.backend})\n` +
+    `Vela listening on ${server.baseUrl} (data: ${path.resolve(config.dataDir)}, datasets: ${config.datasetsDir})\n${backend}\n` +
       (config.apiKey ? 'Accepting the key from VELA_API_KEY / --api-key.\n' : ''),
   );
   stopOnSignals(() => server.close());

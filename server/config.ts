@@ -6,6 +6,7 @@ import os from 'node:os';
 import path from 'node:path';
 import type { BackendChoice } from '../kernels/backend.ts';
 import { shown, UsageError } from './cli-args.ts';
+import { defaultThreads } from '../kernels/native.ts';
 
 /** A setting with a bad value, or an unknown one: `vela` prints it as one line and exits 2. */
 export class ConfigError extends UsageError {
@@ -44,6 +45,8 @@ export interface ServerConfig {
   datasetsDir: string;
   apiKey: string | undefined;
   backend: string;
+  tfIntraOpThreads: number;
+  tfInterOpThreads: number;
   publicUrl: string | undefined;
   allowAbsoluteDatasets: boolean;
   maxSessionMessageBytes: number;
@@ -78,6 +81,8 @@ export const SETTINGS: Setting[] = [
   { key: 'datasetsDir', flag: '--datasets-dir', env: 'VELA_DATASETS_DIR', kind: 'string', def: defaultDatasetsDir, help: 'root that dataset_name resolves under (LeRobot\'s cache; `vela datasets download` writes there)', defaultText: '$HF_LEROBOT_HOME, else $HF_HOME/lerobot, else ~/.cache/huggingface/lerobot' },
   { key: 'apiKey', flag: '--api-key', env: 'VELA_API_KEY', kind: 'string', def: () => undefined, help: 'an API key to accept (one is created and printed when the store has none)', defaultText: 'none' },
   { key: 'backend', flag: '--backend', env: 'VELA_BACKEND', kind: 'choice', choices: BACKEND_CHOICES, def: () => 'auto', help: `TF.js backend of the engines: ${BACKEND_CHOICES.join(' | ')}` },
+  { key: 'tfIntraOpThreads', flag: '--tf-intra-op-threads', env: 'VELA_TF_INTRA_OP_THREADS', kind: 'int', max: 1024, def: (env) => Number(env.TF_NUM_INTRAOP_THREADS) || defaultThreads().intraOp, help: 'native TensorFlow: threads one op may use, shared by all engines', defaultText: 'half the cores, at least 1' },
+  { key: 'tfInterOpThreads', flag: '--tf-inter-op-threads', env: 'VELA_TF_INTER_OP_THREADS', kind: 'int', max: 1024, def: (env) => Number(env.TF_NUM_INTEROP_THREADS) || defaultThreads().interOp, help: 'native TensorFlow: threads running independent ops at once' },
   { key: 'publicUrl', flag: '--public-url', env: 'VELA_PUBLIC_URL', kind: 'string', def: () => undefined, help: 'base of session and policy URLs behind a proxy', defaultText: 'none (the address it listens on)' },
   { key: 'allowAbsoluteDatasets', flag: '--allow-absolute-datasets', env: 'VELA_ALLOW_ABSOLUTE_DATASETS', kind: 'bool', def: () => false, help: 'let dataset_name be an absolute path' },
   { key: 'maxSessionMessageBytes', flag: '--max-session-message-bytes', env: 'VELA_MAX_SESSION_MESSAGE_BYTES', kind: 'int', def: () => 64 * MiB, help: 'session websocket message limit' },
@@ -155,7 +160,11 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
     if (raw === undefined) throw new ConfigError(`${flag} needs a value (see vela serve --help)`);
     out[s.key] = parseValue(s, raw, eq >= 0 ? `${flag}=${shown(raw)}` : `${flag} ${shown(raw)}`);
   }
-  return { config: out as unknown as ServerConfig, rest };
+  const config = out as unknown as ServerConfig;
+  for (const [flag, n] of [['--tf-intra-op-threads', config.tfIntraOpThreads], ['--tf-inter-op-threads', config.tfInterOpThreads]] as const) {
+    if (n < 1) throw new ConfigError(`${flag} must be at least 1, got ${n}`);
+  }
+  return { config, rest };
 }
 
 /** A setting's default for `--help`: `64 MiB` beside a byte count, `none` when unset. */

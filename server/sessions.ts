@@ -8,6 +8,8 @@ import type { RawMsgpack } from '../protocol/msgpack.ts';
 import path from 'node:path';
 import { PRESETS, PRESET_ALIASES, resolvePreset } from '../kernels/config.ts';
 import { Engine, type EngineLike } from './engine/host.ts';
+import type { BackendInfo } from './engine/messages.ts';
+import type { NativeThreads } from '../kernels/native.ts';
 import { HttpError } from './http.ts';
 import { log } from './log.ts';
 import { newToken } from './auth.ts';
@@ -82,18 +84,40 @@ export class LiveSession {
 
 export type EngineFactory = (preset: string) => Promise<EngineLike>;
 
+/** The native runtime's thread settings of a server config. */
+export function threadsOf(config: ServerConfig): NativeThreads {
+  return { intraOp: config.tfIntraOpThreads, interOp: config.tfInterOpThreads };
+}
+
 export class SessionManager {
   private engines = new Map<string, Promise<EngineLike>>();
   private started = new Set<string>();
+  private probed: Promise<BackendInfo> | undefined;
   readonly live = new Map<string, LiveSession>();
   private idleTimer: NodeJS.Timeout;
 
   constructor(
     private store: Store,
     private config: ServerConfig,
-    private engineFactory: EngineFactory = (preset) => Engine.start({ preset, backend: config.backend, maxResident: config.maxResidentSessions }),
+    private engineFactory: EngineFactory = (preset) => Engine.start({ preset, backend: config.backend, maxResident: config.maxResidentSessions, threads: threadsOf(config) }),
   ) {
     this.idleTimer = setInterval(() => this.closeIdle(), Math.min(60_000, config.sessionIdleTimeoutS * 250)).unref();
+  }
+
+  /**
+   * The backend this server's engines run on: the first started engine's, else chosen once in a
+   * short-lived worker (Engine.probe) with the same settings.
+   */
+  backend(): Promise<BackendInfo> {
+    this.probed ??= (async () => {
+      for (const e of this.engines.values()) {
+        const info = await e.then((x) => x.info, () => null);
+        if (info) return { name: info.backend, kind: info.backendKind, device: info.backendDevice, fallbacks: info.backendFallbacks, line: info.backendLine };
+      }
+      return Engine.probe(this.config.backend, threadsOf(this.config));
+    })();
+    this.probed.catch(() => (this.probed = undefined));
+    return this.probed;
   }
 
   /** The engine of a preset, started on first use and shared by every session of that preset. */

@@ -17,7 +17,7 @@ export type FromWorker =
   | { kind: 'init_failed'; error: string }
   | { kind: 'result'; callId: number; result: unknown }
   | { kind: 'error'; callId: number; error: string; code: string; internal: boolean; stack?: string }
-  | { kind: 'log'; level: 'info' | 'warn' | 'error'; message: string };
+  | { kind: 'log'; level: 'info' | 'warn' | 'error' | 'debug'; message: string };
 
 /** The TF.js backend an engine runs on (kernels/backend.ts BackendReport, as sent between threads). */
 export interface BackendInfo {
@@ -29,7 +29,7 @@ export interface BackendInfo {
   device: string;
   /** Faster backends not in use, each "kind: reason". */
   fallbacks: string[];
-  /** The one line logged when it was chosen. */
+  /** One calm line: the backend, where it runs, and why faster ones are not in use. */
   line: string;
 }
 
@@ -40,6 +40,8 @@ export interface EngineInfo {
   backendKind: string;
   backendDevice: string;
   backendFallbacks: string[];
+  /** BackendInfo.line: what the CLIs print. */
+  backendLine: string;
   imageSize: number;
   imageSlots: number;
   stateDim: number;

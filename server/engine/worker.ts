@@ -279,7 +279,8 @@ port.on('message', (m: ToWorker) => {
   if (m.kind === 'init') {
     (async () => {
       try {
-        const report = await initBackend(m.backend, (line) => send({ kind: 'log', level: 'info', message: line }));
+        // The commands print the line themselves (engine.info.backendLine); the log keeps it at debug.
+        const report = await initBackend(m.backend, (line) => send({ kind: 'log', level: 'debug', message: line }));
         backendName = report.name;
         config = makeConfig(m.preset);
         baseSeed = m.seed;
@@ -289,7 +290,7 @@ port.on('message', (m: ToWorker) => {
           kind: 'ready',
           info: {
             preset: config.preset, backend: backendName, backendKind: report.kind, backendDevice: report.device,
-            backendFallbacks: backendInfo(report).fallbacks,
+            backendFallbacks: backendInfo(report).fallbacks, backendLine: report.line,
             imageSize: config.imageSize, imageSlots: config.slots, stateDim: config.stateDim, actionDim: config.actionDim,
             actionHorizon: config.horizon, maxTokenLen: config.maxTokenLen, baseParams: base.paramCount,
           },

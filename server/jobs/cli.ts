@@ -138,7 +138,7 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
   const eventsFile = fs.openSync(path.join(outDir, 'events.jsonl'), 'a');
   const { Engine } = await import('../engine/host.ts');
   const engine = await Engine.start({ preset: cfg.model, backend });
-  process.stderr.write(`engine: ${engine.info.preset} on ${engine.info.backend}\n`);
+  process.stderr.write(`engine: ${engine.info.preset}, ${engine.info.backendLine}\n`);
   let stop = false;
   process.once('SIGINT', () => {
     stop = true;

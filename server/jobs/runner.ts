@@ -126,7 +126,7 @@ export class JobRunner {
     let engine: EngineLike | null = null;
     try {
       engine = await this.engineFor(cfg.model);
-      this.emit(id, 'log', { message: `engine ready: ${engine.info.preset} on ${engine.info.backend}` });
+      this.emit(id, 'log', { message: `engine ready: ${engine.info.preset}, ${engine.info.backendLine}` });
       const result = await runFineTune(cfg, {
         jobId: id,
         datasetDir: resolveDatasetDir(cfg.dataset_name, this.config.datasetsDir, this.config.allowAbsoluteDatasets),

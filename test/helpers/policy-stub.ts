@@ -11,7 +11,7 @@ import { packNumpy, unpackNumpy } from '../../protocol/ndarray.ts';
 
 /** The stub model's sizes: pi0-tiny with 32-pixel images, 8 state and action dims, horizon 6. */
 export const STUB_INFO: EngineInfo = {
-  preset: 'pi0-tiny', backend: 'stub', backendFallbacks: [], imageSize: 32, imageSlots: 3, stateDim: 8, actionDim: 8,
+  preset: 'pi0-tiny', backend: 'stub', backendKind: 'stub', backendDevice: 'none', backendLine: 'backend stub', backendFallbacks: [], imageSize: 32, imageSlots: 3, stateDim: 8, actionDim: 8,
   actionHorizon: 6, maxTokenLen: 48, baseParams: 1,
 };
 
