@@ -58,7 +58,27 @@ function installReason(kind: 'node' | 'node-gpu', loadError: string): string {
   return loadError;
 }
 
-async function tryOne(kind: BackendKind, threads: Partial<NativeThreads>): Promise<Omit<BackendReport, 'fallbacks' | 'line' | 'kind'>> {
+type Activated = Omit<BackendReport, 'fallbacks' | 'line' | 'kind'>;
+const activated = new Map<BackendKind, Activated>();
+
+/**
+ * Makes one backend active for this process's TF.js (initialising it the first time), without
+ * touching the once-per-process report: for tests and benches that run the same computation on
+ * every backend present. Tensors made on another backend move over when next used.
+ * @throws Error when that backend cannot start (the reason as initBackend reports it).
+ */
+export async function activateBackend(kind: BackendKind, threads: Partial<NativeThreads> = {}): Promise<Activated> {
+  tf.env().set('PROD', true);
+  let got = activated.get(kind);
+  if (!got) {
+    got = await tryOne(kind, threads);
+    activated.set(kind, got);
+  } else if (!(await tf.setBackend(got.name))) throw new Error(`backend ${got.name} did not initialise`);
+  await tf.ready();
+  return got;
+}
+
+async function tryOne(kind: BackendKind, threads: Partial<NativeThreads>): Promise<Activated> {
   switch (kind) {
     case 'node-gpu':
     case 'node': {
@@ -130,8 +150,7 @@ export function initBackend(
     const fallbacks: { backend: string; reason: string }[] = [];
     for (const kind of candidates) {
       try {
-        const got = await tryOne(kind, threads);
-        await tf.ready();
+        const got = await activateBackend(kind, threads);
         const line = describe(kind, got.device, fallbacks);
         report = { ...got, kind, fallbacks, line };
         log?.(`vela kernels: ${line}`);

@@ -14,7 +14,7 @@ import {
 } from '../kernels/checkpoint.ts';
 import { AdamWMoments, DEFAULT_ADAMW, adamwStep } from '../kernels/optim.ts';
 import { decodeSafetensors } from '../kernels/safetensors.ts';
-import { useWasm } from './helpers/tf.ts';
+import { forEachBackend } from './helpers/tf.ts';
 
 const root = mkdtempSync(path.join(tmpdir(), 'vela-ckpt-'));
 afterAll(() => rmSync(root, { recursive: true, force: true }));
@@ -172,9 +172,7 @@ describe('atomic writes', () => {
   });
 });
 
-describe('optimizer state through a checkpoint', () => {
-  beforeAll(useWasm);
-
+forEachBackend('optimizer state through a checkpoint', () => {
   it('save -> load -> AdamWMoments.import gives the identical next step', async () => {
     const mk = () => new Map([['w', tf.variable(tf.tensor([[0.5, -1.5], [2, 0.25]]))], ['b', tf.variable(tf.tensor([0.1, 0.2]))]]);
     const grads = (k: number) => new Map([['w', tf.tensor([[k, -0.5], [0.3, 2 * k]])], ['b', tf.tensor([-k, 0.01])]]);

@@ -12,6 +12,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
 import { g1Datums, g1Subset } from './helpers/g1.ts';
 import { PolicyClient } from './helpers/policy-stub.ts';
+import { TEST_BACKENDS } from './helpers/tf.ts';
 
 // The shipped sample's 3 real G1 episodes (2 train, 1 held out), copied to a temp datasets root.
 const SUBSET = g1Subset(3);
@@ -174,7 +175,7 @@ describe('a server killed mid-job', () => {
   const base = { baseUrl: `http://127.0.0.1:${port}` };
   const startChild = async () => {
     child = spawn(process.execPath, ['bin/vela.js', 'serve'], {
-      env: { ...process.env, VELA_PORT: String(port), VELA_DATA_DIR: dataDir, VELA_API_KEY: TEST_KEY, VELA_DATASETS_DIR: SUBSET.root, VELA_BACKEND: 'wasm', VELA_LOG_LEVEL: 'warn' },
+      env: { ...process.env, VELA_PORT: String(port), VELA_DATA_DIR: dataDir, VELA_API_KEY: TEST_KEY, VELA_DATASETS_DIR: SUBSET.root, VELA_BACKEND: TEST_BACKENDS[0]!, VELA_LOG_LEVEL: 'warn' },
       stdio: ['ignore', 'pipe', 'inherit'],
     });
     await waitFor(async () => (await fetch(`${base.baseUrl}/healthz`).catch(() => null))?.ok, 60_000);

@@ -6,8 +6,8 @@
  * and also require that every checked gradient is clearly non-zero (so the test can fail).
  */
 import * as tf from '@tensorflow/tfjs';
-import { beforeAll, describe, expect, it } from 'vitest';
-import { initBackend } from '../kernels/backend.ts';
+import { describe, expect, it } from 'vitest';
+import { forEachBackend } from './helpers/tf.ts';
 import { makeConfig, type PolicyConfig } from '../kernels/config.ts';
 import { fakeBatch, type ModelBatch } from '../kernels/batch.ts';
 import { paramSpecs, velocity, type WeightsView } from '../kernels/policy.ts';
@@ -16,9 +16,6 @@ import { selectTargets } from '../kernels/lora.ts';
 import type { LoraFactors } from '../kernels/layers.ts';
 import { Rng } from '../kernels/rng.ts';
 
-beforeAll(async () => {
-  await initBackend('wasm', null);
-});
 
 const micro = (preset: string) =>
   makeConfig(preset, { imageSize: 32, patch: 16, slots: 2, width: 16, depth: 2, heads: 2, headDim: 8, mlpDim: 32, maxTokenLen: 6, stateDim: 4, actionDim: 3, horizon: 4 });
@@ -117,64 +114,66 @@ function fdCheck(s: Setup, picks: { name: string; index: number }[], trainable: 
   }
 }
 
-describe('gradients vs central finite differences (float32, h = 1e-2)', () => {
-  it('pi0 micro config: one entry of every kind of parameter', () => {
-    const s = setup('pi0-tiny', false);
-    const tokens = s.batch.tokens;
-    const picks = [
-      { name: 'img.patch.weight', index: 5 },
-      { name: 'img.patch.bias', index: 3 },
-      { name: 'img.pos', index: 17 },
-      { name: 'img.slot', index: 16 + 2 },
-      { name: 'txt.embed', index: tokens[0]! * 16 + 1 },
-      { name: 'txt.pos', index: 2 },
-      { name: 'state.proj.weight', index: 7 },
-      { name: 'act.in.weight', index: 4 },
-      { name: 'act.pos', index: 20 },
-      { name: 'act.time1.weight', index: 16 * 20 + 3 },
-      { name: 'act.time2.bias', index: 1 },
-      { name: 'layers.0.prefix.norm1.weight', index: 2 },
-      { name: 'layers.0.prefix.qkv.weight', index: 40 },
-      { name: 'layers.0.prefix.o.weight', index: 9 },
-      { name: 'layers.0.prefix.mlp1.weight', index: 33 },
-      { name: 'layers.0.prefix.mlp2.weight', index: 21 },
-      { name: 'layers.1.prefix.qkv.weight', index: 16 * 48 - 20 }, // a value (V) column: last-layer K/V
-      { name: 'layers.1.action.norm1.weight', index: 5 },
-      { name: 'layers.1.action.qkv.weight', index: 3 },
-      { name: 'layers.1.action.mlp2.bias', index: 6 },
-      { name: 'final_norm.weight', index: 4 },
-      { name: 'act.out.weight', index: 10 },
-    ];
-    fdCheck(s, picks, () => true);
-  });
-  it('pi0.5 micro config: state bins, time MLP, adaptive RMSNorm', () => {
-    const s = setup('pi05-tiny', false);
-    const c = s.c;
-    const bins = Math.min(255, Math.floor(((Math.max(-1, Math.min(1, s.batch.state[1]!)) + 1) / 2) * 256));
-    const picks = [
-      { name: 'state.embed', index: bins * 16 + 2 },
-      { name: 'state.dim', index: 16 + 5 },
-      { name: 'time.mlp1.weight', index: 30 },
-      { name: 'time.mlp2.bias', index: 7 },
-      { name: 'layers.0.action.ada1.weight', index: 16 * 48 - 5 }, // gate column
-      { name: 'layers.0.action.ada1.weight', index: 3 }, // scale column
-      { name: 'layers.1.action.ada2.bias', index: c.width + 2 }, // shift
-      { name: 'layers.1.action.o.weight', index: 12 },
-      { name: 'layers.0.prefix.qkv.bias', index: 20 },
-      { name: 'act.out.bias', index: 1 },
-    ];
-    fdCheck(s, picks, () => true);
-  });
-  it('LoRA factors on a frozen base (attn + action_expert targets)', () => {
-    const s = setup('pi05-tiny', true);
-    const picks = [
-      { name: 'layers.0.prefix.qkv.lora_a', index: 3 },
-      { name: 'layers.0.prefix.qkv.lora_b', index: 17 },
-      { name: 'layers.1.action.o.lora_a', index: 5 },
-      { name: 'layers.1.action.mlp1.lora_b', index: 8 },
-      { name: 'act.in.lora_a', index: 1 },
-      { name: 'layers.0.action.ada2.lora_b', index: 40 },
-    ];
-    fdCheck(s, picks, (n) => n.includes('.lora_'));
+forEachBackend('kernels: gradients', () => {
+  describe('gradients vs central finite differences (float32, h = 1e-2)', () => {
+    it('pi0 micro config: one entry of every kind of parameter', () => {
+      const s = setup('pi0-tiny', false);
+      const tokens = s.batch.tokens;
+      const picks = [
+        { name: 'img.patch.weight', index: 5 },
+        { name: 'img.patch.bias', index: 3 },
+        { name: 'img.pos', index: 17 },
+        { name: 'img.slot', index: 16 + 2 },
+        { name: 'txt.embed', index: tokens[0]! * 16 + 1 },
+        { name: 'txt.pos', index: 2 },
+        { name: 'state.proj.weight', index: 7 },
+        { name: 'act.in.weight', index: 4 },
+        { name: 'act.pos', index: 20 },
+        { name: 'act.time1.weight', index: 16 * 20 + 3 },
+        { name: 'act.time2.bias', index: 1 },
+        { name: 'layers.0.prefix.norm1.weight', index: 2 },
+        { name: 'layers.0.prefix.qkv.weight', index: 40 },
+        { name: 'layers.0.prefix.o.weight', index: 9 },
+        { name: 'layers.0.prefix.mlp1.weight', index: 33 },
+        { name: 'layers.0.prefix.mlp2.weight', index: 21 },
+        { name: 'layers.1.prefix.qkv.weight', index: 16 * 48 - 20 }, // a value (V) column: last-layer K/V
+        { name: 'layers.1.action.norm1.weight', index: 5 },
+        { name: 'layers.1.action.qkv.weight', index: 3 },
+        { name: 'layers.1.action.mlp2.bias', index: 6 },
+        { name: 'final_norm.weight', index: 4 },
+        { name: 'act.out.weight', index: 10 },
+      ];
+      fdCheck(s, picks, () => true);
+    });
+    it('pi0.5 micro config: state bins, time MLP, adaptive RMSNorm', () => {
+      const s = setup('pi05-tiny', false);
+      const c = s.c;
+      const bins = Math.min(255, Math.floor(((Math.max(-1, Math.min(1, s.batch.state[1]!)) + 1) / 2) * 256));
+      const picks = [
+        { name: 'state.embed', index: bins * 16 + 2 },
+        { name: 'state.dim', index: 16 + 5 },
+        { name: 'time.mlp1.weight', index: 30 },
+        { name: 'time.mlp2.bias', index: 7 },
+        { name: 'layers.0.action.ada1.weight', index: 16 * 48 - 5 }, // gate column
+        { name: 'layers.0.action.ada1.weight', index: 3 }, // scale column
+        { name: 'layers.1.action.ada2.bias', index: c.width + 2 }, // shift
+        { name: 'layers.1.action.o.weight', index: 12 },
+        { name: 'layers.0.prefix.qkv.bias', index: 20 },
+        { name: 'act.out.bias', index: 1 },
+      ];
+      fdCheck(s, picks, () => true);
+    });
+    it('LoRA factors on a frozen base (attn + action_expert targets)', () => {
+      const s = setup('pi05-tiny', true);
+      const picks = [
+        { name: 'layers.0.prefix.qkv.lora_a', index: 3 },
+        { name: 'layers.0.prefix.qkv.lora_b', index: 17 },
+        { name: 'layers.1.action.o.lora_a', index: 5 },
+        { name: 'layers.1.action.mlp1.lora_b', index: 8 },
+        { name: 'act.in.lora_a', index: 1 },
+        { name: 'layers.0.action.ada2.lora_b', index: 40 },
+      ];
+      fdCheck(s, picks, (n) => n.includes('.lora_'));
+    });
   });
 });

@@ -1,15 +1,12 @@
 import * as tf from '@tensorflow/tfjs';
-import { beforeAll, describe, expect, it } from 'vitest';
-import { initBackend } from '../kernels/backend.ts';
+import { describe, expect, it } from 'vitest';
+import { forEachBackend } from './helpers/tf.ts';
 import { makeConfig } from '../kernels/config.ts';
 import { fakeBatch, sliceBatch } from '../kernels/batch.ts';
 import { mseVelocityGrad, drawNoiseTime } from '../kernels/flow.ts';
 import { BaseWeights, TrainerError, TrainingState } from '../kernels/trainer.ts';
 import { Rng } from '../kernels/rng.ts';
 
-beforeAll(async () => {
-  await initBackend('wasm', null);
-});
 
 const micro = (preset: string) =>
   makeConfig(preset, { imageSize: 32, patch: 16, slots: 2, width: 32, depth: 2, heads: 2, headDim: 16, mlpDim: 64, maxTokenLen: 8, stateDim: 6, actionDim: 4, horizon: 5 });
@@ -32,239 +29,241 @@ function batchOf(preset: string, size: number, seed: number) {
   return { c, b };
 }
 
-describe.each(['pi0-tiny', 'pi05-tiny'])('training state (%s micro)', (preset) => {
-  it('forward(keep) + backward(2 w (v - u) mask / n) gives the G and D of forward_backward', () => {
-    const { c, b } = batchOf(preset, 3, 1);
-    const base = BaseWeights.create(c, 7);
-    const s1 = new TrainingState(base, { finetune: 'full', seed: 3 });
-    const s2 = new TrainingState(base, { finetune: 'full', seed: 3 });
-    const r1 = s1.forwardBackward(b);
-    const f = s2.forward(b, { keep: true });
-    s2.backward(mseVelocityGrad(f.velocity, f.target, b.actionMask, b.weight));
-    const g1 = s1.accumulatedGradients();
-    const g2 = s2.accumulatedGradients();
-    expect(g2.denominator).toBe(3.5);
-    expect(g1.denominator).toBe(3.5);
-    expect([...g2.grads.keys()].sort()).toEqual([...g1.grads.keys()].sort());
-    for (const [name, g] of g1.grads) {
-      let scale = 0;
-      for (const x of g) scale = Math.max(scale, Math.abs(x));
-      expect(maxAbsDiff(g, g2.grads.get(name)!), name).toBeLessThanOrEqual(1e-5 + 1e-4 * scale);
-    }
-    // The loss reported is sum w_i loss_i / sum w_i with loss_i the masked mean (computed here from forward's outputs).
-    let num = 0;
-    const per = 5 * 4;
-    for (let i = 0; i < 3; i++) {
-      let sq = 0;
-      let n = 0;
-      for (let j = 0; j < per; j++) {
-        const k = i * per + j;
-        sq += b.actionMask[k]! * (f.velocity[k]! - f.target[k]!) ** 2;
-        n += b.actionMask[k]!;
+forEachBackend('kernels: training state', () => {
+  describe.each(['pi0-tiny', 'pi05-tiny'])('training state (%s micro)', (preset) => {
+    it('forward(keep) + backward(2 w (v - u) mask / n) gives the G and D of forward_backward', () => {
+      const { c, b } = batchOf(preset, 3, 1);
+      const base = BaseWeights.create(c, 7);
+      const s1 = new TrainingState(base, { finetune: 'full', seed: 3 });
+      const s2 = new TrainingState(base, { finetune: 'full', seed: 3 });
+      const r1 = s1.forwardBackward(b);
+      const f = s2.forward(b, { keep: true });
+      s2.backward(mseVelocityGrad(f.velocity, f.target, b.actionMask, b.weight));
+      const g1 = s1.accumulatedGradients();
+      const g2 = s2.accumulatedGradients();
+      expect(g2.denominator).toBe(3.5);
+      expect(g1.denominator).toBe(3.5);
+      expect([...g2.grads.keys()].sort()).toEqual([...g1.grads.keys()].sort());
+      for (const [name, g] of g1.grads) {
+        let scale = 0;
+        for (const x of g) scale = Math.max(scale, Math.abs(x));
+        expect(maxAbsDiff(g, g2.grads.get(name)!), name).toBeLessThanOrEqual(1e-5 + 1e-4 * scale);
       }
-      expect(n).toBe(12);
-      expect(r1.lossPerDatum[i]).toBeCloseTo(sq / n, 5);
-      num += b.weight[i]! * (sq / n);
-    }
-    expect(r1.loss).toBeCloseTo(num / 3.5, 5);
-    expect(() => s2.backward(new Float32Array(60))).toThrow(TrainerError); // the capture was used
-    s1.dispose();
-    s2.dispose();
-    base.dispose();
+      // The loss reported is sum w_i loss_i / sum w_i with loss_i the masked mean (computed here from forward's outputs).
+      let num = 0;
+      const per = 5 * 4;
+      for (let i = 0; i < 3; i++) {
+        let sq = 0;
+        let n = 0;
+        for (let j = 0; j < per; j++) {
+          const k = i * per + j;
+          sq += b.actionMask[k]! * (f.velocity[k]! - f.target[k]!) ** 2;
+          n += b.actionMask[k]!;
+        }
+        expect(n).toBe(12);
+        expect(r1.lossPerDatum[i]).toBeCloseTo(sq / n, 5);
+        num += b.weight[i]! * (sq / n);
+      }
+      expect(r1.loss).toBeCloseTo(num / 3.5, 5);
+      expect(() => s2.backward(new Float32Array(60))).toThrow(TrainerError); // the capture was used
+      s1.dispose();
+      s2.dispose();
+      base.dispose();
+    });
+
+    it('two half-batches + optim_step equal one whole batch', () => {
+      const { c, b } = batchOf(preset, 4, 2);
+      const base = BaseWeights.create(c, 8);
+      const { noise, time } = drawNoiseTime(new Rng(5), 4, c.horizon, c.actionDim);
+      const per = c.horizon * c.actionDim;
+      const whole = new TrainingState(base, { finetune: 'lora', rank: 4, alpha: 8, seed: 1 });
+      const halves = new TrainingState(base, { finetune: 'lora', rank: 4, alpha: 8, seed: 1 });
+      for (let step = 0; step < 2; step++) {
+        whole.forwardBackward(b, { noise, time });
+        halves.forwardBackward(sliceBatch(b, 0, 2), { noise: noise.slice(0, 2 * per), time: time.slice(0, 2) });
+        halves.forwardBackward(sliceBatch(b, 2, 4), { noise: noise.slice(2 * per), time: time.slice(2) });
+        expect(halves.pendingGradients).toBe(2);
+        const o1 = whole.optimStep({ learningRate: 1e-2 });
+        const o2 = halves.optimStep({ learningRate: 1e-2 });
+        expect(o2.gradNorm).toBeCloseTo(o1.gradNorm, 4);
+      }
+      const w1 = weightsOf(whole);
+      const w2 = weightsOf(halves);
+      for (const [name, w] of w1) expect(maxAbsDiff(w, w2.get(name)!), name).toBeLessThan(2e-5);
+      whole.dispose();
+      halves.dispose();
+      base.dispose();
+    });
   });
 
-  it('two half-batches + optim_step equal one whole batch', () => {
-    const { c, b } = batchOf(preset, 4, 2);
-    const base = BaseWeights.create(c, 8);
-    const { noise, time } = drawNoiseTime(new Rng(5), 4, c.horizon, c.actionDim);
-    const per = c.horizon * c.actionDim;
-    const whole = new TrainingState(base, { finetune: 'lora', rank: 4, alpha: 8, seed: 1 });
-    const halves = new TrainingState(base, { finetune: 'lora', rank: 4, alpha: 8, seed: 1 });
-    for (let step = 0; step < 2; step++) {
-      whole.forwardBackward(b, { noise, time });
-      halves.forwardBackward(sliceBatch(b, 0, 2), { noise: noise.slice(0, 2 * per), time: time.slice(0, 2) });
-      halves.forwardBackward(sliceBatch(b, 2, 4), { noise: noise.slice(2 * per), time: time.slice(2) });
-      expect(halves.pendingGradients).toBe(2);
-      const o1 = whole.optimStep({ learningRate: 1e-2 });
-      const o2 = halves.optimStep({ learningRate: 1e-2 });
-      expect(o2.gradNorm).toBeCloseTo(o1.gradNorm, 4);
-    }
-    const w1 = weightsOf(whole);
-    const w2 = weightsOf(halves);
-    for (const [name, w] of w1) expect(maxAbsDiff(w, w2.get(name)!), name).toBeLessThan(2e-5);
-    whole.dispose();
-    halves.dispose();
-    base.dispose();
+  describe('LoRA on a shared base', () => {
+    it('a fresh adapter leaves outputs bit-identical; training changes only adapter tensors; adapters are independent', () => {
+      const { c, b } = batchOf('pi05-tiny', 2, 3);
+      const base = BaseWeights.create(c, 9);
+      const baseBefore = base.exportWeights();
+      const plain = new TrainingState(base, { finetune: 'full', seed: 4 });
+      const a1 = new TrainingState(base, { finetune: 'lora', rank: 4, targets: ['all'], seed: 4 });
+      const a2 = new TrainingState(base, { finetune: 'lora', rank: 2, targets: ['attn', 'mlp'], seed: 5 });
+      const ref = plain.sample(b, { seed: 1, numSteps: 3 });
+      expect(a1.sample(b, { seed: 1, numSteps: 3 })).toEqual(ref);
+      expect(a2.sample(b, { seed: 1, numSteps: 3 })).toEqual(ref);
+      expect(a1.forward(b).velocity).toEqual(plain.forward(b).velocity); // same seed, same noise and time
+      const before1 = weightsOf(a1);
+      for (let i = 0; i < 3; i++) {
+        a1.forwardBackward(b);
+        a1.optimStep({ learningRate: 1e-2 });
+      }
+      // The base is untouched, bit for bit.
+      for (const [name, t] of Object.entries(base.exportWeights())) expect(t.data, name).toEqual(baseBefore[name]!.data);
+      // The adapter's B factors moved (A too, once B is non-zero).
+      const after1 = weightsOf(a1);
+      const changed = [...after1].filter(([n, w]) => maxAbsDiff(w, before1.get(n)!) > 0).map(([n]) => n);
+      expect(changed.some((n) => n.endsWith('.lora_b'))).toBe(true);
+      expect(changed.every((n) => n.includes('.lora_'))).toBe(true);
+      expect(a1.sample(b, { seed: 1, numSteps: 3 })).not.toEqual(ref);
+      // The other adapter still gives the base's outputs.
+      expect(a2.sample(b, { seed: 1, numSteps: 3 })).toEqual(ref);
+      expect(a1.trainableParamCount).toBeGreaterThan(a2.trainableParamCount);
+      for (const s of [plain, a1, a2]) s.dispose();
+      base.dispose();
+    });
   });
-});
 
-describe('LoRA on a shared base', () => {
-  it('a fresh adapter leaves outputs bit-identical; training changes only adapter tensors; adapters are independent', () => {
-    const { c, b } = batchOf('pi05-tiny', 2, 3);
-    const base = BaseWeights.create(c, 9);
-    const baseBefore = base.exportWeights();
-    const plain = new TrainingState(base, { finetune: 'full', seed: 4 });
-    const a1 = new TrainingState(base, { finetune: 'lora', rank: 4, targets: ['all'], seed: 4 });
-    const a2 = new TrainingState(base, { finetune: 'lora', rank: 2, targets: ['attn', 'mlp'], seed: 5 });
-    const ref = plain.sample(b, { seed: 1, numSteps: 3 });
-    expect(a1.sample(b, { seed: 1, numSteps: 3 })).toEqual(ref);
-    expect(a2.sample(b, { seed: 1, numSteps: 3 })).toEqual(ref);
-    expect(a1.forward(b).velocity).toEqual(plain.forward(b).velocity); // same seed, same noise and time
-    const before1 = weightsOf(a1);
-    for (let i = 0; i < 3; i++) {
-      a1.forwardBackward(b);
-      a1.optimStep({ learningRate: 1e-2 });
-    }
-    // The base is untouched, bit for bit.
-    for (const [name, t] of Object.entries(base.exportWeights())) expect(t.data, name).toEqual(baseBefore[name]!.data);
-    // The adapter's B factors moved (A too, once B is non-zero).
-    const after1 = weightsOf(a1);
-    const changed = [...after1].filter(([n, w]) => maxAbsDiff(w, before1.get(n)!) > 0).map(([n]) => n);
-    expect(changed.some((n) => n.endsWith('.lora_b'))).toBe(true);
-    expect(changed.every((n) => n.includes('.lora_'))).toBe(true);
-    expect(a1.sample(b, { seed: 1, numSteps: 3 })).not.toEqual(ref);
-    // The other adapter still gives the base's outputs.
-    expect(a2.sample(b, { seed: 1, numSteps: 3 })).toEqual(ref);
-    expect(a1.trainableParamCount).toBeGreaterThan(a2.trainableParamCount);
-    for (const s of [plain, a1, a2]) s.dispose();
-    base.dispose();
-  });
-});
+  describe('sampling, errors, leaks, export/import', () => {
+    it('sampling with a fixed seed repeats, and the prefix cache equals re-encoding the prefix', () => {
+      for (const preset of ['pi0-tiny', 'pi05-tiny']) {
+        const { c, b } = batchOf(preset, 2, 4);
+        const base = BaseWeights.create(c, 10);
+        const s = new TrainingState(base, { finetune: 'full', seed: 1 });
+        s.forwardBackward(b);
+        s.optimStep({ learningRate: 1e-2 }); // non-trivial weights (pi0.5's gates are no longer 0)
+        const x1 = s.sample(b, { seed: 42, numSteps: 4 });
+        expect(s.sample(b, { seed: 42, numSteps: 4 })).toEqual(x1);
+        expect(s.sample(b, { seed: 42, numSteps: 4, cache: false })).toEqual(x1);
+        expect(s.sample(b, { seed: 43, numSteps: 4 })).not.toEqual(x1);
+        s.dispose();
+        base.dispose();
+      }
+    });
 
-describe('sampling, errors, leaks, export/import', () => {
-  it('sampling with a fixed seed repeats, and the prefix cache equals re-encoding the prefix', () => {
-    for (const preset of ['pi0-tiny', 'pi05-tiny']) {
-      const { c, b } = batchOf(preset, 2, 4);
-      const base = BaseWeights.create(c, 10);
-      const s = new TrainingState(base, { finetune: 'full', seed: 1 });
-      s.forwardBackward(b);
-      s.optimStep({ learningRate: 1e-2 }); // non-trivial weights (pi0.5's gates are no longer 0)
-      const x1 = s.sample(b, { seed: 42, numSteps: 4 });
-      expect(s.sample(b, { seed: 42, numSteps: 4 })).toEqual(x1);
-      expect(s.sample(b, { seed: 42, numSteps: 4, cache: false })).toEqual(x1);
-      expect(s.sample(b, { seed: 43, numSteps: 4 })).not.toEqual(x1);
+    it('keeps tf.memory().numTensors stable across steps', () => {
+      const { c, b } = batchOf('pi05-tiny', 2, 5);
+      const base = BaseWeights.create(c, 11);
+      const s = new TrainingState(base, { finetune: 'lora', rank: 4, seed: 1 });
+      const count = () => tf.memory().numTensors;
+      const step = () => {
+        s.forwardBackward(b);
+        const f = s.forward(b, { keep: true });
+        s.backward(mseVelocityGrad(f.velocity, f.target, b.actionMask, b.weight));
+        s.optimStep();
+        s.sample(b, { numSteps: 2 });
+        s.sample(b, { numSteps: 2, cache: false });
+        s.forwardBackward(b, { lossFn: 'l1' });
+        s.abortGradientEpoch();
+        s.exportState();
+      };
+      step();
+      const n0 = count();
+      step();
+      step();
+      expect(count()).toBe(n0);
       s.dispose();
       base.dispose();
-    }
-  });
+    });
 
-  it('keeps tf.memory().numTensors stable across steps', () => {
-    const { c, b } = batchOf('pi05-tiny', 2, 5);
-    const base = BaseWeights.create(c, 11);
-    const s = new TrainingState(base, { finetune: 'lora', rank: 4, seed: 1 });
-    const count = () => tf.memory().numTensors;
-    const step = () => {
+    it('optim_step with D == 0 is a hard error that changes nothing; abort is idempotent', () => {
+      const { c, b } = batchOf('pi0-tiny', 2, 6);
+      const base = BaseWeights.create(c, 12);
+      const s = new TrainingState(base, { finetune: 'lora', rank: 2, seed: 1 });
+      expect(() => s.optimStep()).toThrow(/D is 0 after 0 calls/);
+      (b.weight as Float32Array).fill(0);
+      const r = s.forwardBackward(b);
+      expect(r.loss).toBe(0);
+      expect(() => s.optimStep()).toThrow(TrainerError);
+      expect(s.pendingGradients).toBe(1);
+      expect(s.step).toBe(0);
+      expect(s.abortGradientEpoch()).toEqual({ discarded: 1 });
+      expect(s.abortGradientEpoch()).toEqual({ discarded: 0 });
+      expect(() => s.backward(new Float32Array(40))).toThrow(/keep: true/);
+      s.dispose();
+      base.dispose();
+    });
+
+    it('a non-finite gradient norm skips the step and clears G and D', () => {
+      const { c, b } = batchOf('pi0-tiny', 2, 7);
+      const base = BaseWeights.create(c, 13);
+      const s = new TrainingState(base, { finetune: 'full', seed: 1 });
+      const w = s.exportWeights();
+      w.weights['act.out.weight']!.data.fill(3e38); // velocity overflows to inf
+      s.importWeights(w);
+      const before = weightsOf(s);
       s.forwardBackward(b);
-      const f = s.forward(b, { keep: true });
-      s.backward(mseVelocityGrad(f.velocity, f.target, b.actionMask, b.weight));
-      s.optimStep();
-      s.sample(b, { numSteps: 2 });
-      s.sample(b, { numSteps: 2, cache: false });
-      s.forwardBackward(b, { lossFn: 'l1' });
-      s.abortGradientEpoch();
-      s.exportState();
-    };
-    step();
-    const n0 = count();
-    step();
-    step();
-    expect(count()).toBe(n0);
-    s.dispose();
-    base.dispose();
-  });
+      const r = s.optimStep();
+      expect(r.skipped).toBe(true);
+      expect(Number.isFinite(r.gradNorm)).toBe(false);
+      expect(s.pendingGradients).toBe(0);
+      expect(s.step).toBe(0);
+      for (const [n, x] of weightsOf(s)) expect(x, n).toEqual(before.get(n)!);
+      expect(() => s.optimStep()).toThrow(TrainerError);
+      s.dispose();
+      base.dispose();
+    });
 
-  it('optim_step with D == 0 is a hard error that changes nothing; abort is idempotent', () => {
-    const { c, b } = batchOf('pi0-tiny', 2, 6);
-    const base = BaseWeights.create(c, 12);
-    const s = new TrainingState(base, { finetune: 'lora', rank: 2, seed: 1 });
-    expect(() => s.optimStep()).toThrow(/D is 0 after 0 calls/);
-    (b.weight as Float32Array).fill(0);
-    const r = s.forwardBackward(b);
-    expect(r.loss).toBe(0);
-    expect(() => s.optimStep()).toThrow(TrainerError);
-    expect(s.pendingGradients).toBe(1);
-    expect(s.step).toBe(0);
-    expect(s.abortGradientEpoch()).toEqual({ discarded: 1 });
-    expect(s.abortGradientEpoch()).toEqual({ discarded: 0 });
-    expect(() => s.backward(new Float32Array(40))).toThrow(/keep: true/);
-    s.dispose();
-    base.dispose();
-  });
-
-  it('a non-finite gradient norm skips the step and clears G and D', () => {
-    const { c, b } = batchOf('pi0-tiny', 2, 7);
-    const base = BaseWeights.create(c, 13);
-    const s = new TrainingState(base, { finetune: 'full', seed: 1 });
-    const w = s.exportWeights();
-    w.weights['act.out.weight']!.data.fill(3e38); // velocity overflows to inf
-    s.importWeights(w);
-    const before = weightsOf(s);
-    s.forwardBackward(b);
-    const r = s.optimStep();
-    expect(r.skipped).toBe(true);
-    expect(Number.isFinite(r.gradNorm)).toBe(false);
-    expect(s.pendingGradients).toBe(0);
-    expect(s.step).toBe(0);
-    for (const [n, x] of weightsOf(s)) expect(x, n).toEqual(before.get(n)!);
-    expect(() => s.optimStep()).toThrow(TrainerError);
-    s.dispose();
-    base.dispose();
-  });
-
-  it('exportState -> importState gives identical outputs and an identical next optimizer step', () => {
-    const { c, b } = batchOf('pi05-tiny', 2, 8);
-    const base = BaseWeights.create(c, 14);
-    const s1 = new TrainingState(base, { finetune: 'lora', rank: 4, targets: ['action_expert'], seed: 1 });
-    for (let i = 0; i < 2; i++) {
-      s1.forwardBackward(b);
-      s1.optimStep({ learningRate: 1e-2 });
-    }
-    const saved = s1.exportState();
-    expect(saved.trainerState!.step).toBe(2);
-    const s2 = new TrainingState(base, { finetune: 'lora', rank: 4, targets: ['action_expert'], seed: 99 });
-    s2.importState(saved);
-    expect(s2.step).toBe(2);
-    expect(s2.sample(b, { seed: 3, numSteps: 3 })).toEqual(s1.sample(b, { seed: 3, numSteps: 3 }));
-    const r1 = s1.forwardBackward(b);
-    const r2 = s2.forwardBackward(b);
-    expect(r2.lossPerDatum).toEqual(r1.lossPerDatum); // the generator state came back too
-    expect(s2.optimStep({ learningRate: 1e-2 })).toEqual(s1.optimStep({ learningRate: 1e-2 }));
-    const w1 = weightsOf(s1);
-    for (const [n, w] of weightsOf(s2)) expect(w, n).toEqual(w1.get(n)!);
-    const other = new TrainingState(base, { finetune: 'lora', rank: 2, targets: ['action_expert'], seed: 1 });
-    expect(() => other.importState(saved)).toThrow(/shape/);
-    for (const s of [s1, s2, other]) s.dispose();
-    base.dispose();
-  });
-});
-
-describe('gradient checkpointing of the prefix layers', () => {
-  it('gives the same G as the plain backward pass, for full and LoRA sessions', () => {
-    const { c, b } = batchOf('pi05-tiny', 2, 9);
-    const base = BaseWeights.create(c, 15);
-    const before = process.env.VELA_CHECKPOINT;
-    try {
-      for (const finetune of ['full', 'lora'] as const) {
-        const grads = (mode: string) => {
-          process.env.VELA_CHECKPOINT = mode;
-          const s = new TrainingState(base, { finetune, rank: 4, seed: 2 });
-          s.forwardBackward(b);
-          const g = s.accumulatedGradients().grads;
-          s.dispose();
-          return g;
-        };
-        const on = grads('on');
-        const off = grads('off');
-        // Checkpointed blocks report explicit zeros for parameters that feed nothing (the last
-        // prefix layer's O and MLP); the plain pass leaves them out (optimStep treats both as 0).
-        for (const [name, g] of on) if (!off.has(name)) expect(g.every((x) => x === 0), name).toBe(true);
-        for (const [name, g] of off) expect(maxAbsDiff(g, on.get(name)!), name).toBeLessThan(1e-6);
-        expect(off.size).toBeGreaterThan(10);
+    it('exportState -> importState gives identical outputs and an identical next optimizer step', () => {
+      const { c, b } = batchOf('pi05-tiny', 2, 8);
+      const base = BaseWeights.create(c, 14);
+      const s1 = new TrainingState(base, { finetune: 'lora', rank: 4, targets: ['action_expert'], seed: 1 });
+      for (let i = 0; i < 2; i++) {
+        s1.forwardBackward(b);
+        s1.optimStep({ learningRate: 1e-2 });
       }
-    } finally {
-      if (before === undefined) delete process.env.VELA_CHECKPOINT;
-      else process.env.VELA_CHECKPOINT = before;
-    }
-    base.dispose();
+      const saved = s1.exportState();
+      expect(saved.trainerState!.step).toBe(2);
+      const s2 = new TrainingState(base, { finetune: 'lora', rank: 4, targets: ['action_expert'], seed: 99 });
+      s2.importState(saved);
+      expect(s2.step).toBe(2);
+      expect(s2.sample(b, { seed: 3, numSteps: 3 })).toEqual(s1.sample(b, { seed: 3, numSteps: 3 }));
+      const r1 = s1.forwardBackward(b);
+      const r2 = s2.forwardBackward(b);
+      expect(r2.lossPerDatum).toEqual(r1.lossPerDatum); // the generator state came back too
+      expect(s2.optimStep({ learningRate: 1e-2 })).toEqual(s1.optimStep({ learningRate: 1e-2 }));
+      const w1 = weightsOf(s1);
+      for (const [n, w] of weightsOf(s2)) expect(w, n).toEqual(w1.get(n)!);
+      const other = new TrainingState(base, { finetune: 'lora', rank: 2, targets: ['action_expert'], seed: 1 });
+      expect(() => other.importState(saved)).toThrow(/shape/);
+      for (const s of [s1, s2, other]) s.dispose();
+      base.dispose();
+    });
+  });
+
+  describe('gradient checkpointing of the prefix layers', () => {
+    it('gives the same G as the plain backward pass, for full and LoRA sessions', () => {
+      const { c, b } = batchOf('pi05-tiny', 2, 9);
+      const base = BaseWeights.create(c, 15);
+      const before = process.env.VELA_CHECKPOINT;
+      try {
+        for (const finetune of ['full', 'lora'] as const) {
+          const grads = (mode: string) => {
+            process.env.VELA_CHECKPOINT = mode;
+            const s = new TrainingState(base, { finetune, rank: 4, seed: 2 });
+            s.forwardBackward(b);
+            const g = s.accumulatedGradients().grads;
+            s.dispose();
+            return g;
+          };
+          const on = grads('on');
+          const off = grads('off');
+          // Checkpointed blocks report explicit zeros for parameters that feed nothing (the last
+          // prefix layer's O and MLP); the plain pass leaves them out (optimStep treats both as 0).
+          for (const [name, g] of on) if (!off.has(name)) expect(g.every((x) => x === 0), name).toBe(true);
+          for (const [name, g] of off) expect(maxAbsDiff(g, on.get(name)!), name).toBeLessThan(1e-6);
+          expect(off.size).toBeGreaterThan(10);
+        }
+      } finally {
+        if (before === undefined) delete process.env.VELA_CHECKPOINT;
+        else process.env.VELA_CHECKPOINT = before;
+      }
+      base.dispose();
+    });
   });
 });

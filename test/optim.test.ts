@@ -1,6 +1,6 @@
 import * as tf from '@tensorflow/tfjs';
 import { readFileSync } from 'node:fs';
-import { beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import {
   AdamWMoments,
   DEFAULT_ADAMW,
@@ -11,7 +11,7 @@ import {
   resolveAdamWOptions,
   type AdamWOptions,
 } from '../kernels/optim.ts';
-import { useWasm } from './helpers/tf.ts';
+import { forEachBackend, TEST_BACKENDS, useBackend } from './helpers/tf.ts';
 
 interface Case {
   name: string;
@@ -68,164 +68,164 @@ function disposeAll(m: Map<string, tf.Tensor>): void {
 // is left is FMA contraction in torch's kernels (measured worst: printed in the test log).
 const ULPS = 2;
 
-beforeAll(useWasm);
+forEachBackend('AdamW', () => {
+  describe('adamwStep against torch.optim.AdamW', () => {
+    for (const c of vectors.cases) {
+      it(`case ${c.name}: three steps, norms, parameters and moments`, () => {
+        const params = makeParams(c);
+        const moments = AdamWMoments.create(params);
+        const opts = optionsOf(c);
+        let worst = 0;
+        for (let s = 0; s < c.steps.length; s++) {
+          const grads = makeGrads(c, s);
+          const res = adamwStep(params, grads, moments, opts);
+          disposeAll(grads);
+          expect(res.skipped).toBe(false);
+          expect(res.gradNorm).toBeCloseTo(c.steps[s]!.grad_norm, 5);
+          for (const [k, p] of params) {
+            const u = maxUlps(p.dataSync() as Float32Array, c.steps[s]!.params_after[k]!);
+            worst = Math.max(worst, u);
+            expect(u, `${c.name} step ${s + 1} ${k}`).toBeLessThanOrEqual(ULPS);
+          }
+        }
+        const exported = moments.export();
+        expect(exported.step).toBe(c.final_state.step);
+        expect(Object.keys(exported.tensors).sort()).toEqual(Object.keys(c.final_state.tensors).sort());
+        for (const [k, ref] of Object.entries(c.final_state.tensors)) {
+          const u = maxUlps(exported.tensors[k]!.data, ref);
+          worst = Math.max(worst, u);
+          expect(u, `${c.name} ${k}`).toBeLessThanOrEqual(ULPS);
+        }
+        console.log(`adamw ${c.name}: worst difference from torch ${worst} ulp`);
+        moments.dispose();
+        disposeAll(params);
+      });
+    }
 
-describe('adamwStep against torch.optim.AdamW', () => {
-  for (const c of vectors.cases) {
-    it(`case ${c.name}: three steps, norms, parameters and moments`, () => {
+    it('the clipped case really clips: without clipping step 2 lands elsewhere', () => {
+      // Adam's first step is invariant to a gradient scale (up to eps), so the clip shows at step 2.
+      const c = vectors.cases.find((x) => x.name === 'clipped')!;
+      expect(c.steps.map((s) => s.clipped)).toEqual([true, false, true]);
       const params = makeParams(c);
       const moments = AdamWMoments.create(params);
-      const opts = optionsOf(c);
-      let worst = 0;
-      for (let s = 0; s < c.steps.length; s++) {
+      for (const s of [0, 1]) {
         const grads = makeGrads(c, s);
-        const res = adamwStep(params, grads, moments, opts);
+        adamwStep(params, grads, moments, { ...optionsOf(c), gradClipNorm: 0 });
         disposeAll(grads);
-        expect(res.skipped).toBe(false);
-        expect(res.gradNorm).toBeCloseTo(c.steps[s]!.grad_norm, 5);
-        for (const [k, p] of params) {
-          const u = maxUlps(p.dataSync() as Float32Array, c.steps[s]!.params_after[k]!);
-          worst = Math.max(worst, u);
-          expect(u, `${c.name} step ${s + 1} ${k}`).toBeLessThanOrEqual(ULPS);
-        }
       }
-      const exported = moments.export();
-      expect(exported.step).toBe(c.final_state.step);
-      expect(Object.keys(exported.tensors).sort()).toEqual(Object.keys(c.final_state.tensors).sort());
-      for (const [k, ref] of Object.entries(c.final_state.tensors)) {
-        const u = maxUlps(exported.tensors[k]!.data, ref);
-        worst = Math.max(worst, u);
-        expect(u, `${c.name} ${k}`).toBeLessThanOrEqual(ULPS);
-      }
-      console.log(`adamw ${c.name}: worst difference from torch ${worst} ulp`);
+      const p = params.get('layer.weight')!.dataSync() as Float32Array;
+      expect(maxUlps(p, c.steps[1]!.params_after['layer.weight']!)).toBeGreaterThan(1000);
       moments.dispose();
       disposeAll(params);
     });
-  }
+  });
 
-  it('the clipped case really clips: without clipping step 2 lands elsewhere', () => {
-    // Adam's first step is invariant to a gradient scale (up to eps), so the clip shows at step 2.
-    const c = vectors.cases.find((x) => x.name === 'clipped')!;
-    expect(c.steps.map((s) => s.clipped)).toEqual([true, false, true]);
-    const params = makeParams(c);
-    const moments = AdamWMoments.create(params);
-    for (const s of [0, 1]) {
-      const grads = makeGrads(c, s);
-      adamwStep(params, grads, moments, { ...optionsOf(c), gradClipNorm: 0 });
+  describe('adamwStep behaviour', () => {
+    it('a non-finite gradient norm skips: nothing changes, step stays', () => {
+      const c = vectors.cases[0]!;
+      const params = makeParams(c);
+      const moments = AdamWMoments.create(params);
+      const g0 = makeGrads(c, 0);
+      adamwStep(params, g0, moments, optionsOf(c));
+      const before = [...params.values()].map((p) => Array.from(p.dataSync()));
+      const mBefore = moments.export();
+      const bad = makeGrads(c, 1);
+      const old = bad.get('layer.bias')!;
+      bad.set('layer.bias', tf.tensor([1, NaN, 0, 0], [4]));
+      old.dispose();
+      const res = adamwStep(params, bad, moments, optionsOf(c));
+      expect(res.skipped).toBe(true);
+      expect(Number.isNaN(res.gradNorm)).toBe(true);
+      expect([...params.values()].map((p) => Array.from(p.dataSync()))).toEqual(before);
+      const mAfter = moments.export();
+      expect(mAfter.step).toBe(1);
+      for (const k of Object.keys(mBefore.tensors)) expect(mAfter.tensors[k]!.data).toEqual(mBefore.tensors[k]!.data);
+      const inf = new Map([...g0].map(([k, t]) => [k, k === 'layer.weight' ? tf.fill(t.shape, Infinity) : t.clone()]));
+      expect(adamwStep(params, inf, moments, optionsOf(c))).toEqual({ gradNorm: Infinity, skipped: true });
+      for (const m of [g0, bad, inf]) disposeAll(m);
+      moments.dispose();
+      disposeAll(params);
+    });
+
+    it('globalNorm equals a float64 reference on a 1M-element tensor, a ragged one and a scalar', () => {
+      const n = 1 << 20;
+      const a = new Float32Array(n);
+      for (let i = 0; i < n; i++) a[i] = Math.fround(Math.sin(i * 1.7) * 0.01 + 0.003);
+      const b = Float32Array.from({ length: 3001 }, (_, i) => Math.fround(i / 1e5 - 0.015));
+      let exact = 0;
+      for (const v of a) exact += v * v;
+      for (const v of b) exact += v * v;
+      exact += 0.25 * 0.25;
+      const ts = [tf.tensor(a, [1024, 1024]), tf.tensor(b), tf.scalar(0.25)];
+      const before = tf.memory().numTensors;
+      const norm = globalNorm(ts);
+      expect(tf.memory().numTensors).toBe(before);
+      // Float64 sums of exact squares, in the same order as the reference: equal.
+      expect(norm).toBe(Math.sqrt(exact));
+      expect(globalNorm([])).toBe(0);
+      for (const t of ts) t.dispose();
+    });
+
+    it('leaks no tensors across steps', () => {
+      const c = vectors.cases[1]!;
+      const params = makeParams(c);
+      const moments = AdamWMoments.create(params);
+      const grads = makeGrads(c, 0);
+      adamwStep(params, grads, moments, optionsOf(c)); // warm-up: kernels may cache on first use
+      const n = tf.memory().numTensors;
+      for (let i = 0; i < 3; i++) adamwStep(params, grads, moments, optionsOf(c));
+      adamwStep(params, grads, moments, { ...optionsOf(c), gradClipNorm: 0, weightDecay: 0 });
+      expect(tf.memory().numTensors).toBe(n);
       disposeAll(grads);
-    }
-    const p = params.get('layer.weight')!.dataSync() as Float32Array;
-    expect(maxUlps(p, c.steps[1]!.params_after['layer.weight']!)).toBeGreaterThan(1000);
-    moments.dispose();
-    disposeAll(params);
-  });
-});
+      moments.dispose();
+      disposeAll(params);
+    });
 
-describe('adamwStep behaviour', () => {
-  it('a non-finite gradient norm skips: nothing changes, step stays', () => {
-    const c = vectors.cases[0]!;
-    const params = makeParams(c);
-    const moments = AdamWMoments.create(params);
-    const g0 = makeGrads(c, 0);
-    adamwStep(params, g0, moments, optionsOf(c));
-    const before = [...params.values()].map((p) => Array.from(p.dataSync()));
-    const mBefore = moments.export();
-    const bad = makeGrads(c, 1);
-    const old = bad.get('layer.bias')!;
-    bad.set('layer.bias', tf.tensor([1, NaN, 0, 0], [4]));
-    old.dispose();
-    const res = adamwStep(params, bad, moments, optionsOf(c));
-    expect(res.skipped).toBe(true);
-    expect(Number.isNaN(res.gradNorm)).toBe(true);
-    expect([...params.values()].map((p) => Array.from(p.dataSync()))).toEqual(before);
-    const mAfter = moments.export();
-    expect(mAfter.step).toBe(1);
-    for (const k of Object.keys(mBefore.tensors)) expect(mAfter.tensors[k]!.data).toEqual(mBefore.tensors[k]!.data);
-    const inf = new Map([...g0].map(([k, t]) => [k, k === 'layer.weight' ? tf.fill(t.shape, Infinity) : t.clone()]));
-    expect(adamwStep(params, inf, moments, optionsOf(c))).toEqual({ gradNorm: Infinity, skipped: true });
-    for (const m of [g0, bad, inf]) disposeAll(m);
-    moments.dispose();
-    disposeAll(params);
-  });
-
-  it('globalNorm equals a float64 reference on a 1M-element tensor, a ragged one and a scalar', () => {
-    const n = 1 << 20;
-    const a = new Float32Array(n);
-    for (let i = 0; i < n; i++) a[i] = Math.fround(Math.sin(i * 1.7) * 0.01 + 0.003);
-    const b = Float32Array.from({ length: 3001 }, (_, i) => Math.fround(i / 1e5 - 0.015));
-    let exact = 0;
-    for (const v of a) exact += v * v;
-    for (const v of b) exact += v * v;
-    exact += 0.25 * 0.25;
-    const ts = [tf.tensor(a, [1024, 1024]), tf.tensor(b), tf.scalar(0.25)];
-    const before = tf.memory().numTensors;
-    const norm = globalNorm(ts);
-    expect(tf.memory().numTensors).toBe(before);
-    // Float64 sums of exact squares, in the same order as the reference: equal.
-    expect(norm).toBe(Math.sqrt(exact));
-    expect(globalNorm([])).toBe(0);
-    for (const t of ts) t.dispose();
-  });
-
-  it('leaks no tensors across steps', () => {
-    const c = vectors.cases[1]!;
-    const params = makeParams(c);
-    const moments = AdamWMoments.create(params);
-    const grads = makeGrads(c, 0);
-    adamwStep(params, grads, moments, optionsOf(c)); // warm-up: kernels may cache on first use
-    const n = tf.memory().numTensors;
-    for (let i = 0; i < 3; i++) adamwStep(params, grads, moments, optionsOf(c));
-    adamwStep(params, grads, moments, { ...optionsOf(c), gradClipNorm: 0, weightDecay: 0 });
-    expect(tf.memory().numTensors).toBe(n);
-    disposeAll(grads);
-    moments.dispose();
-    disposeAll(params);
-  });
-
-  it('export -> import continues with the identical next step', () => {
-    const c = vectors.cases[0]!;
-    const params = makeParams(c);
-    const moments = AdamWMoments.create(params);
-    for (const s of [0, 1]) {
-      const g = makeGrads(c, s);
+    it('export -> import continues with the identical next step', () => {
+      const c = vectors.cases[0]!;
+      const params = makeParams(c);
+      const moments = AdamWMoments.create(params);
+      for (const s of [0, 1]) {
+        const g = makeGrads(c, s);
+        adamwStep(params, g, moments, optionsOf(c));
+        disposeAll(g);
+      }
+      const copy = new Map([...params].map(([k, p]) => [k, tf.variable(p.clone())]));
+      const restored = AdamWMoments.import(copy, moments.export());
+      expect(restored.step).toBe(2);
+      const g = makeGrads(c, 2);
       adamwStep(params, g, moments, optionsOf(c));
+      adamwStep(copy, g, restored, optionsOf(c));
+      for (const [k, p] of params) expect(copy.get(k)!.dataSync()).toEqual(p.dataSync());
+      expect(maxUlps(params.get('head.scale')!.dataSync() as Float32Array, c.steps[2]!.params_after['head.scale']!)).toBeLessThanOrEqual(ULPS);
       disposeAll(g);
-    }
-    const copy = new Map([...params].map(([k, p]) => [k, tf.variable(p.clone())]));
-    const restored = AdamWMoments.import(copy, moments.export());
-    expect(restored.step).toBe(2);
-    const g = makeGrads(c, 2);
-    adamwStep(params, g, moments, optionsOf(c));
-    adamwStep(copy, g, restored, optionsOf(c));
-    for (const [k, p] of params) expect(copy.get(k)!.dataSync()).toEqual(p.dataSync());
-    expect(maxUlps(params.get('head.scale')!.dataSync() as Float32Array, c.steps[2]!.params_after['head.scale']!)).toBeLessThanOrEqual(ULPS);
-    disposeAll(g);
-    moments.dispose();
-    restored.dispose();
-    disposeAll(params);
-    disposeAll(copy);
-  });
+      moments.dispose();
+      restored.dispose();
+      disposeAll(params);
+      disposeAll(copy);
+    });
 
-  it('refuses mismatched gradients and moments with codes', () => {
-    const c = vectors.cases[0]!;
-    const params = makeParams(c);
-    const moments = AdamWMoments.create(params);
-    const grads = makeGrads(c, 0);
-    const missing = new Map([...grads].filter(([k]) => k !== 'layer.bias'));
-    expect(() => adamwStep(params, missing, moments, DEFAULT_ADAMW)).toThrow(
-      expect.objectContaining({ code: 'grad_mismatch' }),
-    );
-    const wrong = new Map(grads);
-    const t = tf.zeros([4, 3]);
-    wrong.set('layer.weight', t);
-    expect(() => adamwStep(params, wrong, moments, DEFAULT_ADAMW)).toThrow(/shape \[4,3\]; the parameter has \[3,4\]/);
-    const state = moments.export();
-    delete state.tensors['layer.bias.exp_avg_sq'];
-    expect(() => AdamWMoments.import(params, state)).toThrow(expect.objectContaining({ code: 'bad_moments' }));
-    t.dispose();
-    disposeAll(grads);
-    moments.dispose();
-    disposeAll(params);
+    it('refuses mismatched gradients and moments with codes', () => {
+      const c = vectors.cases[0]!;
+      const params = makeParams(c);
+      const moments = AdamWMoments.create(params);
+      const grads = makeGrads(c, 0);
+      const missing = new Map([...grads].filter(([k]) => k !== 'layer.bias'));
+      expect(() => adamwStep(params, missing, moments, DEFAULT_ADAMW)).toThrow(
+        expect.objectContaining({ code: 'grad_mismatch' }),
+      );
+      const wrong = new Map(grads);
+      const t = tf.zeros([4, 3]);
+      wrong.set('layer.weight', t);
+      expect(() => adamwStep(params, wrong, moments, DEFAULT_ADAMW)).toThrow(/shape \[4,3\]; the parameter has \[3,4\]/);
+      const state = moments.export();
+      delete state.tensors['layer.bias.exp_avg_sq'];
+      expect(() => AdamWMoments.import(params, state)).toThrow(expect.objectContaining({ code: 'bad_moments' }));
+      t.dispose();
+      disposeAll(grads);
+      moments.dispose();
+      disposeAll(params);
+    });
   });
 });
 
@@ -262,10 +262,10 @@ describe('fused AdamW equals the TF.js ops bit for bit', () => {
     ['beta1 0.9 (lerp weight < 0.5), weight decay, clipping, divisor 3', { ...DEFAULT_ADAMW, learningRate: 1e-2, weightDecay: 0.1, gradClipNorm: 1 }, 3],
     ['beta1 0.3 (lerp weight >= 0.5), no decay, no clipping, divisor 1', { ...DEFAULT_ADAMW, learningRate: 3e-3, beta1: 0.3, beta2: 0.99, eps: 1e-8 }, 1],
   ];
-  for (const backend of ['wasm', 'cpu']) {
+  for (const backend of [...TEST_BACKENDS, 'cpu'] as const) {
     for (const [name, opts, divisor] of cases) {
       it(`${backend}: ${name}`, async () => {
-        await tf.setBackend(backend);
+        await useBackend(backend);
         try {
           const fused = run(adamwStep, opts, divisor);
           const ops = run(adamwStepOps, opts, divisor);
@@ -276,7 +276,7 @@ describe('fused AdamW equals the TF.js ops bit for bit', () => {
           expect(fused.norms).toEqual(ops.norms);
           expect(fused.params.w).not.toEqual(values(1, 91, 1)); // the step moved the parameters
         } finally {
-          await tf.setBackend('wasm');
+          await useBackend(TEST_BACKENDS[0]!);
         }
       });
     }

@@ -12,6 +12,7 @@ import { fromWire, ndarray, toWire } from '../protocol/ndarray.ts';
 import { decodeSafetensors } from '../kernels/safetensors.ts';
 import { g1Datums } from './helpers/g1.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
+import { BEST_BACKEND_NAME } from './helpers/tf.ts';
 
 let server: TestServer;
 let client: VelaClient;
@@ -32,7 +33,7 @@ afterAll(() => server.close());
 describe('a pi05-tiny LoRA session on real G1 frames', () => {
   it('trains 30 steps with a falling loss, samples, saves and restores state exactly', async () => {
     const { s, conn } = await openSession({ rank: 8, alpha: 16 });
-    expect(conn.info).toMatchObject({ model: 'pi05-tiny', action_horizon: 16, action_dim: 32, image_size: 96, backend: 'wasm', pending_gradients: 0 });
+    expect(conn.info).toMatchObject({ model: 'pi05-tiny', action_horizon: 16, action_dim: 32, image_size: 96, backend: BEST_BACKEND_NAME, pending_gradients: 0 });
     expect(conn.info.trainable_params).toBeGreaterThan(0);
     const losses: number[] = [];
     for (let step = 0; step < 30; step++) {

@@ -9,6 +9,7 @@ import { loadConfig, type ServerConfig } from '../../server/config.ts';
 import { startServer, type ServerHandle, type StartOptions } from '../../server/app.ts';
 import type { EngineFactory } from '../../server/sessions.ts';
 import { log } from '../../server/log.ts';
+import { TEST_BACKENDS } from './tf.ts';
 
 export interface TestServer extends ServerHandle {
   apiKey: string;
@@ -21,7 +22,7 @@ export const TEST_KEY = 'vela-test-key-0123456789';
 export async function startTestServer(opts: { env?: Record<string, string>; engineFactory?: EngineFactory; dataDir?: string; start?: StartOptions } = {}): Promise<TestServer> {
   log.setLevel(process.env.VELA_TEST_LOG ?? 'error');
   const dataDir = opts.dataDir ?? fs.mkdtempSync(path.join(os.tmpdir(), 'vela-test-'));
-  const { config } = loadConfig([], { VELA_PORT: '0', VELA_DATA_DIR: dataDir, VELA_API_KEY: TEST_KEY, VELA_BACKEND: 'wasm', ...opts.env });
+  const { config } = loadConfig([], { VELA_PORT: '0', VELA_DATA_DIR: dataDir, VELA_API_KEY: TEST_KEY, VELA_BACKEND: TEST_BACKENDS[0]!, ...opts.env });
   const server = await startServer(config, { ...opts.start, engineFactory: opts.engineFactory });
   return Object.assign(server, { apiKey: TEST_KEY, dataDir, config });
 }

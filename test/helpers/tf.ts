@@ -1,21 +1,43 @@
 /**
- * Test helper: puts TF.js on the wasm backend (the tested path, MODEL.md "Backends").
- * Call `await useWasm()` in a `beforeAll`; repeated calls are cheap.
+ * Test helper: the TF.js backends present in this process and a way to run a suite on each.
+ * Native TensorFlow (`node`, tfjs-node) is present when `npm ci` could set it up; wasm always is.
+ * `VELA_TEST_BACKENDS=wasm` (or `node`) narrows the list for a quick local run; under CI=true a
+ * missing native backend fails kernels-backend.test.ts instead of shrinking the list silently.
+ *
+ *   forEachBackend('training state', (kind) => { it(...) });   // describe per backend, activated in beforeAll
  */
-import * as tf from '@tensorflow/tfjs';
-import { setWasmPaths } from '@tensorflow/tfjs-backend-wasm';
-import { createRequire } from 'node:module';
-import path from 'node:path';
+import { beforeAll, describe } from 'vitest';
+import { activateBackend, type BackendKind } from '../../kernels/backend.ts';
+import { applyNativeEnv, pinNativeLibrary } from '../../kernels/native.ts';
 
-let ready: Promise<void> | undefined;
+// Known at collection time (describe.each needs the list): loading the package is synchronous.
+applyNativeEnv();
+const nativePresent = pinNativeLibrary('node') !== null;
+const only = process.env.VELA_TEST_BACKENDS?.split(',').map((s) => s.trim()).filter(Boolean);
 
-export function useWasm(): Promise<void> {
-  ready ??= (async () => {
-    const require = createRequire(import.meta.url);
-    // The resolved entry sits in .../tfjs-backend-wasm/dist/, beside the .wasm binaries.
-    setWasmPaths(path.dirname(require.resolve('@tensorflow/tfjs-backend-wasm')) + path.sep);
-    if (!(await tf.setBackend('wasm'))) throw new Error('the wasm backend did not initialise');
-    await tf.ready();
-  })();
-  return ready;
+/** The backends tests run on, best first: `node` when present, then `wasm`. */
+export const TEST_BACKENDS: BackendKind[] = (['node', 'wasm'] as BackendKind[]).filter((k) => (k !== 'node' || nativePresent) && (!only || only.includes(k)));
+
+/** The TF.js backend name of TEST_BACKENDS[0] (`tensorflow` or `wasm`), as session info reports it. */
+export const BEST_BACKEND_NAME = TEST_BACKENDS[0] === 'node' ? 'tensorflow' : TEST_BACKENDS[0]!;
+
+/** True when the native runtime loads in this process (whatever VELA_TEST_BACKENDS says). */
+export const NATIVE_PRESENT = nativePresent;
+
+/** Makes `kind` the active backend (initialised once per process). */
+export async function useBackend(kind: BackendKind): Promise<void> {
+  await activateBackend(kind);
+}
+
+/** The best backend present (native when it loads): for tests that need one, not all. */
+export function useBestBackend(): Promise<void> {
+  return useBackend(TEST_BACKENDS[0]!);
+}
+
+/** A describe block per backend present, named `title [kind]`, with that backend active. */
+export function forEachBackend(title: string, body: (kind: BackendKind) => void): void {
+  describe.each(TEST_BACKENDS)(`${title} [%s]`, (kind) => {
+    beforeAll(() => useBackend(kind));
+    body(kind);
+  });
 }
