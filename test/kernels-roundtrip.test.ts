@@ -22,7 +22,7 @@ function toContent(ex: ExportedState): CheckpointContent {
   return content;
 }
 
-forEachBackend('kernels: checkpoint round trip', () => {
+forEachBackend('kernels: checkpoint round trip', (kind) => {
   it.each(['lora', 'full'] as const)('save_state -> load_state (%s) gives identical outputs and the same next step', async (finetune) => {
     const c = makeConfig('pi05-tiny', { imageSize: 32, width: 32, depth: 2, heads: 2, headDim: 16, mlpDim: 64, maxTokenLen: 8, stateDim: 4, actionDim: 3, horizon: 3 });
     const b = fakeBatch(c, 2, 1);
@@ -32,7 +32,7 @@ forEachBackend('kernels: checkpoint round trip', () => {
       s1.forwardBackward(b);
       s1.optimStep({ learningRate: 1e-2, weightDecay: 0.1 });
     }
-    const dir = path.join(tmp, `state-${finetune}`);
+    const dir = path.join(tmp, `state-${kind}-${finetune}`);
     await saveCheckpoint(dir, toContent(s1.exportState()));
     const loaded = await loadCheckpoint(dir, { preset: c.preset });
     const s2 = new TrainingState(base, { finetune, rank: 4, targets: ['attn', 'action_expert'], seed: 77 });
