@@ -23,6 +23,7 @@ Usage:
   vela datasets download REPO_ID     fetch a LeRobot dataset from the Hugging Face Hub
   vela policy CHECKPOINT [opts]      serve a checkpoint to robots over OpenPI's websocket protocol
   vela presets                       print each model preset's parameter count
+  vela backend                       print the backend engines run on, and why not a faster one
   vela help                          this text
 
 Every command answers --help. --debug (any command) prints the stack trace of a failure.
@@ -108,7 +109,23 @@ async function datasets(argv: string[]): Promise<void> {
   await datasetsCommand(argv);
 }
 
-const COMMANDS: Record<string, (argv: string[]) => Promise<void>> = { serve, keys, presets, policy, finetune, datasets };
+const BACKEND_USAGE = `Usage: vela backend [settings]
+
+Chooses the TF.js backend as an engine of vela serve would (--backend, VELA_BACKEND; auto tries
+node-gpu, node, wasm, cpu) and prints one line: the backend, where it runs, and why each faster
+one is not in use. Takes vela serve's settings (--backend, --tf-intra-op-threads, ...).
+`;
+
+async function backend(argv: string[]): Promise<void> {
+  if (wantsHelp(argv)) return void process.stdout.write(BACKEND_USAGE);
+  const { config, rest } = loadConfig(argv);
+  if (rest.length > 0) throw new UsageError(`unexpected argument ${shown(rest[0]!)} (see vela backend --help)`);
+  const { Engine } = await import('./engine/host.ts');
+  const { threadsOf } = await import('./sessions.ts');
+  process.stdout.write((await Engine.probe(config.backend, threadsOf(config))).line + '\n');
+}
+
+const COMMANDS: Record<string, (argv: string[]) => Promise<void>> = { serve, keys, presets, policy, finetune, datasets, backend };
 
 /** What `vela` prints for a failure, and its exit code: 2 for a usage mistake, else 1. */
 export function describeFailure(command: string | undefined, e: unknown, debug: boolean): { text: string; exitCode: number } {
