@@ -15,10 +15,11 @@ import { startServer } from '../server/app.ts';
 import { Engine, type EngineLike } from '../server/engine/host.ts';
 import { startPolicyServer, type PolicyServerHandle } from '../server/policy/index.ts';
 import { log } from '../server/log.ts';
+import { engineOptions } from '../server/sessions.ts';
 
 const API_KEY = 'vela-bench-key-0123456789';
 const preset = process.env.VELA_BENCH_PRESET ?? 'pi05-tiny';
-const backend = process.env.VELA_BACKEND ?? 'wasm';
+const backend = process.env.VELA_BACKEND ?? 'auto';
 
 async function main(): Promise<void> {
   log.setLevel(process.env.VELA_BENCH_LOG ?? 'error');
@@ -26,9 +27,11 @@ async function main(): Promise<void> {
   const { config } = loadConfig([], { VELA_HOST: '127.0.0.1', VELA_PORT: '0', VELA_DATA_DIR: dataDir, VELA_API_KEY: API_KEY, VELA_BACKEND: backend, VELA_SESSIONS_PER_KEY: '64' });
   const engines = new Map<string, EngineLike>();
   const server = await startServer(config, {
-    engineFactory: async (p) => {
-      const e = await Engine.start({ preset: p, backend: config.backend });
-      engines.set(p, e);
+    // The server's own lanes (a policy engine beside the training one, training yielding to it),
+    // recorded for the stats command.
+    engineFactory: async (p, lane) => {
+      const e = await Engine.start(engineOptions(config, p, lane));
+      engines.set(`${p}/${lane.role}`, e);
       return e;
     },
   });
@@ -45,11 +48,11 @@ async function main(): Promise<void> {
         tensors = null; // the engine has no stats op
       }
       const mem = process.memoryUsage();
-      return { rssBytes: mem.rss, heapUsedBytes: mem.heapUsed, tensors, engine: e.stats() };
+      return { rssBytes: mem.rss, heapUsedBytes: mem.heapUsed, tensors, engine: e.stats(), trainingHeld: server.sessions.gate.held };
     },
     async policy(m) {
       await policy?.close();
-      policy = await startPolicyServer({ engine: await engine(), checkpointDir: m.dir, policyId: 'bench-policy', seed: 0, port: 0 });
+      policy = await startPolicyServer({ engine: await server.sessions.policyEngineFor(preset), checkpointDir: m.dir, policyId: 'bench-policy', seed: 0, port: 0 });
       return { wsUrl: policy.wsUrl };
     },
     async close() {

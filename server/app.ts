@@ -138,7 +138,9 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
 
   mountSessionSocket(app, { store, sessions, config });
   const served = new ServedPolicies(config.inferIdleS);
-  const inference = { store, config, sessions, served, sampling: new Map<string, SamplingSession>(), engineFor: (preset: string) => sessions.engineFor(preset) };
+  const inference = { store, config, sessions, served, sampling: new Map<string, SamplingSession>(), // Checkpoint policies (fine-tunes, sampling sessions) run on the policy engine: own worker,
+    // and training yields to it (a training session's live policy stays on its training engine).
+    engineFor: (preset: string) => sessions.policyEngineFor(preset) };
   const futures = mountFutures(app, { store, sessions, config, baseUrl: () => baseUrl, inference });
   const runner = new JobRunner(store, config, (preset) => sessions.engineFor(preset));
   mountJobRoutes(app, { store, config, runner, keepaliveS: opts.sseKeepaliveS });

@@ -7,7 +7,7 @@ import { jsonId, type RequestId } from '../protocol/messages.ts';
 import type { RawMsgpack } from '../protocol/msgpack.ts';
 import path from 'node:path';
 import { PRESETS, PRESET_ALIASES, resolvePreset } from '../kernels/config.ts';
-import { Engine, type EngineLike } from './engine/host.ts';
+import { Engine, PriorityGate, type EngineLike, type EngineOptions } from './engine/host.ts';
 import type { BackendInfo } from './engine/messages.ts';
 import type { NativeThreads } from '../kernels/native.ts';
 import { HttpError } from './http.ts';
@@ -82,7 +82,24 @@ export class LiveSession {
   }
 }
 
-export type EngineFactory = (preset: string) => Promise<EngineLike>;
+/**
+ * Which engine of a preset: `training` (sessions and fine-tune jobs) or `policy` (policies
+ * served to robots). They run in separate workers; the gate lets policy calls go first.
+ */
+export interface EngineLane {
+  role: 'training' | 'policy';
+  gate: PriorityGate;
+}
+
+export type EngineFactory = (preset: string, lane: EngineLane) => Promise<EngineLike>;
+
+/** Engine.start options for a preset's engine in a lane, from the server's settings. */
+export function engineOptions(config: ServerConfig, preset: string, lane: EngineLane): EngineOptions {
+  return {
+    preset, backend: config.backend, maxResident: config.maxResidentSessions, threads: threadsOf(config),
+    priority: { gate: lane.gate, role: lane.role === 'policy' ? 'urgent' : 'yield' },
+  };
+}
 
 /** The native runtime's thread settings of a server config. */
 export function threadsOf(config: ServerConfig): NativeThreads {
@@ -92,6 +109,9 @@ export function threadsOf(config: ServerConfig): NativeThreads {
 export class SessionManager {
   private engines = new Map<string, Promise<EngineLike>>();
   private started = new Set<string>();
+  private policyEngines = new Map<string, Promise<EngineLike>>();
+  /** Policy requests first, training between them (host.ts PriorityGate). */
+  readonly gate = new PriorityGate();
   private probed: Promise<BackendInfo> | undefined;
   readonly live = new Map<string, LiveSession>();
   private idleTimer: NodeJS.Timeout;
@@ -99,7 +119,7 @@ export class SessionManager {
   constructor(
     private store: Store,
     private config: ServerConfig,
-    private engineFactory: EngineFactory = (preset) => Engine.start({ preset, backend: config.backend, maxResident: config.maxResidentSessions, threads: threadsOf(config) }),
+    private engineFactory: EngineFactory = (preset, lane) => Engine.start(engineOptions(config, preset, lane)),
   ) {
     this.idleTimer = setInterval(() => this.closeIdle(), Math.min(60_000, config.sessionIdleTimeoutS * 250)).unref();
   }
@@ -122,11 +142,25 @@ export class SessionManager {
 
   /** The engine of a preset, started on first use and shared by every session of that preset. */
   engineFor(preset: string): Promise<EngineLike> {
-    let e = this.engines.get(preset);
+    return this.laneEngine(this.engines, preset, 'training');
+  }
+
+  /**
+   * The engine that serves a preset's policies to robots: its own worker (its own thread, and
+   * its own copy of the base weights), so inference never queues behind a training step, and
+   * the training engine yields between ops while policy requests wait.
+   */
+  policyEngineFor(preset: string): Promise<EngineLike> {
+    return this.laneEngine(this.policyEngines, preset, 'policy');
+  }
+
+  private laneEngine(map: Map<string, Promise<EngineLike>>, preset: string, role: EngineLane['role']): Promise<EngineLike> {
+    let e = map.get(preset);
     if (!e) {
-      e = this.engineFactory(preset);
-      this.engines.set(preset, e);
-      e.then(() => this.started.add(preset), () => this.engines.delete(preset)); // a later session may retry
+      e = this.engineFactory(preset, { role, gate: this.gate });
+      map.set(preset, e);
+      // A later call may retry a failed start; /health's engines are the training ones (xorl's shape).
+      e.then(() => role === 'training' && this.started.add(preset), () => map.delete(preset));
     }
     return e;
   }
@@ -248,7 +282,8 @@ export class SessionManager {
     const inFlight = [...this.live.values()].map((l) => l.chain);
     await Promise.race([Promise.all(inFlight), new Promise((r) => setTimeout(r, graceMs).unref())]);
     for (const id of [...this.live.keys()]) await this.close(id, 'server shutting down');
-    for (const e of this.engines.values()) await e.then((x) => x.close()).catch(() => {});
+    for (const e of [...this.engines.values(), ...this.policyEngines.values()]) await e.then((x) => x.close()).catch(() => {});
     this.engines.clear();
+    this.policyEngines.clear();
   }
 }

@@ -29,6 +29,66 @@ export interface EngineOptions {
   maxResident?: number;
   /** TensorFlow's thread pools (native backends; process-wide, fixed by the first engine that loads it). */
   threads?: Partial<NativeThreads>;
+  /**
+   * Latency classes sharing one machine: an `urgent` engine (policies) marks the gate busy while
+   * its calls wait or run; a `yield` engine (training) holds its next call while the gate is busy.
+   */
+  priority?: { gate: PriorityGate; role: 'urgent' | 'yield' };
+}
+
+/**
+ * Serves latency-critical work first without starving batch work (training). Urgent calls
+ * mark it busy from queueing until `lingerMs` after the last one settles (a closed-loop robot
+ * client sends its next request within that gap); a yielding engine waits between its calls
+ * while it is busy, but never longer than `maxHoldMs` per call, so training keeps at least
+ * callMs / (callMs + maxHoldMs) of its pace under any policy load.
+ */
+export class PriorityGate {
+  private pending = 0;
+  private lingering: NodeJS.Timeout | null = null;
+  private waiters: (() => void)[] = [];
+  /** Times a yielding engine held a call, and the milliseconds it held in all. */
+  readonly held = { calls: 0, ms: 0 };
+
+  constructor(readonly maxHoldMs = 250, readonly lingerMs = 20) {}
+
+  get busy(): boolean {
+    return this.pending > 0 || this.lingering !== null;
+  }
+
+  enter(): void {
+    this.pending++;
+    if (this.lingering) clearTimeout(this.lingering);
+    this.lingering = null;
+  }
+
+  leave(): void {
+    if (--this.pending > 0) return;
+    this.lingering = setTimeout(() => {
+      this.lingering = null;
+      const w = this.waiters;
+      this.waiters = [];
+      for (const f of w) f();
+    }, this.lingerMs);
+    this.lingering.unref();
+  }
+
+  /** Resolves once the gate is idle, or after maxHoldMs. */
+  wait(): Promise<void> {
+    const t0 = performance.now();
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        this.waiters = this.waiters.filter((f) => f !== done);
+        this.held.calls++;
+        this.held.ms += performance.now() - t0;
+        resolve();
+      };
+      const timer = setTimeout(done, this.maxHoldMs);
+      timer.unref();
+      this.waiters.push(done);
+    });
+  }
 }
 
 function spawnWorker(backend: string, threads?: Partial<NativeThreads>): Worker {
@@ -53,11 +113,14 @@ export class Engine implements EngineLike {
   private queues = new Map<string, Pending[]>();
   private order: string[] = []; // round-robin order of sessions with queued calls
   private inFlight: Pending | null = null;
+  private holding = false;
+  private priority: EngineOptions['priority'];
   private nextCallId = 1;
   private calls = 0;
   private dead: Error | null = null;
 
-  private constructor(private worker: Worker, readonly info: EngineInfo) {
+  private constructor(private worker: Worker, readonly info: EngineInfo, priority?: EngineOptions['priority']) {
+    this.priority = priority;
     worker.on('message', (m: FromWorker) => this.onMessage(m));
     worker.on('error', (e) => this.fail(new Error(`engine worker crashed: ${e.message}`)));
     worker.on('exit', (code) => this.fail(new Error(`engine worker exited with code ${code}`)));
@@ -85,7 +148,7 @@ export class Engine implements EngineLike {
         const init: ToWorker = { kind: 'init', preset: opts.preset, backend: opts.backend, seed: opts.seed ?? 0, baseWeightsPath: opts.baseWeightsPath, maxResident: opts.maxResident };
         worker.postMessage(init);
       });
-      return new Engine(worker, info);
+      return new Engine(worker, info, opts.priority);
     } catch (e) {
       await worker.terminate();
       throw e;
@@ -123,6 +186,17 @@ export class Engine implements EngineLike {
    */
   call<T = unknown>(session: string, op: string, args: Record<string, unknown> = {}, transfer: ArrayBuffer[] = []): Promise<T> {
     if (this.dead) return Promise.reject(this.dead);
+    if (this.priority?.role === 'urgent') {
+      const gate = this.priority.gate;
+      gate.enter();
+      const p = this.enqueue<T>(session, op, args, transfer);
+      p.then(() => gate.leave(), () => gate.leave());
+      return p;
+    }
+    return this.enqueue<T>(session, op, args, transfer);
+  }
+
+  private enqueue<T>(session: string, op: string, args: Record<string, unknown>, transfer: ArrayBuffer[]): Promise<T> {
     return new Promise<T>((resolve, reject) => {
       const p: Pending = { callId: this.nextCallId++, session, op, args, transfer, resolve, reject };
       let q = this.queues.get(session);
@@ -140,7 +214,16 @@ export class Engine implements EngineLike {
   }
 
   private pump(): void {
-    if (this.inFlight || this.order.length === 0) return;
+    if (this.inFlight || this.holding || this.order.length === 0) return;
+    if (this.priority?.role === 'yield' && this.priority.gate.busy) {
+      // Policy requests wait: let them have the cores before the next training op.
+      this.holding = true;
+      void this.priority.gate.wait().then(() => {
+        this.holding = false;
+        if (!this.dead) this.pump();
+      });
+      return;
+    }
     const session = this.order.shift()!;
     const q = this.queues.get(session)!;
     const p = q.shift()!;
