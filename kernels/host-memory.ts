@@ -74,3 +74,34 @@ function make(name: string): HostMemory | null {
   }
   return null;
 }
+
+let nativeCached: { backend: object; host: HostMemory | null } | null = null;
+
+/**
+ * hostMemory(), and on tfjs-node running on the CPU a copying equivalent: `view` of a tensor that
+ * lives in TensorFlow is a fresh copy (read it, never write it), while a tensor from `alloc`
+ * keeps its JavaScript array until its first use (tfjs-node hands TensorFlow the values lazily),
+ * so writes through its `view` land. Worth it where TF.js would run many kernels on small tensors
+ * (AdamW: ~15 kernels per parameter, each a full dispatch through the addon), not for one large
+ * elementwise op, which TensorFlow's own kernel does faster than a JavaScript loop. Null on
+ * tfjs-node-gpu (device memory) and on other backends.
+ */
+export function copyingHostMemory(): HostMemory | null {
+  const host = hostMemory();
+  if (host || tf.getBackend() !== 'tensorflow') return host;
+  const backend = tf.backend() as unknown as NativeData;
+  if (nativeCached?.backend !== backend) nativeCached = { backend, host: backend.isUsingGpuDevice ? null : makeNative(backend) };
+  return nativeCached.host;
+}
+
+type NativeData = { readSync(dataId: object): unknown; isUsingGpuDevice?: boolean };
+
+function makeNative(backend: NativeData): HostMemory {
+  return {
+    alloc: (shape) => tf.tensor(new Float32Array(shape.reduce((a, b) => a * b, 1)), [...shape], 'float32'),
+    view: (t) => {
+      float32(t);
+      return backend.readSync(t.dataId) as Float32Array;
+    },
+  };
+}
