@@ -19,6 +19,19 @@ function swapLast(x: tf.Tensor): tf.Tensor {
 }
 
 /**
+ * a · transpose(b) and transpose(a) · b. Native TensorFlow's BatchMatMul reads transposed
+ * operands in place (adj_x / adj_y), so there the flags save a Transpose kernel and a copy per
+ * product; wasm's XNNPACK path covers only plain operands, so it transposes first.
+ */
+function matMulBT(a: tf.Tensor, b: tf.Tensor): tf.Tensor {
+  return tf.getBackend() === 'wasm' ? tf.matMul(a, swapLast(b)) : tf.matMul(a, b, false, true);
+}
+
+function matMulAT(a: tf.Tensor, b: tf.Tensor): tf.Tensor {
+  return tf.getBackend() === 'wasm' ? tf.matMul(swapLast(a), b) : tf.matMul(a, b, true, false);
+}
+
+/**
  * `a · b` for rank-2 (or equal-rank batched) operands, both differentiable; gradients use
  * explicit transposes (see the module comment). a [..., n, k], b [..., k, m] -> [..., n, m].
  */
@@ -28,7 +41,7 @@ export const matmul = tf.customGrad(((a: tf.Tensor, b: tf.Tensor, save: tf.GradS
     value: tf.matMul(a, b),
     gradFunc: (dy: tf.Tensor, saved: tf.Tensor[]) => {
       const [sa, sb] = saved as [tf.Tensor, tf.Tensor];
-      return [tf.matMul(dy, swapLast(sb)), tf.matMul(swapLast(sa), dy)];
+      return [matMulBT(dy, sb), matMulAT(sa, dy)];
     },
   };
 }) as unknown as Parameters<typeof tf.customGrad>[0]) as (a: tf.Tensor, b: tf.Tensor) => tf.Tensor;
@@ -44,7 +57,7 @@ export function matmulConstB(a: tf.Tensor, b: tf.Tensor): tf.Tensor {
     save([b]);
     return {
       value: tf.matMul(x, b),
-      gradFunc: (dy: tf.Tensor, saved: tf.Tensor[]) => [tf.matMul(dy, swapLast(saved[0]!))],
+      gradFunc: (dy: tf.Tensor, saved: tf.Tensor[]) => [matMulBT(dy, saved[0]!)],
     };
   }) as unknown as Parameters<typeof tf.customGrad>[0]) as (x: tf.Tensor) => tf.Tensor;
   return f(a);
