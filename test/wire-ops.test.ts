@@ -2,13 +2,14 @@
  * Every op of PROTOCOL.md section 3 over the real session websocket, and every op of the futures
  * API (section 7) over real HTTP, against the real engine worker, each answer compared with the
  * same op run in this process on a TrainingState built the same way (issue 13, item 1). The
- * engine runs the same kernels on the same wasm backend, so answers agree to float32 rounding.
+ * engine runs the same kernels on the same backend (the best present: test/helpers/tf.ts), so answers
+ * agree to float32 rounding.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient, type Datum, type SessionConnection } from '../protocol/client.ts';
 import { decodeFrameResized } from '../protocol/frames.ts';
 import { ndarray, NDArray } from '../protocol/ndarray.ts';
-import { initBackend } from '../kernels/backend.ts';
+import { useBestBackend } from './helpers/tf.ts';
 import { makeBatch, type ModelBatch } from '../kernels/batch.ts';
 import { makeConfig } from '../kernels/config.ts';
 import { mseVelocityGrad } from '../kernels/flow.ts';
@@ -79,7 +80,7 @@ function expectNumClose(got: number, want: number): void {
 }
 
 beforeAll(async () => {
-  await initBackend('wasm', () => {});
+  await useBestBackend();
   base = BaseWeights.create(cfg, 0); // the engine's base (Engine.start seed 0)
   server = await startTestServer();
 });
