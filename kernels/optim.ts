@@ -310,6 +310,11 @@ function checkFinite(name: string, [p, m, v]: Float32Array[], opts: AdamWOptions
   }
 }
 
+/** True when the sum of every value is finite, which no NaN or infinity allows (one scalar read). */
+function finiteSum(ts: tf.Tensor[]): boolean {
+  return tf.tidy(() => Number.isFinite(tf.addN(ts.map((t) => tf.sum(t))).dataSync()[0]!));
+}
+
 function assignAll(p: tf.Variable, m: tf.Variable, v: tf.Variable, next: [tf.Tensor, tf.Tensor, tf.Tensor]): void {
   p.assign(next[0]);
   m.assign(next[1]);
@@ -334,8 +339,13 @@ function fusedStep(
       const [g, m, v] = [grads.get(name)!, moments.m.get(name)!, moments.v.get(name)!];
       next.set(name, onHost(p) ? adamwFused(host, p, g, m, v, s) : tf.tidy(() => opsUpdate(p, divisor === 1 ? g : tf.div(g, divisor), m, v, s)));
     }
-    // Views after the last alloc (a growing wasm heap detaches older views).
-    for (const [name, out] of next) checkFinite(name, out.map((x) => host.view(x) as Float32Array), opts);
+    // Views after the last alloc (a growing wasm heap detaches older views). Tensors updated by
+    // TensorFlow's kernels are summed there first: a finite sum means every value is finite,
+    // without copying them out (only a non-finite sum, or an overflow, needs the element check).
+    for (const [name, out] of next) {
+      if (!onHost(params.get(name)!) && finiteSum(out)) continue;
+      checkFinite(name, out.map((x) => host.view(x) as Float32Array), opts);
+    }
   } catch (e) {
     for (const out of next.values()) tf.dispose(out);
     throw e;
@@ -372,7 +382,7 @@ function opsStep(params: Map<string, tf.Variable>, grads: Map<string, tf.Tensor>
       next.set(name, tf.tidy(() => opsUpdate(p, mean.get(name)!, m, v, s)));
     }
     try {
-      for (const [name, out] of next) checkFinite(name, out.map((x) => x.dataSync() as Float32Array), opts);
+      for (const [name, out] of next) if (!finiteSum(out)) checkFinite(name, out.map((x) => x.dataSync() as Float32Array), opts);
     } catch (e) {
       for (const out of next.values()) tf.dispose(out);
       throw e;
