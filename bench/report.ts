@@ -73,6 +73,9 @@ export function markdown(r: BenchResult): string {
     L.push('| | value |', '| - | - |');
     L.push(`| training steps | ${l.steps} (${l.stepsPerS.toFixed(2)}/s)${l.stepLatency ? `, p50 ${ms(l.stepLatency.p50)} ms, p99 ${ms(l.stepLatency.p99)} ms` : ''} |`);
     L.push(`| inferences | ${l.inferences} (${l.inferencesPerS.toFixed(2)}/s)${l.inferLatency ? `, p50 ${ms(l.inferLatency.p50)} ms, p99 ${ms(l.inferLatency.p99)} ms` : ''} |`);
+    // The load's policy clients send the 1-camera JPEG observation: compare with that row idle.
+    const idle = r.policy?.find((p) => p.cameras === 1 && p.codec === 'JPEG' && !p.zstd);
+    if (idle && l.inferLatency) L.push(`| inference p99 under load / idle (1 camera, JPEG) | ${ms(l.inferLatency.p99)} / ${ms(idle.latency.p99)} ms = ${(l.inferLatency.p99 / idle.latency.p99).toFixed(2)}x |`);
     L.push(`| errors | ${l.errors}${l.errorMessages.length ? ` (${l.errorMessages.join('; ')})` : ''} |`);
     L.push(`| server RSS floor, first / last third after warm-up | ${mb(l.rss.floorStartBytes)} / ${mb(l.rss.floorEndBytes)} MiB |`);
     L.push(`| server RSS at warm-up end / end / max | ${mb(l.rss.afterWarmupBytes)} / ${mb(l.rss.endBytes)} / ${mb(l.rss.maxBytes)} MiB (fitted slope ${mb(l.rss.slopeBytesPerMin)} MiB/min) |`);
