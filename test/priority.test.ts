@@ -45,7 +45,7 @@ describe('PriorityGate', () => {
 
 describe('a training engine yields to policy calls', () => {
   let engine: Engine;
-  const gate = new PriorityGate(10_000, 10);
+  const gate = new PriorityGate(1500, 10);
   beforeAll(async () => {
     engine = await Engine.start({ preset: 'pi0-tiny', backend: TEST_BACKENDS[0]!, priority: { gate, role: 'yield' } });
   });
@@ -63,6 +63,17 @@ describe('a training engine yields to policy calls', () => {
     await call;
     expect(done).toBe(true);
     expect(gate.held.calls).toBe(1);
+  });
+
+  it('is never starved: under endless policy work each call waits one hold, then runs', async () => {
+    gate.enter(); // policy work that never ends
+    try {
+      for (let i = 0; i < 2; i++) await engine.call('s', 'stats');
+      expect(gate.busy).toBe(true);
+      expect(gate.held.calls).toBe(3); // one hold per call, none repeated
+    } finally {
+      gate.leave();
+    }
   });
 });
 

@@ -114,6 +114,7 @@ export class Engine implements EngineLike {
   private order: string[] = []; // round-robin order of sessions with queued calls
   private inFlight: Pending | null = null;
   private holding = false;
+  private heldOnce = false;
   private priority: EngineOptions['priority'];
   private nextCallId = 1;
   private calls = 0;
@@ -215,15 +216,18 @@ export class Engine implements EngineLike {
 
   private pump(): void {
     if (this.inFlight || this.holding || this.order.length === 0) return;
-    if (this.priority?.role === 'yield' && this.priority.gate.busy) {
-      // Policy requests wait: let them have the cores before the next training op.
+    if (this.priority?.role === 'yield' && this.priority.gate.busy && !this.heldOnce) {
+      // Policy requests wait: let them have the cores before the next training op. One hold
+      // per call: after it the call goes, busy or not, so training is never starved.
       this.holding = true;
       void this.priority.gate.wait().then(() => {
         this.holding = false;
+        this.heldOnce = true;
         if (!this.dead) this.pump();
       });
       return;
     }
+    this.heldOnce = false;
     const session = this.order.shift()!;
     const q = this.queues.get(session)!;
     const p = q.shift()!;
