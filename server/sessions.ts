@@ -96,7 +96,8 @@ export type EngineFactory = (preset: string, lane: EngineLane) => Promise<Engine
 /** Engine.start options for a preset's engine in a lane, from the server's settings. */
 export function engineOptions(config: ServerConfig, preset: string, lane: EngineLane): EngineOptions {
   return {
-    preset, backend: config.backend, maxResident: config.maxResidentSessions, threads: threadsOf(config),
+    preset, backend: lane.role === 'policy' && config.policyBackend !== 'same' ? config.policyBackend : config.backend,
+    maxResident: config.maxResidentSessions, threads: threadsOf(config),
     priority: { gate: lane.gate, role: lane.role === 'policy' ? 'urgent' : 'yield' },
   };
 }
