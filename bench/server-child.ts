@@ -24,7 +24,7 @@ const backend = process.env.VELA_BACKEND ?? 'auto';
 async function main(): Promise<void> {
   log.setLevel(process.env.VELA_BENCH_LOG ?? 'error');
   const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-bench-'));
-  const { config } = loadConfig([], { VELA_HOST: '127.0.0.1', VELA_PORT: '0', VELA_DATA_DIR: dataDir, VELA_API_KEY: API_KEY, VELA_BACKEND: backend, VELA_SESSIONS_PER_KEY: '64', VELA_POLICY_BACKEND: process.env.VELA_POLICY_BACKEND ?? 'same' });
+  const { config } = loadConfig([], { VELA_HOST: '127.0.0.1', VELA_PORT: '0', VELA_DATA_DIR: dataDir, VELA_API_KEY: API_KEY, VELA_BACKEND: backend, VELA_SESSIONS_PER_KEY: '64', VELA_POLICY_BACKEND: process.env.VELA_POLICY_BACKEND ?? 'same', VELA_TRAINING_YIELD_MS: process.env.VELA_TRAINING_YIELD_MS ?? '' });
   const engines = new Map<string, EngineLike>();
   const server = await startServer(config, {
     // The server's own lanes (a policy engine beside the training one, training yielding to it),

@@ -46,6 +46,7 @@ export interface ServerConfig {
   apiKey: string | undefined;
   backend: string;
   policyBackend: string;
+  trainingYieldMs: number;
   tfIntraOpThreads: number;
   tfInterOpThreads: number;
   publicUrl: string | undefined;
@@ -83,6 +84,7 @@ export const SETTINGS: Setting[] = [
   { key: 'apiKey', flag: '--api-key', env: 'VELA_API_KEY', kind: 'string', def: () => undefined, help: 'an API key to accept (one is created and printed when the store has none)', defaultText: 'none' },
   { key: 'backend', flag: '--backend', env: 'VELA_BACKEND', kind: 'choice', choices: BACKEND_CHOICES, def: () => 'auto', help: `TF.js backend of the engines: ${BACKEND_CHOICES.join(' | ')}` },
   { key: 'policyBackend', flag: '--policy-backend', env: 'VELA_POLICY_BACKEND', kind: 'choice', choices: ['same', ...BACKEND_CHOICES], def: () => 'same', help: 'backend of the engines that serve policies: same (as --backend) | ' + BACKEND_CHOICES.join(' | ') + ' (wasm answers one robot at a time faster on a small CPU)' },
+  { key: 'trainingYieldMs', flag: '--training-yield-ms', env: 'VELA_TRAINING_YIELD_MS', kind: 'int', max: 60000, def: () => 250, help: 'while policy requests wait, a training op waits up to this long before it runs (0: no yielding)' },
   { key: 'tfIntraOpThreads', flag: '--tf-intra-op-threads', env: 'VELA_TF_INTRA_OP_THREADS', kind: 'int', max: 1024, def: (env) => Number(env.TF_NUM_INTRAOP_THREADS) || defaultThreads().intraOp, help: 'native TensorFlow: threads one op may use, shared by all engines', defaultText: 'half the cores, at least 1' },
   { key: 'tfInterOpThreads', flag: '--tf-inter-op-threads', env: 'VELA_TF_INTER_OP_THREADS', kind: 'int', max: 1024, def: (env) => Number(env.TF_NUM_INTEROP_THREADS) || defaultThreads().interOp, help: 'native TensorFlow: threads running independent ops at once' },
   { key: 'publicUrl', flag: '--public-url', env: 'VELA_PUBLIC_URL', kind: 'string', def: () => undefined, help: 'base of session and policy URLs behind a proxy', defaultText: 'none (the address it listens on)' },

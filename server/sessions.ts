@@ -112,7 +112,7 @@ export class SessionManager {
   private started = new Set<string>();
   private policyEngines = new Map<string, Promise<EngineLike>>();
   /** Policy requests first, training between them (host.ts PriorityGate). */
-  readonly gate = new PriorityGate();
+  readonly gate: PriorityGate;
   private probed: Promise<BackendInfo> | undefined;
   readonly live = new Map<string, LiveSession>();
   private idleTimer: NodeJS.Timeout;
@@ -122,6 +122,7 @@ export class SessionManager {
     private config: ServerConfig,
     private engineFactory: EngineFactory = (preset, lane) => Engine.start(engineOptions(config, preset, lane)),
   ) {
+    this.gate = new PriorityGate(config.trainingYieldMs);
     this.idleTimer = setInterval(() => this.closeIdle(), Math.min(60_000, config.sessionIdleTimeoutS * 250)).unref();
   }
 
