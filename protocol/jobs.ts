@@ -28,5 +28,7 @@ export interface FineTuneJob {
   started_at: number | null;
   finished_at: number | null;
   name?: string | null;
+  /** The cluster node that runs (or last ran) the job; null before it starts and on one node. */
+  node?: string | null;
   [field: string]: unknown;
 }

@@ -10,7 +10,11 @@ import { createApp } from './guard.ts';
 import { hideServerPath } from './redact.ts';
 import { requireOwner } from './auth.ts';
 import { log } from './log.ts';
-import { Store } from './store.ts';
+import { randomId, Store, type SessionRow } from './store.ts';
+import { PostgresDb } from './db/index.ts';
+import { ClusterNode, forward, mountNodeRoutes, wasForwarded } from './cluster/index.ts';
+import { GraphileQueue } from './jobs/graphile-queue.ts';
+import { LocalQueue } from './jobs/queue.ts';
 import { SessionManager, parseSessionConfig, type EngineFactory } from './sessions.ts';
 import { mountSessionSocket } from './session-ws.ts';
 import { mountUi } from './ui/index.ts';
@@ -89,18 +93,34 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
   assertNativeUws();
   hideServerPath(config.dataDir, '<data dir>');
   hideServerPath(config.datasetsDir, '<datasets dir>');
-  const store = new Store(config.dataDir);
-  const orphans = store.closeOrphanSessions('the server restarted; session memory is lost (load a saved state in a new session)');
-  if (orphans > 0) log.info(`closed ${orphans} session(s) left open by the previous run`);
-  if (config.apiKey) store.ensureApiKey(config.apiKey);
-  else if (store.countApiKeys() === 0) {
-    const { key } = store.createApiKey('first key');
+  if (config.storageDir) hideServerPath(config.storageDir, '<storage dir>');
+  const store = await Store.open(config);
+  // One node owns every session of its store; in a cluster, sessions of lost nodes are found by heartbeats (cluster/node.ts).
+  const clustered = store.db.dialect === 'postgres';
+  const nodeId = clustered ? (config.nodeId ?? randomId('n-', 4)) : null;
+  if (!clustered) {
+    const orphans = await store.closeOrphanSessions('the server restarted; session memory is lost (load a saved state in a new session)');
+    if (orphans > 0) log.info(`closed ${orphans} session(s) left open by the previous run`);
+  }
+  if (config.apiKey) await store.ensureApiKey(config.apiKey);
+  else if ((await store.countApiKeys()) === 0) {
+    const { key } = await store.createApiKey('first key');
     (opts.onNewKey ?? ((k) => log.info(`created an API key (shown once): ${k}`)))(key);
   }
   const sessions = new SessionManager(store, config, opts.engineFactory);
+  sessions.nodeId = nodeId;
   const app = createApp();
   let baseUrl = '';
+  let cluster: ClusterNode | null = null;
   const wsBase = () => (config.publicUrl ?? baseUrl).replace(/^http/, 'ws').replace(/\/$/, '');
+  /** The websocket base of the node that holds a session (this node's when unknown). */
+  const wsBaseOf = (row: SessionRow) => {
+    const url = cluster && row.node_id && row.node_id !== cluster.id ? cluster.urlOf(row.node_id) : null;
+    return url ? url.replace(/^http/, 'ws').replace(/\/$/, '') : wsBase();
+  };
+  /** The URL of the node that holds an open session, when that is another node. */
+  const remoteOf = (row: SessionRow): string | null =>
+    cluster && row.node_id && row.node_id !== cluster.id && (row.status === 'starting' || row.status === 'ready') ? cluster.urlOf(row.node_id) : null;
 
   app.get('/healthz', route(0, (r) => sendText(r, 200, 'OK')));
   // xorl's shape (status, engine_running, engines); `backend` is the backend in use (chosen once:
@@ -114,36 +134,54 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
   }));
 
   app.post('/v1/training_sessions', route(0, async (r) => {
-    const owner = requireOwner(store, r);
-    const cfg = parseSessionConfig(await r.json());
-    const row = sessions.create(owner, cfg, baseUrl);
-    sendJson(r, 200, sessions.toJson(row, wsBase()));
+    const owner = await requireOwner(store, r);
+    const body = await r.json();
+    const cfg = parseSessionConfig(body);
+    // A cluster places the session (cluster/node.ts place); the chosen node creates it.
+    if (cluster && !wasForwarded(r)) {
+      const target = await cluster.place(cfg.base_model);
+      if (!target) throw new HttpError(503, `every node is at its session capacity (--node-sessions); close a session or add a node`);
+      if (target.id !== cluster.id) return forward(r, target.url, cluster.id, Buffer.from(JSON.stringify(body)));
+    }
+    const row = await sessions.create(owner, cfg, baseUrl);
+    sendJson(r, 200, sessions.toJson(row, wsBaseOf(row)));
   }));
-  app.get('/v1/training_sessions', route(0, (r) => {
-    const owner = requireOwner(store, r);
-    sendJson(r, 200, { object: 'list', data: store.listSessions(owner).map((s) => sessions.toJson(s, wsBase())) });
+  app.get('/v1/training_sessions', route(0, async (r) => {
+    const owner = await requireOwner(store, r);
+    sendJson(r, 200, { object: 'list', data: (await store.listSessions(owner)).map((s) => sessions.toJson(s, wsBaseOf(s))) });
   }));
-  const ownSession = (r: Req) => {
-    const owner = requireOwner(store, r);
-    const row = store.getSession(r.params[0]!);
+  const ownSession = async (r: Req) => {
+    const owner = await requireOwner(store, r);
+    const row = await store.getSession(r.params[0]!);
     if (!row || row.owner !== owner) throw new HttpError(404, `no training session ${r.params[0]}`);
     return row;
   };
-  app.get('/v1/training_sessions/:id', route(1, (r) => sendJson(r, 200, sessions.toJson(ownSession(r), wsBase()))));
+  // A session open on another node is answered by that node (its live fields are there).
+  app.get('/v1/training_sessions/:id', route(1, async (r) => {
+    const row = await ownSession(r);
+    const remote = wasForwarded(r) ? null : remoteOf(row);
+    if (remote) return forward(r, remote, cluster!.id, null);
+    sendJson(r, 200, sessions.toJson(row, wsBaseOf(row)));
+  }));
   app.post('/v1/training_sessions/:id/close', route(1, async (r) => {
-    const row = ownSession(r);
+    const row = await ownSession(r);
+    const remote = wasForwarded(r) ? null : remoteOf(row);
+    if (remote) return forward(r, remote, cluster!.id, await r.body());
     await sessions.close(row.id);
-    sendJson(r, 200, sessions.toJson(store.getSession(row.id)!, wsBase()));
+    sendJson(r, 200, sessions.toJson((await store.getSession(row.id))!, wsBaseOf(row)));
   }));
 
-  mountSessionSocket(app, { store, sessions, config });
+  mountSessionSocket(app, { store, sessions, config, elsewhere: (row) => (remoteOf(row) ? wsBaseOf(row) + `/v1/training_sessions/${row.id}/ws` : null) });
   const served = new ServedPolicies(config.inferIdleS);
-  const inference = { store, config, sessions, served, sampling: new Map<string, SamplingSession>(), // Checkpoint policies (fine-tunes, sampling sessions) run on the policy engine: own worker,
+  const inference = { store, config, sessions, served, sampling: new Map<string, SamplingSession>(),
+    // Checkpoint policies (fine-tunes, sampling sessions) run on the policy engine: own worker,
     // and training yields to it (a training session's live policy stays on its training engine).
     engineFor: (preset: string) => sessions.policyEngineFor(preset) };
-  const futures = mountFutures(app, { store, sessions, config, baseUrl: () => baseUrl, inference });
-  const runner = new JobRunner(store, config, (preset) => sessions.engineFor(preset));
+  const futures = mountFutures(app, { store, sessions, config, baseUrl: () => baseUrl, inference, cluster: () => cluster, nodeId });
+  const queue = clustered ? new GraphileQueue((store.db as PostgresDb).pool, nodeId!) : new LocalQueue();
+  const runner = new JobRunner(store, config, (preset) => sessions.engineFor(preset), queue, nodeId ? { id: nodeId, fenced: () => cluster?.fenced() ?? false } : null);
   mountJobRoutes(app, { store, config, runner, keepaliveS: opts.sseKeepaliveS });
+  mountNodeRoutes(app, { store, nodes: () => cluster, local: () => ({ id: 'local', url: config.publicUrl ?? baseUrl, capacity: config.nodeCapacity, load: { sessions: sessions.live.size, jobs: runner.running.size, resident_presets: sessions.runningEngines() } }) });
   mountInference(app, inference);
   mountDatasetUpload(app, { store, config });
   mountSidecar(app, { store, config, runner, inference, keepaliveS: opts.sseKeepaliveS, streamCapS: opts.sidecarStreamCapS, watchdogS: opts.sidecarWatchdogS });
@@ -159,7 +197,19 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
   });
   const port = uWS.us_socket_local_port(listenSocket);
   baseUrl = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`;
-  runner.recover();
+  if (nodeId) {
+    cluster = new ClusterNode(store, {
+      id: nodeId, url: config.publicUrl ?? baseUrl, capacity: config.nodeCapacity, heartbeatS: config.nodeHeartbeatS, lostS: config.nodeLostS,
+      load: () => ({ sessions: sessions.live.size, jobs: runner.running.size, resident_presets: sessions.runningEngines() }),
+      releaseJobs: (id) => queue.releaseNode(id),
+      busy: () => runner.running.size > 0,
+      onFenced: async (reason) => {
+        for (const id of [...sessions.live.keys()]) await sessions.close(id, reason);
+      },
+    });
+    await cluster.start();
+  }
+  await runner.start();
 
   let closing: Promise<void> | null = null;
   return {
@@ -173,6 +223,8 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
     close: () =>
       (closing ??= (async () => {
         uWS.us_listen_socket_close(listenSocket);
+        // A cluster node is marked stopped first, so the job it hands back is taken over at once.
+        await cluster?.stop();
         await runner.shutdown();
         await served.close();
         futures.close();
@@ -180,7 +232,7 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
         // Kept-alive HTTP connections and open SSE streams: the native app has close() although
         // the typings of this version lack it. Then the store, last.
         (app as unknown as { close(): void }).close();
-        store.close();
+        await store.close();
       })()),
   };
 }

@@ -15,10 +15,10 @@ export function credentialOf(headers: Record<string, string>): string | null {
  * The owner id of the request's API key.
  * @throws HttpError 401 when there is no key or it is unknown.
  */
-export function requireOwner(store: Store, r: Req): string {
+export async function requireOwner(store: Store, r: Req): Promise<string> {
   const key = credentialOf(r.headers);
   if (!key) throw new HttpError(401, 'missing API key: send "Authorization: Bearer <key>"');
-  const owner = store.findApiKey(key);
+  const owner = await store.findApiKey(key);
   if (!owner) throw new HttpError(401, 'invalid API key');
   return owner;
 }

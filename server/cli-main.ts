@@ -80,9 +80,9 @@ async function keys(argv: string[]): Promise<void> {
   const { flags, positional } = splitArgs(other, { '--name': 'value' }, 'vela keys --help');
   if (positional.length > 0) throw new UsageError(`unexpected argument ${shown(positional[0]!)} (see vela keys --help)`);
   const name = flags.find((f) => f.flag === '--name')?.value ?? null;
-  const store = new Store(config.dataDir);
-  const { key } = store.createApiKey(name);
-  store.close();
+  const store = await Store.open(config);
+  const { key } = await store.createApiKey(name);
+  await store.close();
   process.stdout.write(key + '\n');
 }
 

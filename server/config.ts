@@ -68,6 +68,12 @@ export interface ServerConfig {
   inferIdleS: number;
   maxDatasetBytes: number;
   logLevel: string;
+  databaseUrl: string | undefined;
+  storageDir: string | undefined;
+  nodeId: string | undefined;
+  nodeCapacity: number;
+  nodeHeartbeatS: number;
+  nodeLostS: number;
 }
 
 /** LeRobot's dataset cache: $HF_LEROBOT_HOME, else $HF_HOME/lerobot, else ~/.cache/huggingface/lerobot. */
@@ -106,6 +112,13 @@ export const SETTINGS: Setting[] = [
   { key: 'inferIdleS', flag: '--infer-idle-s', env: 'VELA_INFER_IDLE_S', kind: 'number', def: () => 60, help: 'seconds a served policy stays loaded after its last request or connection' },
   { key: 'maxDatasetBytes', flag: '--max-dataset-bytes', env: 'VELA_MAX_DATASET_BYTES', kind: 'int', def: () => 8 * 1024 * 1024 * 1024, help: 'largest uploaded dataset (PUT /v1/datasets/{name}, job_start dataset_content), archive and extracted' },
   { key: 'logLevel', flag: '--log-level', env: 'VELA_LOG_LEVEL', kind: 'choice', choices: LOG_LEVELS, def: () => 'info', help: `least severe log lines shown: ${LOG_LEVELS.join(' | ')}` },
+  // A cluster (README "Several nodes"): nodes that share one PostgreSQL and one storage folder.
+  { key: 'databaseUrl', flag: '--database-url', env: 'VELA_DATABASE_URL', kind: 'string', def: () => undefined, help: 'postgres://... : the store every node of a cluster shares', defaultText: 'none (SQLite in --data-dir, one node)' },
+  { key: 'storageDir', flag: '--storage-dir', env: 'VELA_STORAGE_DIR', kind: 'string', def: () => undefined, help: 'checkpoints and job outputs; a folder every node mounts at the same path', defaultText: '--data-dir' },
+  { key: 'nodeId', flag: '--node-id', env: 'VELA_NODE_ID', kind: 'string', def: () => undefined, help: 'this node\'s id in a cluster', defaultText: 'a new random one each start' },
+  { key: 'nodeCapacity', flag: '--node-sessions', env: 'VELA_NODE_SESSIONS', kind: 'int', def: () => 16, help: 'open training sessions this node takes before placement sends new ones elsewhere' },
+  { key: 'nodeHeartbeatS', flag: '--node-heartbeat-s', env: 'VELA_NODE_HEARTBEAT_S', kind: 'number', def: () => 2, help: 'seconds between a node\'s heartbeats (and its checks for lost nodes)' },
+  { key: 'nodeLostS', flag: '--node-lost-s', env: 'VELA_NODE_LOST_S', kind: 'number', def: () => 15, help: 'a node without a heartbeat for this long is lost: its jobs resume elsewhere, its sessions become lost' },
 ];
 
 /** `typed` is how the value was given: `--port abc`, `--port=abc` or `VELA_PORT=abc`. */
@@ -167,6 +180,15 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
   const config = out as unknown as ServerConfig;
   for (const [flag, n] of [['--tf-intra-op-threads', config.tfIntraOpThreads], ['--tf-inter-op-threads', config.tfInterOpThreads]] as const) {
     if (n < 1) throw new ConfigError(`${flag} must be at least 1, got ${n}`);
+  }
+  if (config.databaseUrl !== undefined && !/^postgres(ql)?:\/\//.test(config.databaseUrl)) {
+    throw new ConfigError(`--database-url must be a postgres:// or postgresql:// URL, got "${config.databaseUrl.replace(/:[^:@/]*@/, ':***@')}"`);
+  }
+  if (config.nodeId !== undefined && !/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/.test(config.nodeId)) {
+    throw new ConfigError(`--node-id must be letters, digits, '.', '_' or '-' (at most 64), got "${config.nodeId}"`);
+  }
+  if (config.nodeHeartbeatS <= 0 || config.nodeLostS < 2 * config.nodeHeartbeatS) {
+    throw new ConfigError(`--node-lost-s (${config.nodeLostS}) must be at least twice --node-heartbeat-s (${config.nodeHeartbeatS}), which must be > 0`);
   }
   return { config, rest };
 }

@@ -42,7 +42,7 @@ export function archiveTemp(config: ServerConfig, name: string): string {
 export function mountDatasetUpload(app: TemplatedApp, deps: { store: Store; config: ServerConfig }): void {
   const { config } = deps;
   app.put('/v1/datasets/:name', route(1, async (r) => {
-    const owner = requireOwner(deps.store, r);
+    const owner = await requireOwner(deps.store, r);
     const name = checkDatasetName(r.params[0], 'name');
     const file = archiveTemp(config, name);
     await r.bodyToFile(file, config.maxDatasetBytes);

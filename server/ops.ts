@@ -11,7 +11,7 @@ import type { SessionRequest, WireDatum } from '../protocol/messages.ts';
 import { batchBuffers, makeBatch, type DatumInput, type ModelBatch } from '../kernels/batch.ts';
 import { makeConfig, type PolicyConfig } from '../kernels/config.ts';
 import type { ServerConfig } from './config.ts';
-import { checkStorage } from './storage.ts';
+import { checkStorage, storageOf } from './storage.ts';
 import type { LiveSession } from './sessions.ts';
 
 /** Numbers of any numeric ndarray as float32 (int64 via Number). */
@@ -176,7 +176,7 @@ function prepareOp(live: LiveSession, req: SessionRequest, server: ServerConfig)
         }).then((r) => ({ grad_norm: r.gradNorm, skipped: r.skipped }));
     case 'save_state':
     case 'save_weights':
-      checkStorage(server.dataDir, live.row.owner, server.storagePerKeyBytes);
+      checkStorage(storageOf(server), live.row.owner, server.storagePerKeyBytes);
       return () => call(req.op, { name: req.name, overwrite: req.overwrite, cameras: [...live.cameras], actionHorizon: live.actionHorizon });
     case 'load_state':
       return () =>

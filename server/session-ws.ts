@@ -18,7 +18,7 @@ import { redactPaths } from './redact.ts';
 import { runOp } from './ops.ts';
 import type { LiveSession, SessionManager } from './sessions.ts';
 import type { ServerConfig } from './config.ts';
-import type { Store } from './store.ts';
+import type { SessionRow, Store } from './store.ts';
 
 interface Entry {
   id: RawMsgpack | null; // the request's id, its msgpack bytes as sent (echoed exactly)
@@ -88,7 +88,10 @@ function flush(conn: ConnData): void {
 }
 
 /** Mount the session websocket at `/v1/training_sessions/:id/ws` (token-checked upgrade). */
-export function mountSessionSocket(app: TemplatedApp, deps: { store: Store; sessions: SessionManager; config: ServerConfig }): void {
+export function mountSessionSocket(
+  app: TemplatedApp,
+  deps: { store: Store; sessions: SessionManager; config: ServerConfig; elsewhere?: (row: SessionRow) => string | null },
+): void {
   const { store, sessions, config } = deps;
   const limit = config.maxSessionMessageBytes;
   app.ws<ConnData>('/v1/training_sessions/:id/ws', {
@@ -96,18 +99,35 @@ export function mountSessionSocket(app: TemplatedApp, deps: { store: Store; sess
     upgrade: (res: HttpResponse, req: HttpRequest, ctx: us_socket_context_t) => {
       const id = req.getParameter(0) ?? '';
       const headers = requestHeaders(req);
+      let aborted = false;
       const reject = (status: number, msg: string): void => {
-        res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json').end(JSON.stringify({ error: msg }));
+        if (aborted) return;
+        res.cork(() => res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json').end(JSON.stringify({ error: msg })));
       };
-      const row = store.getSession(id);
       const token = credentialOf(headers);
-      if (!row || !token || !safeEqual(token, row.token)) return reject(row && token ? 401 : row ? 401 : 404, row ? 'invalid or missing session token' : `no session ${id}`);
-      if (row.status === 'starting') return reject(409, `session ${id} is starting: poll GET /v1/training_sessions/${id} until ready`);
+      // A session open in this process is checked from memory, so the upgrade stays synchronous.
       const live = sessions.live.get(id);
-      if (row.status !== 'ready' || !live?.engine) return reject(409, `session ${id} is ${row.status}${row.error ? `: ${row.error}` : ''}`);
-      res.upgrade<ConnData>(
-        { sessionId: id, live, queue: [], closed: false },
-        headers['sec-websocket-key']!, headers['sec-websocket-protocol'] ?? '', headers['sec-websocket-extensions'] ?? '', ctx,
+      if (live) {
+        if (!token || !safeEqual(token, live.row.token)) return reject(401, 'invalid or missing session token');
+        if (!live.engine) return reject(409, `session ${id} is starting: poll GET /v1/training_sessions/${id} until ready`);
+        return res.upgrade<ConnData>(
+          { sessionId: id, live, queue: [], closed: false },
+          headers['sec-websocket-key']!, headers['sec-websocket-protocol'] ?? '', headers['sec-websocket-extensions'] ?? '', ctx,
+        );
+      }
+      // Otherwise the store says why not (closed, lost, unknown, or open on another node).
+      res.onAborted(() => (aborted = true));
+      store.getSession(id).then(
+        (row) => {
+          if (!row || !token || !safeEqual(token, row.token)) return reject(row && token ? 401 : row ? 401 : 404, row ? 'invalid or missing session token' : `no session ${id}`);
+          const elsewhere = deps.elsewhere?.(row);
+          if (elsewhere) return reject(421, `session ${id} runs on node ${row.node_id}: connect to ${elsewhere}`);
+          reject(409, `session ${id} is ${row.status}${row.error ? `: ${row.error}` : ''}`);
+        },
+        (e) => {
+          log.error(`session ${id} upgrade`, e);
+          reject(500, 'internal error');
+        },
       );
     },
     open: (ws) => {

@@ -5,7 +5,6 @@
  */
 import { jsonId, type RequestId } from '../protocol/messages.ts';
 import type { RawMsgpack } from '../protocol/msgpack.ts';
-import path from 'node:path';
 import { PRESETS, PRESET_ALIASES, resolvePreset } from '../kernels/config.ts';
 import { Engine, PriorityGate, type EngineLike, type EngineOptions } from './engine/host.ts';
 import type { BackendInfo } from './engine/messages.ts';
@@ -14,7 +13,9 @@ import { HttpError } from './http.ts';
 import { log } from './log.ts';
 import { newToken } from './auth.ts';
 import { nowS, randomId, type SessionRow, type Store } from './store.ts';
+import { isUniqueViolation } from './db/index.ts';
 import type { ServerConfig } from './config.ts';
+import { storageOf } from './storage.ts';
 
 const PRESET_NAMES = [...Object.keys(PRESETS), ...Object.keys(PRESET_ALIASES)];
 const TARGETS = ['attn', 'mlp', 'action_expert', 'prefix_expert', 'all'];
@@ -115,6 +116,8 @@ export class SessionManager {
   readonly gate: PriorityGate;
   private probed: Promise<BackendInfo> | undefined;
   readonly live = new Map<string, LiveSession>();
+  /** The cluster node this process is (server/cluster), written on each session row; null on one node. */
+  nodeId: string | null = null;
   private idleTimer: NodeJS.Timeout;
 
   constructor(
@@ -174,7 +177,7 @@ export class SessionManager {
 
   /** Root folder of a session's saved states and weights. */
   sessionDir(owner: string, id: string): string {
-    return path.resolve(this.config.dataDir, 'checkpoints', owner, id);
+    return storageOf(this.config).dir('checkpoints', owner, id);
   }
 
   /**
@@ -182,20 +185,23 @@ export class SessionManager {
    * is a futures client's own name for it (create_model's `model_id`).
    * @throws HttpError 429 past the per-key limit, 409 when `modelName` is taken by an open model of the key.
    */
-  create(owner: string, cfg: SessionConfig, baseUrl: string, modelName: string | null = null): SessionRow {
-    const open = this.store.countOpenSessions(owner);
+  async create(owner: string, cfg: SessionConfig, baseUrl: string, modelName: string | null = null): Promise<SessionRow> {
+    const open = await this.store.countOpenSessions(owner);
     if (open >= this.config.sessionsPerKey) {
       throw new HttpError(429, `this key has ${open} open sessions; the limit is ${this.config.sessionsPerKey}: close one first`);
     }
     const taken = () => new HttpError(409, `model_id "${modelName}" is taken by an open model of this key; kill_session or unload_model it first, or pick another name`);
-    if (modelName !== null && this.store.findOpenSessionByName(owner, modelName)) throw taken();
+    if (modelName !== null && (await this.store.findOpenSessionByName(owner, modelName))) throw taken();
     const id = randomId('ts-');
-    const row: SessionRow = { id, owner, status: 'starting', created_at: nowS(), config: cfg as unknown as Record<string, unknown>, token: newToken(), error: null, closed_at: null, model_name: modelName };
+    const row: SessionRow = {
+      id, owner, status: 'starting', created_at: nowS(), config: cfg as unknown as Record<string, unknown>, token: newToken(), error: null, closed_at: null,
+      node_id: this.nodeId, model_name: modelName,
+    };
     try {
-      this.store.insertSession(row);
+      await this.store.insertSession(row);
     } catch (e) {
       // Two creates racing past the check: the store's unique index decides.
-      if ((e as { code?: string }).code === 'SQLITE_CONSTRAINT_UNIQUE' && modelName !== null) throw taken();
+      if (isUniqueViolation(e) && modelName !== null) throw taken();
       throw e;
     }
     const live = new LiveSession(row, cfg, null);
@@ -222,13 +228,13 @@ export class SessionManager {
         await engine.call(live.id, 'close_session').catch(() => {}); // closed while starting
         return;
       }
-      this.store.updateSession(live.id, { status: 'ready' });
+      await this.store.updateSession(live.id, { status: 'ready' });
       log.info(`session ${live.id} ready (${live.config.base_model}, ${live.config.finetune})`);
     } catch (e) {
       const reason = (e as Error).message;
       log.warn(`session ${live.id} failed to start: ${reason}`);
-      this.store.updateSession(live.id, { status: 'error', error: reason, closed_at: nowS() });
       this.live.delete(live.id);
+      await this.store.updateSession(live.id, { status: 'error', error: reason, closed_at: nowS() }).catch((err) => log.warn(`session ${live.id}: ${err.message}`));
     }
   }
 
@@ -236,8 +242,8 @@ export class SessionManager {
   async close(id: string, reason = 'closed by the client'): Promise<void> {
     const live = this.live.get(id);
     this.live.delete(id);
-    const row = this.store.getSession(id);
-    if (row && (row.status === 'starting' || row.status === 'ready')) this.store.updateSession(id, { status: 'closed', closed_at: nowS(), error: reason === 'closed by the client' ? null : reason });
+    const row = await this.store.getSession(id);
+    if (row && (row.status === 'starting' || row.status === 'ready')) await this.store.updateSession(id, { status: 'closed', closed_at: nowS(), error: reason === 'closed by the client' ? null : reason });
     if (live) {
       live.connection?.takeOver(`session closed: ${reason}`);
       if (live.engine) await live.engine.call(id, 'close_session').catch((e) => log.warn(`closing ${id}: ${(e as Error).message}`));
@@ -275,6 +281,7 @@ export class SessionManager {
       ops_count: live?.opsCount ?? 0,
       pending_gradients: live?.pendingGradients ?? 0,
       last_activity_at: live ? live.lastActivityMs / 1000 : null,
+      node: row.node_id,
     };
   }
 

@@ -105,9 +105,9 @@ describe('PUT /v1/datasets/{name}', () => {
     expect([bomb.status, bomb.json.error]).toEqual([400, 'the archive extracts to more than 200000 bytes (--max-dataset-bytes)']);
     const ops = await put('operators', await fixtureTarGz());
     expect([ops.status, ops.json.error]).toEqual([409, 'dataset "operators" exists under the datasets root and was not uploaded through the API; it is never replaced: pick another name']);
-    const store = new Store(server.dataDir);
-    const { key } = store.createApiKey('other');
-    store.close();
+    const store = await Store.open({ dataDir: server.dataDir });
+    const { key } = await store.createApiKey('other');
+    await store.close();
     expect((await put('pick', await fixtureTarGz(), key)).status).toBe(409);
     expect(fs.readdirSync(datasets).sort()).toEqual(['operators', 'pick']);
   });
@@ -116,32 +116,32 @@ describe('PUT /v1/datasets/{name}', () => {
 describe('the sidecar job_events stream', () => {
   it('fails a job that the store says runs but no runner holds (the watchdog), and delivers the failed event', async () => {
     const store = server.store;
-    const owner = store.findApiKey(TEST_KEY)!;
+    const owner = (await store.findApiKey(TEST_KEY))!;
     const id = 'ft-lostjob1';
-    store.insertJob({ id, owner, status: 'queued', created_at: nowS(), config: { model: 'pi0-tiny', dataset_name: 'pick', steps: 10 }, step: 0, loss: null, eval_loss: null, error: null, output_dir: '/nowhere', started_at: null, finished_at: null, cancel_requested: false });
-    store.updateJob(id, { status: 'running' });
-    store.appendEvent(id, 'status', { status: 'running', model: 'pi0-tiny', steps: 10 });
+    await store.insertJob({ id, owner, status: 'queued', created_at: nowS(), config: { model: 'pi0-tiny', dataset_name: 'pick', steps: 10 }, step: 0, loss: null, eval_loss: null, error: null, output_dir: '/nowhere', started_at: null, finished_at: null, cancel_requested: false });
+    await store.updateJob(id, { status: 'running' });
+    await store.appendEvent(id, 'status', { status: 'running', model: 'pi0-tiny', steps: 10 });
     const t0 = Date.now();
     const res = await fetch(`${server.baseUrl}/training/job_events?job_id=${id}`, { headers: { authorization: `Bearer ${TEST_KEY}` } });
     const text = await res.text(); // ends after the failed event
     const events = text.split('\n\n').filter((b) => b.includes('data: ')).map((b) => JSON.parse(b.split('\n').find((l) => l.startsWith('data: '))!.slice(6)));
     expect(events.map((e) => [e.type, e.status])).toEqual([['status', 'running'], ['status', 'failed']]);
     expect(events[1].error).toMatch(/^the job stopped without a final event/);
-    expect(store.getJob(id)!.status).toBe('failed');
+    expect((await store.getJob(id))!.status).toBe('failed');
   });
 
   it('ends a stream after its time cap, and the reader reconnects with from= for the rest', async () => {
     const capped = await startTestServer({ env: { VELA_DATASETS_DIR: datasets }, engineFactory: stub, start: { sidecarStreamCapS: 0.5, sidecarWatchdogS: 60 } });
     try {
-      const owner = capped.store.findApiKey(TEST_KEY)!;
+      const owner = (await capped.store.findApiKey(TEST_KEY))!;
       const id = 'ft-waiting1';
-      capped.store.insertJob({ id, owner, status: 'queued', created_at: nowS(), config: { model: 'pi0-tiny', dataset_name: 'pick', steps: 10 }, step: 0, loss: null, eval_loss: null, error: null, output_dir: '/nowhere', started_at: null, finished_at: null, cancel_requested: false });
-      capped.store.appendEvent(id, 'status', { status: 'queued' });
+      await capped.store.insertJob({ id, owner, status: 'queued', created_at: nowS(), config: { model: 'pi0-tiny', dataset_name: 'pick', steps: 10 }, step: 0, loss: null, eval_loss: null, error: null, output_dir: '/nowhere', started_at: null, finished_at: null, cancel_requested: false });
+      await capped.store.appendEvent(id, 'status', { status: 'queued' });
       const t0 = Date.now();
       const text = await (await fetch(`${capped.baseUrl}/training/job_events?job_id=${id}`, { headers: { authorization: `Bearer ${TEST_KEY}` } })).text();
       expect(Date.now() - t0).toBeGreaterThanOrEqual(450);
       expect(text).toContain('id: 0\nevent: log\n');
-      capped.store.appendEvent(id, 'status', { status: 'cancelled', error: 'cancelled before it started' });
+      await capped.store.appendEvent(id, 'status', { status: 'cancelled', error: 'cancelled before it started' });
       const rest = await (await fetch(`${capped.baseUrl}/training/job_events?job_id=${id}&from=1`, { headers: { authorization: `Bearer ${TEST_KEY}` } })).text();
       expect(rest).toMatch(/^: stream opened\n\nid: 1\nevent: status\ndata: \{"index":1,.*"status":"cancelled"/);
     } finally {

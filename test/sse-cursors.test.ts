@@ -14,27 +14,27 @@ let owner: string;
 
 beforeAll(async () => {
   server = await startTestServer({ engineFactory: (() => Promise.reject(new Error('no engine in this test'))) as any });
-  owner = server.store.findApiKey(TEST_KEY)!;
+  owner = (await server.store.findApiKey(TEST_KEY))!;
 });
 afterAll(() => server?.close());
 
 let jobs = 0;
 /** A running job whose log holds `n` records (indexes 0..n-1). */
-function runningJob(n: number): string {
+async function runningJob(n: number): Promise<string> {
   const id = `ft-cursor${++jobs}`;
   const row: JobRow = {
     id, owner, status: 'running', created_at: nowS(), config: { model: 'pi05-tiny', dataset_name: 'x', steps: 10 }, step: 0, loss: null, eval_loss: null,
     error: null, output_dir: '', started_at: nowS(), finished_at: null, cancel_requested: false,
   };
-  server.store.insertJob(row);
-  server.runner.emit(id, 'status', { status: 'running' });
-  for (let i = 1; i < n; i++) server.runner.emit(id, 'progress', { step: i, loss: 1 / i });
+  await server.store.insertJob(row);
+  await server.runner.emit(id, 'status', { status: 'running' });
+  for (let i = 1; i < n; i++) await server.runner.emit(id, 'progress', { step: i, loss: 1 / i });
   return id;
 }
 
-function end(id: string): void {
-  server.store.updateJob(id, { status: 'succeeded', finished_at: nowS() });
-  server.runner.emit(id, 'status', { status: 'succeeded' });
+async function end(id: string): Promise<void> {
+  await server.store.updateJob(id, { status: 'succeeded', finished_at: nowS() });
+  await server.runner.emit(id, 'status', { status: 'succeeded' });
 }
 
 const auth = { authorization: `Bearer ${TEST_KEY}` };
@@ -101,7 +101,7 @@ describe('the cursor table (a running job with records 0..4)', () => {
   for (const [from, lastId, want] of table) {
     const name = `from ${from === null ? 'absent' : JSON.stringify(from)}, Last-Event-ID ${lastId === undefined ? 'absent' : JSON.stringify(lastId)}`;
     it(`${name}: ${want instanceof RegExp ? '400' : `starts at ${want}`}, in JSON and in SSE`, async () => {
-      const id = runningJob(5);
+      const id = await runningJob(5);
       const query = from === null ? '' : `&from=${encodeURIComponent(from)}`;
       const headers: Record<string, string> = lastId === undefined ? {} : { 'last-event-id': lastId };
       const list = await fetch(`${server.baseUrl}/v1/fine-tunes/${id}/events?x=1${query}`, { headers: { ...auth, ...headers } });
@@ -120,8 +120,8 @@ describe('the cursor table (a running job with records 0..4)', () => {
       await until(() => s.received.length === 5 - want);
       expect(s.received).toEqual(range(want, 5));
       // Then live records, and the stream ends after the terminal status.
-      server.runner.emit(id, 'progress', { step: 5, loss: 0.1 });
-      end(id);
+      await server.runner.emit(id, 'progress', { step: 5, loss: 0.1 });
+      await end(id);
       expect(await s.done).toBeNull();
       expect(s.received).toEqual(range(want, 7));
     });
@@ -130,22 +130,22 @@ describe('the cursor table (a running job with records 0..4)', () => {
 
 describe('reconnects', () => {
   it('an EventSource-style reconnect (first URL + Last-Event-ID) misses nothing and repeats nothing', async () => {
-    const id = runningJob(3);
+    const id = await runningJob(3);
     const first = await sse(id, '&from=0');
     await until(() => first.received.length === 3);
     first.abort();
-    for (let i = 3; i < 8; i++) server.runner.emit(id, 'progress', { step: i, loss: 1 });
+    for (let i = 3; i < 8; i++) await server.runner.emit(id, 'progress', { step: i, loss: 1 });
     const second = await sse(id, '&from=0', { 'last-event-id': String(first.received.at(-1)) });
     await until(() => second.received.length === 5);
-    end(id);
+    await end(id);
     expect(await second.done).toBeNull();
     expect([...first.received, ...second.received]).toEqual(range(0, 9));
   });
 
   it('a finished job with more records than one page streams all of them, then ends', async () => {
-    const id = runningJob(1);
-    for (let i = 1; i < 10_050; i++) server.runner.emit(id, 'progress', { step: i, loss: 1 });
-    end(id);
+    const id = await runningJob(1);
+    for (let i = 1; i < 10_050; i++) void server.runner.emit(id, 'progress', { step: i, loss: 1 }); // in order: emits of a job are chained
+    await end(id);
     const s = await sse(id, '');
     expect(await s.done).toBeNull();
     expect(s.received.length).toBe(10_051);
@@ -159,8 +159,8 @@ describe('reconnects', () => {
   });
 
   it('a cursor at the end of a finished job: an empty list, and a stream that ends at once', async () => {
-    const id = runningJob(2);
-    end(id);
+    const id = await runningJob(2);
+    await end(id);
     const s = await sse(id, '&from=3');
     expect(await s.done).toBeNull();
     expect(s.received).toEqual([]);

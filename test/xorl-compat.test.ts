@@ -58,9 +58,9 @@ describe('xorl recovery and model ids', () => {
     expect(wo).toEqual({ status: 400, body: { error: `checkpoint ${sampler.checkpoint_id} holds weights only (save_weights_for_sampler); load_weights needs one that save_weights wrote (weights + optimizer state)` } });
     // A path outside this key's checkpoints, and another key's checkpoint: refused.
     expect((await c2.raw('POST', 'load_weights', { model_id: 'arm', path: '/etc' })).status).toBe(400);
-    const store = new Store(dataDir);
-    const { key } = store.createApiKey('other');
-    store.close();
+    const store = await Store.open({ dataDir: dataDir });
+    const { key } = await store.createApiKey('other');
+    await store.close();
     const other = new FuturesClient(second.baseUrl, key);
     await other.createModel({ ...LORA, model_id: 'arm' }); // names are per key
     expect((await other.raw('POST', 'load_weights', { model_id: 'arm', path: saved.path })).status).toBe(400);

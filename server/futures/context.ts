@@ -16,6 +16,8 @@ import { formatOf, readBody, sendAs, type Body, type Format } from './codec.ts';
 import { errorAnswer } from './requests.ts';
 import { SeqOrder } from './seq.ts';
 import { FutureStore } from './store.ts';
+import { forward, wasForwarded, type ClusterNode } from '../cluster/index.ts';
+import { futureIdPrefix, remoteTarget } from './cluster.ts';
 
 export interface FuturesDeps {
   store: Store;
@@ -25,6 +27,10 @@ export interface FuturesDeps {
   baseUrl?: () => string;
   /** The served policies, for xorl's inference integration (inference.ts); absent: not mounted. */
   inference?: InferenceDeps;
+  /** This node of a cluster (futures/cluster.ts forwards requests of models on other nodes); null on one node. */
+  cluster?: () => ClusterNode | null;
+  /** This node's id (in request ids), null on one node. */
+  nodeId?: string | null;
 }
 
 /** The id a futures client knows a model by: the name it gave in create_model, else the Vela id. */
@@ -58,7 +64,7 @@ export class FuturesContext {
 
   constructor(readonly app: TemplatedApp, readonly deps: FuturesDeps) {
     const { config, sessions } = deps;
-    this.futures = new FutureStore({ ttlS: config.futureTtlS });
+    this.futures = new FutureStore({ ttlS: config.futureTtlS, idPrefix: futureIdPrefix(deps.nodeId) });
     this.seq = new SeqOrder({ gapWaitS: config.futureSeqGapS, ttlS: config.futureTtlS });
     // Models closed by other routes (idle cleanup, /v1 close): drop their per-model state.
     this.pruneTimer = setInterval(() => {
@@ -78,8 +84,13 @@ export class FuturesContext {
     return route(0, async (r) => {
       const fmt: Format = formatOf(r);
       try {
-        const owner = requireOwner(this.deps.store, r);
+        const owner = await requireOwner(this.deps.store, r);
         const body = r.method === 'GET' ? { value: Object.fromEntries(r.query), raw: Buffer.alloc(0), format: fmt } : await readBody(r, this.deps.config.maxSessionMessageBytes);
+        const cluster = this.deps.cluster?.() ?? null;
+        if (cluster && !wasForwarded(r)) {
+          const remote = await remoteTarget(cluster, this.deps, r, owner, body.value);
+          if (remote) return await forward(r, remote, cluster.id, body.raw);
+        }
         await fn(r, owner, body);
       } catch (err) {
         const [status, answer] = errorAnswer(r, err);
@@ -115,17 +126,26 @@ export class FuturesContext {
    * gave it in create_model (then the open model of that name).
    * @throws HttpError 404 (unknown, or another owner's).
    */
-  ownRow(owner: string, id: string): SessionRow {
-    const row = this.deps.store.getSession(id);
+  async ownRow(owner: string, id: string): Promise<SessionRow> {
+    const row = await this.deps.store.getSession(id);
     if (row && row.owner === owner) return row;
-    const named = this.deps.store.findOpenSessionByName(owner, id);
+    const named = await this.deps.store.findOpenSessionByName(owner, id);
     if (!named) throw new HttpError(404, `no model ${id}${id.startsWith('ts-') ? '' : ' (no open model has that name)'}`);
     return named;
   }
 
-  /** The owner's open model (by id or name). @throws HttpError 404 (unknown or another owner's), 409 (closed). */
-  modelOf(owner: string, id: string): LiveSession {
-    const row = this.ownRow(owner, id);
+  /**
+   * The owner's open model (by id or name). A model open in this process under its Vela id is
+   * found without a store read (a session is in `sessions.live` exactly while it is open here).
+   * @throws HttpError 404 (unknown or another owner's), 409 (closed).
+   */
+  async modelOf(owner: string, id: string): Promise<LiveSession> {
+    const open = this.deps.sessions.live.get(id);
+    if (open) {
+      if (open.row.owner !== owner) throw new HttpError(404, `no model ${id}`);
+      return open;
+    }
+    const row = await this.ownRow(owner, id);
     const live = this.deps.sessions.live.get(row.id);
     if (!live || (row.status !== 'starting' && row.status !== 'ready')) {
       throw new HttpError(409, `model ${id} is ${row.status}${row.error ? `: ${row.error}` : ''}; create a new one with create_model`);
@@ -149,13 +169,15 @@ export class FuturesContext {
           gate.open = true;
           return resolve();
         }
-        const row = store.getSession(live.id);
-        if (!row || (row.status !== 'starting' && row.status !== 'ready') || !sessions.live.has(live.id)) {
-          return reject(new EngineError('not_ready', `model ${live.id} could not start: ${row?.error ?? row?.status ?? 'gone'}`));
+        if (!sessions.live.has(live.id)) {
+          return store.getSession(live.id).then(
+            (row) => reject(new EngineError('not_ready', `model ${live.id} could not start: ${row?.error ?? row?.status ?? 'gone'}`)),
+            reject,
+          );
         }
         setTimeout(check, 20);
       };
-      check();
+      void check();
     });
     gate.promise.catch(() => undefined);
     this.gates.set(live.id, gate);
@@ -163,8 +185,8 @@ export class FuturesContext {
   }
 
   /** Public JSON of a model (session_info, create_model's future). */
-  modelJson(id: string): Record<string, unknown> {
-    const row = this.deps.store.getSession(id)!;
+  async modelJson(id: string): Promise<Record<string, unknown>> {
+    const row = (await this.deps.store.getSession(id))!;
     const live = this.deps.sessions.live.get(id);
     return {
       model_id: publicModelId(row), training_session_id: row.id, status: row.status, created_at: row.created_at, ...row.config,

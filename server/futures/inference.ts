@@ -17,7 +17,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { randomId } from '../store.ts';
+import { randomId, type EndpointRow } from '../store.ts';
 import { HttpError } from '../http.ts';
 import { encodeWeightsPush } from '../policy/index.ts';
 import { targetOf, type InferenceDeps } from '../inference/routes.ts';
@@ -36,7 +36,7 @@ export function mountInferenceIntegration(ctx: FuturesContext, inference: Infere
     ctx.app[method](`/${name}`, ctx.handle(fn));
     ctx.app[method](`/api/v1/${name}`, ctx.handle(fn));
   };
-  const endpointJson = (e: ReturnType<typeof store.listEndpoints>[number]) => ({ endpoint_id: e.id, url: e.url, name: e.name, has_api_key: e.api_key !== null, created_at: e.created_at });
+  const endpointJson = (e: EndpointRow) => ({ endpoint_id: e.id, url: e.url, name: e.name, has_api_key: e.api_key !== null, created_at: e.created_at });
 
   both('post', 'add_inference_endpoint', async (r, owner, body) => {
     const v = body.value;
@@ -44,19 +44,19 @@ export function mountInferenceIntegration(ctx: FuturesContext, inference: Infere
     const url = endpointUrl(v);
     if (v.api_key !== undefined && v.api_key !== null && typeof v.api_key !== 'string') throw new HttpError(400, 'api_key must be a string');
     if (v.name !== undefined && v.name !== null && (typeof v.name !== 'string' || v.name.length > 128)) throw new HttpError(400, 'name must be a string of at most 128 characters');
-    const row = store.upsertEndpoint(owner, url, (v.api_key as string | undefined) ?? null, (v.name as string | undefined) ?? null);
+    const row = await store.upsertEndpoint(owner, url, (v.api_key as string | undefined) ?? null, (v.name as string | undefined) ?? null);
     sendAs(r, body.format, 200, withIgnored(r, { ...endpointJson(row), reachable: await probe(url) }));
   });
 
-  both('post', 'remove_inference_endpoint', (r, owner, body) => {
+  both('post', 'remove_inference_endpoint', async (r, owner, body) => {
     checkFields(r, body.value, ['endpoint_id', 'url', 'host', 'port'], 'remove_inference_endpoint');
     const which = body.value.endpoint_id ?? endpointUrl(body.value);
-    if (typeof which !== 'string' || !store.deleteEndpoint(owner, which)) throw new HttpError(404, `no inference endpoint ${JSON.stringify(which)}`);
+    if (typeof which !== 'string' || !(await store.deleteEndpoint(owner, which))) throw new HttpError(404, `no inference endpoint ${JSON.stringify(which)}`);
     sendAs(r, body.format, 200, withIgnored(r, { removed: which }));
   });
 
-  both('get', 'list_inference_endpoints', (r, owner, body) => {
-    sendAs(r, body.format, 200, { endpoints: store.listEndpoints(owner).map(endpointJson), quantization: quantization.get(owner) ?? 'none' });
+  both('get', 'list_inference_endpoints', async (r, owner, body) => {
+    sendAs(r, body.format, 200, { endpoints: (await store.listEndpoints(owner)).map(endpointJson), quantization: quantization.get(owner) ?? 'none' });
   });
 
   ctx.post('set_sync_quantization', (r, owner, body) => {
@@ -71,8 +71,8 @@ export function mountInferenceIntegration(ctx: FuturesContext, inference: Infere
 
   ctx.post('sync_inference_weights', async (r, owner, body) => {
     checkFields(r, body.value, ['model_id', 'endpoints'], 'sync_inference_weights');
-    const live = ctx.modelOf(owner, modelIdOf(body.value));
-    const all = store.listEndpoints(owner);
+    const live = await ctx.modelOf(owner, modelIdOf(body.value));
+    const all = await store.listEndpoints(owner);
     const wanted = body.value.endpoints;
     if (wanted !== undefined && (!Array.isArray(wanted) || !wanted.every((x) => typeof x === 'string'))) throw new HttpError(400, 'endpoints must be a list of endpoint ids or urls');
     const targets = wanted === undefined ? all : all.filter((e) => (wanted as string[]).includes(e.id) || (wanted as string[]).includes(e.url));
@@ -101,7 +101,7 @@ export function mountInferenceIntegration(ctx: FuturesContext, inference: Infere
     let id: string;
     const trained = /^trained\/(ft-[a-z0-9]+)$/.exec(raw);
     if (trained) {
-      const job = store.getJob(trained[1]!);
+      const job = await store.getJob(trained[1]!);
       if (!job || job.owner !== owner || job.status !== 'succeeded') throw new HttpError(404, `no succeeded fine-tune ${trained[1]}`);
       [dir, id] = [job.output_dir, raw];
     } else {
@@ -122,7 +122,7 @@ export function mountInferenceIntegration(ctx: FuturesContext, inference: Infere
     // Load it now: a checkpoint that cannot be served is this request's 400, not a robot's.
     let warm;
     try {
-      const t = targetOf(inference, 'sampling_sessions', s.id, r.headers);
+      const t = await targetOf(inference, 'sampling_sessions', s.id, r.headers);
       warm = await inference.served.acquire(t.key, t.load, t.alive);
     } catch (e) {
       inference.sampling.delete(s.id);

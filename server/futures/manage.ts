@@ -38,14 +38,14 @@ export function mountManagement(ctx: FuturesContext): void {
     sendAs(r, body.format, 200, withIgnored(r, { session_id: id }));
   });
 
-  ctx.getOrPost('session_info', (r, owner, body) => {
+  ctx.getOrPost('session_info', async (r, owner, body) => {
     checkFields(r, body.value, ['model_id'], 'session_info');
-    const only = body.value.model_id === undefined ? null : ctx.modelOf(owner, modelIdOf(body.value)).id;
-    const rows = store.listSessions(owner).filter((s) => (s.status === 'starting' || s.status === 'ready') && (only === null || s.id === only));
-    sendAs(r, body.format, 200, withIgnored(r, { sessions: rows.map((s) => ctx.modelJson(s.id)) }));
+    const only = body.value.model_id === undefined ? null : (await ctx.modelOf(owner, modelIdOf(body.value))).id;
+    const rows = (await store.listSessions(owner)).filter((s) => (s.status === 'starting' || s.status === 'ready') && (only === null || s.id === only));
+    sendAs(r, body.format, 200, withIgnored(r, { sessions: await Promise.all(rows.map((s) => ctx.modelJson(s.id))) }));
   });
 
-  ctx.post('session_heartbeat', (r, owner, body) => {
+  ctx.post('session_heartbeat', async (r, owner, body) => {
     checkFields(r, body.value, ['model_id', 'session_id'], 'session_heartbeat');
     const sid = body.value.session_id;
     if (body.value.model_id === undefined && typeof sid === 'string' && ctx.clientSessions.has(sid)) {
@@ -59,19 +59,19 @@ export function mountManagement(ctx: FuturesContext): void {
       }
       return sendAs(r, body.format, 200, withIgnored(r, { session_id: sid, models: touched, last_activity_at: Math.floor(Date.now() / 1000) }));
     }
-    const live = ctx.modelOf(owner, modelIdOf(body.value, 'session_id'));
+    const live = await ctx.modelOf(owner, modelIdOf(body.value, 'session_id'));
     live.touch();
-    sendAs(r, body.format, 200, withIgnored(r, { model_id: publicModelId(live.row), status: store.getSession(live.id)!.status, last_activity_at: Math.floor(live.lastActivityMs / 1000) }));
+    sendAs(r, body.format, 200, withIgnored(r, { model_id: publicModelId(live.row), status: (await store.getSession(live.id))!.status, last_activity_at: Math.floor(live.lastActivityMs / 1000) }));
   });
 
   for (const name of ['unload_model', 'kill_session']) {
     ctx.post(name, async (r, owner, body) => {
       checkFields(r, body.value, ['model_id', 'session_id'], name);
       const given = modelIdOf(body.value, 'session_id');
-      const row = ctx.ownRow(owner, given);
+      const row = await ctx.ownRow(owner, given);
       ctx.forget(row.id, `model ${given} was closed by ${name} before this request ran`);
       await sessions.close(row.id);
-      sendAs(r, body.format, 200, withIgnored(r, { model_id: publicModelId(row), status: store.getSession(row.id)!.status }));
+      sendAs(r, body.format, 200, withIgnored(r, { model_id: publicModelId(row), status: (await store.getSession(row.id))!.status }));
     });
   }
 
@@ -83,7 +83,7 @@ export function mountManagement(ctx: FuturesContext): void {
   for (const name of ['sleep', 'wake_up'] as const) {
     ctx.post(name, async (r, owner, body) => {
       checkFields(r, body.value, ['model_id'], name);
-      const live = ctx.modelOf(owner, modelIdOf(body.value));
+      const live = await ctx.modelOf(owner, modelIdOf(body.value));
       sendAs(r, body.format, 200, withIgnored(r, { model_id: publicModelId(live.row), ...(await engineOp(live, name)) }));
     });
     // xorl's whole-engine control: every open, ready model of the key. A model that refuses
@@ -104,9 +104,9 @@ export function mountManagement(ctx: FuturesContext): void {
     }));
   }
 
-  ctx.getOrPost('list_checkpoints', (r, owner, body) => {
+  ctx.getOrPost('list_checkpoints', async (r, owner, body) => {
     checkFields(r, body.value, ['model_id'], 'list_checkpoints');
-    const only = body.value.model_id === undefined ? undefined : ctx.ownRow(owner, modelIdOf(body.value)).id;
+    const only = body.value.model_id === undefined ? undefined : (await ctx.ownRow(owner, modelIdOf(body.value))).id;
     sendAs(r, body.format, 200, withIgnored(r, { checkpoints: listCheckpoints(ctx.ownerRoot(owner), only) }));
   });
 
@@ -116,14 +116,14 @@ export function mountManagement(ctx: FuturesContext): void {
     sendAs(r, body.format, 200, withIgnored(r, { checkpoint_id: body.value.checkpoint_id, deleted: true }));
   });
 
-  ctx.getOrPost('weights_info', (r, owner, body) => {
+  ctx.getOrPost('weights_info', async (r, owner, body) => {
     checkFields(r, body.value, ['model_id', 'path', 'checkpoint_id'], 'weights_info');
     const v = body.value;
     const given = ['model_id', 'path', 'checkpoint_id'].filter((k) => v[k] !== undefined);
     if (given.length !== 1) throw new HttpError(400, `weights_info takes one of model_id, path, checkpoint_id; got ${given.length ? given.join(', ') : 'none'}`);
     const root = ctx.ownerRoot(owner);
     if (v.model_id !== undefined) {
-      const row = ctx.ownRow(owner, modelIdOf(v));
+      const row = await ctx.ownRow(owner, modelIdOf(v));
       const cfg = row.config as Record<string, unknown>;
       const newest = listCheckpoints(root, row.id)[0] ?? null;
       const lora = cfg.finetune !== 'full';
@@ -137,9 +137,9 @@ export function mountManagement(ctx: FuturesContext): void {
     sendAs(r, body.format, 200, withIgnored(r, checkpointInfo(root, id)));
   });
 
-  ctx.app.get('/api/v1/training_runs', ctx.handle((r, owner, body) => {
+  ctx.app.get('/api/v1/training_runs', ctx.handle(async (r, owner, body) => {
     const root = ctx.ownerRoot(owner);
-    const runs = store.listSessions(owner).map((row) => {
+    const runs = (await store.listSessions(owner)).map((row) => {
       const cfg = row.config as Record<string, unknown>;
       const live = sessions.live.get(row.id);
       return {

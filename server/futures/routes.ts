@@ -104,14 +104,14 @@ export function mountFutures(app: TemplatedApp, deps: FuturesDeps): FuturesHandl
   };
 
   for (const name of Object.keys(OPS)) {
-    ctx.post(name, (r, owner, body) => {
+    ctx.post(name, async (r, owner, body) => {
       checkFields(r, body.value, ['model_id', 'seq_id', ...OPS[name]!.args], name);
       const publicId = modelIdOf(body.value);
       const seqId = seqIdOf(body.value);
       const v = { ...body.value };
       const loadId = name === 'load_weights' ? loadSource(owner, v) : null;
       const req = parseRequest(wsRequest(name, v, r), limits);
-      const live = ctx.modelOf(owner, publicId);
+      const live = await ctx.modelOf(owner, publicId);
       if (loadId !== null && req.op === 'load_state' && loadId.split('/')[0] !== live.id) req.dir = checkpointPath(ctx.ownerRoot(owner), loadId);
       const modelId = live.id; // per-model state is keyed by the Vela id: a name may be reused after kill
       const admit = () => {
@@ -156,7 +156,7 @@ export function mountFutures(app: TemplatedApp, deps: FuturesDeps): FuturesHandl
     sendAs(r, body.format, 200, 'result' in o ? o.result : { ...o, request_id: id });
   });
 
-  ctx.post('create_model', (r, owner, body) => {
+  ctx.post('create_model', async (r, owner, body) => {
     const v = { ...body.value };
     // session_id / model_seq_id: Tinker's (create_session's id; the model's order within it).
     checkFields(r, v, ['model_id', 'base_model', 'finetune', 'rank', 'alpha', 'targets', 'action_horizon', 'seed', 'lora_config', 'session_id', 'model_seq_id'], 'create_model');
@@ -186,10 +186,10 @@ export function mountFutures(app: TemplatedApp, deps: FuturesDeps): FuturesHandl
       v.finetune = 'full';
     }
     const sessionEntry = clientSession === null ? null : ctx.clientSession(owner, clientSession);
-    const row = sessions.create(owner, parseSessionConfig(v), deps.baseUrl?.() ?? '', name as string | null);
+    const row = await sessions.create(owner, parseSessionConfig(v), deps.baseUrl?.() ?? '', name as string | null);
     sessionEntry?.models.add(row.id);
     const f = futures.create(owner, row.id, 'create_model');
-    settleWith(f, ctx.gateOf(sessions.live.get(row.id)!).promise.then(() => ({ ...ctx.modelJson(row.id), status: 'ready' })));
+    settleWith(f, ctx.gateOf(sessions.live.get(row.id)!).promise.then(async () => ({ ...(await ctx.modelJson(row.id)), status: 'ready' })));
     sendAs(r, body.format, 200, withIgnored(r, { request_id: f.id, model_id: publicModelId(row), training_session_id: row.id, status: row.status, ...row.config }));
   });
 

@@ -46,6 +46,8 @@ export interface FutureStoreOptions {
   maxTombstones?: number;
   /** Clock in ms (tests). */
   now?: () => number;
+  /** Prefix of request ids (default `req-`; a cluster node's names the node: futures/cluster.ts). */
+  idPrefix?: string;
 }
 
 export class FutureStore {
@@ -66,7 +68,7 @@ export class FutureStore {
 
   /** Register a pending future and return it. */
   create(owner: string, modelId: string, op: string, seqId: bigint | null = null, stage = 'queued'): Future {
-    const f: Future = { id: randomId('req-'), owner, modelId, op, seqId, createdMs: this.now(), stage, outcome: null, settledMs: null, bytes: 0 };
+    const f: Future = { id: randomId(this.opts.idPrefix ?? 'req-'), owner, modelId, op, seqId, createdMs: this.now(), stage, outcome: null, settledMs: null, bytes: 0 };
     this.futures.set(f.id, f);
     this.pendingByModel.set(modelId, (this.pendingByModel.get(modelId) ?? 0) + 1);
     return f;

@@ -57,13 +57,13 @@ export interface Target {
  * The policy target `kind`/`id` for a request's credentials.
  * @throws HttpError 401 (no or bad key), 404 (unknown, or another owner's), 409 (not servable yet).
  */
-export function targetOf(deps: InferenceDeps, kind: PolicyKind, id: string, headers: Record<string, string>): Target {
+export async function targetOf(deps: InferenceDeps, kind: PolicyKind, id: string, headers: Record<string, string>): Promise<Target> {
   const { store, sessions, sampling, engineFor } = deps;
   const key = credentialOf(headers);
   if (!key) throw new HttpError(401, 'missing API key: send "Authorization: Bearer <key>" (or OpenPI\'s "Api-Key <key>")');
-  const owner = store.findApiKey(key);
+  const owner = await store.findApiKey(key);
   if (kind === 'training_sessions') {
-    const row = store.getSession(id);
+    const row = await store.getSession(id);
     if (!row || (row.owner !== owner && !safeEqual(key, row.token))) throw new HttpError(owner || row ? 404 : 401, owner || row ? `no training session ${id}` : 'invalid API key');
     const live = sessions.live.get(id);
     if (row.status !== 'ready' || !live?.engine) throw new HttpError(409, `training session ${id} is ${row.status}${row.error ? `: ${row.error}` : ''}`);
@@ -78,7 +78,7 @@ export function targetOf(deps: InferenceDeps, kind: PolicyKind, id: string, head
   }
   if (!owner) throw new HttpError(401, 'invalid API key');
   if (kind === 'fine-tunes') {
-    const job = store.getJob(id);
+    const job = await store.getJob(id);
     if (!job || job.owner !== owner) throw new HttpError(404, `no fine-tune ${id}`);
     if (job.status !== 'succeeded') throw new HttpError(409, `fine-tune ${job.id} is ${job.status}; only a succeeded job has a policy to serve`);
     return {
@@ -147,13 +147,13 @@ export function mountInference(app: TemplatedApp, deps: InferenceDeps): void {
 
   for (const kind of ['fine-tunes', 'training_sessions', 'sampling_sessions'] as const) {
     mountPolicySocket(app, `/v1/${kind}/:id/policy`, async (req) => {
-      const t = targetOf(deps, kind, req.params[0]!, req.headers);
+      const t = await targetOf(deps, kind, req.params[0]!, req.headers);
       return (await served.acquire(t.key, t.load, t.alive)).policy;
     }, { maxMessageBytes: config.maxPolicyMessageBytes, limitFlag: '--max-policy-message-bytes' });
 
     app.post(`/v1/${kind}/:id/infer`, route(1, async (r: Req) => {
       try {
-        const t = targetOf(deps, kind, r.params[0]!, r.headers);
+        const t = await targetOf(deps, kind, r.params[0]!, r.headers);
         const body = await readBody(r, config.maxPolicyMessageBytes);
         await answerInfer(deps, r, t, body.value, body.format);
       } catch (err) {
@@ -163,7 +163,7 @@ export function mountInference(app: TemplatedApp, deps: InferenceDeps): void {
     }));
 
     app.put(`/v1/${kind}/:id/policy/weights`, route(1, async (r) => {
-      const t = targetOf(deps, kind, r.params[0]!, r.headers);
+      const t = await targetOf(deps, kind, r.params[0]!, r.headers);
       const push = decodeWeightsPush(await r.body(MAX_PUSH_BYTES));
       const { policy } = await served.acquire(t.key, t.load, t.alive);
       const result = await applyWeightsPush(policy, push);

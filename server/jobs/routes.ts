@@ -22,7 +22,7 @@ export function jobJson(j: JobRow): FineTuneJob {
   return {
     id: j.id, object: 'fine_tune', status: j.status, created_at: j.created_at, ...(j.config as Pick<FineTuneJob, 'model' | 'dataset_name' | 'steps'>),
     step: j.step, loss: j.loss, eval_loss: j.eval_loss, error: j.error, output_dir: j.output_dir,
-    started_at: j.started_at, finished_at: j.finished_at,
+    started_at: j.started_at, finished_at: j.finished_at, node: j.node_id ?? null,
   };
 }
 
@@ -83,11 +83,11 @@ export async function submitFineTune(deps: Pick<JobRoutesDeps, 'store' | 'config
   const id = randomId('ft-');
   const row: JobRow = {
     id, owner, status: 'queued', created_at: nowS(), config: cfg as unknown as Record<string, unknown>, step: 0, loss: null, eval_loss: null,
-    error: null, output_dir: path.join(jobWorkDir(config.dataDir, id), 'weights', 'final'), started_at: null, finished_at: null, cancel_requested: false,
+    error: null, output_dir: path.join(jobWorkDir(config, id), 'weights', 'final'), started_at: null, finished_at: null, cancel_requested: false,
   };
-  store.insertJob(row);
-  runner.submit(row);
-  return store.getJob(id)!;
+  await store.insertJob(row);
+  await runner.submit(row);
+  return (await store.getJob(id))!;
 }
 
 /** @throws HttpError 400 unless `rel` is a relative path of plain segments (no `..`, `.`, empty, backslash). */
@@ -114,54 +114,81 @@ export function mountJobRoutes(app: TemplatedApp, deps: JobRoutesDeps): void {
   const { store, config, runner } = deps;
   const keepaliveMs = (deps.keepaliveS ?? 15) * 1000;
 
-  const ownJob = (r: Req, owner: string) => {
-    const j = store.getJob(r.params[0]!);
+  const ownJob = async (r: Req, owner: string) => {
+    const j = await store.getJob(r.params[0]!);
     if (!j || j.owner !== owner) throw new HttpError(404, `no fine-tune ${r.params[0]}`);
     return j;
   };
 
   app.post('/v1/fine-tunes', route(0, async (r) => {
-    const owner = requireOwner(store, r);
+    const owner = await requireOwner(store, r);
     const row = await submitFineTune(deps, owner, await r.json());
     sendJson(r, 200, jobJson(row));
   }));
 
-  app.get('/v1/fine-tunes', route(0, (r) => {
-    const owner = requireOwner(store, r);
-    sendJson(r, 200, { object: 'list', data: store.listJobs(owner).map(jobJson) });
+  app.get('/v1/fine-tunes', route(0, async (r) => {
+    const owner = await requireOwner(store, r);
+    sendJson(r, 200, { object: 'list', data: (await store.listJobs(owner)).map(jobJson) });
   }));
 
-  app.get('/v1/fine-tunes/:id', route(1, (r) => sendJson(r, 200, jobJson(ownJob(r, requireOwner(store, r))))));
+  app.get('/v1/fine-tunes/:id', route(1, async (r) => sendJson(r, 200, jobJson(await ownJob(r, await requireOwner(store, r))))));
 
-  app.post('/v1/fine-tunes/:id/cancel', route(1, (r) => {
-    const j = ownJob(r, requireOwner(store, r));
-    if (!runner.cancel(j.id)) throw new HttpError(409, `fine-tune ${j.id} already ended (${store.getJob(j.id)!.status})`);
-    sendJson(r, 200, jobJson(store.getJob(j.id)!));
+  app.post('/v1/fine-tunes/:id/cancel', route(1, async (r) => {
+    const j = await ownJob(r, await requireOwner(store, r));
+    if (!(await runner.cancel(j.id))) throw new HttpError(409, `fine-tune ${j.id} already ended (${(await store.getJob(j.id))!.status})`);
+    sendJson(r, 200, jobJson((await store.getJob(j.id))!));
   }));
 
-  app.get('/v1/fine-tunes/:id/events', route(1, (r) => {
-    const j = ownJob(r, requireOwner(store, r));
-    const from = eventCursor(r.query.get('from'), r.headers['last-event-id'], store.nextEventIndex(j.id));
+  app.get('/v1/fine-tunes/:id/events', route(1, async (r) => {
+    const j = await ownJob(r, await requireOwner(store, r));
+    const from = eventCursor(r.query.get('from'), r.headers['last-event-id'], await store.nextEventIndex(j.id));
     const wantsStream = (r.headers['accept'] ?? '').includes('text/event-stream') || r.query.get('stream') === 'true';
     if (!wantsStream) {
-      const data = store.events(j.id, from, EVENTS_PAGE);
-      return sendJson(r, 200, { object: 'list', data, has_more: data.length === EVENTS_PAGE && store.nextEventIndex(j.id) > from + EVENTS_PAGE });
+      const data = await store.events(j.id, from, EVENTS_PAGE);
+      return sendJson(r, 200, { object: 'list', data, has_more: data.length === EVENTS_PAGE && (await store.nextEventIndex(j.id)) > from + EVENTS_PAGE });
     }
 
+    // Events are written in index order, by whichever node runs the job. This stream sends
+    // exactly `next`, `next + 1`, ...: a live event that is not the next one (or that came from
+    // another node as a bare index) makes it read the log from `next`, one read at a time.
     const sse = openSse(r);
     let next = from;
     let ended = false;
+    let reading: Promise<void> | null = null;
+    let again = false;
     const send = (ev: JobEvent) => {
-      if (ended || ev.index < next) return;
+      if (ended || ev.index !== next) return;
       sse.send(ev.index, ev.type, ev);
       next = ev.index + 1;
       if (ev.type === 'status' && isTerminal(ev.status as string)) finish();
     };
-    const onLive = (ev: JobEvent) => {
-      if (ev.index > next) for (const missed of store.events(j.id, next, ev.index - next)) send(missed);
-      send(ev);
+    const catchUp = (): Promise<void> => {
+      if (reading) {
+        again = true;
+        return reading;
+      }
+      reading = (async () => {
+        do {
+          again = false;
+          // The whole backlog, page by page: ending after the terminal status must not skip records.
+          for (;;) {
+            const page = await store.events(j.id, next, EVENTS_PAGE);
+            for (const ev of page) send(ev);
+            if (page.length < EVENTS_PAGE || ended) break;
+          }
+        } while (again && !ended);
+      })()
+        .catch((e) => log.warn(`events of ${j.id}: ${(e as Error).message}`))
+        .finally(() => (reading = null));
+      return reading;
     };
-    const keepalive = setInterval(() => (sse.closed ? finish() : sse.comment('keepalive')), keepaliveMs);
+    const onLive = (ev: JobEvent) => {
+      if (ev.index < next) return;
+      if (ev.index === next && ev.type !== undefined && !reading) send(ev);
+      else void catchUp();
+    };
+    // The keepalive also re-reads the log: a notification lost to a dropped connection is only late.
+    const keepalive = setInterval(() => (sse.closed ? finish() : (sse.comment('keepalive'), void catchUp())), keepaliveMs);
     const finish = () => {
       if (ended) return;
       ended = true;
@@ -169,23 +196,23 @@ export function mountJobRoutes(app: TemplatedApp, deps: JobRoutesDeps): void {
       runner.live.off(`event:${j.id}`, onLive);
       sse.end();
     };
-    // Subscribe before reading the log, so nothing lands between the two; `next` drops repeats.
+    // Subscribe before reading the log, so nothing lands between the two.
     runner.live.on(`event:${j.id}`, onLive);
-    // The whole backlog, page by page: ending after the terminal status must not skip records.
-    for (let page = store.events(j.id, next, EVENTS_PAGE); page.length > 0 && !ended; page = page.length < EVENTS_PAGE ? [] : store.events(j.id, next, EVENTS_PAGE)) {
-      for (const ev of page) send(ev);
-    }
+    await catchUp();
     // The terminal status is the log's last record: once the job ended, nothing more will come.
-    if (!ended && isTerminal(store.getJob(j.id)!.status)) finish();
+    if (!ended && isTerminal((await store.getJob(j.id))!.status)) {
+      await catchUp();
+      finish();
+    }
   }));
 
   app.get('/v1/fine-tunes/:id/files', route(1, async (r) => {
-    const j = ownJob(r, requireOwner(store, r));
+    const j = await ownJob(r, await requireOwner(store, r));
     sendJson(r, 200, { object: 'list', data: j.status === 'succeeded' ? await listFiles(j.output_dir) : [] });
   }));
 
   app.get('/v1/fine-tunes/:id/files/*', route(1, async (r) => {
-    const j = ownJob(r, requireOwner(store, r));
+    const j = await ownJob(r, await requireOwner(store, r));
     const rel = decodeUrlPart(r.url.slice(r.url.indexOf('/files/') + '/files/'.length), 'the file path');
     const file = jobOutputFile(j, rel);
     await streamFile(r, file, fs.statSync(file).size);

@@ -1,8 +1,10 @@
 /**
- * The job queue of the server: fine-tunes run one at a time on the shared engines (2-core
- * machines gain nothing from two), every record goes to the durable event log first and then to
- * live SSE readers. A job is never left `running`: at start-up a job that was running when the
- * server died is resumed from its last checkpoint (train.ts reads resume.json).
+ * Running fine-tunes: a queue (queue.ts) hands this node job ids; every record goes to the
+ * durable event log first and then to live SSE readers (on other nodes too, through the store's
+ * notifications). A job is never left `running`: one node restarted resumes it from its last
+ * checkpoint at start-up; in a cluster, a job whose node stopped or was lost is claimed by
+ * another node, which resumes it from the last checkpoint on the shared storage (train.ts reads
+ * resume.json) and logs a `resumed` event naming both nodes.
  */
 import { EventEmitter } from 'node:events';
 import fs from 'node:fs';
@@ -12,9 +14,11 @@ import { redactPaths } from '../redact.ts';
 import { nowS, type JobEvent, type JobRow, type Store } from '../store.ts';
 import type { EngineLike } from '../engine/host.ts';
 import type { ServerConfig } from '../config.ts';
+import { storageOf } from '../storage.ts';
 import { resolveDatasetDir, type FineTuneConfig } from './config.ts';
 import { runFineTune } from './train.ts';
 import { openDataset, type Dataset } from '../datasets/index.ts';
+import { LocalQueue, type JobQueue, type RunOutcome } from './queue.ts';
 
 const TERMINAL = new Set(['succeeded', 'failed', 'cancelled']);
 
@@ -22,141 +26,212 @@ export function isTerminal(status: string): boolean {
   return TERMINAL.has(status);
 }
 
-/** The folder a job writes into: `<data>/jobs/<id>`; its output is `<that>/weights/final`. */
-export function jobWorkDir(dataDir: string, id: string): string {
-  return path.resolve(dataDir, 'jobs', id);
+/** The folder a job writes into: `<storage>/jobs/<id>`; its output is `<that>/weights/final`. */
+export function jobWorkDir(config: Pick<ServerConfig, 'dataDir' | 'storageDir'>, id: string): string {
+  return storageOf(config).dir('jobs', id);
+}
+
+/** The store notification channel of job events: payload `<origin node> <job id> <index>`. */
+export const JOB_EVENTS_CHANNEL = 'vela_job_events';
+
+/** This process as a node of a cluster; absent on one node. */
+export interface RunnerNode {
+  id: string;
+  /** True once the cluster declared this node lost: its work now belongs to others. */
+  fenced(): boolean;
 }
 
 export class JobRunner {
-  /** Emits `event:<jobId>` with each JobEvent after it is stored. */
+  /** Emits `event:<jobId>` with each JobEvent after it is stored (`{index}` alone when it came from another node). */
   readonly live = new EventEmitter();
-  private queue: string[] = [];
-  private running: string | null = null;
   private stopped = false;
-  private idle: Promise<void> = Promise.resolve();
+  /** Per job, the tail of its event writes: records reach the log in the order they were made. */
+  private tails = new Map<string, Promise<unknown>>();
   /** Opened datasets by folder, so that a second job on the same data reuses decoded frames. */
   private datasets = new Map<string, Promise<Dataset>>();
+  private unlisten: (() => void) | null = null;
+  /** Jobs running here now. */
+  readonly running = new Set<string>();
 
   constructor(
     private store: Store,
     private config: ServerConfig,
     private engineFor: (preset: string) => Promise<EngineLike>,
+    readonly queue: JobQueue = new LocalQueue(),
+    private node: RunnerNode | null = null,
   ) {
     this.live.setMaxListeners(0);
   }
 
-  /** Requeue what the last run left: running jobs first (to resume), then queued ones, oldest first. */
-  recover(): void {
-    const open = this.store.listJobs(null, ['running', 'queued']).reverse();
-    for (const j of open.filter((x) => x.status === 'running')) {
-      this.emit(j.id, 'log', { message: 'the server restarted while this job was running; resuming from its last checkpoint' });
-      this.queue.push(j.id);
+  /**
+   * Start taking jobs. One node: requeue what the last run left, running jobs first (to resume),
+   * then queued ones, oldest first. A cluster: listen for other nodes' events, release this
+   * node id's job from a previous life, and requeue queued jobs whose queue entry may be missing.
+   */
+  async start(): Promise<void> {
+    const open = (await this.store.listJobs(null, ['running', 'queued'])).reverse();
+    if (!this.node) {
+      for (const j of open.filter((x) => x.status === 'running')) {
+        await this.emit(j.id, 'log', { message: 'the server restarted while this job was running; resuming from its last checkpoint' });
+        await this.queue.enqueue(j.id);
+      }
+      for (const j of open.filter((x) => x.status === 'queued')) await this.queue.enqueue(j.id);
+    } else {
+      const me = this.node.id;
+      this.unlisten = await this.store.db.listen(JOB_EVENTS_CHANNEL, (payload) => {
+        const [origin, jobId, index] = payload.split(' ');
+        if (origin !== me && jobId) this.live.emit(`event:${jobId}`, { index: Number(index) });
+      });
+      await this.queue.releaseNode(me);
+      for (const j of open.filter((x) => x.status === 'queued')) await this.queue.enqueue(j.id);
     }
-    for (const j of open.filter((x) => x.status === 'queued')) this.queue.push(j.id);
-    this.pump();
+    await this.queue.start((id) => this.run(id));
   }
 
-  /** Append to the durable log, then tell live readers. */
-  emit(jobId: string, type: string, data: Record<string, unknown>): JobEvent {
-    const ev = this.store.appendEvent(jobId, type, data);
-    this.live.emit(`event:${jobId}`, ev);
-    return ev;
+  /** Append to the durable log (after the job's earlier records), then tell live readers here and on other nodes. */
+  emit(jobId: string, type: string, data: Record<string, unknown>): Promise<JobEvent> {
+    const write = async () => {
+      const ev = await this.store.appendEvent(jobId, type, data);
+      this.live.emit(`event:${jobId}`, ev);
+      if (this.node) await this.store.db.notify(JOB_EVENTS_CHANNEL, `${this.node.id} ${jobId} ${ev.index}`).catch((e) => log.warn(`job ${jobId}: notify failed: ${e.message}`));
+      return ev;
+    };
+    const p = (this.tails.get(jobId) ?? Promise.resolve()).then(write);
+    const tail = p.catch(() => undefined);
+    this.tails.set(jobId, tail);
+    void tail.then(() => this.tails.get(jobId) === tail && this.tails.delete(jobId));
+    return p;
   }
 
-  submit(job: JobRow): void {
-    this.emit(job.id, 'status', { status: 'queued' });
-    this.queue.push(job.id);
-    this.pump();
+  /** A new job (its row is stored): log it and queue it. */
+  async submit(job: JobRow): Promise<void> {
+    await this.emit(job.id, 'status', { status: 'queued' });
+    await this.queue.enqueue(job.id);
   }
 
   /**
-   * Ask a job to stop. Queued: cancelled now. Running: cancelled at the next step boundary.
+   * Ask a job to stop, from any node. Queued: cancelled now. Running: cancelled at the next step
+   * boundary by the node that runs it (it reads the flag from the store).
    * @returns false when the job had already ended.
    */
-  cancel(id: string): boolean {
-    const job = this.store.getJob(id);
+  async cancel(id: string): Promise<boolean> {
+    const job = await this.store.getJob(id);
     if (!job || isTerminal(job.status)) return false;
-    this.store.updateJob(id, { cancel_requested: true });
-    if (job.status === 'queued' && this.running !== id) {
-      this.queue = this.queue.filter((q) => q !== id);
-      this.finish(id, 'cancelled', { error: 'cancelled before it started' });
+    await this.store.updateJob(id, { cancel_requested: true });
+    // Only while still queued: a node that claims it meanwhile sees the flag at its first step.
+    if (job.status === 'queued' && (await this.store.transitionJob(id, ['queued'], { status: 'cancelled', finished_at: nowS(), error: 'cancelled before it started' }))) {
+      await this.emit(id, 'status', { status: 'cancelled', error: 'cancelled before it started' });
     }
     return true;
   }
 
-  /** Whether this runner has the job: running it now or queued to. */
+  /** Whether this node has the job: running it now, or in its local queue. */
   isActive(id: string): boolean {
-    return this.running === id || this.queue.includes(id);
+    return this.running.has(id) || (this.queue instanceof LocalQueue && this.queue.holds(id));
   }
 
   /**
    * The watchdog's verdict on a job that the store says is queued or running but that no runner
    * holds (lost with a worker): it ends `failed` with `reason`, so a waiting reader learns it.
+   * A cluster never does this: its queue holds every waiting job, and a lost node's job is
+   * resumed elsewhere (cluster/node.ts), so "not held here" does not mean lost.
    * @returns true when the job was marked failed now.
    */
-  failLost(id: string, reason: string): boolean {
-    const job = this.store.getJob(id);
+  async failLost(id: string, reason: string): Promise<boolean> {
+    if (this.node) return false;
+    const job = await this.store.getJob(id);
     if (!job || isTerminal(job.status) || this.isActive(id) || this.stopped) return false;
     log.warn(`job ${id} is ${job.status} but no runner holds it: marking it failed`);
-    this.finish(id, 'failed', { error: reason });
+    await this.finish(id, 'failed', { error: reason });
     return true;
   }
 
-  private finish(id: string, status: 'succeeded' | 'failed' | 'cancelled', fields: { error?: string | null; output_dir?: string }): void {
-    this.store.updateJob(id, { status, finished_at: nowS(), error: fields.error ?? null });
-    this.emit(id, 'status', { status, ...(fields.error ? { error: fields.error } : {}), ...(fields.output_dir ? { output_dir: fields.output_dir } : {}) });
+  /** Move a job to its end state once (whoever gets there first), and log it last. */
+  private async finish(id: string, status: 'succeeded' | 'failed' | 'cancelled', fields: { error?: string | null; output_dir?: string }): Promise<void> {
+    if (!(await this.store.transitionJob(id, ['queued', 'running'], { status, finished_at: nowS(), error: fields.error ?? null }))) return;
+    await this.emit(id, 'status', { status, ...(fields.error ? { error: fields.error } : {}), ...(fields.output_dir ? { output_dir: fields.output_dir } : {}) });
   }
 
-  private pump(): void {
-    if (this.running || this.stopped || this.queue.length === 0) return;
-    const id = this.queue.shift()!;
-    this.running = id;
-    this.idle = this.run(id).finally(() => {
-      this.running = null;
-      this.pump();
-    });
+  /**
+   * Make a job this node's to run. Queued: claimed. Running on this node (a restart): resumed.
+   * Running on a node that stopped or was lost: taken over, with a `resumed` event. Running on a
+   * node that is up, or ended: not ours (a duplicate queue entry).
+   * @returns whether to run it, and the node it was taken from.
+   */
+  private async claim(job: JobRow): Promise<{ run: boolean; from: string | null }> {
+    const me = this.node?.id ?? null;
+    const startedAt = job.started_at ?? nowS();
+    if (job.status === 'queued') {
+      return { run: await this.store.transitionJob(job.id, ['queued'], { status: 'running', started_at: startedAt, node_id: me }), from: null };
+    }
+    if (job.status !== 'running') return { run: false, from: null };
+    if (!me || !job.node_id || job.node_id === me) {
+      if (me && !job.node_id) await this.store.updateJob(job.id, { node_id: me });
+      return { run: true, from: null };
+    }
+    const owner = await this.store.getNode(job.node_id);
+    if (owner?.status === 'up') return { run: false, from: null };
+    const took = await this.store.transitionJob(job.id, ['running'], { node_id: me }, job.node_id);
+    return { run: took, from: took ? job.node_id : null };
   }
 
-  private async run(id: string): Promise<void> {
-    const job = this.store.getJob(id);
-    if (!job || isTerminal(job.status)) return;
+  /** Run (or resume) one job to its end, or until this node stops. */
+  async run(id: string): Promise<RunOutcome> {
+    const job = await this.store.getJob(id);
+    if (!job || isTerminal(job.status)) return 'done';
+    const { run, from } = await this.claim(job);
+    if (!run) return 'done';
+    const me = this.node?.id ?? null;
     const cfg = job.config as unknown as FineTuneConfig;
-    this.store.updateJob(id, { status: 'running', started_at: job.started_at ?? nowS() });
-    this.emit(id, 'status', { status: 'running', model: cfg.model, steps: cfg.steps });
+    this.running.add(id);
+    if (from) {
+      await this.emit(id, 'resumed', { from_node: from, to_node: me, step: job.step, message: `node ${from} stopped during this job; node ${me} resumes it from its last checkpoint` });
+    }
+    await this.emit(id, 'status', { status: 'running', model: cfg.model, steps: cfg.steps, ...(me ? { node: me } : {}) });
+    const mustStop = () => this.stopped || (this.node?.fenced() ?? false);
     let engine: EngineLike | null = null;
     try {
       engine = await this.engineFor(cfg.model);
-      this.emit(id, 'log', { message: `engine ready: ${engine.info.preset}, ${engine.info.backendLine}` });
+      await this.emit(id, 'log', { message: `engine ready: ${engine.info.preset}, ${engine.info.backendLine}` });
       const result = await runFineTune(cfg, {
         jobId: id,
         datasetDir: resolveDatasetDir(cfg.dataset_name, this.config.datasetsDir, this.config.allowAbsoluteDatasets),
-        workDir: jobWorkDir(this.config.dataDir, id),
+        workDir: jobWorkDir(this.config, id),
         engine,
         emit: (type, data) => {
-          this.emit(id, type, data);
+          void this.emit(id, type, data).catch((e) => log.warn(`job ${id}: event not stored: ${e.message}`));
           if (type === 'progress') {
             const fields: Parameters<Store['updateJob']>[1] = { step: data.step as number, loss: data.loss as number | null };
             if (data.eval_loss !== undefined) fields.eval_loss = data.eval_loss as number;
-            this.store.updateJob(id, fields);
+            void this.store.updateJob(id, fields).catch((e) => log.warn(`job ${id}: progress not stored: ${e.message}`));
           }
         },
         openDataset: (dir) => this.openDataset(dir),
-        isCancelled: () => this.stopped || (this.store.getJob(id)?.cancel_requested ?? false),
+        isCancelled: async () => mustStop() || ((await this.store.getJob(id))?.cancel_requested ?? false),
       });
-      if (result.status === 'cancelled' && this.stopped && !this.store.getJob(id)?.cancel_requested) {
-        this.emit(id, 'log', { message: `server shutting down at step ${result.step}; the job resumes from its last checkpoint on the next start` });
-        return; // stays `running` on disk on purpose: recover() resumes it
-      }
-      if (result.status === 'cancelled') this.finish(id, 'cancelled', { error: `cancelled at step ${result.step}` });
-      else this.finish(id, 'succeeded', { output_dir: result.outputDir! });
+      if (result.status === 'cancelled' && mustStop() && !(await this.store.getJob(id))?.cancel_requested) return await this.handOff(id, result.step);
+      if (result.status === 'cancelled') await this.finish(id, 'cancelled', { error: `cancelled at step ${result.step}` });
+      else await this.finish(id, 'succeeded', { output_dir: result.outputDir! });
     } catch (e) {
+      // A node that is stopping (its engines close) hands the job on instead of failing it.
+      if (mustStop()) return await this.handOff(id, null);
       const msg = (e as Error).message ?? String(e);
       log.warn(`job ${id} failed: ${msg}`);
       if (!(e as { code?: unknown }).code) log.debug((e as Error).stack ?? '');
-      this.finish(id, 'failed', { error: redactPaths(msg) }); // the job's error is shown to its owner
+      await this.finish(id, 'failed', { error: redactPaths(msg) }); // the job's error is shown to its owner
     } finally {
+      this.running.delete(id);
       await engine?.call(id, 'close_session').catch(() => undefined);
     }
+    return 'done';
+  }
+
+  /** This node stops midway: the job stays `running` on purpose, and resumes from its last checkpoint elsewhere (or at the next start). */
+  private async handOff(id: string, step: number | null): Promise<RunOutcome> {
+    if (this.node?.fenced()) return 'handoff'; // another node owns it now: write nothing more
+    const where = this.node ? 'on another node' : 'on the next start';
+    await this.emit(id, 'log', { message: `server shutting down${step === null ? '' : ` at step ${step}`}; the job resumes from its last checkpoint ${where}` });
+    return 'handoff';
   }
 
   /** The last two datasets stay open (their frame caches are bounded); a failed open is not kept. */
@@ -181,9 +256,11 @@ export class JobRunner {
     return p;
   }
 
-  /** Stop taking jobs; the running one stops at its next step boundary and resumes on restart. */
+  /** Stop taking jobs; the running one stops at its next step boundary and resumes on restart (or on another node). */
   async shutdown(): Promise<void> {
     this.stopped = true;
-    await this.idle;
+    this.unlisten?.();
+    await this.queue.shutdown();
+    await Promise.all([...this.tails.values()]);
   }
 }

@@ -25,8 +25,8 @@ export interface RunContext {
   engine: EngineLike;
   /** Append one event (status, log, progress). */
   emit(type: 'status' | 'log' | 'progress', data: Record<string, unknown>): void;
-  /** True once a cancel was asked for; checked at step boundaries. */
-  isCancelled(): boolean;
+  /** True once a cancel was asked for (or the job must stop here); checked at step boundaries. */
+  isCancelled(): boolean | Promise<boolean>;
   /** Opens the dataset (the server shares opened datasets, and their decoded frames, across jobs). */
   openDataset?: (dir: string) => Promise<Dataset>;
 }
@@ -157,7 +157,7 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
   ctx.emit('log', { message: `training: steps ${step + 1}..${cfg.steps}, batch ${cfg.batch_size}`, stage: 'training', max_steps: cfg.steps });
 
   while (step < cfg.steps) {
-    if (ctx.isCancelled()) return { status: 'cancelled', outputDir: null, step, loss: lastLoss, evalLoss: lastEval };
+    if (await ctx.isCancelled()) return { status: 'cancelled', outputDir: null, step, loss: lastLoss, evalLoss: lastEval };
     const datums = await sampleBatch(ds, { ...datumOpts, episodes: split.train, batchSize: cfg.batch_size, rng });
     const batch = toBatch(model, datums, cameras, norm, normalizer, ad);
     const fb = await call<{ loss: number }>(ctx, 'forward_backward', { batch, lossFn: 'mse' }, batchBuffers(batch));
@@ -187,7 +187,7 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
       ctx.emit('log', { message: `checkpoint written at step ${step}: weights in ${weightsDir}${record.eval_loss !== undefined ? ` (eval_loss ${(record.eval_loss as number).toFixed(4)})` : ''}` });
     }
   }
-  if (ctx.isCancelled()) return { status: 'cancelled', outputDir: null, step, loss: lastLoss, evalLoss: lastEval };
+  if (await ctx.isCancelled()) return { status: 'cancelled', outputDir: null, step, loss: lastLoss, evalLoss: lastEval };
   const outputDir = await call<string>(ctx, 'save_weights', { name: 'final', overwrite: true, extraConfig: checkpointExtra, normStats: normJson });
   ctx.emit('log', { message: `final weights written to ${outputDir}` });
   // The resumable states (optimizer moments: twice the weights) are superseded by the final

@@ -59,8 +59,8 @@ export function isFinal(ev: Record<string, unknown>): boolean {
 }
 
 /** Every event of a job from index `from`, read page by page (the store answers at most 10,000 at once). */
-export function allEvents(store: Store, jobId: string, from = 0): JobEvent[] {
+export async function allEvents(store: Store, jobId: string, from = 0): Promise<JobEvent[]> {
   const out: JobEvent[] = [];
-  for (let page = store.events(jobId, from); page.length > 0; page = store.events(jobId, out.at(-1)!.index + 1)) out.push(...page);
+  for (let page = await store.events(jobId, from); page.length > 0; page = await store.events(jobId, out.at(-1)!.index + 1)) out.push(...page);
   return out;
 }

@@ -72,9 +72,9 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
     const model = job.status === 'succeeded' && events.some((e) => e.type === 'status' && e.status === 'succeeded') ? await trainedModel(job) : null;
     return events.map((e) => sidecarEvent(e, job, model));
   };
-  const jobOf = (owner: string, id: unknown): JobRow => {
+  const jobOf = async (owner: string, id: unknown): Promise<JobRow> => {
     if (typeof id !== 'string' || !JOB_ID.test(id)) throw new HttpError(400, `job_id must be a job id (ft-...) that job_start returned, got ${JSON.stringify(id ?? null)}`);
-    const job = store.getJob(id);
+    const job = await store.getJob(id);
     if (!job || job.owner !== owner) throw new HttpError(404, `no job ${id}`);
     return job;
   };
@@ -85,7 +85,7 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
   });
 
   app.post('/training/job_start', route(0, async (r) => {
-    const owner = requireOwner(store, r);
+    const owner = await requireOwner(store, r);
     const body = await r.json(Math.ceil((config.maxDatasetBytes * 4) / 3) + 1024 * 1024);
     for (const k of Object.keys(body)) {
       if (!['dataset', 'num_train_steps', 'model_size', 'dataset_content', ...VELA_FIELDS].includes(k)) throw new HttpError(400, `job_start has no field "${k}"; it takes dataset, num_train_steps, model_size, dataset_content and Vela's ${VELA_FIELDS.join(', ')}`);
@@ -113,48 +113,48 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
   }));
 
   app.get('/training/job_progress', route(0, async (r) => {
-    const job = jobOf(requireOwner(store, r), r.query.get('job_id'));
-    sendJson(r, 200, { progress: await mapped(job, allEvents(store, job.id)) });
+    const job = await jobOf(await requireOwner(store, r), r.query.get('job_id'));
+    sendJson(r, 200, { progress: await mapped(job, await allEvents(store, job.id)) });
   }));
 
   app.post('/training/job_cancel', route(0, async (r) => {
-    const owner = requireOwner(store, r);
-    const job = jobOf(owner, (await r.json()).job_id);
-    if (!runner.cancel(job.id)) throw new HttpError(409, `job ${job.id} is over already (${sidecarStatus(store.getJob(job.id)!)})`);
+    const owner = await requireOwner(store, r);
+    const job = await jobOf(owner, (await r.json()).job_id);
+    if (!(await runner.cancel(job.id))) throw new HttpError(409, `job ${job.id} is over already (${sidecarStatus((await store.getJob(job.id))!)})`);
     sendJson(r, 200, { job_id: job.id, status: 'stopping' });
   }));
 
-  app.get('/training/job_events', route(0, (r) => jobEvents(r, deps, jobOf(requireOwner(store, r), r.query.get('job_id')), mapped)));
+  app.get('/training/job_events', route(0, async (r) => jobEvents(r, deps, await jobOf(await requireOwner(store, r), r.query.get('job_id')), mapped)));
 
   app.get('/models/file', route(0, async (r) => {
-    const owner = requireOwner(store, r);
+    const owner = await requireOwner(store, r);
     const m = /^trained\/(ft-[a-z0-9]{1,64})$/.exec(r.query.get('model_path') ?? '');
     if (!m) throw new HttpError(400, `model_path must be "trained/<job id>" as a completed job's model gives it, got ${JSON.stringify(r.query.get('model_path'))}`);
     const rel = r.query.get('file') ?? '';
     relativeSegments(rel); // a bad file path is a 400 before any lookup
-    const job = store.getJob(m[1]!);
+    const job = await store.getJob(m[1]!);
     if (!job || job.owner !== owner) throw new HttpError(404, `no trained model ${m[1]}`);
     const file = jobOutputFile(job, rel);
     await streamFile(r, file, fs.statSync(file).size);
   }));
 
   app.post('/infer/query', route(0, async (r) => {
-    requireOwner(store, r);
+    await requireOwner(store, r);
     const body = await readBody(r, config.maxPolicyMessageBytes);
     const { model_path: modelPath, model_size: size, ...obs } = body.value;
     delete obs.max_tokens; // a policy answers an action chunk: no tokens, no temperature
     delete obs.temperature;
     const m = typeof modelPath === 'string' ? /^trained\/(ft-[a-z0-9]{1,64})$/.exec(modelPath) : null;
     if (!m) throw new HttpError(400, `model_path must be "trained/<job id>" (Vela keeps no per-size default adapter), got ${JSON.stringify(modelPath ?? null)}`);
-    const t = targetOf(deps.inference, 'fine-tunes', m[1]!, r.headers);
-    const job = store.getJob(m[1]!)!;
+    const t = await targetOf(deps.inference, 'fine-tunes', m[1]!, r.headers);
+    const job = (await store.getJob(m[1]!))!;
     if (size !== undefined && size !== job.config.model) throw new HttpError(400, `model_size ${JSON.stringify(size)} is not the size ${m[1]} was trained for (${job.config.model})`);
     await answerInfer(deps.inference, r, t, obs, body.format);
   }));
 
   const evalsFile = (owner: string) => path.resolve(config.dataDir, 'evals', owner, 'eval_dataset.jsonl');
   app.post('/evals/add_to_dataset', route(0, async (r) => {
-    const owner = requireOwner(store, r);
+    const owner = await requireOwner(store, r);
     const body = await r.json();
     for (const k of Object.keys(body)) if (!['prompt', 'response', 'notes'].includes(k)) throw new HttpError(400, `add_to_dataset has no field "${k}"; it takes prompt, response, notes`);
     for (const k of ['prompt', 'response']) if (typeof body[k] !== 'string' || body[k] === '') throw new HttpError(400, `${k} is required (a non-empty string)`);
@@ -165,7 +165,7 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
     fs.appendFileSync(file, JSON.stringify({ prompt: body.prompt, response: body.response, notes: body.notes ?? null, timestamp: Date.now() / 1000 }) + '\n');
     sendJson(r, 200, { status: 'ok', count: countLines(file) });
   }));
-  app.get('/evals/get_dataset_count', route(0, (r) => sendJson(r, 200, { count: countLines(evalsFile(requireOwner(store, r))) })));
+  app.get('/evals/get_dataset_count', route(0, async (r) => sendJson(r, 200, { count: countLines(evalsFile(await requireOwner(store, r))) })));
 }
 
 function countLines(file: string): number {

@@ -14,7 +14,7 @@ import { allEvents, isFinal } from './events.ts';
 import type { SidecarDeps } from './routes.ts';
 
 /** `GET /training/job_events`: the job's events from `from`, live, as the sidecar streams them. */
-export function jobEvents(r: Req, deps: SidecarDeps, job: JobRow, mapped: (job: JobRow, events: JobEvent[]) => Promise<Record<string, unknown>[]>): void {
+export async function jobEvents(r: Req, deps: SidecarDeps, job: JobRow, mapped: (job: JobRow, events: JobEvent[]) => Promise<Record<string, unknown>[]>): Promise<void> {
   const { store, runner } = deps;
   const fromQ = r.query.get('from');
   const from = fromQ === null ? 0 : Number(fromQ);
@@ -24,10 +24,11 @@ export function jobEvents(r: Req, deps: SidecarDeps, job: JobRow, mapped: (job: 
   let ended = false;
   let lastSentMs = Date.now();
   let chain: Promise<void> = Promise.resolve();
-  const deliver = (evs: JobEvent[]) => {
+  const deliver = (records: JobEvent[] | (() => Promise<JobEvent[]>)) => {
     // Mapping may read the output's files (completed): keep the order with a chain.
     chain = chain.then(async () => {
-      for (const ev of await mapped(store.getJob(job.id)!, evs.filter((e) => e.index >= next))) {
+      const evs = typeof records === 'function' ? await records() : records;
+      for (const ev of await mapped((await store.getJob(job.id))!, evs.filter((e) => e.index >= next))) {
         if (ended || (ev.index as number) < next) continue;
         sse.send(ev.index as number, ev.type as string, ev);
         next = (ev.index as number) + 1;
@@ -36,13 +37,14 @@ export function jobEvents(r: Req, deps: SidecarDeps, job: JobRow, mapped: (job: 
       }
     }).catch(() => finish());
   };
-  const onLive = (ev: JobEvent) => deliver(ev.index > next ? store.events(job.id, next, ev.index - next + 1) : [ev]);
+  // A bare `{index}` is another node's event (jobs/runner.ts): read it, and any gap, from the store.
+  const onLive = (ev: JobEvent) => deliver(ev.index > next || ev.type === undefined ? () => store.events(job.id, next, ev.index - next + 1) : [ev]);
   const timers = [
     setInterval(() => (sse.closed ? finish() : sse.comment('keepalive')), (deps.keepaliveS ?? 15) * 1000),
     // The watchdog: an idle stream asks whether anyone still runs the job.
     setInterval(() => {
       if (Date.now() - lastSentMs < (deps.watchdogS ?? 15) * 1000 * 0.9) return;
-      runner.failLost(job.id, 'the job stopped without a final event: no worker holds it any more (the server lost it, e.g. its engine died); start it again');
+      void runner.failLost(job.id, 'the job stopped without a final event: no worker holds it any more (the server lost it, e.g. its engine died); start it again');
     }, (deps.watchdogS ?? 15) * 1000),
     setTimeout(() => finish(), (deps.streamCapS ?? 300) * 1000),
   ];
@@ -54,7 +56,7 @@ export function jobEvents(r: Req, deps: SidecarDeps, job: JobRow, mapped: (job: 
     void chain.then(() => sse.end());
   }
   runner.live.on(`event:${job.id}`, onLive);
-  deliver(allEvents(store, job.id, from));
-  const now = store.getJob(job.id)!;
+  deliver(() => allEvents(store, job.id, from));
+  const now = (await store.getJob(job.id))!;
   if (isTerminal(now.status)) chain.then(() => finish());
 }

@@ -1,0 +1,3 @@
+export { ClusterNode, type NodeOptions } from './node.ts';
+export { forward, wasForwarded, FORWARDED_HEADER } from './forward.ts';
+export { mountNodeRoutes, type NodeJson } from './routes.ts';
