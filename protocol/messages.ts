@@ -37,7 +37,7 @@ export type SessionRequest =
   | { id: RequestId; op: 'backward'; velocity_grad: NDArray }
   | { id: RequestId; op: 'optim_step'; learning_rate: number; beta1: number; beta2: number; eps: number; weight_decay: number; grad_clip_norm: number }
   | { id: RequestId; op: 'sample'; data: WireDatum[]; codec: string; num_steps: number; weights: string | null; seed: number | null }
-  | { id: RequestId; op: 'save_state' | 'load_state' | 'save_weights'; name: string; overwrite: boolean; dir?: string } // dir: set by the server (load from another model's folder), never read from the wire
+  | { id: RequestId; op: 'save_state' | 'load_state' | 'save_weights'; name: string; overwrite: boolean; dir?: string; checkpoint_id?: string } // dir: set by the server (load from another model's folder), never read from the wire
   | { id: RequestId; op: 'abort_gradient_epoch' }
   | { id: RequestId; op: 'heartbeat' };
 
@@ -48,6 +48,13 @@ export const SESSION_OPS: readonly SessionOp[] = [
 ];
 
 export const NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+
+/**
+ * A saved state of another session of the same key, as list_checkpoints names it:
+ * `<session id>/states/<name>`. `load_state` takes one to continue where that session left off
+ * (a session of a lost node, or a closed one).
+ */
+export const STATE_CHECKPOINT_PATTERN = /^(ts-[a-z0-9]{1,64})\/states\/([A-Za-z0-9][A-Za-z0-9._-]{0,127})$/;
 
 export interface RequestLimits {
   maxBatch: number;
@@ -61,7 +68,7 @@ const ARGS: Record<SessionOp, readonly string[]> = {
   optim_step: ['learning_rate', 'beta1', 'beta2', 'eps', 'weight_decay', 'grad_clip_norm'],
   sample: ['data', 'codec', 'num_steps', 'weights', 'seed'],
   save_state: ['name', 'overwrite'],
-  load_state: ['name'],
+  load_state: ['name', 'checkpoint_id'],
   save_weights: ['name', 'overwrite'],
   abort_gradient_epoch: [],
   heartbeat: [],
@@ -109,6 +116,11 @@ export function idProblem(id: unknown): string | null {
  */
 export function jsonId(id: RequestId): number | string {
   return typeof id === 'bigint' ? id.toString() : id;
+}
+
+function overwrite(obj: Record<string, unknown>): boolean {
+  if (obj.overwrite !== undefined && typeof obj.overwrite !== 'boolean') bad('overwrite must be true or false');
+  return obj.overwrite === true;
 }
 
 /** The request id of a decoded message, if it has a usable one (for error answers). */
@@ -232,11 +244,17 @@ export function parseRequest(value: unknown, limits: RequestLimits): SessionRequ
         weights: w as string | null, seed,
       };
     }
+    case 'load_state':
+      if (req.checkpoint_id !== undefined) {
+        if (req.name !== undefined) bad('give either name (a state of this session) or checkpoint_id (another session\'s), not both');
+        const m = typeof req.checkpoint_id === 'string' ? STATE_CHECKPOINT_PATTERN.exec(req.checkpoint_id) : null;
+        if (!m) bad(`checkpoint_id must be "<session id>/states/<name>" as list_checkpoints gives it, got ${JSON.stringify(req.checkpoint_id)}`);
+        return { id, op: 'load_state', name: m[2]!, overwrite: false, checkpoint_id: req.checkpoint_id as string };
+      }
+      return { id, op: 'load_state', name: name(req), overwrite: overwrite(req) };
     case 'save_state':
     case 'save_weights':
-    case 'load_state':
-      if (req.overwrite !== undefined && typeof req.overwrite !== 'boolean') bad('overwrite must be true or false');
-      return { id, op: op as 'save_state', name: name(req), overwrite: req.overwrite === true };
+      return { id, op: op as 'save_state', name: name(req), overwrite: overwrite(req) };
     case 'abort_gradient_epoch':
       return { id, op: 'abort_gradient_epoch' };
     case 'heartbeat':

@@ -4,6 +4,7 @@
  * result for the wire. A session's engine calls are chained in request order; frame decoding of
  * request n + 1 overlaps the engine's work on request n.
  */
+import fs from 'node:fs';
 import { ProtocolError } from '../protocol/errors.ts';
 import { decodeFrameResized } from '../protocol/frames.ts';
 import { ndarray, type NDArray } from '../protocol/ndarray.ts';
@@ -12,6 +13,7 @@ import { batchBuffers, makeBatch, type DatumInput, type ModelBatch } from '../ke
 import { makeConfig, type PolicyConfig } from '../kernels/config.ts';
 import type { ServerConfig } from './config.ts';
 import { checkStorage, storageOf } from './storage.ts';
+import { EngineError } from './engine/messages.ts';
 import type { LiveSession } from './sessions.ts';
 
 /** Numbers of any numeric ndarray as float32 (int64 via Number). */
@@ -44,6 +46,16 @@ function slotsFor(live: LiveSession, cams: Iterable<string>, slots: number, i: n
     out.set(cam, k);
   }
   return out;
+}
+
+/**
+ * The folder of a saved state `<session>/states/<name>` of `owner` (validated by parseRequest).
+ * @throws EngineError not_found when this owner has no such state.
+ */
+function stateDir(server: ServerConfig, owner: string, checkpointId: string): string {
+  const dir = storageOf(server).dir('checkpoints', owner, ...checkpointId.split('/'));
+  if (!fs.existsSync(dir)) throw new EngineError('not_found', `no saved state ${checkpointId} for this key`);
+  return dir;
 }
 
 /** Decode the frames and arrays of `data` into a ModelBatch. @throws ProtocolError / ShapeError. */
@@ -178,12 +190,15 @@ function prepareOp(live: LiveSession, req: SessionRequest, server: ServerConfig)
     case 'save_weights':
       checkStorage(storageOf(server), live.row.owner, server.storagePerKeyBytes);
       return () => call(req.op, { name: req.name, overwrite: req.overwrite, cameras: [...live.cameras], actionHorizon: live.actionHorizon });
-    case 'load_state':
+    case 'load_state': {
+      // Another session's state (same key): its folder on the shared storage, checked here.
+      const dir = req.checkpoint_id ? stateDir(server, live.row.owner, req.checkpoint_id) : undefined;
       return () =>
-        call<{ cameras?: string[] }>('load_state', { name: req.name, dir: req.dir }).then((r) => {
+        call<{ cameras?: string[] }>('load_state', { name: req.name, dir: req.dir ?? dir }).then((r) => {
           if (r.cameras) live.cameras = [...r.cameras];
           return {};
         });
+    }
     case 'abort_gradient_epoch':
       return () => call('abort_gradient_epoch', {});
   }
