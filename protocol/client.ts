@@ -30,7 +30,7 @@ export interface Datum {
 
 export interface SessionJson {
   id: string;
-  status: 'starting' | 'ready' | 'closed' | 'error';
+  status: 'starting' | 'ready' | 'closed' | 'error' | 'lost';
   url: string;
   token: string;
   error: string | null;
@@ -193,6 +193,10 @@ export class SessionConnection {
   }
   loadState(name: string): Promise<Record<string, never>> {
     return this.request('load_state', { name });
+  }
+  /** Load another session's saved state (same key): `checkpointId` is `<session id>/states/<name>`. */
+  loadCheckpoint(checkpointId: string): Promise<Record<string, never>> {
+    return this.request('load_state', { checkpoint_id: checkpointId });
   }
   saveWeights(name: string, overwrite = false): Promise<string> {
     return this.request('save_weights', { name, overwrite });

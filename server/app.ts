@@ -201,7 +201,7 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
     cluster = new ClusterNode(store, {
       id: nodeId, url: config.publicUrl ?? baseUrl, capacity: config.nodeCapacity, heartbeatS: config.nodeHeartbeatS, lostS: config.nodeLostS,
       load: () => ({ sessions: sessions.live.size, jobs: runner.running.size, resident_presets: sessions.runningEngines() }),
-      releaseJobs: (id) => queue.releaseNode(id),
+      releaseJobs: (workers) => queue.releaseWorkers(workers),
       busy: () => runner.running.size > 0,
       onFenced: async (reason) => {
         for (const id of [...sessions.live.keys()]) await sessions.close(id, reason);
@@ -210,6 +210,7 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
     await cluster.start();
   }
   await runner.start();
+  if (nodeId) await store.setNodeQueueWorker(nodeId, queue.workerId);
 
   let closing: Promise<void> | null = null;
   return {

@@ -149,7 +149,8 @@ const MIGRATIONS: Migration[] = [
      load TEXT NOT NULL,
      started_at BIGINT NOT NULL,
      heartbeat_at BIGINT NOT NULL,
-     lost_at BIGINT
+     lost_at BIGINT,
+     queue_worker TEXT
    );
    ALTER TABLE training_sessions ADD COLUMN node_id TEXT;
    ALTER TABLE fine_tunes ADD COLUMN node_id TEXT;
@@ -211,6 +212,8 @@ export interface NodeRow {
   started_at: number;
   heartbeat_at: number;
   lost_at: number | null;
+  /** The job-queue worker id of the node (graphile-worker's pool id): what to release when it is lost. */
+  queue_worker: string | null;
 }
 
 /** Now, in Unix seconds (the `created_at` unit). */
@@ -492,6 +495,10 @@ export class Store {
     const now = this.db.nowMsSql;
     const rows = await this.db.all<{ id: string }>(`UPDATE nodes SET status = 'lost', lost_at = ${now} WHERE status = 'up' AND heartbeat_at < ${now} - ? RETURNING id`, [lostMs]);
     return rows.map((r) => r.id);
+  }
+
+  async setNodeQueueWorker(id: string, worker: string | null): Promise<void> {
+    await this.db.run('UPDATE nodes SET queue_worker = ? WHERE id = ?', [worker, id]);
   }
 
   async setNodeStatus(id: string, status: NodeRow['status']): Promise<void> {

@@ -22,8 +22,8 @@ export interface NodeOptions {
   lostS: number;
   /** The load reported at each heartbeat. */
   load: () => NodeLoad;
-  /** Hand a lost node's jobs back to the queue. */
-  releaseJobs: (nodeId: string) => Promise<void>;
+  /** Hand the jobs held by these queue workers (of lost nodes) back to the queue. */
+  releaseJobs: (queueWorkers: string[]) => Promise<void>;
   /** Called once when this node learns it was declared lost. */
   onFenced: (reason: string) => Promise<void>;
   /** True while this node still runs a job (a fenced node re-registers only after it stopped). */
@@ -58,6 +58,8 @@ export class ClusterNode {
       const ids = await this.store.loseNodeSessions(this.id, `node ${this.id} restarted; session memory is lost (load a saved state in a new session)`);
       if (ids.length > 0) log.info(`node ${this.id} restarted: ${ids.length} session(s) of its previous run marked lost`);
     }
+    // The job of this id's previous life (dead: this id is ours) is claimable again, here or elsewhere.
+    if (before?.queue_worker) await this.opts.releaseJobs([before.queue_worker]);
     await this.store.registerNode({ id: this.id, url: this.opts.url, presets: Object.keys(PRESETS), capacity: this.opts.capacity, load: this.opts.load() });
     await this.refresh();
     log.info(`node ${this.id} registered (${this.opts.url}); heartbeat every ${this.opts.heartbeatS} s, lost after ${this.opts.lostS} s`);
@@ -88,7 +90,8 @@ export class ClusterNode {
   private async handleLost(nodeId: string): Promise<void> {
     const reason = `node ${nodeId} was lost (no heartbeat for ${this.opts.lostS} s); its session memory is gone: load the last checkpoint in a new session`;
     const sessions = await this.store.loseNodeSessions(nodeId, reason);
-    await this.opts.releaseJobs(nodeId);
+    const worker = (await this.store.getNode(nodeId))?.queue_worker;
+    if (worker) await this.opts.releaseJobs([worker]);
     log.warn(`node ${nodeId} lost: ${sessions.length} session(s) marked lost, its job released to the queue`);
   }
 

@@ -46,6 +46,7 @@ export class PostgresDb implements Db {
     this.pool = new pg.Pool({ connectionString: url, max: poolSize, types: TYPES });
     // An idle client that loses its server (a restart) must not crash the process.
     this.pool.on('error', (e) => log.warn(`PostgreSQL (${this.where}): idle connection failed: ${e.message}`));
+    this.pool.on('connect', (client) => client.on('error', (e) => log.warn(`PostgreSQL (${this.where}): a connection failed: ${e.message}`)));
   }
 
   /** `?` -> `$n` (the store's SQL has no `?` inside string literals). */

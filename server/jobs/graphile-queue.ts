@@ -1,9 +1,9 @@
 /**
  * The cluster's job queue: graphile-worker on the shared PostgreSQL. Each node runs one worker
- * (concurrency 1: a node trains one job at a time, as a single node does) whose id is
- * `vela-<node id>`, so that when the node registry declares a node lost, a surviving node
- * releases that node's job at once with `forceUnlockWorkers` instead of graphile-worker's 4-hour
- * lock timeout. A job that stops midway because its node shuts down is failed back to the queue
+ * pool (concurrency 1: a node trains one job at a time, as a single node does); jobs it claims
+ * are locked by the pool's id, which the node records in its row of the node registry, so that
+ * when a node is declared lost a surviving node releases that node's job at once with
+ * `forceUnlockWorkers` instead of graphile-worker's 4-hour lock timeout. A job that stops midway because its node shuts down is failed back to the queue
  * (graphile-worker retries it after a few seconds, on any node). New jobs wake idle workers
  * through LISTEN/NOTIFY; released ones are found by polling every `pollMs`.
  *
@@ -13,7 +13,8 @@
  * wait out the expiry. graphile-worker 0.17 (Node >= 14) lets us name each worker and release a
  * named dead worker's jobs at once, which is what our heartbeat-based node registry needs.
  */
-import { Logger, makeWorkerUtils, run, type Runner, type RunnerOptions, type WorkerUtils } from 'graphile-worker';
+import { EventEmitter } from 'node:events';
+import { Logger, makeWorkerUtils, run, type Runner, type WorkerEvents, type WorkerUtils } from 'graphile-worker';
 import type pg from 'pg';
 import { log } from '../log.ts';
 import type { JobQueue, RunOutcome } from './queue.ts';
@@ -27,14 +28,10 @@ const logger = new Logger(() => (level, message) => {
   else log.debug(`[queue] ${message}`);
 });
 
-/** The worker id of a node's queue worker. */
-export function queueWorkerId(nodeId: string): string {
-  return `vela-${nodeId}`;
-}
-
 export class GraphileQueue implements JobQueue {
   private utils: WorkerUtils | null = null;
   private runner: Runner | null = null;
+  workerId: string | null = null;
 
   constructor(private pool: pg.Pool, private nodeId: string, private pollMs = 1000) {}
 
@@ -46,8 +43,11 @@ export class GraphileQueue implements JobQueue {
 
   async start(runJob: (id: string) => Promise<RunOutcome>): Promise<void> {
     await (await this.workerUtils()).migrate();
-    const options = {
-      pgPool: this.pool, concurrency: 1, noHandleSignals: true, pollInterval: this.pollMs, logger, workerId: queueWorkerId(this.nodeId),
+    // graphile-worker 0.17 locks jobs with the id of the pool that claimed them (random, made in run()).
+    const events = new EventEmitter() as WorkerEvents;
+    events.on('pool:create', ({ workerPool }) => (this.workerId = workerPool.id));
+    this.runner = await run({
+      pgPool: this.pool, concurrency: 1, noHandleSignals: true, pollInterval: this.pollMs, logger, events,
       taskList: {
         [TASK]: async (payload: unknown) => {
           const id = (payload as { id?: unknown })?.id;
@@ -56,9 +56,8 @@ export class GraphileQueue implements JobQueue {
           if ((await runJob(id)) === 'handoff') throw new Error(`node ${this.nodeId} stopped during job ${id}; it resumes on another node`);
         },
       },
-    };
-    // `workerId` is read from the options when concurrency is 1 (graphile-worker 0.17's main.js), though its type lacks it.
-    this.runner = await run(options as RunnerOptions);
+    });
+    if (!this.workerId) throw new Error('graphile-worker started without telling its pool id');
   }
 
   async enqueue(id: string): Promise<void> {
@@ -66,8 +65,8 @@ export class GraphileQueue implements JobQueue {
     await (await this.workerUtils()).addJob(TASK, { id }, { jobKey: id, maxAttempts: 1000 });
   }
 
-  async releaseNode(nodeId: string): Promise<void> {
-    await (await this.workerUtils()).forceUnlockWorkers([queueWorkerId(nodeId)]);
+  async releaseWorkers(workerIds: string[]): Promise<void> {
+    if (workerIds.length > 0) await (await this.workerUtils()).forceUnlockWorkers(workerIds);
   }
 
   async shutdown(): Promise<void> {

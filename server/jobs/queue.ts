@@ -13,8 +13,10 @@ export interface JobQueue {
   start(run: (id: string) => Promise<RunOutcome>): Promise<void>;
   /** Queue a job (its row is in the store already). Queuing a job twice runs it once. */
   enqueue(id: string): Promise<void>;
-  /** Jobs claimed by a node that is gone (lost, or this node's previous life) can be claimed again. */
-  releaseNode(nodeId: string): Promise<void>;
+  /** This node's worker id in the queue (what holds the jobs it claimed); null for a local queue. */
+  readonly workerId: string | null;
+  /** Jobs held by workers that are gone (a lost node's, this node's previous life's) can be claimed again. */
+  releaseWorkers(workerIds: string[]): Promise<void>;
   /** Stop taking jobs; resolves once the job in hand returned. */
   shutdown(): Promise<void>;
 }
@@ -37,13 +39,15 @@ export class LocalQueue implements JobQueue {
     this.pump();
   }
 
+  readonly workerId = null;
+
   /** Whether `id` waits in this queue. */
   holds(id: string): boolean {
     return this.ids.includes(id);
   }
 
   /** One process: nothing of another node to release. */
-  async releaseNode(): Promise<void> {}
+  async releaseWorkers(): Promise<void> {}
 
   private pump(): void {
     if (!this.run || this.busy || this.stopped || this.ids.length === 0) return;

@@ -65,8 +65,8 @@ export class JobRunner {
 
   /**
    * Start taking jobs. One node: requeue what the last run left, running jobs first (to resume),
-   * then queued ones, oldest first. A cluster: listen for other nodes' events, release this
-   * node id's job from a previous life, and requeue queued jobs whose queue entry may be missing.
+   * then queued ones, oldest first. A cluster: listen for other nodes' events and requeue queued
+   * jobs whose queue entry may be missing (the node that made them died between the two writes).
    */
   async start(): Promise<void> {
     const open = (await this.store.listJobs(null, ['running', 'queued'])).reverse();
@@ -82,7 +82,6 @@ export class JobRunner {
         const [origin, jobId, index] = payload.split(' ');
         if (origin !== me && jobId) this.live.emit(`event:${jobId}`, { index: Number(index) });
       });
-      await this.queue.releaseNode(me);
       for (const j of open.filter((x) => x.status === 'queued')) await this.queue.enqueue(j.id);
     }
     await this.queue.start((id) => this.run(id));
