@@ -9,6 +9,7 @@
  */
 import crypto from 'node:crypto';
 import type { FineTuneJob } from '../protocol/jobs.ts';
+import type { NodeLoad } from '../protocol/nodes.ts';
 import { PostgresDb, SqliteDb, isUniqueViolation, type Db, type Migration } from './db/index.ts';
 
 /**
@@ -193,13 +194,7 @@ export interface EndpointRow {
   created_at: number;
 }
 
-/** What a node reports of itself at each heartbeat. */
-export interface NodeLoad {
-  sessions: number;
-  jobs: number;
-  /** Presets whose engine is started on the node (a session of one starts without a model build). */
-  resident_presets: string[];
-}
+export type { NodeLoad } from '../protocol/nodes.ts';
 
 /** One node of a cluster, as registered. Times: `started_at` Unix s, `heartbeat_at`/`lost_at` Unix ms. */
 export interface NodeRow {

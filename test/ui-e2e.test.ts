@@ -187,6 +187,12 @@ describe.skipIf(missing('Chromium', CHROMIUM.reason))('dashboard in headless Chr
     await expect.poll(() => row.locator('[data-status]').textContent(), { timeout: 30_000 }).toBe('closed');
     expect((await api(server, 'GET', `/v1/training_sessions/${created.json.id}`)).json.status).toBe('closed');
 
+    // Nodes: one server without a cluster shows itself, up, with its URL.
+    await page.getByRole('link', { name: 'Nodes' }).click();
+    const me = page.locator('tr[data-node="local"]');
+    await expect.poll(() => me.locator('[data-status]').textContent(), { timeout: 30_000 }).toBe('up');
+    expect(await me.locator('td').nth(2).textContent()).toBe(server.baseUrl);
+
     // The key travelled only in headers: never in a URL, and on every API call.
     expect(requests.filter((r) => r.url.includes(TEST_KEY))).toEqual([]);
     const apiCalls = requests.filter((r) => new URL(r.url).pathname.startsWith('/v1/'));

@@ -1,3 +1,3 @@
 export { ClusterNode, type NodeOptions } from './node.ts';
 export { forward, wasForwarded, FORWARDED_HEADER } from './forward.ts';
-export { mountNodeRoutes, type NodeJson } from './routes.ts';
+export { mountNodeRoutes } from './routes.ts';

@@ -7,23 +7,9 @@
 import type { TemplatedApp } from 'uWebSockets.js';
 import { requireOwner } from '../auth.ts';
 import { route, sendJson } from '../http.ts';
-import type { NodeLoad, Store } from '../store.ts';
+import type { NodeJson, NodeLoad } from '../../protocol/nodes.ts';
+import type { Store } from '../store.ts';
 import type { ClusterNode } from './node.ts';
-
-/** One node in `GET /v1/nodes`. */
-export interface NodeJson {
-  id: string;
-  url: string;
-  status: 'up' | 'lost' | 'stopped';
-  capacity: number;
-  load: NodeLoad;
-  open_sessions: number;
-  running_jobs: string[];
-  heartbeat_age_s: number | null;
-  started_at: number | null;
-  lost_at: number | null;
-  self: boolean;
-}
 
 export function mountNodeRoutes(
   app: TemplatedApp,

@@ -1,6 +1,6 @@
 /**
  * The dashboard's entry: the page shell (header, navigation, error banner), hash routing
- * (`#/jobs`, `#/jobs/<id>`, `#/sessions`; hashes never reach the server) and the sign-in gate.
+ * (`#/jobs`, `#/jobs/<id>`, `#/sessions`, `#/nodes`; hashes never reach the server) and the sign-in gate.
  * Any uncaught error shows in the banner, so a failure is never a blank page.
  */
 import 'uplot/dist/uPlot.min.css';
@@ -11,6 +11,7 @@ import { jobView } from './job.ts';
 import { jobsView } from './jobs.ts';
 import { loginView } from './login.ts';
 import { sessionsView } from './sessions.ts';
+import { nodesView } from './nodes.ts';
 import type { View } from './view.ts';
 
 const root = document.getElementById('app')!;
@@ -18,8 +19,9 @@ const banner = h('div', { class: 'banner', role: 'alert', id: 'banner', hidden: 
 const main = h('main', { id: 'main', tabindex: -1 });
 const navJobs = h('a', { href: '#/jobs' }, 'Fine-tunes');
 const navSessions = h('a', { href: '#/sessions' }, 'Sessions');
+const navNodes = h('a', { href: '#/nodes' }, 'Nodes');
 const signOut = h('button', { type: 'button', class: 'link' }, 'Sign out');
-const nav = h('nav', { 'aria-label': 'Main' }, navJobs, navSessions, signOut);
+const nav = h('nav', { 'aria-label': 'Main' }, navJobs, navSessions, navNodes, signOut);
 const header = h('header', {}, h('a', { href: '#/jobs', class: 'brand' }, 'Vela'), nav);
 
 let current: View | null = null;
@@ -56,9 +58,13 @@ function render(navigated = false): void {
   const job = /^\/jobs\/([^/]+)$/.exec(path);
   navJobs.removeAttribute('aria-current');
   navSessions.removeAttribute('aria-current');
+  navNodes.removeAttribute('aria-current');
   if (job) {
     navJobs.setAttribute('aria-current', 'page');
     show(jobView(decodeURIComponent(job[1]!)), navigated);
+  } else if (path === '/nodes') {
+    navNodes.setAttribute('aria-current', 'page');
+    show(nodesView(), navigated);
   } else if (path === '/sessions') {
     navSessions.setAttribute('aria-current', 'page');
     show(sessionsView(), navigated);
