@@ -33,6 +33,8 @@ export interface NodeOptions {
 export class ClusterNode {
   private timer: NodeJS.Timeout | null = null;
   private fencedSince: number | null = null;
+  /** Since when this node's heartbeats reach the database without a gap (null: the last one failed). */
+  private beatingSince: number | null = null;
   private beating: Promise<void> = Promise.resolve();
   /** Nodes as last read (placement, URLs), refreshed at each heartbeat. */
   private nodes = new Map<string, NodeRow>();
@@ -63,8 +65,12 @@ export class ClusterNode {
     await this.store.registerNode({ id: this.id, url: this.opts.url, presets: Object.keys(PRESETS), capacity: this.opts.capacity, load: this.opts.load() });
     await this.refresh();
     log.info(`node ${this.id} registered (${this.opts.url}); heartbeat every ${this.opts.heartbeatS} s, lost after ${this.opts.lostS} s`);
+    this.beatingSince = Date.now();
     this.timer = setInterval(() => {
-      this.beating = this.beating.then(() => this.beat()).catch((e) => log.warn(`node ${this.id}: heartbeat failed: ${(e as Error).message}`));
+      this.beating = this.beating.then(() => this.beat()).catch((e) => {
+        this.beatingSince = null;
+        log.warn(`node ${this.id}: heartbeat failed: ${(e as Error).message}`);
+      });
     }, this.opts.heartbeatS * 1000);
   }
 
@@ -82,7 +88,12 @@ export class ClusterNode {
       await this.opts.onFenced(reason);
       return;
     }
-    for (const lost of await this.store.markLostNodes(this.opts.lostS * 1000)) await this.handleLost(lost);
+    // After a gap in our own heartbeats (the database was unreachable), the others' beats stopped
+    // for the same reason: give them a full lost period to beat again before judging them.
+    this.beatingSince ??= Date.now();
+    if (Date.now() - this.beatingSince >= this.opts.lostS * 1000) {
+      for (const lost of await this.store.markLostNodes(this.opts.lostS * 1000)) await this.handleLost(lost);
+    }
     await this.refresh();
   }
 

@@ -206,7 +206,8 @@ export class JobRunner {
           }
         },
         openDataset: (dir) => this.openDataset(dir),
-        isCancelled: async () => mustStop() || ((await this.store.getJob(id))?.cancel_requested ?? false),
+        // A store that cannot be read does not stop the training (the database may be back at the next step).
+        isCancelled: async () => mustStop() || ((await this.store.getJob(id).catch(() => null))?.cancel_requested ?? false),
       });
       if (result.status === 'cancelled' && mustStop() && !(await this.store.getJob(id))?.cancel_requested) return await this.handOff(id, result.step);
       if (result.status === 'cancelled') await this.finish(id, 'cancelled', { error: `cancelled at step ${result.step}` });
