@@ -49,6 +49,16 @@ async function call(base: string, method: string, url: string, body?: unknown): 
   return json;
 }
 
+/** CPU seconds (user + system, all threads) a process used so far, from /proc (null elsewhere). */
+function cpuSeconds(pid: number | undefined): number | null {
+  try {
+    const fields = fs.readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+    return (Number(fields[11]) + Number(fields[12])) / 100; // utime, stime in clock ticks (USER_HZ = 100)
+  } catch {
+    return null;
+  }
+}
+
 async function runJobs(base: string, seeds: number[]): Promise<{ seconds: number; byNode: Record<string, number> }> {
   const t0 = performance.now();
   const ids: string[] = [];
@@ -68,7 +78,7 @@ async function runJobs(base: string, seeds: number[]): Promise<{ seconds: number
 
 const pg = await startPostgres();
 if (!pg) throw new Error('bench:cluster needs PostgreSQL binaries (apt-get install postgresql)');
-const rows: { nodes: number; jobs: number; seconds: number; jobsPerMin: number; byNode: Record<string, number> }[] = [];
+const rows: { nodes: number; jobs: number; seconds: number; jobsPerMin: number; byNode: Record<string, number>; coresPerNode: (number | null)[]; loadAvg: number[] }[] = [];
 try {
   for (const count of COUNTS) {
     const url = await pg.newDatabase('vela_bench');
@@ -85,8 +95,13 @@ try {
       process.stderr.write(`${count} node(s): warm-up (${count} job(s), one per node)\n`);
       await runJobs(base, Array.from({ length: count }, (_, i) => 1000 + i));
       process.stderr.write(`${count} node(s): ${JOBS} timed jobs of ${STEPS} steps, batch ${BATCH}\n`);
+      const cpu0 = nodes.map((n) => cpuSeconds(n.child.pid));
       const r = await runJobs(base, Array.from({ length: JOBS }, (_, i) => i));
-      rows.push({ nodes: count, jobs: JOBS, seconds: r.seconds, jobsPerMin: (JOBS * 60) / r.seconds, byNode: r.byNode });
+      const coresPerNode = nodes.map((n, i) => {
+        const c = cpuSeconds(n.child.pid);
+        return c === null || cpu0[i] === null ? null : (c - cpu0[i]!) / r.seconds;
+      });
+      rows.push({ nodes: count, jobs: JOBS, seconds: r.seconds, jobsPerMin: (JOBS * 60) / r.seconds, byNode: r.byNode, coresPerNode, loadAvg: os.loadavg() });
     } finally {
       await Promise.all(nodes.map((n) => n.stop()));
       fs.rmSync(storage, { recursive: true, force: true });
@@ -97,9 +112,10 @@ try {
 }
 
 const base = rows[0]!;
-process.stdout.write(`\n| nodes | jobs (${STEPS} steps, batch ${BATCH}, pi05-tiny LoRA) | wall time | jobs / min | vs 1 node | jobs per node |\n| - | - | - | - | - | - |\n`);
+process.stdout.write(`\n${os.cpus().length} cores\n\n| nodes | jobs (${STEPS} steps, batch ${BATCH}, pi05-tiny LoRA) | wall time | jobs / min | vs 1 node | jobs per node | cores used per node | host load (1 min) |\n| - | - | - | - | - | - | - | - |\n`);
 for (const r of rows) {
-  process.stdout.write(`| ${r.nodes} | ${r.jobs} | ${r.seconds.toFixed(1)} s | ${r.jobsPerMin.toFixed(2)} | ${(r.jobsPerMin / base.jobsPerMin).toFixed(2)}x | ${Object.entries(r.byNode).map(([n, c]) => `${n}: ${c}`).join(', ')} |\n`);
+  const cores = r.coresPerNode.map((c) => (c === null ? '?' : c.toFixed(2))).join(', ');
+  process.stdout.write(`| ${r.nodes} | ${r.jobs} | ${r.seconds.toFixed(1)} s | ${r.jobsPerMin.toFixed(2)} | ${(r.jobsPerMin / base.jobsPerMin).toFixed(2)}x | ${Object.entries(r.byNode).map(([n, c]) => `${n}: ${c}`).join(', ')} | ${cores} | ${r.loadAvg[0]!.toFixed(1)} |\n`);
 }
 fs.mkdirSync(path.join(import.meta.dirname, 'results'), { recursive: true });
 fs.writeFileSync(path.join(import.meta.dirname, 'results', 'cluster.json'), JSON.stringify({ when: new Date().toISOString(), cpus: os.cpus().length, steps: STEPS, batch: BATCH, rows }, null, 2));

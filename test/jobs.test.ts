@@ -13,6 +13,7 @@ import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/serve
 import { g1Datums, g1Subset } from './helpers/g1.ts';
 import { PolicyClient } from './helpers/policy-stub.ts';
 import { TEST_BACKENDS } from './helpers/tf.ts';
+import { readSse } from './helpers/sse.ts';
 
 // The shipped sample's 3 real G1 episodes (2 train, 1 held out), copied to a temp datasets root.
 const SUBSET = g1Subset(3);
@@ -33,39 +34,6 @@ const finished = (base: { baseUrl: string }, id: string) =>
     const { json } = await api(base, 'GET', `/v1/fine-tunes/${id}`);
     return ['succeeded', 'failed', 'cancelled'].includes(json.status) ? json : null;
   });
-
-/** Reads an SSE stream until `stopAfter` events or its end; returns the parsed events. */
-async function readSse(base: { baseUrl: string }, id: string, query: string, stopAfter = Infinity): Promise<any[]> {
-  const ctl = new AbortController();
-  const res = await fetch(`${base.baseUrl}/v1/fine-tunes/${id}/events${query}`, { headers: { authorization: `Bearer ${TEST_KEY}`, accept: 'text/event-stream' }, signal: ctl.signal });
-  expect(res.headers.get('content-type')).toBe('text/event-stream');
-  const events: any[] = [];
-  const decoder = new TextDecoder();
-  let buf = '';
-  try {
-    for await (const chunk of res.body as any as AsyncIterable<Uint8Array>) {
-      buf += decoder.decode(chunk, { stream: true });
-      let cut;
-      while ((cut = buf.indexOf('\n\n')) >= 0) {
-        const block = buf.slice(0, cut);
-        buf = buf.slice(cut + 2);
-        const fields = Object.fromEntries(block.split('\n').filter((l) => !l.startsWith(':')).map((l) => [l.slice(0, l.indexOf(':')), l.slice(l.indexOf(':') + 2)]));
-        if (fields.data === undefined) continue;
-        const ev = JSON.parse(fields.data);
-        expect(Number(fields.id)).toBe(ev.index);
-        expect(fields.event).toBe(ev.type);
-        events.push(ev);
-        if (events.length >= stopAfter) {
-          ctl.abort();
-          return events;
-        }
-      }
-    }
-  } catch (e) {
-    if ((e as Error).name !== 'AbortError') throw e;
-  }
-  return events;
-}
 
 const job = (over: Record<string, unknown> = {}) => ({ model: 'pi05-tiny', dataset_name: SUBSET.name, steps: 60, batch_size: 8, learning_rate: 3e-3, eval_every: 30, checkpoint_every: 20, ...over });
 
