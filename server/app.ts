@@ -98,6 +98,9 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
   // One node owns every session of its store; in a cluster, sessions of lost nodes are found by heartbeats (cluster/node.ts).
   const clustered = store.db.dialect === 'postgres';
   const nodeId = clustered ? (config.nodeId ?? randomId('n-', 4)) : null;
+  if (clustered && !config.storageDir) {
+    log.warn(`no --storage-dir (VELA_STORAGE_DIR): checkpoints and job outputs stay in this node's --data-dir, so other nodes cannot resume its jobs or load its sessions' states; point every node at one shared folder`);
+  }
   if (!clustered) {
     const orphans = await store.closeOrphanSessions('the server restarted; session memory is lost (load a saved state in a new session)');
     if (orphans > 0) log.info(`closed ${orphans} session(s) left open by the previous run`);
