@@ -141,8 +141,19 @@ describe('two nodes, one PostgreSQL, one shared folder', () => {
   it('places 8 sessions made through A on both nodes; each trains; futures to the wrong node are answered; a killed node\'s sessions are lost and one continues on the other node from its checkpoint', async (ctx) => {
     if (!pg) return ctx.skip();
     const clientA = new VelaClient(nodes.a!.baseUrl, TEST_KEY);
+    const post = (node: string, route: string, body: unknown) => api(nodes[node]!, 'POST', `/api/v1/${route}`, body);
     const created: SessionJson[] = [];
-    for (let i = 0; i < 8; i++) created.push(await clientA.createSession({ base_model: 'pi05-tiny', rank: 4, seed: i }));
+    for (let i = 0; i < 8; i++) {
+      if (i !== 1) {
+        created.push(await clientA.createSession({ base_model: 'pi05-tiny', rank: 4, seed: i }));
+        continue;
+      }
+      // The second through the futures API: A holds one session now, so placement picks B and A forwards.
+      const m = await post('a', 'create_model', { base_model: 'pi05-tiny', rank: 4, seed: i });
+      expect(m.status, JSON.stringify(m.json)).toBe(200);
+      expect(m.json.request_id).toMatch(/^req-b~/);
+      created.push(await clientA.getSession(m.json.model_id));
+    }
     const byNode = (n: string) => created.filter((s) => s.node === n);
     expect(byNode('a')).toHaveLength(4);
     expect(byNode('b')).toHaveLength(4);
@@ -157,7 +168,6 @@ describe('two nodes, one PostgreSQL, one shared folder', () => {
 
     // Futures for a model on B, sent to A: forwarded, and the request id names B.
     const onB = byNode('b')[0]!;
-    const post = (node: string, route: string, body: unknown) => api(nodes[node]!, 'POST', `/api/v1/${route}`, body);
     const wire = { data: d2.map((d) => ({ observation: { image: { cam_high: Buffer.from(d.observation.image!.cam_high as Uint8Array).toString('base64') }, state: Array.from(d.observation.state!.data as Float32Array), prompt: d.observation.prompt }, actions: { data: Array.from(d.actions!.data as Float32Array), dtype: 'float32', shape: d.actions!.shape } })), codec: 'JPEG' };
     const fwd = await post('a', 'forward', { model_id: onB.id, ...wire });
     expect(fwd.status, JSON.stringify(fwd.json)).toBe(200);
