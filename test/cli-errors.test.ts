@@ -10,8 +10,8 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
 import { runCli, SERVE_USAGE } from '../server/cli-main.ts';
-import { G1_DIR } from './helpers/g1.ts';
 import { SETTINGS } from '../server/config.ts';
+import { G1_DIR } from './helpers/g1.ts';
 
 const REPO = path.resolve(import.meta.dirname, '..');
 const rel = path.relative(REPO, G1_DIR); // datasets/g1_pick_bottle_sample
@@ -144,6 +144,6 @@ describe('vela serve --help', () => {
     await expect(SERVE_USAGE).toMatchFileSnapshot('./__snapshots__/serve-help.txt');
     expect(SERVE_USAGE).toContain('  --port N                       VELA_PORT                       default: 8080\n      port to listen on (0 picks a free one)');
     expect(SERVE_USAGE).toContain('VELA_DATASETS_DIR               default: $HF_LEROBOT_HOME, else $HF_HOME/lerobot, else ~/.cache/huggingface/lerobot');
-    expect(SERVE_USAGE.match(/ default: /g)).toHaveLength(SETTINGS.length);
+    expect(SERVE_USAGE.match(/ default: /g)).toHaveLength(SETTINGS.length); // one per setting
   });
 });
