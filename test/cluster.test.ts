@@ -22,6 +22,7 @@ import { NodeProc } from './helpers/node-proc.ts';
 import { PolicyClient } from './helpers/policy-stub.ts';
 import { readSse } from './helpers/sse.ts';
 import { postgresSkipReason, startPostgres, type TestPostgres } from './helpers/postgres.ts';
+import { missing } from './helpers/requires.ts';
 
 const SUBSET = g1Subset(3);
 const HEARTBEAT_S = 0.5;
@@ -48,9 +49,11 @@ async function waitFor<T>(what: string, fn: () => Promise<T | null | undefined |
   }
 }
 
+const noPostgres = missing('PostgreSQL (the cluster tests)', postgresSkipReason);
+
 beforeAll(async () => {
-  pg = await startPostgres();
-  if (!pg) return console.log(`cluster.test.ts: ${postgresSkipReason}`);
+  if (noPostgres) return;
+  pg = (await startPostgres())!;
   databaseUrl = await pg.newDatabase();
   await Promise.all([startNode('a'), startNode('b')]);
 });

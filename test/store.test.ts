@@ -10,11 +10,12 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Store, type JobRow, type SessionRow } from '../server/store.ts';
 import { postgresSkipReason, startPostgres, type TestPostgres } from './helpers/postgres.ts';
+import { missing } from './helpers/requires.ts';
 
+const noPostgres = missing('PostgreSQL (the store tests on PostgreSQL)', postgresSkipReason);
 let pgCluster: TestPostgres | null = null;
 beforeAll(async () => {
-  pgCluster = await startPostgres();
-  if (!pgCluster) console.log(`store.test.ts: ${postgresSkipReason}`);
+  if (!noPostgres) pgCluster = await startPostgres();
 });
 afterAll(async () => pgCluster?.stop());
 
