@@ -4,7 +4,7 @@
  * - jobs: 4 fine-tunes submitted to node A run on both nodes; the node running one is killed
  *   mid-training; the other resumes it from its last checkpoint, it succeeds, its event log is
  *   contiguous with a `resumed` event naming both nodes, and SSE from either node delivers every
- *   event once. The finished job's policy is served by a node that did not train it.
+ *   event once. Both nodes serve the finished job's policy, with the same actions.
  * - sessions: 8 sessions created through node A land on both nodes and each trains over its
  *   websocket; futures requests sent to the node that does not hold the model are answered; a
  *   killed node's sessions become `lost` within the heartbeat setting; a new session loads a
@@ -16,10 +16,10 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient, type SessionJson } from '../protocol/client.ts';
+import { packNumpy, unpackNumpy, type NDArray } from '../protocol/ndarray.ts';
 import { api, TEST_KEY } from './helpers/server.ts';
 import { g1Datums, g1Subset } from './helpers/g1.ts';
 import { NodeProc } from './helpers/node-proc.ts';
-import { PolicyClient } from './helpers/policy-stub.ts';
 import { readSse } from './helpers/sse.ts';
 import { postgresSkipReason, startPostgres, type TestPostgres } from './helpers/postgres.ts';
 import { missing } from './helpers/requires.ts';
@@ -129,16 +129,22 @@ describe('two nodes, one PostgreSQL, one shared folder', () => {
     expect(await sseOnA).toEqual(events);
     expect(await readSse(nodes.b!, victim)).toEqual(events);
 
-    // The resumed job's policy, from node B (which did not finish it), on the real engine.
-    const files = (await api(nodes.b!, 'GET', `/v1/fine-tunes/${victim}/files`)).json.data.map((f: any) => f.path);
-    expect(files).toEqual(['adapter_config.json', 'adapter_model.safetensors', 'config.json', 'norm_stats.json']);
-    const robot = await PolicyClient.connect(`${nodes.b!.baseUrl.replace('http', 'ws')}/v1/fine-tunes/${victim}/policy`, { authorization: `Api-Key ${TEST_KEY}` });
+    // The resumed job's policy from either node (each loads the weights from the shared folder):
+    // the same observation and seed give the same actions on both.
     const datum = (await g1Datums(1))[0]!;
-    const obs = { 'observation/image': datum.observation.image!.cam_high, 'observation/state': datum.observation.state, prompt: datum.observation.prompt, image_codec: 'JPEG' };
-    const { actions } = await robot.infer(obs);
-    expect(actions.shape).toEqual([16, 26]);
-    expect([...(actions.data as Float32Array)].every(Number.isFinite)).toBe(true);
-    robot.close();
+    const obs = { 'observation/image': datum.observation.image!.cam_high, 'observation/state': datum.observation.state, prompt: datum.observation.prompt, image_codec: 'JPEG', seed: 7 };
+    const infer = async (node: NodeProc) => {
+      const res = await fetch(`${node.baseUrl}/v1/fine-tunes/${victim}/infer`, {
+        method: 'POST', headers: { authorization: `Bearer ${TEST_KEY}`, 'content-type': 'application/msgpack' }, body: packNumpy(obs),
+      });
+      const bytes = new Uint8Array(await res.arrayBuffer());
+      expect(res.status, Buffer.from(bytes).toString()).toBe(200);
+      return unpackNumpy(bytes) as { actions: NDArray; cold_start: boolean };
+    };
+    const [onA, onB] = [await infer(nodes.a!), await infer(nodes.b!)];
+    expect(onB.actions.shape).toEqual([16, 26]);
+    expect([...(onB.actions.data as Float32Array)].every(Number.isFinite)).toBe(true);
+    expect([...(onB.actions.data as Float32Array)]).toEqual([...(onA.actions.data as Float32Array)]);
   });
 
   it('places 8 sessions made through A on both nodes; each trains; futures to the wrong node are answered; a killed node\'s sessions are lost and one continues on the other node from its checkpoint', async (ctx) => {
