@@ -14,6 +14,7 @@ import { missing, pythonEnv } from './helpers/requires.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 import { FuturesClient } from './helpers/futures-client.ts';
 import { syntheticDatum } from './helpers/synthetic.ts';
+import { TEST_BACKENDS } from './helpers/tf.ts';
 
 const POLICY_KEY = 'robot-policy-key';
 const POLICY_SEED = 7;
@@ -24,9 +25,12 @@ let policy: ChildProcess | null = null;
 let policyUrl = '';
 let seen: any;
 
-/** Start `vela policy CHECKPOINT --port 0` and read the URL it prints. */
+/**
+ * Start `vela policy CHECKPOINT --port 0` and read the URL it prints. Same backend as the
+ * training server: wasm and native TensorFlow agree to ~1e-6, not bit for bit.
+ */
 async function startPolicy(checkpoint: string): Promise<string> {
-  policy = spawn(process.execPath, ['bin/vela.js', 'policy', checkpoint, '--port', '0', '--api-key', POLICY_KEY, '--seed', String(POLICY_SEED), '--backend', 'wasm', '--log-level', 'warn'], {
+  policy = spawn(process.execPath, ['bin/vela.js', 'policy', checkpoint, '--port', '0', '--api-key', POLICY_KEY, '--seed', String(POLICY_SEED), '--backend', TEST_BACKENDS[0]!, '--log-level', 'warn'], {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let stderr = '';
