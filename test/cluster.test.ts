@@ -4,7 +4,8 @@
  * - jobs: 4 fine-tunes submitted to node A run on both nodes; the node running one is killed
  *   mid-training; the other resumes it from its last checkpoint, it succeeds, its event log is
  *   contiguous with a `resumed` event naming both nodes, and SSE from either node delivers every
- *   event once. Both nodes serve the finished job's policy, with the same actions.
+ *   event once. Both nodes serve the finished job's policy (over the websocket and HTTP), with the
+ *   same actions.
  * - sessions: 8 sessions created through node A land on both nodes and each trains over its
  *   websocket; futures requests sent to the node that does not hold the model are answered; a
  *   killed node's sessions become `lost` within the heartbeat setting; a new session loads a
@@ -20,6 +21,7 @@ import { packNumpy, unpackNumpy, type NDArray } from '../protocol/ndarray.ts';
 import { api, TEST_KEY } from './helpers/server.ts';
 import { g1Datums, g1Subset } from './helpers/g1.ts';
 import { NodeProc } from './helpers/node-proc.ts';
+import { PolicyClient } from './helpers/policy-stub.ts';
 import { readSse } from './helpers/sse.ts';
 import { postgresSkipReason, startPostgres, type TestPostgres } from './helpers/postgres.ts';
 import { missing } from './helpers/requires.ts';
@@ -141,6 +143,13 @@ describe('two nodes, one PostgreSQL, one shared folder', () => {
       expect(res.status, Buffer.from(bytes).toString()).toBe(200);
       return unpackNumpy(bytes) as { actions: NDArray; cold_start: boolean };
     };
+    // A robot's first contact with that policy on B is its websocket (OpenPI's protocol).
+    const robot = await PolicyClient.connect(`${nodes.b!.baseUrl.replace('http', 'ws')}/v1/fine-tunes/${victim}/policy`, { authorization: `Api-Key ${TEST_KEY}` });
+    const { 'observation/image': image, 'observation/state': state, prompt } = obs;
+    const overWs = await robot.infer({ 'observation/image': image, 'observation/state': state, prompt, image_codec: 'JPEG' });
+    robot.close();
+    expect(overWs.actions.shape).toEqual([16, 26]);
+    expect([...(overWs.actions.data as Float32Array)].every(Number.isFinite)).toBe(true);
     const [onA, onB] = [await infer(nodes.a!), await infer(nodes.b!)];
     expect(onB.actions.shape).toEqual([16, 26]);
     expect([...(onB.actions.data as Float32Array)].every(Number.isFinite)).toBe(true);
