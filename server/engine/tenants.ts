@@ -20,6 +20,8 @@ export interface TenantOptions {
   alpha: number;
   targets: string[];
   seed: number;
+  /** Moving average of the weights (kernels/trainer.ts TrainingOptions.emaDecay); 0 = none. */
+  emaDecay?: number;
 }
 
 export class Tenant {
