@@ -195,6 +195,7 @@ export class JobRunner {
       const result = await runFineTune(cfg, {
         jobId: id,
         datasetDir: resolveDatasetDir(cfg.dataset_name, this.config.datasetsDir, this.config.allowAbsoluteDatasets),
+        evalDatasetDir: cfg.eval_dataset ? resolveDatasetDir(cfg.eval_dataset, this.config.datasetsDir, this.config.allowAbsoluteDatasets, 'eval_dataset') : undefined,
         workDir: jobWorkDir(this.config, id),
         engine,
         emit: (type, data) => {
