@@ -82,6 +82,7 @@ describe('fine-tune config (POST /v1/fine-tunes and vela finetune)', () => {
     expect(cfg).toMatchObject({
       finetune: 'full', steps: RECIPE.steps, batch_size: RECIPE.batch_size, learning_rate: RECIPE.learning_rate, eval_fraction: 0.1, eval_episodes: null,
       eval_dataset: null, eval_stride: 4, warmup_steps: defaultWarmupSteps(RECIPE.steps), lr_floor: RECIPE.lr_floor, adam_eps: RECIPE.adam_eps, weight_decay: RECIPE.weight_decay,
+      ema_decay: RECIPE.ema_decay, augment: RECIPE.augment,
     });
     expect(parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd' }, { trainedBase: true }).finetune).toBe('lora');
     expect(parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd', finetune: 'lora' }).finetune).toBe('lora');
@@ -104,6 +105,8 @@ describe('fine-tune config (POST /v1/fine-tunes and vela finetune)', () => {
       [{ lr_floor: 1.5 }, /lr_floor must be a number in \[0, 1\], got 1.5/],
       [{ adam_eps: -1e-8 }, /adam_eps must be a number in \[0, 1\], got -1e-8/],
       [{ weight_decay: 'x' }, /weight_decay must be a number in \[0, 1\], got "x"/],
+      [{ ema_decay: 1 }, /ema_decay must be a number in \[0, 1\), got 1/],
+      [{ augment: 'yes' }, /augment must be true or false, got "yes"/],
     ];
     for (const [over, re] of cases) expect(() => parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd', ...over }), JSON.stringify(over)).toThrow(re);
   });
@@ -120,8 +123,13 @@ describe('fine-tune config (POST /v1/fine-tunes and vela finetune)', () => {
 describe('runFineTune: settings reach the trainer, the evaluation reaches the events', () => {
   it('passes the schedule, AdamW eps / weight decay and the default full mode to the engine', async () => {
     const dir = armDataset('sched');
-    const { engine, progress } = await run({ dataset_name: dir, eval_episodes: [1], warmup_steps: 2, lr_floor: 0.25, learning_rate: 0.01, adam_eps: 1e-6, weight_decay: 0.02 });
-    expect(engine.calls.find((c) => c.op === 'create_session')!.args).toMatchObject({ finetune: 'full' });
+    const { engine, progress } = await run({ dataset_name: dir, eval_episodes: [1], warmup_steps: 2, lr_floor: 0.25, learning_rate: 0.01, adam_eps: 1e-6, weight_decay: 0.02, ema_decay: 0.9 });
+    expect(engine.calls.find((c) => c.op === 'create_session')!.args).toMatchObject({ finetune: 'full', emaDecay: 0.9 });
+    // The moving average is what the evaluation scores and what the job exports.
+    const evalCalls = engine.calls.filter((c) => c.op === 'sample' || c.op === 'forward');
+    expect(evalCalls.length).toBeGreaterThan(0);
+    expect(evalCalls.every((c) => c.args.ema === true)).toBe(true);
+    expect(engine.calls.find((c) => c.op === 'save_weights')!.args).toMatchObject({ name: 'final', ema: true });
     const steps = engine.calls.filter((c) => c.op === 'optim_step').map((c) => c.args);
     expect(steps).toHaveLength(6);
     steps.forEach((a, i) => {
@@ -181,6 +189,16 @@ describe('runFineTune: settings reach the trainer, the evaluation reaches the ev
     const text = evalSummary(e);
     expect(text).toContain('held-out evaluation at step 6: 4 frames');
     expect(text).toMatch(new RegExp(`left gripper .* ${(groupHold[2]! / count).toFixed(4)}`));
+  });
+
+  it('augment changes the training frames only, never the held-out ones', async () => {
+    const dir = armDataset('augment');
+    const plain = await run({ dataset_name: dir, eval_episodes: [1], steps: 2 });
+    const aug = await run({ dataset_name: dir, eval_episodes: [1], steps: 2, augment: true });
+    const images = (r: typeof plain, op: string) => r.engine.calls.filter((c) => c.op === op).map((c) => Array.from(c.args.batch.images as Uint8Array));
+    expect(images(aug, 'forward_backward')).not.toEqual(images(plain, 'forward_backward'));
+    expect(images(aug, 'sample')).toEqual(images(plain, 'sample'));
+    expect(aug.cfg.augment).toBe(true);
   });
 
   it('eval_fraction 0 holds out nothing and evaluates nothing', async () => {

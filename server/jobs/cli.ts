@@ -34,6 +34,7 @@ Options (defaults in brackets: the recipe measured in bench/results/recipe.md):
   --lr-floor X             cosine decay ends at X * learning rate       [${RECIPE.lr_floor}]
   --adam-eps X / --weight-decay X   AdamW                               [${RECIPE.adam_eps} / ${RECIPE.weight_decay}]
   --ema-decay X            moving average of the weights, evaluated and exported; 0 = none [${RECIPE.ema_decay}]
+  --augment true|false     random crop, rotation and colour jitter of training frames [${RECIPE.augment}]
   --finetune lora|full     [full: the base is a seeded initialisation, not trained weights]
   --lora-rank N / --lora-alpha X                                        [16 / 32]
   --targets a,b            attn, mlp, action_expert, prefix_expert, all [all]
@@ -52,7 +53,7 @@ Options (defaults in brackets: the recipe measured in bench/results/recipe.md):
 `;
 
 /** Flag -> [config field, how the value is read]. */
-const FLAGS: Record<string, [string, 'int' | 'number' | 'string' | 'list' | 'ints']> = {
+const FLAGS: Record<string, [string, 'int' | 'number' | 'string' | 'list' | 'ints' | 'bool']> = {
   '--model': ['model', 'string'], '--steps': ['steps', 'int'], '--batch-size': ['batch_size', 'int'], '--learning-rate': ['learning_rate', 'number'],
   '--finetune': ['finetune', 'string'], '--lora-rank': ['lora_rank', 'int'], '--lora-alpha': ['lora_alpha', 'number'], '--targets': ['targets', 'list'],
   '--cameras': ['cameras', 'list'], '--action-space': ['action_space', 'string'], '--eval-every': ['eval_every', 'int'],
@@ -60,6 +61,7 @@ const FLAGS: Record<string, [string, 'int' | 'number' | 'string' | 'list' | 'int
   '--eval-fraction': ['eval_fraction', 'number'], '--eval-episodes': ['eval_episodes', 'ints'], '--eval-stride': ['eval_stride', 'int'],
   '--warmup-steps': ['warmup_steps', 'int'], '--lr-floor': ['lr_floor', 'number'], '--adam-eps': ['adam_eps', 'number'], '--weight-decay': ['weight_decay', 'number'],
   '--ema-decay': ['ema_decay', 'number'],
+  '--augment': ['augment', 'bool'],
 };
 const SPEC = Object.fromEntries([...Object.keys(FLAGS), '--dataset', '--eval-dataset', '--output', '--backend'].map((f) => [f, 'value' as const]));
 const HELP = 'vela finetune --help';
@@ -93,7 +95,8 @@ export function parseFinetuneArgs(argv: string[], env: NodeJS.ProcessEnv = proce
       // A value that is not a number goes through as typed: the config check names the rule.
       const n = Number(f.value);
       const list = () => f.value.split(',').map((x) => x.trim());
-      body[key] = kind === 'list' ? list() : kind === 'ints' ? list().map((x) => (x !== '' && Number.isFinite(Number(x)) ? Number(x) : x)) : kind === 'string' || f.value.trim() === '' || !Number.isFinite(n) ? f.value : n;
+      const truth = f.value === 'true' ? true : f.value === 'false' ? false : f.value; // anything else: the config's rule
+      body[key] = kind === 'bool' ? truth : kind === 'list' ? list() : kind === 'ints' ? list().map((x) => (x !== '' && Number.isFinite(Number(x)) ? Number(x) : x)) : kind === 'string' || f.value.trim() === '' || !Number.isFinite(n) ? f.value : n;
     }
   }
   if (!dataset) throw new UsageError(`--dataset DIR is required (see ${HELP})`);

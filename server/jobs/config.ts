@@ -34,6 +34,7 @@ export interface FineTuneConfig {
   adam_eps: number;
   weight_decay: number; // AdamW's decoupled decay (torch.optim.AdamW), per unit of learning rate
   ema_decay: number; // moving average of the weights, evaluated and exported; 0 = none (kernels/trainer.ts)
+  augment: boolean; // random crop, rotation and colour jitter of training frames (datasets/augment.ts)
 }
 
 /** The job's AdamW settings besides its learning rate (openpi's defaults for pi0 fine-tunes). */
@@ -42,7 +43,7 @@ export const JOB_ADAMW: Omit<AdamWOptions, 'learningRate'> = { beta1: 0.9, beta2
 const TARGETS = ['attn', 'mlp', 'action_expert', 'prefix_expert', 'all'];
 const FIELDS = [
   'model', 'dataset_name', 'batch_size', 'learning_rate', 'steps', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed',
-  'eval_every', 'checkpoint_every', 'eval_fraction', 'eval_episodes', 'eval_dataset', 'eval_stride', 'warmup_steps', 'lr_floor', 'adam_eps', 'weight_decay', 'ema_decay',
+  'eval_every', 'checkpoint_every', 'eval_fraction', 'eval_episodes', 'eval_dataset', 'eval_stride', 'warmup_steps', 'lr_floor', 'adam_eps', 'weight_decay', 'ema_decay', 'augment',
 ];
 
 /**
@@ -59,6 +60,7 @@ export const RECIPE = {
   adam_eps: 1e-8,
   weight_decay: 1e-10,
   ema_decay: 0,
+  augment: false,
 } as const;
 
 /** Warm-up when not given: a tenth of the run, at most 100 steps (openpi's shape). */
@@ -102,6 +104,12 @@ function int(body: Record<string, unknown>, k: string, def: number, lo: number, 
 /** Default steps between evals and between checkpoints: a quarter of the run, at most 500. */
 export function defaultInterval(steps: number): number {
   return Math.max(1, Math.min(500, Math.ceil(steps / 4)));
+}
+
+function bool(body: Record<string, unknown>, k: string, def: boolean): boolean {
+  const v = body[k] ?? def;
+  if (typeof v !== 'boolean') badField(k, 'must be true or false', v);
+  return v;
 }
 
 /** A finite number in [lo, hi] (hiOpen: [lo, hi)). */
@@ -184,6 +192,7 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
     adam_eps: adamw.eps,
     weight_decay: adamw.weightDecay,
     ema_decay: real(body, 'ema_decay', RECIPE.ema_decay, 0, 1, true),
+    augment: bool(body, 'augment', RECIPE.augment),
   };
 }
 

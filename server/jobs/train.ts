@@ -8,8 +8,9 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { batchBuffers } from '../../kernels/batch.ts';
 import { makeConfig } from '../../kernels/config.ts';
-import { computeNormStats, normalizerFor, normStatsToJson, type NormStatsSet } from '../../kernels/normalize.ts';
-import { actionGroups, defaultActionSpace, deltaPairs, gatherNormRows, openDataset, pairsFor, sampleBatch, seededRng, splitEpisodes, type Dataset, type EpisodeSplit } from '../datasets/index.ts';
+import { computeNormStats, normalizerFor, normStatsToJson, type NormStats, type NormStatsSet } from '../../kernels/normalize.ts';
+import { augmentFrame, drawAugment } from '../datasets/augment.ts';
+import { actionGroups, defaultActionSpace, deltaPairs, gatherNormRows, openDataset, pairsFor, sampleBatch, seededRng, splitEpisodes, type ActionSpace, type Dataset, type EpisodeSplit } from '../datasets/index.ts';
 import type { EngineLike } from '../engine/host.ts';
 import { JOB_ADAMW, type FineTuneConfig } from './config.ts';
 import { toBatch } from './datums.ts';
@@ -126,6 +127,29 @@ function checkSameShape(ds: Dataset, evalDs: Dataset, cameras: string[], pairs: 
   }
 }
 
+/**
+ * The normalisation statistics of a run, from the training episodes: state rows, and every
+ * action-chunk entry the model is trained on (horizon, padding excluded) in the training space;
+ * plus the absolute actions' chunk statistics that the held-out scores are normalised with.
+ */
+export function trainingStats(ds: Dataset, train: readonly number[], actionSpace: ActionSpace, horizon: number): { norm: NormStatsSet; absStats: NormStats } {
+  const rows = gatherNormRows(ds, train, actionSpace, horizon);
+  const norm: NormStatsSet = {
+    state: computeNormStats({ data: rows.state, dim: rows.stateDim }),
+    actions: computeNormStats({ data: rows.action, dim: rows.actionDim }),
+  };
+  const absStats = actionSpace === 'absolute' ? norm.actions : computeNormStats({ data: gatherNormRows(ds, train, 'absolute', horizon).action, dim: rows.actionDim });
+  return { norm, absStats };
+}
+
+/** The dataset's part of an EvalContext: dims, pairs, action groups and names. */
+export function scoringContext(meta: Dataset['meta'], actionSpace: ActionSpace) {
+  return {
+    ad: meta.actionDim, spacePairs: pairsFor(meta, actionSpace), holdPairs: deltaPairs(meta),
+    groups: actionGroups(meta.actionNames), actionNames: meta.actionNames,
+  };
+}
+
 /** Run (or resume) a fine-tune; resolves when it succeeded or was cancelled, throws when it failed. */
 export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise<RunResult> {
   const started = Date.now();
@@ -138,12 +162,7 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
       `train episodes ${split.train.join(',')}, ${evalWhere}; action_space ${actionSpace}`,
   });
 
-  // Statistics of what the model is fed: every chunk entry of the training episodes (padding excluded).
-  const rows = gatherNormRows(ds, split.train, actionSpace, model.horizon);
-  const norm: NormStatsSet = {
-    state: computeNormStats({ data: rows.state, dim: rows.stateDim }),
-    actions: computeNormStats({ data: rows.action, dim: rows.actionDim }),
-  };
+  const { norm, absStats } = trainingStats(ds, split.train, actionSpace, model.horizon);
   const normalizer = normalizerFor(cfg.model);
   const normJson = normStatsToJson(norm);
   fs.mkdirSync(ctx.workDir, { recursive: true });
@@ -180,9 +199,7 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
 
   const evalSet = evalEpisodes.length > 0 ? await buildEvalSet(evalDs, evalEpisodes, cfg.eval_stride, datumOpts) : null;
   const evalCtx: EvalContext = {
-    model, cameras, norm, normalizer, ad, spacePairs: pairsFor(meta, actionSpace), holdPairs: deltaPairs(meta),
-    absStats: actionSpace === 'absolute' ? norm.actions : computeNormStats({ data: gatherNormRows(ds, split.train, 'absolute', horizon).action, dim: ad }),
-    groups: actionGroups(meta.actionNames), actionNames: meta.actionNames,
+    ...scoringContext(meta, actionSpace), model, cameras, norm, normalizer, absStats,
     call: (op, args, transfer) => call(ctx, op, args, transfer),
   };
   if (evalSet) ctx.emit('log', { message: `held-out evaluation: ${evalSet.datums.length} frames (every ${cfg.eval_stride}th of episodes ${evalEpisodes.join(',')}), ${evalCtx.groups.length ? `groups ${evalCtx.groups.map((g) => g.name).join(', ')}` : 'no action groups'}` });
@@ -195,6 +212,7 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
   while (step < cfg.steps) {
     if (await ctx.isCancelled()) return { status: 'cancelled', outputDir: null, step, loss: lastLoss, evalLoss: lastEval };
     const datums = await sampleBatch(ds, { ...datumOpts, episodes: split.train, batchSize: cfg.batch_size, rng });
+    if (cfg.augment) for (const d of datums) for (const c of cameras) d.images[c] = augmentFrame(d.images[c]!, drawAugment(rng));
     const batch = toBatch(model, datums, cameras, norm, normalizer, ad);
     const fb = await call<{ loss: number }>(ctx, 'forward_backward', { batch, lossFn: 'mse' }, batchBuffers(batch));
     const lr = learningRateAt(step + 1, cfg.steps, cfg.learning_rate, cfg.warmup_steps, cfg.lr_floor);
