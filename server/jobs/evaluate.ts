@@ -182,18 +182,47 @@ export interface EvalContext {
 }
 
 /**
- * Scores the model (its moving average with `weights.ema`) on the set. Returns the progress-event fields: `eval_loss` (the flow-matching
- * loss in the model's space, seeded noise and time), `eval_mse`, `eval_mse_hold_state`,
- * `eval_mse_mean_chunk`, `eval_ratio_hold_state`, `eval_ratio_mean_chunk` (normalised absolute
- * space), `eval_raw` (the same in raw units), `eval_groups`, `eval_frames`, `eval_seconds`.
+ * Scores sampled chunks: `actions` [n, H, A] in the model's normalised training space, one per
+ * datum of `datums` (same order) -> the dataset's dims -> unnormalise -> add the state back ->
+ * absolute raw, against the recorded chunks and the baselines (ChunkScorer).
+ */
+export function scorePredictions(ec: Omit<EvalContext, 'call' | 'cameras'>, datums: readonly TrainingDatum[], actions: Float32Array): EvalScores {
+  const { ad } = ec;
+  const H = ec.model.horizon;
+  const A = ec.model.actionDim;
+  if (actions.length !== datums.length * H * A) throw new Error(`${actions.length} predicted values for ${datums.length} datums of [${H}, ${A}]`);
+  const scorer = new ChunkScorer(ad, EVAL_CHUNK, ec.absStats, ec.normalizer, Float32Array.from(ec.absStats.mean), ec.holdPairs, ec.groups, ec.actionNames);
+  datums.forEach((d, i) => {
+    const normed = new Float32Array(H * ad);
+    for (let h = 0; h < H; h++) normed.set(actions.subarray((i * H + h) * A, (i * H + h) * A + ad), h * ad);
+    const predicted = ec.normalizer.unnormalize(normed, ad, ec.norm.actions);
+    for (let h = 0; h < H; h++) for (const [a, st] of ec.spacePairs) predicted[h * ad + a] += d.state[st]!;
+    scorer.add(d.state, absoluteChunk(d, ec.spacePairs), d.actionMask, predicted);
+  });
+  return scorer.result();
+}
+
+/** EvalScores as progress-event fields (`eval_` prefixed; see evaluate). */
+export function evalFields(r: EvalScores): Record<string, unknown> {
+  return {
+    eval_mse: r.mse, eval_mse_hold_state: r.mse_hold_state, eval_mse_mean_chunk: r.mse_mean_chunk,
+    eval_ratio_hold_state: r.ratio_hold_state, eval_ratio_mean_chunk: r.ratio_mean_chunk,
+    eval_raw: r.raw, eval_groups: r.groups, eval_frames: r.frames,
+  };
+}
+
+/**
+ * Scores the model (its moving average with `weights.ema`) on the set. Returns the progress-event
+ * fields: `eval_loss` (the flow-matching loss in the model's space, seeded noise and time),
+ * `eval_mse`, `eval_mse_hold_state`, `eval_mse_mean_chunk`, `eval_ratio_hold_state`,
+ * `eval_ratio_mean_chunk` (normalised absolute space), `eval_raw` (the same in raw units),
+ * `eval_groups`, `eval_frames`, `eval_seconds`.
  */
 export async function evaluate(ec: EvalContext, set: EvalSet, weights: { ema?: boolean } = {}): Promise<Record<string, unknown>> {
   const started = Date.now();
   const { model, ad } = ec;
-  const H = model.horizon;
-  const A = model.actionDim;
-  const meanAbs = Float32Array.from(ec.absStats.mean);
-  const scorer = new ChunkScorer(ad, EVAL_CHUNK, ec.absStats, ec.normalizer, meanAbs, ec.holdPairs, ec.groups, ec.actionNames);
+  const per = model.horizon * model.actionDim;
+  const sampled = new Float32Array(set.datums.length * per);
   let flow = 0;
   let flowCount = 0;
   for (let start = 0; start < set.datums.length; start += EVAL_BATCH) {
@@ -208,20 +237,7 @@ export async function evaluate(ec: EvalContext, set: EvalSet, weights: { ema?: b
       flowCount++;
     }
     const s = await ec.call<{ actions: Float32Array }>('sample', { batch: b2, numSteps: EVAL_SAMPLE_STEPS, seed: EVAL_SEED + start, ema: !!weights.ema }, batchBuffers(b2));
-    datums.forEach((d, i) => {
-      // The model's chunk [H, A] -> the dataset's dims -> unnormalise -> add the state back -> absolute raw.
-      const normed = new Float32Array(H * ad);
-      for (let h = 0; h < H; h++) normed.set(s.actions.subarray((i * H + h) * A, (i * H + h) * A + ad), h * ad);
-      const predicted = ec.normalizer.unnormalize(normed, ad, ec.norm.actions);
-      for (let h = 0; h < H; h++) for (const [a, st] of ec.spacePairs) predicted[h * ad + a] += d.state[st]!;
-      scorer.add(d.state, absoluteChunk(d, ec.spacePairs), d.actionMask, predicted);
-    });
+    sampled.set(s.actions, start * per);
   }
-  const r = scorer.result();
-  return {
-    eval_loss: flow / Math.max(1, flowCount),
-    eval_mse: r.mse, eval_mse_hold_state: r.mse_hold_state, eval_mse_mean_chunk: r.mse_mean_chunk,
-    eval_ratio_hold_state: r.ratio_hold_state, eval_ratio_mean_chunk: r.ratio_mean_chunk,
-    eval_raw: r.raw, eval_groups: r.groups, eval_frames: r.frames, eval_seconds: (Date.now() - started) / 1000,
-  };
+  return { eval_loss: flow / Math.max(1, flowCount), ...evalFields(scorePredictions(ec, set.datums, sampled)), eval_seconds: (Date.now() - started) / 1000 };
 }
