@@ -9,7 +9,7 @@ import type { PolicyConfig } from './config.ts';
 import { ShapeError, type ModelBatch } from './batch.ts';
 import { Rng, type RngState } from './rng.ts';
 import { decodeSuffix, encodePrefix, initialValues, paramSpecs, velocity, disposeCache, type WeightsView } from './policy.ts';
-import { drawNoiseTime, eulerSample, lossPerDatum, noisyActions, type LossFn } from './flow.ts';
+import { drawNoiseTime, eulerSample, lossPerDatum, noisyActions, type LossFn, type TimeSampling } from './flow.ts';
 import { initialAdapters, selectTargets, validateLora, type LoraTarget } from './lora.ts';
 import { AdamWMoments, adamwStep, resolveAdamWOptions, type AdamWOptions, type ExportedTensor } from './optim.ts';
 import type { LoraFactors } from './layers.ts';
@@ -118,6 +118,8 @@ export interface TrainingOptions {
    * are not dominated by the initial weights). openpi evaluates and exports such an average.
    */
   emaDecay?: number;
+  /** Training time distribution (kernels/flow.ts), default `beta`. */
+  timeSampling?: TimeSampling;
 }
 
 /**
@@ -169,6 +171,7 @@ export class TrainingState {
   /** The trainable tensors by name (adapters or every parameter). */
   readonly params: Map<string, tf.Variable>;
   readonly emaDecay: number;
+  readonly timeSampling: TimeSampling;
   /** The moving average of `params` (same names), or null when emaDecay is 0. */
   private ema: Map<string, tf.Variable> | null = null;
   private emaUpdates = 0;
@@ -197,6 +200,8 @@ export class TrainingState {
     this.alpha = options.alpha ?? 16;
     this.targets = [...(options.targets ?? ['all'])];
     this.emaDecay = options.emaDecay ?? 0;
+    this.timeSampling = options.timeSampling ?? 'beta';
+    if (this.timeSampling !== 'beta' && this.timeSampling !== 'uniform') throw new TrainerError('bad_option', `time_sampling is '${String(this.timeSampling)}'; expected 'beta' or 'uniform'`);
     if (!(this.emaDecay >= 0 && this.emaDecay < 1)) throw new TrainerError('bad_option', `ema_decay is ${this.emaDecay}; it must be in [0, 1)`);
     const seed = options.seed ?? 0;
     const initRng = new Rng(seed);
@@ -330,7 +335,7 @@ export class TrainingState {
       if (given.time.length !== batch.size) throw new ShapeError('shape_mismatch', `time has ${given.time.length} values; the batch needs ${batch.size}`);
       ({ noise, time } = given as Required<NoiseTime>);
     } else {
-      ({ noise, time } = drawNoiseTime(this.rng, batch.size, c.horizon, c.actionDim));
+      ({ noise, time } = drawNoiseTime(this.rng, batch.size, c.horizon, c.actionDim, this.timeSampling));
     }
     return { noise, time, ...noisyActions(batch.actions, noise, time) };
   }

@@ -82,7 +82,7 @@ describe('fine-tune config (POST /v1/fine-tunes and vela finetune)', () => {
     expect(cfg).toMatchObject({
       finetune: 'full', steps: RECIPE.steps, batch_size: RECIPE.batch_size, learning_rate: RECIPE.learning_rate, eval_fraction: 0.1, eval_episodes: null,
       eval_dataset: null, eval_stride: 4, warmup_steps: defaultWarmupSteps(RECIPE.steps), lr_floor: RECIPE.lr_floor, adam_eps: RECIPE.adam_eps, weight_decay: RECIPE.weight_decay,
-      ema_decay: RECIPE.ema_decay, augment: RECIPE.augment,
+      ema_decay: RECIPE.ema_decay, augment: RECIPE.augment, time_sampling: RECIPE.time_sampling,
     });
     expect(parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd' }, { trainedBase: true }).finetune).toBe('lora');
     expect(parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd', finetune: 'lora' }).finetune).toBe('lora');
@@ -107,6 +107,7 @@ describe('fine-tune config (POST /v1/fine-tunes and vela finetune)', () => {
       [{ weight_decay: 'x' }, /weight_decay must be a number in \[0, 1\], got "x"/],
       [{ ema_decay: 1 }, /ema_decay must be a number in \[0, 1\), got 1/],
       [{ augment: 'yes' }, /augment must be true or false, got "yes"/],
+      [{ time_sampling: 'logit' }, /time_sampling must be "beta" or "uniform", got "logit"/],
     ];
     for (const [over, re] of cases) expect(() => parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd', ...over }), JSON.stringify(over)).toThrow(re);
   });
@@ -123,8 +124,8 @@ describe('fine-tune config (POST /v1/fine-tunes and vela finetune)', () => {
 describe('runFineTune: settings reach the trainer, the evaluation reaches the events', () => {
   it('passes the schedule, AdamW eps / weight decay and the default full mode to the engine', async () => {
     const dir = armDataset('sched');
-    const { engine, progress } = await run({ dataset_name: dir, eval_episodes: [1], warmup_steps: 2, lr_floor: 0.25, learning_rate: 0.01, adam_eps: 1e-6, weight_decay: 0.02, ema_decay: 0.9 });
-    expect(engine.calls.find((c) => c.op === 'create_session')!.args).toMatchObject({ finetune: 'full', emaDecay: 0.9 });
+    const { engine, progress } = await run({ dataset_name: dir, eval_episodes: [1], warmup_steps: 2, lr_floor: 0.25, learning_rate: 0.01, adam_eps: 1e-6, weight_decay: 0.02, ema_decay: 0.9, time_sampling: 'uniform' });
+    expect(engine.calls.find((c) => c.op === 'create_session')!.args).toMatchObject({ finetune: 'full', emaDecay: 0.9, timeSampling: 'uniform' });
     // The moving average is what the evaluation scores and what the job exports.
     const evalCalls = engine.calls.filter((c) => c.op === 'sample' || c.op === 'forward');
     expect(evalCalls.length).toBeGreaterThan(0);

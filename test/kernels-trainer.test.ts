@@ -312,3 +312,25 @@ describe('moving average of the weights (ema_decay, issue 16)', () => {
     base.dispose();
   });
 });
+
+describe('training time distribution (time_sampling, issue 16)', () => {
+  it('beta draws t = 0.999 u^(2/3) + 0.001, uniform t = 0.999 u + 0.001, from the same generator draws', () => {
+    const { c, b } = batchOf('pi05-tiny', 3, 11);
+    const base = BaseWeights.create(c, 17);
+    const n = 3 * c.horizon * c.actionDim;
+    const draws = () => {
+      const twin = new Rng(4 + 0x5eed1); // the session's noise/time generator (seed + 0x5eed1)
+      twin.normals(n);
+      return Array.from(twin.uniforms(3));
+    };
+    const u = draws();
+    for (const [mode, f] of [['beta', (x: number) => 0.999 * Math.pow(x, 2 / 3) + 0.001], ['uniform', (x: number) => 0.999 * x + 0.001]] as const) {
+      const s = new TrainingState(base, { finetune: 'full', seed: 4, timeSampling: mode });
+      const { time } = s.forward(b);
+      expect(Array.from(time)).toEqual(u.map((x) => Math.fround(f(x))));
+      s.dispose();
+    }
+    expect(() => new TrainingState(base, { timeSampling: 'logit' as 'beta' })).toThrow(/time_sampling is 'logit'/);
+    base.dispose();
+  });
+});

@@ -22,6 +22,8 @@ export interface TenantOptions {
   seed: number;
   /** Moving average of the weights (kernels/trainer.ts TrainingOptions.emaDecay); 0 = none. */
   emaDecay?: number;
+  /** Training time distribution (kernels/flow.ts TimeSampling). */
+  timeSampling?: 'beta' | 'uniform';
 }
 
 export class Tenant {

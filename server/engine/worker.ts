@@ -62,7 +62,7 @@ function answer(state: TrainingState | null, result: unknown): { result: unknown
 async function run(sessionId: string, op: string, args: Record<string, any>): Promise<[unknown, ArrayBuffer[]]> {
   switch (op) {
     case 'create_session': {
-      const opts = { finetune: args.finetune, rank: args.rank, alpha: args.alpha, targets: args.targets, seed: args.seed, emaDecay: args.emaDecay ?? 0 };
+      const opts = { finetune: args.finetune, rank: args.rank, alpha: args.alpha, targets: args.targets, seed: args.seed, emaDecay: args.emaDecay ?? 0, timeSampling: args.timeSampling ?? 'beta' };
       const t = await pool.create(sessionId, args.dir, opts);
       return [answer(null, { trainableParams: t.state!.trainableParamCount }), []];
     }

@@ -35,6 +35,7 @@ Options (defaults in brackets: the recipe measured in bench/results/recipe.md):
   --adam-eps X / --weight-decay X   AdamW                               [${RECIPE.adam_eps} / ${RECIPE.weight_decay}]
   --ema-decay X            moving average of the weights, evaluated and exported; 0 = none [${RECIPE.ema_decay}]
   --augment true|false     random crop, rotation and colour jitter of training frames [${RECIPE.augment}]
+  --time-sampling beta|uniform   flow-matching time distribution in training [${RECIPE.time_sampling}]
   --finetune lora|full     [full: the base is a seeded initialisation, not trained weights]
   --lora-rank N / --lora-alpha X                                        [16 / 32]
   --targets a,b            attn, mlp, action_expert, prefix_expert, all [all]
@@ -62,6 +63,7 @@ const FLAGS: Record<string, [string, 'int' | 'number' | 'string' | 'list' | 'int
   '--warmup-steps': ['warmup_steps', 'int'], '--lr-floor': ['lr_floor', 'number'], '--adam-eps': ['adam_eps', 'number'], '--weight-decay': ['weight_decay', 'number'],
   '--ema-decay': ['ema_decay', 'number'],
   '--augment': ['augment', 'bool'],
+  '--time-sampling': ['time_sampling', 'string'],
 };
 const SPEC = Object.fromEntries([...Object.keys(FLAGS), '--dataset', '--eval-dataset', '--output', '--backend'].map((f) => [f, 'value' as const]));
 const HELP = 'vela finetune --help';

@@ -35,6 +35,7 @@ export interface FineTuneConfig {
   weight_decay: number; // AdamW's decoupled decay (torch.optim.AdamW), per unit of learning rate
   ema_decay: number; // moving average of the weights, evaluated and exported; 0 = none (kernels/trainer.ts)
   augment: boolean; // random crop, rotation and colour jitter of training frames (datasets/augment.ts)
+  time_sampling: 'beta' | 'uniform'; // flow-matching time distribution in training (kernels/flow.ts)
 }
 
 /** The job's AdamW settings besides its learning rate (openpi's defaults for pi0 fine-tunes). */
@@ -43,7 +44,7 @@ export const JOB_ADAMW: Omit<AdamWOptions, 'learningRate'> = { beta1: 0.9, beta2
 const TARGETS = ['attn', 'mlp', 'action_expert', 'prefix_expert', 'all'];
 const FIELDS = [
   'model', 'dataset_name', 'batch_size', 'learning_rate', 'steps', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed',
-  'eval_every', 'checkpoint_every', 'eval_fraction', 'eval_episodes', 'eval_dataset', 'eval_stride', 'warmup_steps', 'lr_floor', 'adam_eps', 'weight_decay', 'ema_decay', 'augment',
+  'eval_every', 'checkpoint_every', 'eval_fraction', 'eval_episodes', 'eval_dataset', 'eval_stride', 'warmup_steps', 'lr_floor', 'adam_eps', 'weight_decay', 'ema_decay', 'augment', 'time_sampling',
 ];
 
 /**
@@ -61,6 +62,7 @@ export const RECIPE = {
   weight_decay: 1e-10,
   ema_decay: 0,
   augment: false,
+  time_sampling: 'beta' as 'beta' | 'uniform',
 } as const;
 
 /** Warm-up when not given: a tenth of the run, at most 100 steps (openpi's shape). */
@@ -145,6 +147,8 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
   const name = body.name ?? null;
   if (name !== null && (typeof name !== 'string' || name.length > 128)) badField('name', 'must be a string of at most 128 characters', name);
   const steps = int(body, 'steps', RECIPE.steps, 1, 1_000_000);
+  const timeSampling = body.time_sampling ?? RECIPE.time_sampling;
+  if (timeSampling !== 'beta' && timeSampling !== 'uniform') bad(`time_sampling must be "beta" or "uniform", got ${JSON.stringify(timeSampling)}`);
   const evalEpisodes = body.eval_episodes ?? null;
   if (evalEpisodes !== null && (!Array.isArray(evalEpisodes) || evalEpisodes.length === 0 || !evalEpisodes.every((e) => Number.isInteger(e) && e >= 0) || new Set(evalEpisodes).size !== evalEpisodes.length)) {
     badField('eval_episodes', 'must be a non-empty list of distinct episode indices', evalEpisodes);
@@ -193,6 +197,7 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
     weight_decay: adamw.weightDecay,
     ema_decay: real(body, 'ema_decay', RECIPE.ema_decay, 0, 1, true),
     augment: bool(body, 'augment', RECIPE.augment),
+    time_sampling: timeSampling as 'beta' | 'uniform',
   };
 }
 
