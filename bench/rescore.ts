@@ -31,7 +31,7 @@ const { values, positionals } = parseArgs({ allowPositionals: true, options: {
 } });
 const average = Number(values.average);
 const dir = path.resolve(positionals[0] ?? '');
-await initBackend('wasm', null);
+await initBackend((process.env.VELA_BACKEND as 'node' | 'wasm') ?? 'wasm', null);
 const ck = await loadCheckpoint(dir);
 const c = ck.config as Record<string, any>;
 const model = makeConfig(c.preset);
