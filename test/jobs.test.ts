@@ -55,7 +55,7 @@ describe('fine-tunes on g1_pick_bottle', () => {
       [{ ...job(), batch_size: 2000 }, /batch_size must be an integer in 1..1024/],
       [{ ...job(), learning_rate: 2 }, /learning_rate must be > 0 and <= 1/],
       [{ ...job(), lr: 1 }, /unknown field "lr"/],
-      [{ ...job(), eval_episodes: [0, 7] }, /eval_episodes 7 are not in the dataset \(episodes 0..4, 5 of them\)/],
+      [{ ...job(), eval_episodes: [0, 7] }, /eval_episodes 7 are not in the dataset \(episodes 0..2, 3 of them\)/],
       [{ ...job(), eval_dataset: 'nope' }, /eval_dataset "nope" not found/],
       [{ ...job(), lr_floor: -1 }, /lr_floor must be a number in \[0, 1\], got -1/],
     ];
@@ -95,8 +95,8 @@ describe('fine-tunes on g1_pick_bottle', () => {
         expect(Number.isFinite(e[k]), k).toBe(true);
       }
       expect(e.eval_ratio_hold_state).toBeCloseTo(e.eval_mse / e.eval_mse_hold_state, 12);
-      // Held-out episode 4 of the 5 (the seed-0 10% split), every 4th of its 362 frames.
-      expect(e.eval_frames).toBe(91);
+      // Held-out episode 1 of the 3 (the seed-0 10% split), every 4th of its 421 frames.
+      expect(e.eval_frames).toBe(106);
       expect(e.eval_groups.map((g: any) => [g.group, g.dims.length])).toEqual([['left arm', 7], ['right arm', 7], ['left hand', 6], ['right hand', 6]]);
       expect(e.eval_groups[0].dims[0]).toBe('kLeftShoulderPitch');
       expect(Number.isFinite(e.eval_raw.mse_hold_state)).toBe(true);
