@@ -8,7 +8,8 @@
  * --noise-scale s: the initial noise of the 10 Euler steps is s * N(0, 1) (1 is the trained
  * sampler; 0 starts every chunk from the noise distribution's mean). --seeds: average the ratio
  * over several noise seeds (the job's evaluation uses one). --average K: score the mean of K
- * sampled chunks (a diagnostic of how much error the sampler's spread adds).
+ * sampled chunks (a diagnostic of how much error the sampler's spread adds). --score-space
+ * pi0|pi05: score in that family's normalised space (pi0: z-score, pi0.5: quantile).
  */
 import path from 'node:path';
 import { parseArgs } from 'node:util';
@@ -28,6 +29,7 @@ import { G1, HELD_OUT } from './recipe-split.ts';
 const { values, positionals } = parseArgs({ allowPositionals: true, options: {
   'noise-scale': { type: 'string', default: '1' }, seeds: { type: 'string', default: '0' }, steps: { type: 'string', default: String(EVAL_SAMPLE_STEPS) },
   average: { type: 'string', default: '1' },
+  'score-space': { type: 'string' },
 } });
 const average = Number(values.average);
 const dir = path.resolve(positionals[0] ?? '');
@@ -42,6 +44,9 @@ const set = await buildEvalSet(ds, HELD_OUT, 4, { horizon: model.horizon, camera
 const state = new TrainingState(BaseWeights.create(model, c.base_seed ?? 0), { finetune: c.finetune, rank: c.lora_rank, alpha: c.lora_alpha, targets: c.lora_targets });
 state.importWeights(toExported(ck));
 const normalizer = normalizerFor(c.preset);
+// --score-space pi0|pi05: score in that family's normalised space (z-score or quantile) instead of
+// the model's own, to compare pi0 and pi0.5 runs on one scale. The model's inputs keep its own.
+const scoreNormalizer = values['score-space'] ? normalizerFor(values['score-space']) : normalizer;
 const per = model.horizon * model.actionDim;
 for (const steps of values.steps!.split(',').map(Number)) {
   for (const scale of values['noise-scale']!.split(',').map(Number)) {
@@ -59,8 +64,8 @@ for (const steps of values.steps!.split(',').map(Number)) {
         }
         sampled.set(mean, s * per);
       }
-      ratios.push(scorePredictions({ ...scoringContext(ds.meta, c.action_space), model, norm, normalizer, absStats }, set.datums, sampled).ratio_hold_state);
+      ratios.push(scorePredictions({ ...scoringContext(ds.meta, c.action_space), model, norm, normalizer: scoreNormalizer, absStats }, set.datums, sampled).ratio_hold_state);
     }
-    process.stdout.write(JSON.stringify({ weights: dir, steps, noise_scale: scale, average, ratio_hold_state: ratios.reduce((a, b) => a + b, 0) / ratios.length, ratios }) + '\n');
+    process.stdout.write(JSON.stringify({ weights: dir, score_space: values['score-space'] ?? c.preset, steps, noise_scale: scale, average, ratio_hold_state: ratios.reduce((a, b) => a + b, 0) / ratios.length, ratios }) + '\n');
   }
 }

@@ -104,6 +104,7 @@ describe('fine-tune config (POST /v1/fine-tunes and vela finetune)', () => {
       [{ warmup_steps: -1 }, /warmup_steps must be an integer in 0..1000000, got -1/],
       [{ lr_floor: 1.5 }, /lr_floor must be a number in \[0, 1\], got 1.5/],
       [{ adam_eps: -1e-8 }, /adam_eps must be a number in \[0, 1\], got -1e-8/],
+      [{ adam_eps: 0 }, /adam_eps must be a number in \(0, 1\], got 0/],
       [{ weight_decay: 'x' }, /weight_decay must be a number in \[0, 1\], got "x"/],
       [{ ema_decay: 1 }, /ema_decay must be a number in \[0, 1\), got 1/],
       [{ augment: 'yes' }, /augment must be true or false, got "yes"/],

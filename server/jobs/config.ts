@@ -165,6 +165,7 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
     eps: real(body, 'adam_eps', RECIPE.adam_eps, 0, 1),
     weightDecay: real(body, 'weight_decay', RECIPE.weight_decay, 0, 1),
   };
+  if (!(adamw.eps > 0)) badField('adam_eps', 'must be a number in (0, 1]', adamw.eps); // AdamW divides by it
   try {
     validateAdamWOptions(adamw); // the rules every optim_step follows
   } catch (e) {
