@@ -43,6 +43,7 @@ interface Row {
   name: string;
   note: string;
   flags: string[];
+  model: string; // the preset trained
   date: string;
   backend: string;
   steps: number;
@@ -53,30 +54,39 @@ interface Row {
   mse_hold_state: number;
   mse_mean_chunk: number;
   ratio_hold_state: number;
+  ratio_hold_state_raw?: number; // the same ratio in the dataset's raw units: one scale for every model family
   groups: Record<string, number>; // ratio to hold-state per action group
   curve: [number, number][]; // [step, ratio to hold-state] of every evaluation
 }
 
+/** pi0 or pi05: the row's model family. */
+const familyOf = (r: Row) => r.model.split('-')[0]!;
+
 function table(rows: Row[]): string {
   const groupNames = [...new Set(rows.flatMap((r) => Object.keys(r.groups)))];
-  const head = ['recipe', 'MSE', '/ hold-state', ...groupNames.map((g) => `${g} / hold`), 'steps', 'train wall', 'total wall', 'backend', 'curve (step: ratio)', 'flags'];
+  const head = ['recipe', 'model', 'MSE', '/ hold-state', '/ hold-state, raw units', ...groupNames.map((g) => `${g} / hold`), 'steps', 'train wall', 'total wall', 'backend', 'curve (step: ratio)', 'flags'];
   const mmss = (s: number) => `${Math.floor(s / 60)}:${String(Math.round(s % 60)).padStart(2, '0')}`;
   const lines = rows.map((r) => [
-    r.note ? `${r.name} (${r.note})` : r.name, r.mse.toFixed(4), r.ratio_hold_state.toFixed(3), ...groupNames.map((g) => (r.groups[g] === undefined ? '' : r.groups[g]!.toFixed(2))),
+    r.note ? `${r.name} (${r.note})` : r.name, r.model, r.mse.toFixed(4), r.ratio_hold_state.toFixed(3), r.ratio_hold_state_raw?.toFixed(3) ?? '', ...groupNames.map((g) => (r.groups[g] === undefined ? '' : r.groups[g]!.toFixed(2))),
     String(r.steps), mmss(r.train_s), mmss(r.total_s), r.backend, r.curve.map(([s, x]) => `${s}: ${x.toFixed(2)}`).join(', '), `\`${r.flags.join(' ')}\``,
   ]);
-  const hold = rows.find((r) => r.mse_hold_state)?.mse_hold_state;
-  const mean = rows.find((r) => r.mse_mean_chunk)?.mse_mean_chunk;
+  const baselines = (family: string) => {
+    const r = rows.find((x) => familyOf(x) === family);
+    return r ? `hold the current state (MSE ${r.mse_hold_state.toFixed(4)}), the training set's mean chunk (MSE ${r.mse_mean_chunk.toFixed(4)})` : '(no run yet)';
+  };
   return `# Recipe runs on held-out G1 episodes (issue 16)
 
 Written by \`bench/recipe.ts\` from \`recipe.jsonl\`; one row per run, in the order they ran.
 Data: \`../shared/datasets/g1_pick_bottle\`, split A: episodes ${HELD_OUT.join(', ')} held out (the
 seed-0 20% split), the other 12 trained on. Score: the job's held-out evaluation: every 4th frame of
 the held-out episodes, 16-step chunks sampled with 10 Euler steps (seeded), MSE over valid entries
-in the normalised absolute-action space (quantile normalisation with the training chunk entries'
-absolute statistics), next to the baselines: hold the current state (MSE ${hold?.toFixed(4) ?? '?'}),
-the training set's mean chunk (MSE ${mean?.toFixed(4) ?? '?'}). "/ hold-state" < 1 beats holding still;
-the issue's target is < 0.9. Wall times on the shared 2-core machine (other engineers' jobs ran
+in the model's normalised absolute-action space, with the training chunk entries' absolute
+statistics: quantile normalisation for pi0.5 (${baselines('pi05')}), z-score for pi0 (${baselines('pi0')}),
+as openpi normalises each. "/ hold-state" < 1 beats holding still; the issue's target is < 0.9.
+The raw-units ratio (the dataset's own units, every dimension alike) is one scale for both
+families; the normalised spaces weigh dimensions differently (a dimension that rarely moves has a
+narrow q01..q99 range, so quantile normalisation magnifies its errors).
+Wall times on the shared 2-core machine (other engineers' jobs ran
 alongside: compare within a few rows, not across the day).
 
 | ${head.join(' | ')} |
@@ -144,8 +154,9 @@ async function torchRow(name: string, note: string, flags: string[]): Promise<Ro
   const r = scorePredictions({ ...scoringContext(ds.meta, 'delta'), model, norm, normalizer: normalizerFor(preset), absStats }, set.datums, preds);
   const f = evalFields(r);
   return {
-    name, note, flags, date: new Date().toISOString(), backend: `torch ${timing.torch}`, steps: timing.steps, train_s: timing.train_s, total_s: (Date.now() - t0) / 1000,
+    name, note, flags, model: preset, date: new Date().toISOString(), backend: `torch ${timing.torch}`, steps: timing.steps, train_s: timing.train_s, total_s: (Date.now() - t0) / 1000,
     frames: r.frames, mse: r.mse, mse_hold_state: r.mse_hold_state, mse_mean_chunk: r.mse_mean_chunk, ratio_hold_state: r.ratio_hold_state,
+    ratio_hold_state_raw: (f.eval_raw as { ratio_hold_state: number }).ratio_hold_state,
     groups: Object.fromEntries(r.groups.map((g) => [g.group, g.ratio_hold_state])), curve: [[timing.steps, f.eval_ratio_hold_state as number]],
   };
 }
@@ -194,13 +205,14 @@ async function main(): Promise<void> {
   const evals = progress.filter((e) => typeof e.eval_mse === 'number');
   const last = evals.at(-1);
   if (!last) throw new Error('the run made no held-out evaluation');
-  const backend = /engine: \S+ on (\S+)/.exec(events.find((e) => e.type === 'log' && /engine/.test(e.message))?.message ?? '')?.[1];
+  const backend = /backend (\S+)/.exec(events.find((e) => e.type === 'log' && /engine/.test(e.message))?.message ?? '')?.[1];
   // Training time: elapsed_seconds is taken before a step's evaluation, so it holds every evaluation but the last.
   const evalS = evals.slice(0, -1).reduce((sum, e) => sum + (e.eval_seconds as number), 0);
   const row: Row = {
-    name: values.name, note: values.note ?? '', flags, date: new Date().toISOString(), backend: backend ?? process.env.VELA_BACKEND ?? 'auto',
+    name: values.name, note: values.note ?? '', flags, model: /model built: (\S+),/.exec(events.find((e) => e.type === 'log' && /^model built/.test(e.message))?.message ?? '')?.[1] ?? '?', date: new Date().toISOString(), backend: backend ?? process.env.VELA_BACKEND ?? 'auto',
     steps: last.step, train_s: last.elapsed_seconds - evalS, total_s: totalS, frames: last.eval_frames,
     mse: last.eval_mse, mse_hold_state: last.eval_mse_hold_state, mse_mean_chunk: last.eval_mse_mean_chunk, ratio_hold_state: last.eval_ratio_hold_state,
+    ratio_hold_state_raw: (last.eval_raw as { ratio_hold_state: number }).ratio_hold_state,
     groups: Object.fromEntries((last.eval_groups as { group: string; ratio_hold_state: number }[]).map((g) => [g.group, g.ratio_hold_state])),
     curve: evals.map((e) => [e.step, e.eval_ratio_hold_state]),
   };

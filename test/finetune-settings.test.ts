@@ -84,6 +84,8 @@ describe('fine-tune config (POST /v1/fine-tunes and vela finetune)', () => {
       eval_dataset: null, eval_stride: 4, warmup_steps: defaultWarmupSteps(RECIPE.steps), lr_floor: RECIPE.lr_floor, adam_eps: RECIPE.adam_eps, weight_decay: RECIPE.weight_decay,
       ema_decay: RECIPE.ema_decay, augment: RECIPE.augment, time_sampling: RECIPE.time_sampling,
     });
+    // The recipe's model when none is named (vela finetune and POST /v1/fine-tunes alike).
+    expect(parseFineTuneConfig({ dataset_name: 'd' })).toMatchObject({ model: RECIPE.model, finetune: 'full', ema_decay: 0.99, steps: 1500, batch_size: 32, learning_rate: 3e-4 });
     expect(parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd' }, { trainedBase: true }).finetune).toBe('lora');
     expect(parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd', finetune: 'lora' }).finetune).toBe('lora');
     expect(defaultWarmupSteps(300)).toBe(30);

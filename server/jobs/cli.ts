@@ -26,7 +26,7 @@ folder that vela policy serves), norm stats, and events.jsonl to the output fold
 
 Options (defaults in brackets: the recipe measured in bench/results/recipe.md):
   --dataset DIR            LeRobot dataset folder (v2.x or v3.0)       [required]
-  --model NAME             pi0-tiny, pi05-tiny, pi0-small, pi05-small  [pi05-tiny]
+  --model NAME             pi0-tiny, pi05-tiny, pi0-small, pi05-small  [${RECIPE.model}]
   --steps N                optimizer steps                              [${RECIPE.steps}]
   --batch-size N           datums per step                              [${RECIPE.batch_size}]
   --learning-rate X        peak learning rate                           [${RECIPE.learning_rate}]
@@ -75,7 +75,7 @@ const HELP = 'vela finetune --help';
 export function parseFinetuneArgs(argv: string[], env: NodeJS.ProcessEnv = process.env) {
   const { flags, positional } = splitArgs(argv, SPEC, HELP);
   if (positional.length > 0) throw new UsageError(`unexpected argument ${positional[0]} (options take the form --name value; see ${HELP})`);
-  const body: Record<string, unknown> = { model: 'pi05-tiny' };
+  const body: Record<string, unknown> = {};
   const byField = new Map<string, FlagArg>();
   let dataset: FlagArg | null = null;
   let output: string | null = null;
