@@ -1,19 +1,24 @@
 /**
  * Flow matching, openpi convention: t = 1 is noise. Training draws noise, then one u per
- * datum (D11), t = 0.999 * u^(2/3) + 0.001 (Beta(1.5, 1) by its inverse CDF), x_t = t * noise +
- * (1 - t) * actions, target u_t = noise - actions. Randomness is drawn in JS (kernels/rng.ts),
- * so it is the same on every backend and can be saved. The loss is PROTOCOL.md section 3's.
+ * datum (D11), t = 0.999 * u^(2/3) + 0.001 (Beta(1.5, 1) by its inverse CDF, pi0's: more
+ * weight near the noise end), x_t = t * noise + (1 - t) * actions, target u_t = noise - actions.
+ * `uniform` time sampling takes t = 0.999 * u + 0.001 instead. Randomness is drawn in JS
+ * (kernels/rng.ts), so it is the same on every backend and can be saved. The loss is PROTOCOL.md
+ * section 3's.
  */
 import * as tf from '@tensorflow/tfjs';
 import type { Rng } from './rng.ts';
 
 export type LossFn = 'mse' | 'l1';
 
-/** One training draw: noise [b, ah, ad] then time [b] (D11 order). */
-export function drawNoiseTime(rng: Rng, batch: number, horizon: number, actionDim: number): { noise: Float32Array; time: Float32Array } {
+/** How training draws flow-matching times: `beta` = Beta(1.5, 1) (pi0, D11), or `uniform` on [0.001, 1]. */
+export type TimeSampling = 'beta' | 'uniform';
+
+/** One training draw: noise [b, ah, ad] then time [b] (D11 order; the same draws for either time sampling). */
+export function drawNoiseTime(rng: Rng, batch: number, horizon: number, actionDim: number, timeSampling: TimeSampling = 'beta'): { noise: Float32Array; time: Float32Array } {
   const noise = rng.normals(batch * horizon * actionDim);
   const u = rng.uniforms(batch);
-  const time = u.map((x) => 0.999 * Math.pow(x, 2 / 3) + 0.001);
+  const time = timeSampling === 'uniform' ? u.map((x) => 0.999 * x + 0.001) : u.map((x) => 0.999 * Math.pow(x, 2 / 3) + 0.001);
   return { noise, time };
 }
 

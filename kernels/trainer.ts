@@ -9,7 +9,7 @@ import type { PolicyConfig } from './config.ts';
 import { ShapeError, type ModelBatch } from './batch.ts';
 import { Rng, type RngState } from './rng.ts';
 import { decodeSuffix, encodePrefix, initialValues, paramSpecs, velocity, disposeCache, type WeightsView } from './policy.ts';
-import { drawNoiseTime, eulerSample, lossPerDatum, noisyActions, type LossFn } from './flow.ts';
+import { drawNoiseTime, eulerSample, lossPerDatum, noisyActions, type LossFn, type TimeSampling } from './flow.ts';
 import { initialAdapters, selectTargets, validateLora, type LoraTarget } from './lora.ts';
 import { AdamWMoments, adamwStep, resolveAdamWOptions, type AdamWOptions, type ExportedTensor } from './optim.ts';
 import type { LoraFactors } from './layers.ts';
@@ -111,6 +111,15 @@ export interface TrainingOptions {
   targets?: readonly string[];
   /** Seeds adapter init, training noise/time and unseeded sampling; default 0. */
   seed?: number;
+  /**
+   * Decay of an exponential moving average of the trainable tensors, in [0, 1); 0 (default)
+   * keeps none. Each applied optim_step sets ema = d * ema + (1 - d) * param with
+   * d = min(emaDecay, (1 + n) / (10 + n)), n the updates so far (a warm-up, so that short runs
+   * are not dominated by the initial weights). openpi evaluates and exports such an average.
+   */
+  emaDecay?: number;
+  /** Training time distribution (kernels/flow.ts), default `beta`. */
+  timeSampling?: TimeSampling;
 }
 
 /**
@@ -119,12 +128,12 @@ export interface TrainingOptions {
  * parameter (full) or the adapter, `<linear>.lora_a` [in, r] / `.lora_b` [r, out] (LoRA).
  */
 export interface ExportedState {
-  config: { preset: string; finetune: 'lora' | 'full'; lora_rank: number; lora_alpha: number; lora_targets: string[] };
+  config: { preset: string; finetune: 'lora' | 'full'; lora_rank: number; lora_alpha: number; lora_targets: string[]; ema_decay?: number };
   weights: NamedTensors;
-  /** exportState only: `<param>.exp_avg` / `.exp_avg_sq`. */
+  /** exportState only: `<param>.exp_avg` / `.exp_avg_sq`, and `<param>.ema` when an average is kept. */
   optimizer?: NamedTensors;
   /** exportState only. */
-  trainerState?: { step: number; rng: RngState; sample_rng: RngState };
+  trainerState?: { step: number; rng: RngState; sample_rng: RngState; ema_updates?: number };
 }
 
 /** Optional explicit noise [b, ah, ad] and time [b] (tests, exact replays); both or neither. */
@@ -161,6 +170,12 @@ export class TrainingState {
   readonly targets: readonly string[];
   /** The trainable tensors by name (adapters or every parameter). */
   readonly params: Map<string, tf.Variable>;
+  readonly emaDecay: number;
+  readonly timeSampling: TimeSampling;
+  /** The moving average of `params` (same names), or null when emaDecay is 0. */
+  private ema: Map<string, tf.Variable> | null = null;
+  private emaUpdates = 0;
+  private emaView: WeightsView | null = null;
   private moments: AdamWMoments;
   private rng: Rng;
   private sampleRng: Rng;
@@ -184,6 +199,10 @@ export class TrainingState {
     this.rank = options.rank ?? 16;
     this.alpha = options.alpha ?? 16;
     this.targets = [...(options.targets ?? ['all'])];
+    this.emaDecay = options.emaDecay ?? 0;
+    this.timeSampling = options.timeSampling ?? 'beta';
+    if (this.timeSampling !== 'beta' && this.timeSampling !== 'uniform') throw new TrainerError('bad_option', `time_sampling is '${String(this.timeSampling)}'; expected 'beta' or 'uniform'`);
+    if (!(this.emaDecay >= 0 && this.emaDecay < 1)) throw new TrainerError('bad_option', `ema_decay is ${this.emaDecay}; it must be in [0, 1)`);
     const seed = options.seed ?? 0;
     const initRng = new Rng(seed);
     this.rng = new Rng(seed + 0x5eed1);
@@ -203,27 +222,50 @@ export class TrainingState {
     }
     for (const [name, v] of this.params) this.varNames.set(v.name, name);
     this.moments = AdamWMoments.create(this.params);
-    this.view = this.makeView();
+    this.view = this.makeView(this.params);
+    if (this.emaDecay > 0) {
+      // Non-trainable copies: gradients never flow into the average.
+      this.ema = new Map([...this.params].map(([name, v]) => [name, tf.variable(v, false)]));
+      this.emaView = this.makeView(this.ema);
+    }
   }
 
-  private makeView(): WeightsView {
+  private makeView(params: Map<string, tf.Variable>): WeightsView {
     const scale = this.alpha / this.rank;
     const full = this.finetune === 'full';
     const loras = new Map<string, LoraFactors>();
     if (!full) {
-      for (const name of this.params.keys()) {
+      for (const name of params.keys()) {
         if (!name.endsWith('.lora_a')) continue;
         const layer = name.slice(0, -'.lora_a'.length);
-        loras.set(layer, { a: this.params.get(name)!, b: this.params.get(`${layer}.lora_b`)!, scale });
+        loras.set(layer, { a: params.get(name)!, b: params.get(`${layer}.lora_b`)!, scale });
       }
     }
     return {
       config: this.config,
-      get: (name) => (full ? this.params.get(name) : undefined) ?? this.base.get(name),
+      get: (name) => (full ? params.get(name) : undefined) ?? this.base.get(name),
       trainable: () => full,
       lora: (layer) => loras.get(layer),
-      params: (prefix) => [...this.params].filter(([n]) => n.startsWith(prefix)).map(([, v]) => v),
+      params: (prefix) => [...params].filter(([n]) => n.startsWith(prefix)).map(([, v]) => v),
     };
+  }
+
+  /** The weights to compute with: the moving average when asked (TrainerError when none is kept). */
+  private viewFor(ema: boolean | undefined): WeightsView {
+    if (!ema) return this.view;
+    if (!this.emaView) throw new TrainerError('bad_option', 'ema: true needs a session created with ema_decay > 0');
+    return this.emaView;
+  }
+
+  /** ema = d * ema + (1 - d) * param after an applied step (see TrainingOptions.emaDecay). */
+  private updateEma(): void {
+    if (!this.ema) return;
+    const d = Math.min(this.emaDecay, (1 + this.emaUpdates) / (10 + this.emaUpdates));
+    this.emaUpdates++;
+    for (const [name, e] of this.ema) {
+      const p = this.params.get(name)!;
+      tf.tidy(() => e.assign(tf.add(tf.mul(e, d), tf.mul(p, 1 - d))));
+    }
   }
 
   /** Number of trainable scalars. */
@@ -293,7 +335,7 @@ export class TrainingState {
       if (given.time.length !== batch.size) throw new ShapeError('shape_mismatch', `time has ${given.time.length} values; the batch needs ${batch.size}`);
       ({ noise, time } = given as Required<NoiseTime>);
     } else {
-      ({ noise, time } = drawNoiseTime(this.rng, batch.size, c.horizon, c.actionDim));
+      ({ noise, time } = drawNoiseTime(this.rng, batch.size, c.horizon, c.actionDim, this.timeSampling));
     }
     return { noise, time, ...noisyActions(batch.actions, noise, time) };
   }
@@ -338,11 +380,13 @@ export class TrainingState {
    * its own copies of x_t and time, for one backward (a later keep replaces it). The state keeps
    * none of the returned arrays: they are the caller's to change or transfer.
    */
-  forward(batch: ModelBatch, options: { keep?: boolean } & NoiseTime = {}): ForwardResult {
+  forward(batch: ModelBatch, options: { keep?: boolean; ema?: boolean } & NoiseTime = {}): ForwardResult {
     this.checkBatch(batch);
+    if (options.ema && options.keep) throw new TrainerError('bad_option', 'a forward on the moving average cannot be kept for backward');
+    const view = this.viewFor(options.ema);
     const c = this.config;
     const { noise, time, xT, target } = this.draw(batch, options);
-    const v = tf.tidy(() => velocity(this.view, batch, tf.tensor(xT, [batch.size, c.horizon, c.actionDim]), time));
+    const v = tf.tidy(() => velocity(view, batch, tf.tensor(xT, [batch.size, c.horizon, c.actionDim]), time));
     const vel = v.dataSync() as Float32Array;
     v.dispose();
     if (options.keep) {
@@ -415,6 +459,7 @@ export class TrainingState {
     }
     tf.dispose(zeros);
     this.clearEpoch();
+    if (!result.skipped) this.updateEma();
     return result;
   }
 
@@ -452,8 +497,9 @@ export class TrainingState {
    * every step (the reference path of the tests). Without a seed the state's sampling
    * generator is used (and advances).
    */
-  sample(batch: ModelBatch, options: { numSteps?: number; seed?: number; cache?: boolean; noise?: Float32Array } = {}): Float32Array {
+  sample(batch: ModelBatch, options: { numSteps?: number; seed?: number; cache?: boolean; noise?: Float32Array; ema?: boolean } = {}): Float32Array {
     this.checkBatch(batch);
+    const view = this.viewFor(options.ema);
     const numSteps = options.numSteps ?? 10;
     if (!Number.isInteger(numSteps) || numSteps < 1 || numSteps > 1000) {
       throw new TrainerError('bad_option', `num_steps is ${numSteps}; it must be an integer in [1, 1000]`);
@@ -469,15 +515,15 @@ export class TrainingState {
     const times = (t: number) => new Float32Array(B).fill(t);
     let out: tf.Tensor;
     if (options.cache === false) {
-      out = eulerSample(noise, numSteps, (x, t) => velocity(this.view, batch, x, times(t)));
+      out = eulerSample(noise, numSteps, (x, t) => velocity(view, batch, x, times(t)));
     } else {
       const cache = tf.tidy(() => {
-        const k = encodePrefix(this.view, batch);
+        const k = encodePrefix(view, batch);
         return { kT: k.kT, v: k.v, keyBias: k.keyBias };
       });
       const full = { ...cache, length: cache.keyBias.shape[3]! };
       try {
-        out = eulerSample(noise, numSteps, (x, t) => decodeSuffix(this.view, batch, full, x, times(t)));
+        out = eulerSample(noise, numSteps, (x, t) => decodeSuffix(view, batch, full, x, times(t)));
       } finally {
         disposeCache(full);
       }
@@ -491,28 +537,35 @@ export class TrainingState {
   // ---------------------------------------------------------------- export / import
 
   private exportConfig(): ExportedState['config'] {
-    return { finetune: this.finetune, lora_rank: this.rank, lora_alpha: this.alpha, lora_targets: [...this.targets], preset: this.config.preset };
+    return {
+      finetune: this.finetune, lora_rank: this.rank, lora_alpha: this.alpha, lora_targets: [...this.targets], preset: this.config.preset,
+      ...(this.ema ? { ema_decay: this.emaDecay } : {}),
+    };
   }
 
-  /** The trainable tensors (copies) by name. */
-  trainableTensors(): NamedTensors {
+  /** The trainable tensors (copies) by name; `ema`: their moving average instead. */
+  trainableTensors(ema = false): NamedTensors {
     const out: NamedTensors = {};
-    for (const [name, v] of this.params) out[name] = { shape: [...v.shape], data: v.dataSync() as Float32Array };
+    if (ema && !this.ema) throw new TrainerError('bad_option', 'ema: true needs a session created with ema_decay > 0');
+    const source = ema ? this.ema! : this.params;
+    for (const [name, v] of source) out[name] = { shape: [...v.shape], data: v.dataSync() as Float32Array };
     return out;
   }
 
-  /** save_weights: the adapter (LoRA) or every parameter (full). */
-  exportWeights(): ExportedState {
-    return { config: this.exportConfig(), weights: this.trainableTensors() };
+  /** save_weights: the adapter (LoRA) or every parameter (full); `ema`: the moving average of them. */
+  exportWeights(options: { ema?: boolean } = {}): ExportedState {
+    return { config: this.exportConfig(), weights: this.trainableTensors(options.ema) };
   }
 
-  /** save_state: weights + AdamW moments + step and generator states. */
+  /** save_state: weights + AdamW moments (+ the moving average as `<param>.ema`) + step and generator states. */
   exportState(): ExportedState {
     const m = this.moments.export();
+    const optimizer = m.tensors;
+    if (this.ema) for (const [name, t] of Object.entries(this.trainableTensors(true))) optimizer[`${name}.ema`] = t;
     return {
       ...this.exportWeights(),
-      optimizer: m.tensors,
-      trainerState: { step: m.step, rng: this.rng.getState(), sample_rng: this.sampleRng.getState() },
+      optimizer,
+      trainerState: { step: m.step, rng: this.rng.getState(), sample_rng: this.sampleRng.getState(), ...(this.ema ? { ema_updates: this.emaUpdates } : {}) },
     };
   }
 
@@ -533,6 +586,9 @@ export class TrainingState {
       const t = named[name]!;
       tf.tidy(() => v.assign(tf.tensor(t.data, v.shape, 'float32')));
     }
+    // The average restarts from the loaded weights (importState then restores a saved one).
+    for (const [name, e] of this.ema ?? []) e.assign(this.params.get(name)!);
+    this.emaUpdates = 0;
     this.clearEpoch();
   }
 
@@ -544,7 +600,19 @@ export class TrainingState {
     if (!Array.isArray(ts.rng) || !Array.isArray(ts.sample_rng)) throw new TrainerError('bad_state', 'trainer_state lacks the generator states rng and sample_rng');
     const rng = Rng.fromState(ts.rng);
     const sampleRng = Rng.fromState(ts.sample_rng);
-    const moments = AdamWMoments.import(this.params, { step: ts.step, tensors: state.optimizer });
+    // The moving average travels with the moments (`<param>.ema`); split it off first.
+    const momentTensors: NamedTensors = {};
+    const emaTensors: NamedTensors = {};
+    for (const [k, t] of Object.entries(state.optimizer)) {
+      if (k.endsWith('.ema')) emaTensors[k.slice(0, -'.ema'.length)] = t;
+      else momentTensors[k] = t;
+    }
+    if (this.ema) {
+      checkNamed(emaTensors, new Map([...this.params].map(([n, v]) => [n, [...v.shape]])), 'the saved moving average');
+    } else if (Object.keys(emaTensors).length > 0) {
+      throw new TrainerError('bad_state', 'the state holds a moving average of the weights; create the session with ema_decay > 0 to load it');
+    }
+    const moments = AdamWMoments.import(this.params, { step: ts.step, tensors: momentTensors });
     try {
       this.importWeights(state);
     } catch (e) {
@@ -553,6 +621,10 @@ export class TrainingState {
     }
     this.moments.dispose();
     this.moments = moments;
+    if (this.ema) {
+      for (const [name, e] of this.ema) tf.tidy(() => e.assign(tf.tensor(emaTensors[name]!.data, e.shape, 'float32')));
+      this.emaUpdates = ts.ema_updates ?? 0;
+    }
     this.rng = rng;
     this.epochRng = rng.getState();
     this.sampleRng = sampleRng;
@@ -565,5 +637,6 @@ export class TrainingState {
     this.clearEpoch();
     this.moments.dispose();
     for (const v of this.params.values()) v.dispose();
+    for (const v of this.ema?.values() ?? []) v.dispose();
   }
 }

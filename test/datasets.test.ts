@@ -171,13 +171,13 @@ describe('G1 pick-bottle (v2.1, AV1)', () => {
 
   it('gathers per-frame norm-stat rows of the training episodes in the chosen space', () => {
     const { train } = splitEpisodes(ds.episodeIndices, { seed: 0 });
-    const rows = gatherNormRows(ds, train, 'delta');
+    const rows = gatherNormRows(ds, train, 'delta', 1);
     expect(rows.count).toBe(train.reduce((s, e) => s + (lengths.get(e) ?? 0), 0));
     expect(rows.state.length).toBe(rows.count * 26);
     const first = ds.table(train[0]);
     expect(rows.state.subarray(0, 26)).toEqual(first.state.subarray(0, 26));
     for (let a = 0; a < 26; a++) expect(rows.action[a]).toBe(Math.fround(first.action[a] - first.state[a]));
-    const absRows = gatherNormRows(ds, train, 'absolute');
+    const absRows = gatherNormRows(ds, train, 'absolute', 1);
     expect(absRows.action.subarray(0, 26)).toEqual(first.action.subarray(0, 26));
   });
 

@@ -1,6 +1,7 @@
 /**
  * Fine-tune jobs on the real G1 dataset (issue 5): a job that succeeds with a falling loss and
- * held-out evaluation next to its baselines, SSE resumption with `from=`, cancel, validation,
+ * held-out evaluation next to its baselines (issue 16: MSE of sampled chunks against holding the
+ * state and the mean chunk, per arm and hand), SSE resumption with `from=`, cancel, validation,
  * and a server killed mid-job that resumes the job from its checkpoint.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -54,6 +55,9 @@ describe('fine-tunes on g1_pick_bottle', () => {
       [{ ...job(), batch_size: 2000 }, /batch_size must be an integer in 1..1024/],
       [{ ...job(), learning_rate: 2 }, /learning_rate must be > 0 and <= 1/],
       [{ ...job(), lr: 1 }, /unknown field "lr"/],
+      [{ ...job(), eval_episodes: [0, 7] }, /eval_episodes 7 are not in the dataset \(episodes 0..2, 3 of them\)/],
+      [{ ...job(), eval_dataset: 'nope' }, /eval_dataset "nope" not found/],
+      [{ ...job(), lr_floor: -1 }, /lr_floor must be a number in \[0, 1\], got -1/],
     ];
     for (const [body, re] of cases) {
       const { status, json } = await api(server, 'POST', '/v1/fine-tunes', body);
@@ -65,7 +69,8 @@ describe('fine-tunes on g1_pick_bottle', () => {
   it('runs to succeeded with a falling loss, held-out evals beside baselines, and downloadable outputs; SSE resumes with from=', { timeout: 400_000 }, async () => {
     const { status, json: created } = await api(server, 'POST', '/v1/fine-tunes', job());
     expect(status).toBe(200);
-    expect(created).toMatchObject({ model: 'pi05-tiny', finetune: 'lora', lora_rank: 16, targets: ['all'], steps: 60 });
+    // The default on the seeded base is a full fine-tune; the schedule and split settings are echoed.
+    expect(created).toMatchObject({ model: 'pi05-tiny', finetune: 'full', steps: 60, eval_fraction: 0.1, eval_stride: 4, warmup_steps: 6, lr_floor: 0.1 });
     // Read part of the stream live, drop it, then resume from the next index.
     const head = await readSse(server, created.id, '', 12);
     const tail = await readSse(server, created.id, `?from=${head.at(-1).index + 1}`);
@@ -86,14 +91,22 @@ describe('fine-tunes on g1_pick_bottle', () => {
     const evals = progress.filter((p: any) => p.eval_loss !== undefined);
     expect(evals.map((p: any) => p.step)).toEqual([30, 60]);
     for (const e of evals) {
-      for (const k of ['eval_loss', 'eval_loss_baseline_mean_chunk', 'eval_loss_baseline_hold_state', 'eval_action_mse', 'eval_action_mse_baseline_mean_chunk', 'eval_action_mse_baseline_hold_state']) {
+      for (const k of ['eval_loss', 'eval_mse', 'eval_mse_hold_state', 'eval_mse_mean_chunk', 'eval_ratio_hold_state', 'eval_ratio_mean_chunk']) {
         expect(Number.isFinite(e[k]), k).toBe(true);
       }
+      expect(e.eval_ratio_hold_state).toBeCloseTo(e.eval_mse / e.eval_mse_hold_state, 12);
+      // Held-out episode 1 of the 3 (the seed-0 10% split), every 4th of its 421 frames.
+      expect(e.eval_frames).toBe(106);
+      expect(e.eval_groups.map((g: any) => [g.group, g.dims.length])).toEqual([['left arm', 7], ['right arm', 7], ['left hand', 6], ['right hand', 6]]);
+      expect(e.eval_groups[0].dims[0]).toBe('kLeftShoulderPitch');
+      expect(Number.isFinite(e.eval_raw.mse_hold_state)).toBe(true);
     }
+    // The same numbers reach a live SSE reader.
+    expect(tail.find((x) => x.type === 'progress' && x.step === 60).eval_mse).toBe(evals.at(-1).eval_mse);
     expect(done.eval_loss).toBe(evals.at(-1).eval_loss);
 
     const { json: files } = await api(server, 'GET', `/v1/fine-tunes/${created.id}/files`);
-    expect(files.data.map((f: any) => f.path)).toEqual(['adapter_config.json', 'adapter_model.safetensors', 'config.json', 'norm_stats.json']);
+    expect(files.data.map((f: any) => f.path)).toEqual(['config.json', 'model.safetensors', 'norm_stats.json']);
     for (const f of files.data) {
       const r = await fetch(`${server.baseUrl}/v1/fine-tunes/${created.id}/files/${f.path}`, { headers: { authorization: `Bearer ${TEST_KEY}` } });
       expect(r.headers.get('content-type')).toBe('application/octet-stream');

@@ -267,3 +267,70 @@ forEachBackend('kernels: training state', () => {
     });
   });
 });
+
+describe('moving average of the weights (ema_decay, issue 16)', () => {
+  it('follows ema = d ema + (1 - d) p with the warm-up d = min(decay, (1 + n) / (10 + n)), samples and exports it, and round-trips it in a state', () => {
+    const { c, b } = batchOf('pi05-tiny', 2, 10);
+    const base = BaseWeights.create(c, 16);
+    const decay = 0.5;
+    const s1 = new TrainingState(base, { finetune: 'full', seed: 2, emaDecay: decay });
+    let expected = new Map([...weightsOf(s1)].map(([k, v]) => [k, Float64Array.from(v)]));
+    for (let n = 0; n < 4; n++) {
+      s1.forwardBackward(b);
+      s1.optimStep({ learningRate: 1e-2 });
+      const d = Math.min(decay, (1 + n) / (10 + n)); // 0.1, 0.18, 0.25, 0.31: the warm-up binds here
+      const p = weightsOf(s1);
+      expected = new Map([...expected].map(([k, e]) => [k, e.map((x, i) => d * x + (1 - d) * p.get(k)![i]!)]));
+    }
+    const ema = s1.exportWeights({ ema: true });
+    expect(ema.config.ema_decay).toBe(decay);
+    let worst = 0;
+    for (const [k, e] of expected) e.forEach((x, i) => (worst = Math.max(worst, Math.abs(x - ema.weights[k]!.data[i]!))));
+    expect(worst).toBeLessThan(1e-6);
+    // The average is a different model from the last weights, and sampling / forward use it when asked.
+    const plain = s1.sample(b, { seed: 3, numSteps: 3 });
+    const averaged = s1.sample(b, { seed: 3, numSteps: 3, ema: true });
+    expect(maxAbsDiff(plain, averaged)).toBeGreaterThan(1e-4);
+    const other = new TrainingState(base, { finetune: 'full', seed: 2 });
+    other.importWeights({ weights: ema.weights, config: ema.config });
+    expect(other.sample(b, { seed: 3, numSteps: 3 })).toEqual(averaged);
+    expect(() => other.sample(b, { ema: true })).toThrow(/ema_decay > 0/);
+    // A saved state carries the average (`<param>.ema`) and its update count.
+    const saved = s1.exportState();
+    expect(Object.keys(saved.optimizer!).filter((k) => k.endsWith('.ema')).length).toBe(Object.keys(ema.weights).length);
+    const s2 = new TrainingState(base, { finetune: 'full', seed: 9, emaDecay: decay });
+    s2.importState(saved);
+    expect(s2.sample(b, { seed: 3, numSteps: 3, ema: true })).toEqual(averaged);
+    for (const s of [s1, s2]) {
+      s.forwardBackward(b);
+      s.optimStep({ learningRate: 1e-2 });
+    }
+    expect(s2.exportWeights({ ema: true }).weights).toEqual(s1.exportWeights({ ema: true }).weights);
+    expect(() => other.importState(saved)).toThrow(/moving average/);
+    expect(() => new TrainingState(base, { emaDecay: 1 })).toThrow(/ema_decay is 1/);
+    for (const s of [s1, s2, other]) s.dispose();
+    base.dispose();
+  });
+});
+
+describe('training time distribution (time_sampling, issue 16)', () => {
+  it('beta draws t = 0.999 u^(2/3) + 0.001, uniform t = 0.999 u + 0.001, from the same generator draws', () => {
+    const { c, b } = batchOf('pi05-tiny', 3, 11);
+    const base = BaseWeights.create(c, 17);
+    const n = 3 * c.horizon * c.actionDim;
+    const draws = () => {
+      const twin = new Rng(4 + 0x5eed1); // the session's noise/time generator (seed + 0x5eed1)
+      twin.normals(n);
+      return Array.from(twin.uniforms(3));
+    };
+    const u = draws();
+    for (const [mode, f] of [['beta', (x: number) => 0.999 * Math.pow(x, 2 / 3) + 0.001], ['uniform', (x: number) => 0.999 * x + 0.001]] as const) {
+      const s = new TrainingState(base, { finetune: 'full', seed: 4, timeSampling: mode });
+      const { time } = s.forward(b);
+      expect(Array.from(time)).toEqual(u.map((x) => Math.fround(f(x))));
+      s.dispose();
+    }
+    expect(() => new TrainingState(base, { timeSampling: 'logit' as 'beta' })).toThrow(/time_sampling is 'logit'/);
+    base.dispose();
+  });
+});

@@ -63,7 +63,7 @@ describe('a sidecar-API Python client', () => {
     const done = data.at(-1);
     expect(done.final_loss).toBe(progress.at(-1).loss);
     expect(done.model.path).toBe(`trained/${seen.job_start.job.job_id}`);
-    expect(done.model.files.map((f: any) => f.path).sort()).toEqual(['adapter_config.json', 'adapter_model.safetensors', 'config.json', 'norm_stats.json']);
+    expect(done.model.files.map((f: any) => f.path).sort()).toEqual(['config.json', 'model.safetensors', 'norm_stats.json']); // the recipe's full fine-tune
     expect(seen.resumed_from_3.map((e: any) => e.id)).toEqual(seen.events.slice(3).map((e: any) => e.id));
     expect(seen.progress).toEqual([200, { progress: data }]);
   });

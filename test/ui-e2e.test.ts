@@ -135,7 +135,8 @@ describe.skipIf(missing('Chromium', CHROMIUM.reason))('dashboard in headless Chr
 
     // Back to A until it ends: every step, each evaluation and each learning rate is on the charts.
     await page.getByRole('link', { name: 'ui-e2e train' }).click();
-    await expect.poll(() => statusOf(page), { timeout: 90_000, interval: 500 }).toBe('succeeded');
+    // Two held-out evaluations of ~170 frames each (2 of 15 episodes, every 4th frame) come on top of the steps.
+    await expect.poll(() => statusOf(page), { timeout: 240_000, interval: 500 }).toBe('succeeded');
     await expect.poll(() => chartCount(page, 'loss')).toBe(STEPS);
     const events = (await api(server, 'GET', `/v1/fine-tunes/${jobA}/events`)).json.data as Record<string, any>[];
     const progress = events.filter((e) => e.type === 'progress');
@@ -161,7 +162,12 @@ describe.skipIf(missing('Chromium', CHROMIUM.reason))('dashboard in headless Chr
     expect(await page.locator('tr[data-field="action_space"] td').textContent()).toBe('delta');
     const lastEval = evals.at(-1)!;
     await expect.poll(() => page.locator('dl.summary').innerText()).toContain(
-      `Eval baselines\nmean chunk ${num(lastEval.eval_loss_baseline_mean_chunk)}, hold state ${num(lastEval.eval_loss_baseline_hold_state)}`);
+      `Held-out MSE\n${num(lastEval.eval_mse)}: ${lastEval.eval_ratio_hold_state.toFixed(2)}× hold state, ${lastEval.eval_ratio_mean_chunk.toFixed(2)}× mean chunk`);
+    // The held-out table: overall, one row per arm and hand, and raw units; the MSE chart has a point per evaluation.
+    await expect.poll(() => page.locator('#job-eval tbody tr').evaluateAll((rows) => rows.map((r) => r.getAttribute('data-group'))))
+      .toEqual(['all', 'left arm', 'right arm', 'left hand', 'right hand', 'all (raw units)']);
+    expect(await page.locator('#job-eval tr[data-group="all"] td').first().textContent()).toBe(num(lastEval.eval_mse));
+    expect(await chartCount(page, 'held-out-mse', 'data-count-policy')).toBe(evals.length);
 
     // Files: the listed ones, and a download whose bytes hash to the listed sha256.
     const files = (await api(server, 'GET', `/v1/fine-tunes/${jobA}/files`)).json.data as { path: string; sha256: string }[];
@@ -202,5 +208,5 @@ describe.skipIf(missing('Chromium', CHROMIUM.reason))('dashboard in headless Chr
     // Errors the page caught itself (a ResizeObserver loop is not a page error to Playwright).
     expect(await page.locator('#banner').isHidden(), (await page.locator('#banner').textContent()) ?? '').toBe(true);
     await page.close();
-  }, 300_000); // ~60 s on an idle 2-core machine; room for a loaded one
+  }, 600_000); // ~2 min on an idle 2-core machine; room for a loaded one
 });

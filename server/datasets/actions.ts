@@ -63,3 +63,69 @@ export function actionChunk(table: EpisodeTable, t: number, horizon: number, act
   }
   return { actions, mask };
 }
+
+/**
+ * Every action-chunk entry the model is trained on, in the chosen space: for each frame t of each
+ * episode and each k < horizon with t + k inside the episode, action[t + k] with state[t]
+ * subtracted on the `pairs` dimensions (padding past the end is excluded, as the loss masks it).
+ * openpi's order: transform first, then compute statistics of what the model is fed; delta
+ * targets reach k steps ahead, so their spread is wider than that of action[t] - state[t] alone.
+ * Example: lengths 3 and 1, horizon 2 -> rows (t, k) = (0,0) (0,1) (1,0) (1,1) (2,0) | (0,0).
+ * @returns rows [n, ad] row-major, n = sum over episodes of sum_t min(horizon, l - t).
+ * @throws DatasetError `bad_argument` for a horizon that is not a positive integer.
+ */
+export function chunkActionRows(tables: readonly EpisodeTable[], horizon: number, actionDim: number, stateDim: number, pairs: readonly [number, number][]): Float32Array {
+  if (!(Number.isInteger(horizon) && horizon >= 1)) throw new DatasetError('bad_argument', `horizon ${horizon} is not a positive integer`);
+  let n = 0;
+  for (const tb of tables) for (let t = 0; t < tb.length; t++) n += Math.min(horizon, tb.length - t);
+  const out = new Float32Array(n * actionDim); // [n, ad]
+  let row = 0;
+  for (const tb of tables) {
+    for (let t = 0; t < tb.length; t++) {
+      for (let k = 0; k < horizon && t + k < tb.length; k++, row++) {
+        out.set(tb.action.subarray((t + k) * actionDim, (t + k + 1) * actionDim), row * actionDim);
+        for (const [a, s] of pairs) out[row * actionDim + a] -= tb.state[t * stateDim + s];
+      }
+    }
+  }
+  return out;
+}
+
+/** A named group of action dimensions, e.g. `left arm` -> [0..6] (for per-group evaluation). */
+export interface ActionGroup {
+  name: string;
+  /** Action dimension indices, ascending. */
+  dims: number[];
+}
+
+const HAND_WORDS = new Set(['hand', 'gripper', 'finger', 'fingers', 'pinky', 'ring', 'middle', 'index', 'thumb', 'claw']);
+const ARM_WORDS = new Set(['arm', 'shoulder', 'elbow', 'wrist', 'forearm', 'waist', 'joint']);
+
+/** `kLeftHandPinky` / `left_gripper` -> lower-case words (`k left hand pinky`). */
+function words(name: string): string[] {
+  return name.replace(/([a-z0-9])([A-Z])/g, '$1 $2').toLowerCase().split(/[^a-z0-9]+/).filter(Boolean);
+}
+
+/**
+ * Groups of action dimensions read from their names: the side (`left` / `right`) and the part
+ * (`hand` or `gripper` for hand and finger words, `arm` for arm joint words or any sided
+ * name, `other` else). G1's `kLeftShoulderPitch` -> `left arm`, `kRightHandThumbBend` ->
+ * `right hand`; ALOHA's `left_gripper` -> `left gripper`. Groups come in order of their first
+ * dimension. Returns [] when the dataset names no dimensions or everything falls in one group
+ * (a single group says nothing the overall score does not).
+ */
+export function actionGroups(actionNames: readonly string[] | null): ActionGroup[] {
+  if (!actionNames || actionNames.length === 0) return [];
+  const groups = new Map<string, number[]>();
+  actionNames.forEach((n, i) => {
+    const w = words(n);
+    const side = w.includes('left') ? 'left' : w.includes('right') ? 'right' : '';
+    const handWord = w.find((x) => HAND_WORDS.has(x));
+    const part = handWord ? (handWord === 'gripper' || handWord === 'claw' ? 'gripper' : 'hand') : side || w.some((x) => ARM_WORDS.has(x)) ? 'arm' : 'other';
+    const key = side ? `${side} ${part}` : part;
+    if (!groups.has(key)) groups.set(key, []);
+    groups.get(key)!.push(i);
+  });
+  if (groups.size < 2) return [];
+  return [...groups].map(([name, dims]) => ({ name, dims }));
+}

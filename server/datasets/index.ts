@@ -14,7 +14,8 @@ export type {
 } from './types.ts';
 export { Dataset, DEFAULT_FRAME_CACHE_BYTES, openDataset } from './dataset.ts';
 export type { OpenOptions } from './dataset.ts';
-export { actionChunk, defaultActionSpace, deltaPairs, pairsFor } from './actions.ts';
+export { actionChunk, actionGroups, chunkActionRows, defaultActionSpace, deltaPairs, pairsFor } from './actions.ts';
+export type { ActionGroup } from './actions.ts';
 export { seededRng, splitEpisodes } from './split.ts';
 export type { EpisodeSplit, Rng, SplitOptions } from './split.ts';
 export { gatherNormRows, makeDatum, sampleBatch } from './sample.ts';

@@ -1,9 +1,9 @@
 /**
  * Training samples: datums at (episode, frame) with images, state, prompt and action chunk;
- * uniform batches over the frames of a set of episodes; and the per-frame state/action rows from
- * which norm stats are computed (kernels/normalize.ts computeNormStats takes them).
+ * uniform batches over the frames of a set of episodes; and the state rows and action-chunk rows
+ * from which norm stats are computed (kernels/normalize.ts computeNormStats takes them).
  */
-import { actionChunk, pairsFor } from './actions.ts';
+import { actionChunk, chunkActionRows, pairsFor } from './actions.ts';
 import type { Dataset } from './dataset.ts';
 import { DatasetError } from './errors.ts';
 import { seededRng } from './split.ts';
@@ -88,35 +88,35 @@ export async function sampleBatch(ds: Dataset, opts: BatchOptions): Promise<Trai
 }
 
 export interface NormRows {
-  /** Rows N (frames of the episodes). */
+  /** Rows N of `state` (frames of the episodes). */
   count: number;
   stateDim: number;
   actionDim: number;
   /** [N, s] row-major. */
   state: Float32Array;
-  /** [N, ad] row-major, per-frame actions in the chosen space (action[t] - state[t] for delta). */
+  /**
+   * [M, ad] row-major: every valid action-chunk entry in the chosen space (actions.ts
+   * chunkActionRows): action[t + k] - state[t] on shared dims for delta, k < horizon.
+   */
   action: Float32Array;
 }
 
 /**
- * Every state and action row of the given episodes, actions in `space`, for norm stats.
- * @throws DatasetError `unknown_episode`; `bad_argument` for `delta` without shared names.
+ * The rows norm stats are computed from: every state of the given episodes, and every action-chunk
+ * entry the model is trained on (horizon `horizon`, padding excluded) in `space`. horizon 1 gives
+ * per-frame actions (action[t] - state[t] for delta).
+ * @throws DatasetError `unknown_episode`; `bad_argument` for `delta` without shared names or a bad horizon.
  */
-export function gatherNormRows(ds: Dataset, episodes: readonly number[], space: ActionSpace): NormRows {
+export function gatherNormRows(ds: Dataset, episodes: readonly number[], space: ActionSpace, horizon: number): NormRows {
   const { stateDim, actionDim } = ds.meta;
   const pairs = pairsFor(ds.meta, space);
-  const count = episodes.reduce((s, e) => s + ds.episode(e).length, 0);
+  const tables = episodes.map((e) => ds.table(e));
+  const count = tables.reduce((s, t) => s + t.length, 0);
   const state = new Float32Array(count * stateDim);
-  const action = new Float32Array(count * actionDim);
   let row = 0;
-  for (const e of episodes) {
-    const t = ds.table(e);
+  for (const t of tables) {
     state.set(t.state, row * stateDim);
-    action.set(t.action, row * actionDim);
-    for (let i = 0; i < t.length; i++) {
-      for (const [a, s] of pairs) action[(row + i) * actionDim + a] -= t.state[i * stateDim + s];
-    }
     row += t.length;
   }
-  return { count, stateDim, actionDim, state, action };
+  return { count, stateDim, actionDim, state, action: chunkActionRows(tables, horizon, actionDim, stateDim, pairs) };
 }

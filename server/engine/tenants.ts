@@ -20,6 +20,10 @@ export interface TenantOptions {
   alpha: number;
   targets: string[];
   seed: number;
+  /** Moving average of the weights (kernels/trainer.ts TrainingOptions.emaDecay); 0 = none. */
+  emaDecay?: number;
+  /** Training time distribution (kernels/flow.ts TimeSampling). */
+  timeSampling?: 'beta' | 'uniform';
 }
 
 export class Tenant {

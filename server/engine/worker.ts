@@ -62,7 +62,7 @@ function answer(state: TrainingState | null, result: unknown): { result: unknown
 async function run(sessionId: string, op: string, args: Record<string, any>): Promise<[unknown, ArrayBuffer[]]> {
   switch (op) {
     case 'create_session': {
-      const opts = { finetune: args.finetune, rank: args.rank, alpha: args.alpha, targets: args.targets, seed: args.seed };
+      const opts = { finetune: args.finetune, rank: args.rank, alpha: args.alpha, targets: args.targets, seed: args.seed, emaDecay: args.emaDecay ?? 0, timeSampling: args.timeSampling ?? 'beta' };
       const t = await pool.create(sessionId, args.dir, opts);
       return [answer(null, { trainableParams: t.state!.trainableParamCount }), []];
     }
@@ -137,7 +137,7 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
       const batch = args.batch as ModelBatch;
       // A seeded forward (evaluation) draws its own noise and time and leaves the session's generator alone.
       const given = args.seed == null ? {} : drawNoiseTime(new Rng(args.seed), batch.size, config.horizon, config.actionDim);
-      const r = state.forward(batch, { keep: !!args.keep, ...given });
+      const r = state.forward(batch, { keep: !!args.keep, ema: !!args.ema, ...given });
       return [answer(state, r), answerBuffers(r.velocity, r.target, r.xT, r.noise, r.time)];
     }
     case 'backward':
@@ -158,7 +158,7 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
     case 'sample': {
       const temp = args.weights ? await loadWeights(tenant, args.weights) : null;
       try {
-        const actions = (temp ?? state).sample(args.batch as ModelBatch, { numSteps: args.numSteps, seed: args.seed ?? undefined });
+        const actions = (temp ?? state).sample(args.batch as ModelBatch, { numSteps: args.numSteps, seed: args.seed ?? undefined, ema: !!args.ema });
         return [answer(state, { actions }), answerBuffers(actions)];
       } finally {
         temp?.dispose();
@@ -181,7 +181,8 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
 
 /** A session's state or weights in the checkpoint layout (PROTOCOL.md section 4). */
 function checkpointContent(t: Tenant, state: TrainingState, withOptimizer: boolean, args: Record<string, any>): CheckpointContent {
-  const ex = withOptimizer ? state.exportState() : state.exportWeights();
+  // save_weights with ema: the moving average is what gets served (openpi exports its EMA params).
+  const ex = withOptimizer ? state.exportState() : state.exportWeights({ ema: !!args.ema });
   const cfg = {
     ...ex.config, preset: config.preset, action_horizon: args.actionHorizon ?? config.horizon, cameras: args.cameras ?? [],
     image_size: config.imageSize, image_slots: config.slots, base_seed: baseSeed, session_seed: t.opts.seed,
@@ -203,7 +204,7 @@ async function loadWeights(t: Tenant, name: string): Promise<TrainingState> {
   const dir = savedDir(t, 'weights', name);
   if (!fs.existsSync(dir)) throw new EngineError('not_found', `no saved weights named "${name}" in this session`);
   const ck = await loadCheckpoint(dir, { preset: config.preset });
-  const state = new TrainingState(base, t.opts);
+  const state = new TrainingState(base, { ...t.opts, emaDecay: 0 });
   try {
     state.importWeights(toExported(ck));
   } catch (e) {

@@ -8,8 +8,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { badValue, splitArgs, UsageError, type FlagArg } from '../cli-args.ts';
 import { BACKEND_CHOICES } from '../config.ts';
-import { DatasetError } from '../datasets/index.ts';
-import { FieldError, parseFineTuneConfig } from './config.ts';
+import { DatasetError, openDataset } from '../datasets/index.ts';
+import { FieldError, parseFineTuneConfig, RECIPE } from './config.ts';
 import { prepareRun, runFineTune } from './train.ts';
 
 /** Where `vela finetune` writes without --output: outside any repository, under the user's cache. */
@@ -19,21 +19,32 @@ export function defaultFinetuneRoot(env: NodeJS.ProcessEnv = process.env): strin
 
 export const FINETUNE_USAGE = `Usage: vela finetune --dataset DIR [options]
 
-Fine-tunes a policy on a LeRobot dataset on this machine (the same job as POST /v1/fine-tunes).
-Writes weights/step-N at each checkpoint and weights/final (each one a folder that
-vela policy serves), norm stats, and events.jsonl to the output folder.
+Fine-tunes a policy on a LeRobot dataset on this machine (the same job as POST /v1/fine-tunes),
+then prints the held-out evaluation: the policy's MSE next to holding the current state and the
+training set's mean chunk. Writes weights/step-N at each checkpoint and weights/final (each one a
+folder that vela policy serves), norm stats, and events.jsonl to the output folder.
 
-Options (defaults in brackets):
+Options (defaults in brackets: the recipe measured in bench/results/recipe.md):
   --dataset DIR            LeRobot dataset folder (v2.x or v3.0)       [required]
-  --model NAME             pi0-tiny, pi05-tiny, pi0-small, pi05-small  [pi05-tiny]
-  --steps N                optimizer steps                              [1000]
-  --batch-size N           datums per step                              [32]
-  --learning-rate X        peak learning rate (warmup, cosine)          [1e-4]
-  --finetune lora|full                                                  [lora]
+  --model NAME             pi0-tiny, pi05-tiny, pi0-small, pi05-small  [${RECIPE.model}]
+  --steps N                optimizer steps                              [${RECIPE.steps}]
+  --batch-size N           datums per step                              [${RECIPE.batch_size}]
+  --learning-rate X        peak learning rate                           [${RECIPE.learning_rate}]
+  --warmup-steps N         linear warm-up steps                         [steps / 10, at most 100]
+  --lr-floor X             cosine decay ends at X * learning rate       [${RECIPE.lr_floor}]
+  --adam-eps X / --weight-decay X   AdamW                               [${RECIPE.adam_eps} / ${RECIPE.weight_decay}]
+  --ema-decay X            moving average of the weights, evaluated and exported; 0 = none [${RECIPE.ema_decay}]
+  --augment true|false     random crop, rotation and colour jitter of training frames [${RECIPE.augment}]
+  --time-sampling beta|uniform   flow-matching time distribution in training [${RECIPE.time_sampling}]
+  --finetune lora|full     [full: the base is a seeded initialisation, not trained weights]
   --lora-rank N / --lora-alpha X                                        [16 / 32]
   --targets a,b            attn, mlp, action_expert, prefix_expert, all [all]
   --cameras a,b            camera names                                 [every camera]
   --action-space delta|absolute                                         [delta when names match]
+  --eval-fraction X        share of episodes held out (0: none, no evaluation)  [${RECIPE.eval_fraction}]
+  --eval-episodes a,b      hold out these episodes instead
+  --eval-dataset DIR       evaluate on every episode of this dataset; train on all of --dataset
+  --eval-stride N          score every Nth frame of the held-out episodes [${RECIPE.eval_stride}]
   --eval-every N           steps between held-out evals (0: at the end) [steps/4, at most 500]
   --checkpoint-every N     steps between kept checkpoints               [as --eval-every's default]
   --seed N                                                              [0]
@@ -43,13 +54,18 @@ Options (defaults in brackets):
 `;
 
 /** Flag -> [config field, how the value is read]. */
-const FLAGS: Record<string, [string, 'int' | 'number' | 'string' | 'list']> = {
+const FLAGS: Record<string, [string, 'int' | 'number' | 'string' | 'list' | 'ints' | 'bool']> = {
   '--model': ['model', 'string'], '--steps': ['steps', 'int'], '--batch-size': ['batch_size', 'int'], '--learning-rate': ['learning_rate', 'number'],
   '--finetune': ['finetune', 'string'], '--lora-rank': ['lora_rank', 'int'], '--lora-alpha': ['lora_alpha', 'number'], '--targets': ['targets', 'list'],
   '--cameras': ['cameras', 'list'], '--action-space': ['action_space', 'string'], '--eval-every': ['eval_every', 'int'],
   '--checkpoint-every': ['checkpoint_every', 'int'], '--seed': ['seed', 'int'], '--name': ['name', 'string'],
+  '--eval-fraction': ['eval_fraction', 'number'], '--eval-episodes': ['eval_episodes', 'ints'], '--eval-stride': ['eval_stride', 'int'],
+  '--warmup-steps': ['warmup_steps', 'int'], '--lr-floor': ['lr_floor', 'number'], '--adam-eps': ['adam_eps', 'number'], '--weight-decay': ['weight_decay', 'number'],
+  '--ema-decay': ['ema_decay', 'number'],
+  '--augment': ['augment', 'bool'],
+  '--time-sampling': ['time_sampling', 'string'],
 };
-const SPEC = Object.fromEntries([...Object.keys(FLAGS), '--dataset', '--output', '--backend'].map((f) => [f, 'value' as const]));
+const SPEC = Object.fromEntries([...Object.keys(FLAGS), '--dataset', '--eval-dataset', '--output', '--backend'].map((f) => [f, 'value' as const]));
 const HELP = 'vela finetune --help';
 
 /**
@@ -59,14 +75,19 @@ const HELP = 'vela finetune --help';
 export function parseFinetuneArgs(argv: string[], env: NodeJS.ProcessEnv = process.env) {
   const { flags, positional } = splitArgs(argv, SPEC, HELP);
   if (positional.length > 0) throw new UsageError(`unexpected argument ${positional[0]} (options take the form --name value; see ${HELP})`);
-  const body: Record<string, unknown> = { model: 'pi05-tiny' };
+  const body: Record<string, unknown> = {};
   const byField = new Map<string, FlagArg>();
   let dataset: FlagArg | null = null;
   let output: string | null = null;
   let backend = env.VELA_BACKEND || 'auto';
   for (const f of flags) {
     if (f.flag === '--dataset') dataset = f;
-    else if (f.flag === '--output') output = f.value;
+    else if (f.flag === '--eval-dataset') {
+      const dir = path.resolve(f.value);
+      if (!fs.existsSync(dir) || !fs.statSync(dir).isDirectory()) throw badValue(f, 'no such folder');
+      body.eval_dataset = dir;
+      byField.set('eval_dataset', f);
+    } else if (f.flag === '--output') output = f.value;
     else if (f.flag === '--backend') {
       if (!(BACKEND_CHOICES as string[]).includes(f.value)) throw badValue(f, `must be one of ${BACKEND_CHOICES.join(', ')}`);
       backend = f.value;
@@ -75,7 +96,9 @@ export function parseFinetuneArgs(argv: string[], env: NodeJS.ProcessEnv = proce
       byField.set(key, f);
       // A value that is not a number goes through as typed: the config check names the rule.
       const n = Number(f.value);
-      body[key] = kind === 'list' ? f.value.split(',').map((x) => x.trim()) : kind === 'string' || f.value.trim() === '' || !Number.isFinite(n) ? f.value : n;
+      const list = () => f.value.split(',').map((x) => x.trim());
+      const truth = f.value === 'true' ? true : f.value === 'false' ? false : f.value; // anything else: the config's rule
+      body[key] = kind === 'bool' ? truth : kind === 'list' ? list() : kind === 'ints' ? list().map((x) => (x !== '' && Number.isFinite(Number(x)) ? Number(x) : x)) : kind === 'string' || f.value.trim() === '' || !Number.isFinite(n) ? f.value : n;
     }
   }
   if (!dataset) throw new UsageError(`--dataset DIR is required (see ${HELP})`);
@@ -93,6 +116,30 @@ export function parseFinetuneArgs(argv: string[], env: NodeJS.ProcessEnv = proce
   const stamp = new Date().toISOString().replace(/[:.]/g, '-').slice(0, 19);
   const outDir = path.resolve(output ?? path.join(defaultFinetuneRoot(env), `${path.basename(datasetDir)}-${stamp}`));
   return { cfg, datasetDir, dataset, outDir, backend, byField };
+}
+
+const f4 = (x: unknown) => (typeof x === 'number' && Number.isFinite(x) ? (Math.abs(x) >= 0.01 || x === 0 ? x.toFixed(4) : x.toExponential(3)) : String(x));
+const ratio = (x: unknown) => (typeof x === 'number' && Number.isFinite(x) ? `${x.toFixed(2)}x` : '-');
+
+/**
+ * The held-out evaluation of a progress record as a table: MSE of the policy, of holding the
+ * state and of the training mean chunk (and the policy's ratio to each), overall and per action
+ * group, in the normalised absolute-action space; the overall line again in raw units.
+ * Returns '' for a record without an evaluation.
+ */
+export function evalSummary(record: Record<string, unknown>): string {
+  if (typeof record.eval_mse !== 'number') return '';
+  type Row = { mse: number; mse_hold_state: number; mse_mean_chunk: number; ratio_hold_state: number; ratio_mean_chunk: number };
+  const line = (label: string, r: Row) =>
+    `  ${label.padEnd(12)} ${f4(r.mse).padStart(10)} ${f4(r.mse_hold_state).padStart(10)} ${ratio(r.ratio_hold_state).padStart(7)} ${f4(r.mse_mean_chunk).padStart(10)} ${ratio(r.ratio_mean_chunk).padStart(7)}`;
+  const groups = (record.eval_groups as (Row & { group: string })[] | undefined) ?? [];
+  return [
+    `held-out evaluation at step ${record.step}: ${record.eval_frames} frames, MSE of 16-step chunks (10 Euler steps), normalised absolute actions`,
+    `  ${''.padEnd(12)} ${'policy'.padStart(10)} ${'hold state'.padStart(10)} ${'ratio'.padStart(7)} ${'mean chunk'.padStart(10)} ${'ratio'.padStart(7)}`,
+    line('all', { mse: record.eval_mse, mse_hold_state: record.eval_mse_hold_state, mse_mean_chunk: record.eval_mse_mean_chunk, ratio_hold_state: record.eval_ratio_hold_state, ratio_mean_chunk: record.eval_ratio_mean_chunk } as Row),
+    ...groups.map((g) => line(g.group, g)),
+    line('all (raw)', record.eval_raw as Row),
+  ].join('\n') + '\n';
 }
 
 function fmtDuration(s: number): string {
@@ -123,9 +170,10 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
   let firstStep = 0;
   // Validate the dataset before any work (a missing or corrupt file is named), then reuse it.
   process.stderr.write(`vela finetune: ${cfg.model} on ${datasetDir} -> ${outDir}\n`);
+  const evalDatasetDir = cfg.eval_dataset ?? undefined;
   let opened;
   try {
-    opened = await prepareRun(cfg, datasetDir);
+    opened = await prepareRun(cfg, datasetDir, openDataset, evalDatasetDir);
   } catch (e) {
     // A camera or action space the dataset cannot give is a mistake in a flag: name it.
     const arg = e instanceof DatasetError && e.code === 'unknown_camera' ? byField.get('cameras') : e instanceof DatasetError && e.code === 'bad_argument' ? byField.get('action_space') : undefined;
@@ -134,12 +182,14 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
     throw e;
   }
   await opened.ds.checkVideos();
+  if (opened.evalDs !== opened.ds) await opened.evalDs.checkVideos();
   fs.mkdirSync(outDir, { recursive: true });
   const eventsFile = fs.openSync(path.join(outDir, 'events.jsonl'), 'a');
   const { Engine } = await import('../engine/host.ts');
   const engine = await Engine.start({ preset: cfg.model, backend });
   process.stderr.write(`engine: ${engine.info.preset}, ${engine.info.backendLine}\n`);
   let stop = false;
+  let lastEval: Record<string, unknown> | null = null;
   process.once('SIGINT', () => {
     stop = true;
     process.stderr.write('\nSIGINT: stopping at the next step (the last checkpoint stays resumable with the same --output)\n');
@@ -148,7 +198,8 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
     const result = await runFineTune(cfg, {
       jobId: 'local',
       datasetDir,
-      openDataset: async () => opened.ds,
+      evalDatasetDir,
+      openDataset: async (dir) => (dir === evalDatasetDir ? opened.evalDs : opened.ds),
       workDir: outDir,
       engine,
       isCancelled: () => stop,
@@ -163,7 +214,10 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
           }
           const rate = step > firstStep ? (step - firstStep) / ((Date.now() - firstStepAt) / 1000) : 0;
           const line = progressLine(step, cfg.steps, data.loss as number | null, rate);
-          const evalText = data.eval_loss !== undefined ? ` eval_loss ${(data.eval_loss as number).toFixed(4)} (mean-chunk ${(data.eval_loss_baseline_mean_chunk as number).toFixed(4)}, hold-state ${(data.eval_loss_baseline_hold_state as number).toFixed(4)})` : '';
+          const evalText = typeof data.eval_mse === 'number'
+            ? ` held-out MSE ${f4(data.eval_mse)} = ${ratio(data.eval_ratio_hold_state)} hold-state (${f4(data.eval_mse_hold_state)}), ${ratio(data.eval_ratio_mean_chunk)} mean-chunk; eval_loss ${f4(data.eval_loss)}`
+            : '';
+          if (evalText) lastEval = data;
           if (tty) process.stderr.write(`\r\x1b[K${line}${evalText ? `\n${evalText.trim()}\n` : ''}`);
           else if (evalText || step % Math.max(1, Math.floor(cfg.steps / 20)) === 0 || step === cfg.steps) process.stderr.write(line + evalText + '\n');
         }
@@ -173,6 +227,8 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
     const kept = fs.existsSync(path.join(outDir, 'weights')) ? fs.readdirSync(path.join(outDir, 'weights')).filter((n) => n.startsWith('step-')).sort() : [];
     if (kept.length > 0) process.stderr.write(`checkpoints kept in ${path.join(outDir, 'weights')}: ${kept.join(', ')}\n`);
     if (result.outputDir) process.stderr.write(`serve it: vela policy ${result.outputDir}\n`);
+    if (lastEval) process.stderr.write(evalSummary(lastEval));
+    else if (result.status === 'succeeded') process.stderr.write('no held-out evaluation (--eval-fraction 0 and no --eval-dataset)\n');
   } finally {
     fs.closeSync(eventsFile);
     await engine.close();

@@ -69,16 +69,24 @@ export async function submitFineTune(deps: Pick<JobRoutesDeps, 'store' | 'config
     log.info(`fine-tune refused: dataset_name "${cfg.dataset_name}" resolves to ${dir}, which does not exist`);
     throw new HttpError(400, `dataset_name "${cfg.dataset_name}" not found: no such dataset folder under this server's datasets root (the operator sets it with --datasets-dir / VELA_DATASETS_DIR)`);
   }
+  let evalDir: string | undefined;
+  if (cfg.eval_dataset !== null) {
+    evalDir = resolveDatasetDir(cfg.eval_dataset, config.datasetsDir, config.allowAbsoluteDatasets, 'eval_dataset');
+    if (!fs.existsSync(evalDir)) throw new HttpError(400, `eval_dataset "${cfg.eval_dataset}" not found: no such dataset folder under this server's datasets root`);
+  }
   try {
-    const { ds, cameras, actionSpace } = await prepareRun(cfg, dir, (d) => runner.openDataset(d));
+    const { ds, evalDs, cameras, actionSpace } = await prepareRun(cfg, dir, (d) => runner.openDataset(d), evalDir);
     await ds.checkVideos();
+    if (evalDs !== ds) await evalDs.checkVideos();
     // The job records what it will use, not "default": the dataset's cameras and action space.
     cfg.cameras = cameras;
     cfg.action_space = actionSpace;
   } catch (e) {
     if (e instanceof HttpError) throw e;
     // Dataset readers name files by their full path; the client named the dataset.
-    throw new HttpError(400, `dataset "${cfg.dataset_name}": ${(e as Error).message.split(dir).join(cfg.dataset_name)}`);
+    let msg = (e as Error).message.split(dir).join(cfg.dataset_name);
+    if (evalDir) msg = msg.split(evalDir).join(cfg.eval_dataset!);
+    throw new HttpError(400, `dataset "${cfg.dataset_name}": ${msg}`);
   }
   const id = randomId('ft-');
   const row: JobRow = {

@@ -15,7 +15,7 @@ import { nowS, type JobEvent, type JobRow, type Store } from '../store.ts';
 import type { EngineLike } from '../engine/host.ts';
 import type { ServerConfig } from '../config.ts';
 import { storageOf } from '../storage.ts';
-import { resolveDatasetDir, type FineTuneConfig } from './config.ts';
+import { parseFineTuneConfig, resolveDatasetDir, type FineTuneConfig } from './config.ts';
 import { runFineTune } from './train.ts';
 import { openDataset, type Dataset } from '../datasets/index.ts';
 import { LocalQueue, type JobQueue, type RunOutcome } from './queue.ts';
@@ -178,10 +178,17 @@ export class JobRunner {
   async run(id: string): Promise<RunOutcome> {
     const job = await this.store.getJob(id);
     if (!job || isTerminal(job.status)) return 'done';
+    // Re-validated: a job queued by an older server lacks the newer fields, which take their defaults.
+    let cfg: FineTuneConfig;
+    try {
+      cfg = parseFineTuneConfig(job.config);
+    } catch (e) {
+      await this.finish(id, 'failed', { error: `the stored config is no longer valid: ${(e as Error).message}` });
+      return 'done';
+    }
     const { run, from } = await this.claim(job);
     if (!run) return 'done';
     const me = this.node?.id ?? null;
-    const cfg = job.config as unknown as FineTuneConfig;
     this.running.add(id);
     if (from) {
       await this.emit(id, 'resumed', { from_node: from, to_node: me, step: job.step, message: `node ${from} stopped during this job; node ${me} resumes it from its last checkpoint` });
@@ -195,6 +202,7 @@ export class JobRunner {
       const result = await runFineTune(cfg, {
         jobId: id,
         datasetDir: resolveDatasetDir(cfg.dataset_name, this.config.datasetsDir, this.config.allowAbsoluteDatasets),
+        evalDatasetDir: cfg.eval_dataset ? resolveDatasetDir(cfg.eval_dataset, this.config.datasetsDir, this.config.allowAbsoluteDatasets, 'eval_dataset') : undefined,
         workDir: jobWorkDir(this.config, id),
         engine,
         emit: (type, data) => {

@@ -6,12 +6,15 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { batchBuffers, makeBatch, type DatumInput, type ModelBatch } from '../../kernels/batch.ts';
-import { makeConfig, type PolicyConfig } from '../../kernels/config.ts';
-import { computeNormStats, normalizerFor, normStatsToJson, type NormStatsSet } from '../../kernels/normalize.ts';
-import { defaultActionSpace, deltaPairs, gatherNormRows, makeDatum, openDataset, pairsFor, sampleBatch, seededRng, splitEpisodes, type Dataset, type TrainingDatum } from '../datasets/index.ts';
+import { batchBuffers } from '../../kernels/batch.ts';
+import { makeConfig } from '../../kernels/config.ts';
+import { computeNormStats, normalizerFor, normStatsToJson, type NormStats, type NormStatsSet } from '../../kernels/normalize.ts';
+import { augmentFrame, drawAugment } from '../datasets/augment.ts';
+import { actionGroups, defaultActionSpace, deltaPairs, gatherNormRows, openDataset, pairsFor, sampleBatch, seededRng, splitEpisodes, type ActionSpace, type Dataset, type EpisodeSplit } from '../datasets/index.ts';
 import type { EngineLike } from '../engine/host.ts';
 import { JOB_ADAMW, type FineTuneConfig } from './config.ts';
+import { toBatch } from './datums.ts';
+import { buildEvalSet, evaluate, type EvalContext } from './evaluate.ts';
 
 /**
  * Where a run writes: `<workDir>/weights/step-NNNNNNN` at each checkpoint and `<workDir>/weights/final`
@@ -29,6 +32,8 @@ export interface RunContext {
   isCancelled(): boolean | Promise<boolean>;
   /** Opens the dataset (the server shares opened datasets, and their decoded frames, across jobs). */
   openDataset?: (dir: string) => Promise<Dataset>;
+  /** The folder of `eval_dataset`, resolved as dataset_name is (required when the config names one). */
+  evalDatasetDir?: string;
 }
 
 export interface RunResult {
@@ -47,31 +52,15 @@ interface ResumePoint {
   elapsedSeconds: number;
 }
 
-const EVAL_DATUMS = 32;
-const EVAL_SEED = 1234;
-
-/** Warmup then cosine decay to 10% (openpi's default schedule shape). */
-export function learningRateAt(step: number, steps: number, peak: number): number {
-  const warmup = Math.min(100, Math.max(1, Math.floor(steps / 10)));
-  if (step <= warmup) return (peak * step) / warmup;
-  const progress = (step - warmup) / Math.max(1, steps - warmup);
-  return peak * (0.1 + 0.9 * 0.5 * (1 + Math.cos(Math.PI * progress)));
-}
-
-/** Normalised datums -> the model's batch. Only valid action rows are given: padding is masked. */
-function toBatch(model: PolicyConfig, datums: TrainingDatum[], cameras: string[], norm: NormStatsSet, normalizer: ReturnType<typeof normalizerFor>, ad: number): ModelBatch {
-  const inputs: DatumInput[] = datums.map((d) => {
-    let valid = 0;
-    while (valid < d.horizon && d.actionMask[valid] === 1) valid++;
-    const actions = normalizer.normalize(d.actions.subarray(0, valid * ad), ad, norm.actions);
-    return {
-      images: cameras.map((c) => d.images[c]!.data),
-      state: normalizer.normalize(d.state, d.state.length, norm.state),
-      prompt: d.prompt,
-      actions: { data: actions, horizon: valid, dim: ad },
-    };
-  });
-  return makeBatch(model, inputs);
+/**
+ * The learning rate at `step` (1-based) of `steps`: linear warm-up from 0 to `peak` over
+ * `warmupSteps`, then cosine decay to `floor * peak` at the last step (openpi's shape).
+ * Example: steps 1000, warm-up 100, floor 0.1: step 50 -> peak / 2, step 100 -> peak, step 1000 -> peak / 10.
+ */
+export function learningRateAt(step: number, steps: number, peak: number, warmupSteps: number, floor: number): number {
+  if (step <= warmupSteps) return (peak * step) / warmupSteps;
+  const progress = (step - warmupSteps) / Math.max(1, steps - warmupSteps);
+  return peak * (floor + (1 - floor) * 0.5 * (1 + Math.cos(Math.PI * Math.min(1, progress))));
 }
 
 
@@ -84,7 +73,7 @@ async function call<T>(ctx: RunContext, op: string, args: Record<string, unknown
  * Validate everything that can be checked before training: dataset, cameras, dims.
  * @throws DatasetError / Error with a readable message naming what is wrong.
  */
-export async function prepareRun(cfg: FineTuneConfig, datasetDir: string, open: (dir: string) => Promise<Dataset> = openDataset) {
+export async function prepareRun(cfg: FineTuneConfig, datasetDir: string, open: (dir: string) => Promise<Dataset> = openDataset, evalDatasetDir?: string) {
   const model = makeConfig(cfg.model);
   const ds = await open(datasetDir);
   const meta = ds.meta;
@@ -94,26 +83,86 @@ export async function prepareRun(cfg: FineTuneConfig, datasetDir: string, open: 
   if (meta.stateDim > model.stateDim) throw new Error(`the dataset's observation.state has ${meta.stateDim} dims; ${cfg.model} takes at most ${model.stateDim}`);
   if (meta.actionDim > model.actionDim) throw new Error(`the dataset's action has ${meta.actionDim} dims; ${cfg.model} takes at most ${model.actionDim}`);
   const actionSpace = cfg.action_space ?? defaultActionSpace(meta);
-  pairsFor(meta, actionSpace); // refuses delta without shared names
-  const split = splitEpisodes(ds.episodeIndices, { seed: cfg.seed });
-  return { model, ds, cameras, actionSpace, split };
+  const pairs = pairsFor(meta, actionSpace); // refuses delta without shared names
+  let evalDs = ds;
+  if (cfg.eval_dataset !== null) {
+    if (!evalDatasetDir) throw new Error(`eval_dataset "${cfg.eval_dataset}" was not resolved to a folder`);
+    evalDs = await open(evalDatasetDir);
+    checkSameShape(ds, evalDs, cameras, pairs, actionSpace, cfg.eval_dataset);
+  }
+  const split = resolveSplit(cfg, ds);
+  return { model, ds, evalDs, cameras, actionSpace, split };
+}
+
+/**
+ * Train and held-out episodes (issue 16): every episode of dataset_name trains when eval_dataset
+ * names a second dataset (all of whose episodes are scored); else eval_episodes are held out, or
+ * a seeded share eval_fraction (0: nothing held out and nothing evaluated).
+ * @throws Error naming episodes the dataset does not have, or a split that leaves nothing to train on.
+ */
+export function resolveSplit(cfg: Pick<FineTuneConfig, 'eval_fraction' | 'eval_episodes' | 'eval_dataset' | 'seed'>, ds: Dataset): EpisodeSplit {
+  const all = [...ds.episodeIndices].sort((a, b) => a - b);
+  if (cfg.eval_dataset !== null) return { train: all, heldOut: [] };
+  if (cfg.eval_episodes !== null) {
+    const missing = cfg.eval_episodes.filter((e) => !all.includes(e));
+    if (missing.length) throw new Error(`eval_episodes ${missing.join(', ')} are not in the dataset (episodes ${all[0]}..${all.at(-1)}, ${all.length} of them)`);
+    const held = new Set(cfg.eval_episodes);
+    const train = all.filter((e) => !held.has(e));
+    if (train.length === 0) throw new Error(`eval_episodes hold out all ${all.length} episodes; none is left to train on`);
+    return { train, heldOut: [...held].sort((a, b) => a - b) };
+  }
+  return splitEpisodes(all, { evalFraction: cfg.eval_fraction, seed: cfg.seed });
+}
+
+/** An evaluation dataset must have the training one's dims, cameras and delta pairs. */
+function checkSameShape(ds: Dataset, evalDs: Dataset, cameras: string[], pairs: [number, number][], space: string, name: string): void {
+  const a = ds.meta;
+  const b = evalDs.meta;
+  if (a.stateDim !== b.stateDim || a.actionDim !== b.actionDim) {
+    throw new Error(`eval_dataset "${name}" has state ${b.stateDim} / action ${b.actionDim} dims; the training dataset has ${a.stateDim} / ${a.actionDim}`);
+  }
+  for (const c of cameras) evalDs.camera(c); // names the missing camera
+  if (JSON.stringify(pairsFor(b, space as 'delta' | 'absolute')) !== JSON.stringify(pairs)) {
+    throw new Error(`eval_dataset "${name}" names its state and action dimensions differently from the training dataset, so ${space} actions would not mean the same`);
+  }
+}
+
+/**
+ * The normalisation statistics of a run, from the training episodes: state rows, and every
+ * action-chunk entry the model is trained on (horizon, padding excluded) in the training space;
+ * plus the absolute actions' chunk statistics that the held-out scores are normalised with.
+ */
+export function trainingStats(ds: Dataset, train: readonly number[], actionSpace: ActionSpace, horizon: number): { norm: NormStatsSet; absStats: NormStats } {
+  const rows = gatherNormRows(ds, train, actionSpace, horizon);
+  const norm: NormStatsSet = {
+    state: computeNormStats({ data: rows.state, dim: rows.stateDim }),
+    actions: computeNormStats({ data: rows.action, dim: rows.actionDim }),
+  };
+  const absStats = actionSpace === 'absolute' ? norm.actions : computeNormStats({ data: gatherNormRows(ds, train, 'absolute', horizon).action, dim: rows.actionDim });
+  return { norm, absStats };
+}
+
+/** The dataset's part of an EvalContext: dims, pairs, action groups and names. */
+export function scoringContext(meta: Dataset['meta'], actionSpace: ActionSpace) {
+  return {
+    ad: meta.actionDim, spacePairs: pairsFor(meta, actionSpace), holdPairs: deltaPairs(meta),
+    groups: actionGroups(meta.actionNames), actionNames: meta.actionNames,
+  };
 }
 
 /** Run (or resume) a fine-tune; resolves when it succeeded or was cancelled, throws when it failed. */
 export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise<RunResult> {
   const started = Date.now();
-  const { model, ds, cameras, actionSpace, split } = await prepareRun(cfg, ctx.datasetDir, ctx.openDataset);
+  const { model, ds, evalDs, cameras, actionSpace, split } = await prepareRun(cfg, ctx.datasetDir, ctx.openDataset, ctx.evalDatasetDir);
   const meta = ds.meta;
+  const evalEpisodes = cfg.eval_dataset !== null ? [...evalDs.episodeIndices].sort((a, b) => a - b) : split.heldOut;
+  const evalWhere = cfg.eval_dataset !== null ? `evaluated on every episode of ${cfg.eval_dataset}` : `held-out ${split.heldOut.join(',') || 'none (no evaluation)'}`;
   ctx.emit('log', {
     message: `dataset loaded: ${meta.episodes.length} episodes, ${meta.totalFrames} frames, cameras ${cameras.join(', ')}, state ${meta.stateDim}, action ${meta.actionDim}, ${meta.fps} fps; ` +
-      `train episodes ${split.train.join(',')}, held-out ${split.heldOut.join(',') || 'none'}; action_space ${actionSpace}`,
+      `train episodes ${split.train.join(',')}, ${evalWhere}; action_space ${actionSpace}`,
   });
 
-  const rows = gatherNormRows(ds, split.train, actionSpace);
-  const norm: NormStatsSet = {
-    state: computeNormStats({ data: rows.state, dim: rows.stateDim }),
-    actions: computeNormStats({ data: rows.action, dim: rows.actionDim }),
-  };
+  const { norm, absStats } = trainingStats(ds, split.train, actionSpace, model.horizon);
   const normalizer = normalizerFor(cfg.model);
   const normJson = normStatsToJson(norm);
   fs.mkdirSync(ctx.workDir, { recursive: true });
@@ -130,7 +179,7 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
   };
 
   const created = await call<{ trainableParams: number }>(ctx, 'create_session', {
-    finetune: cfg.finetune, rank: cfg.lora_rank, alpha: cfg.lora_alpha, targets: cfg.targets, seed: cfg.seed, dir: ctx.workDir,
+    finetune: cfg.finetune, rank: cfg.lora_rank, alpha: cfg.lora_alpha, targets: cfg.targets, seed: cfg.seed, dir: ctx.workDir, emaDecay: cfg.ema_decay, timeSampling: cfg.time_sampling,
   });
   ctx.emit('log', { message: `model built: ${cfg.model}, ${cfg.finetune} (${created.trainableParams.toLocaleString('en-US')} trainable parameters)` });
 
@@ -148,8 +197,12 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
     ctx.emit('log', { message: `resumed from the checkpoint at step ${step}` });
   }
 
-  const evalSet = await buildEvalSet(ds, split.heldOut.length > 0 ? split.heldOut : split.train, datumOpts);
-  const meanChunk = trainingMeanChunk(rows.action, ad, horizon);
+  const evalSet = evalEpisodes.length > 0 ? await buildEvalSet(evalDs, evalEpisodes, cfg.eval_stride, datumOpts) : null;
+  const evalCtx: EvalContext = {
+    ...scoringContext(meta, actionSpace), model, cameras, norm, normalizer, absStats,
+    call: (op, args, transfer) => call(ctx, op, args, transfer),
+  };
+  if (evalSet) ctx.emit('log', { message: `held-out evaluation: ${evalSet.datums.length} frames (every ${cfg.eval_stride}th of episodes ${evalEpisodes.join(',')}), ${evalCtx.groups.length ? `groups ${evalCtx.groups.map((g) => g.name).join(', ')}` : 'no action groups'}` });
   let lastLoss: number | null = null;
   let lastEval: number | null = null;
   let rng = seededRng(samplerSeed);
@@ -159,25 +212,27 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
   while (step < cfg.steps) {
     if (await ctx.isCancelled()) return { status: 'cancelled', outputDir: null, step, loss: lastLoss, evalLoss: lastEval };
     const datums = await sampleBatch(ds, { ...datumOpts, episodes: split.train, batchSize: cfg.batch_size, rng });
+    if (cfg.augment) for (const d of datums) for (const c of cameras) d.images[c] = augmentFrame(d.images[c]!, drawAugment(rng));
     const batch = toBatch(model, datums, cameras, norm, normalizer, ad);
     const fb = await call<{ loss: number }>(ctx, 'forward_backward', { batch, lossFn: 'mse' }, batchBuffers(batch));
-    const lr = learningRateAt(step + 1, cfg.steps, cfg.learning_rate);
-    const opt = await call<{ gradNorm: number; skipped: boolean }>(ctx, 'optim_step', { ...JOB_ADAMW, learningRate: lr });
+    const lr = learningRateAt(step + 1, cfg.steps, cfg.learning_rate, cfg.warmup_steps, cfg.lr_floor);
+    const opt = await call<{ gradNorm: number; skipped: boolean }>(ctx, 'optim_step', { ...JOB_ADAMW, learningRate: lr, eps: cfg.adam_eps, weightDecay: cfg.weight_decay });
     step++;
     lastLoss = Number.isFinite(fb.loss) ? fb.loss : null;
     const record: Record<string, unknown> = {
       step, loss: lastLoss, learning_rate: lr, epoch: (step * cfg.batch_size) / trainFrames,
       grad_norm: Number.isFinite(opt.gradNorm) ? opt.gradNorm : null, skipped: opt.skipped, elapsed_seconds: elapsedBefore + (Date.now() - started) / 1000,
     };
-    if ((cfg.eval_every > 0 && step % cfg.eval_every === 0) || step === cfg.steps) {
-      Object.assign(record, await evaluate(ctx, model, evalSet, cameras, norm, normalizer, ad, meanChunk, deltaPairs(meta), actionSpace));
+    if (evalSet && ((cfg.eval_every > 0 && step % cfg.eval_every === 0) || step === cfg.steps)) {
+      Object.assign(record, await evaluate(evalCtx, evalSet, { ema: cfg.ema_decay > 0 }));
       lastEval = record.eval_loss as number;
     }
     ctx.emit('progress', record);
     if (step % cfg.checkpoint_every === 0 && step < cfg.steps) {
       const name = `step-${String(step).padStart(7, '0')}`;
       // Weights first: a resume point never names a step whose weights are not on disk.
-      const weightsDir = await call<string>(ctx, 'save_weights', { name, overwrite: true, extraConfig: checkpointExtra, normStats: normJson });
+      // Each checkpoint's weights can be served: the moving average, as the final ones.
+      const weightsDir = await call<string>(ctx, 'save_weights', { name, overwrite: true, extraConfig: checkpointExtra, normStats: normJson, ema: cfg.ema_decay > 0 });
       await call(ctx, 'save_state', { name, overwrite: true, extraConfig: checkpointExtra, normStats: normJson });
       // Draw the next sampler seed now, so a resumed run sees the same batches as an uninterrupted one.
       samplerSeed = Math.floor(rng() * 2 ** 31);
@@ -188,7 +243,8 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
     }
   }
   if (await ctx.isCancelled()) return { status: 'cancelled', outputDir: null, step, loss: lastLoss, evalLoss: lastEval };
-  const outputDir = await call<string>(ctx, 'save_weights', { name: 'final', overwrite: true, extraConfig: checkpointExtra, normStats: normJson });
+  // With a moving average, it is what gets served (and what the evaluation scored).
+  const outputDir = await call<string>(ctx, 'save_weights', { name: 'final', overwrite: true, extraConfig: checkpointExtra, normStats: normJson, ema: cfg.ema_decay > 0 });
   ctx.emit('log', { message: `final weights written to ${outputDir}` });
   // The resumable states (optimizer moments: twice the weights) are superseded by the final
   // weights: free their disk, and make a rerun into the same folder start afresh instead of
@@ -196,92 +252,6 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
   fs.rmSync(resumeFile, { force: true });
   fs.rmSync(path.join(ctx.workDir, 'states'), { recursive: true, force: true });
   return { status: 'succeeded', outputDir, step, loss: lastLoss, evalLoss: lastEval };
-}
-
-interface EvalSet {
-  datums: TrainingDatum[];
-}
-
-/** A fixed set of held-out frames, evenly spaced through each episode, so evals are comparable. */
-async function buildEvalSet(ds: Dataset, episodes: number[], opts: Parameters<typeof makeDatum>[3]): Promise<EvalSet> {
-  const per = Math.max(1, Math.ceil(EVAL_DATUMS / episodes.length));
-  const picks: [number, number][] = [];
-  for (const e of episodes) {
-    const len = ds.episode(e).length;
-    for (let k = 0; k < per && picks.length < EVAL_DATUMS; k++) picks.push([e, Math.floor(((k + 0.5) * len) / per)]);
-  }
-  return { datums: await Promise.all(picks.map(([e, t]) => makeDatum(ds, e, t, opts))) };
-}
-
-/** The training set's mean action chunk [ah, ad] in the raw action space (mean per dim, all h). */
-function trainingMeanChunk(actions: Float32Array, ad: number, horizon: number): Float32Array {
-  const n = actions.length / ad;
-  const mean = new Float64Array(ad);
-  for (let i = 0; i < n; i++) for (let j = 0; j < ad; j++) mean[j]! += actions[i * ad + j]! / n;
-  const out = new Float32Array(horizon * ad);
-  for (let h = 0; h < horizon; h++) for (let j = 0; j < ad; j++) out[h * ad + j] = mean[j]!;
-  return out;
-}
-
-/**
- * Held-out evaluation, in the model's normalised action space, on valid (h, a) entries only:
- * - eval_loss: the flow-matching loss (fixed noise and time, seeded).
- * - eval_action_mse: MSE of actions sampled with 10 Euler steps against the true chunk.
- * Baselines computed the same way: a predictor that knows only a fixed chunk a_b has velocity
- * (x_t - a_b) / t at x_t (the straight path to a_b), so its flow loss is mean((a - a_b)^2 / t^2);
- * its sampled chunk is a_b itself. a_b = the training-set mean chunk, or the current state held
- * for the whole chunk (zero in delta space).
- */
-async function evaluate(ctx: RunContext, model: PolicyConfig, set: EvalSet, cameras: string[], norm: NormStatsSet, normalizer: ReturnType<typeof normalizerFor>, ad: number, meanChunkRaw: Float32Array, holdPairs: [number, number][], actionSpace: string) {
-  const H = model.horizon;
-  const A = model.actionDim;
-  const b1 = toBatch(model, set.datums, cameras, norm, normalizer, ad);
-  const b2 = toBatch(model, set.datums, cameras, norm, normalizer, ad);
-  const truth = b1.actions.slice();
-  const mask = b1.actionMask.slice();
-  const f = await call<{ velocity: Float32Array; target: Float32Array; xT: Float32Array; time: Float32Array }>(ctx, 'forward', { batch: b1, keep: false, seed: EVAL_SEED }, batchBuffers(b1));
-  const s = await call<{ actions: Float32Array }>(ctx, 'sample', { batch: b2, numSteps: 10, seed: EVAL_SEED }, batchBuffers(b2));
-  const meanChunk = normalizer.normalize(meanChunkRaw, ad, norm.actions);
-  const B = set.datums.length;
-  // "Hold the current state": on dims that action shares with state by name, the state itself
-  // (a zero delta in delta space); elsewhere the training mean, since there is no state to hold.
-  const hold = new Float32Array(B * H * A);
-  set.datums.forEach((d, i) => {
-    const raw = meanChunkRaw.slice(0, H * ad);
-    for (const [a, st] of holdPairs) for (let h = 0; h < H; h++) raw[h * ad + a] = actionSpace === 'delta' ? 0 : d.state[st]!;
-    const n = normalizer.normalize(raw, ad, norm.actions);
-    for (let h = 0; h < H; h++) for (let j = 0; j < ad; j++) hold[(i * H + h) * A + j] = n[h * ad + j]!;
-  });
-  let flow = 0, flowMean = 0, flowHold = 0, mse = 0, mseMean = 0, mseHold = 0, count = 0;
-  for (let i = 0; i < B; i++) {
-    const t = f.time[i]!;
-    for (let h = 0; h < H; h++) {
-      for (let j = 0; j < A; j++) {
-        const k = (i * H + h) * A + j;
-        if (mask[k] !== 1) continue;
-        const a = truth[k]!;
-        const m = j < ad ? meanChunk[h * ad + j]! : 0;
-        const hd = hold[k]!;
-        flow += (f.velocity[k]! - f.target[k]!) ** 2;
-        flowMean += ((a - m) / t) ** 2;
-        flowHold += ((a - hd) / t) ** 2;
-        mse += (s.actions[k]! - a) ** 2;
-        mseMean += (m - a) ** 2;
-        mseHold += (hd - a) ** 2;
-        count++;
-      }
-    }
-  }
-  const c = Math.max(1, count);
-  return {
-    eval_loss: flow / c,
-    eval_loss_baseline_mean_chunk: flowMean / c,
-    eval_loss_baseline_hold_state: flowHold / c,
-    eval_action_mse: mse / c,
-    eval_action_mse_baseline_mean_chunk: mseMean / c,
-    eval_action_mse_baseline_hold_state: mseHold / c,
-    eval_datums: B,
-  };
 }
 
 function writeJsonAtomic(file: string, value: unknown): void {

@@ -1,7 +1,8 @@
 /**
- * One fine-tune: status and progress, live loss / eval-loss and learning-rate charts fed by the
- * SSE event log, the log messages, the job's config, its output files (downloaded with the key
- * in a header: fetch -> Blob -> object URL), and cancel.
+ * One fine-tune: status and progress, live loss / eval-loss, held-out MSE and learning-rate charts
+ * fed by the SSE event log, the held-out evaluation against its baselines (overall and per action
+ * group), the log messages, the job's config, its output files (downloaded with the key in a
+ * header: fetch -> Blob -> object URL), and cancel.
  */
 import { ApiError, json, send, TERMINAL, type Job, type JobFile } from './api.ts';
 import { liveChart } from './charts.ts';
@@ -18,6 +19,39 @@ function configValue(v: unknown): string {
   if (v === null || v === undefined) return '—';
   if (Array.isArray(v) && v.every((x) => typeof x === 'string')) return v.join(', ');
   return typeof v === 'object' ? JSON.stringify(v) : String(v);
+}
+
+/** One row of a held-out evaluation: the policy's MSE, both baselines' and the policy's ratio to each. */
+interface EvalRow {
+  mse: number;
+  mse_hold_state: number;
+  mse_mean_chunk: number;
+  ratio_hold_state: number;
+  ratio_mean_chunk: number;
+}
+
+/** The last held-out evaluation of a progress record (train.ts / evaluate.ts fields). */
+interface HeldOut extends EvalRow {
+  step: number;
+  frames: number;
+  raw: EvalRow;
+  groups: (EvalRow & { group: string; dims: string[]; raw: EvalRow })[];
+}
+
+const ratio = (x: number) => (Number.isFinite(x) ? `${x.toFixed(2)}×` : '—');
+
+/** Held-out MSE next to the baselines, normalised absolute actions (and raw units for "all"). */
+function evalTable(e: HeldOut): HTMLElement {
+  const row = (label: string, r: EvalRow, title?: string) => h('tr', { 'data-group': label },
+    h('th', { scope: 'row', title }, label),
+    h('td', { class: 'num' }, num(r.mse)),
+    h('td', { class: 'num' }, num(r.mse_hold_state)), h('td', { class: `num ${r.ratio_hold_state < 1 ? 'better' : 'worse'}` }, ratio(r.ratio_hold_state)),
+    h('td', { class: 'num' }, num(r.mse_mean_chunk)), h('td', { class: `num ${r.ratio_mean_chunk < 1 ? 'better' : 'worse'}` }, ratio(r.ratio_mean_chunk)));
+  return h('div', {},
+    h('p', { class: 'muted' }, `Step ${e.step}: ${e.frames} held-out frames, MSE of 16-step chunks (10 Euler steps) in the normalised absolute-action space; ratio below 1× beats the baseline.`),
+    h('table', { class: 'eval', id: 'job-eval', 'aria-label': 'Held-out evaluation' },
+      h('thead', {}, h('tr', {}, ...['Actions', 'Policy MSE', 'Hold state', 'Policy / hold', 'Mean chunk', 'Policy / mean'].map((c) => h('th', { scope: 'col' }, c)))),
+      h('tbody', {}, row('all', e), ...e.groups.map((g) => row(g.group, g, g.dims.join(', '))), row('all (raw units)', e.raw))));
 }
 
 function configTable(job: Job): HTMLElement {
@@ -84,12 +118,17 @@ export function jobView(jobId: string): View {
     { key: 'eval', label: 'eval loss (held-out)', color: '#d9480f', sparse: true },
   ]);
   const lrChart = liveChart('Learning rate', 'learning rate', [{ key: 'lr', label: 'learning rate', color: '#2f9e44' }]);
+  const mseChart = liveChart('Held-out MSE', 'MSE', [
+    { key: 'policy', label: 'policy', color: '#d9480f', sparse: true },
+    { key: 'hold', label: 'hold state', color: '#868e96', sparse: true },
+  ]);
+  const heldOut = h('div', { id: 'job-heldout' }, h('p', { class: 'muted' }, 'No held-out evaluation yet.'));
 
   let job: Job | null = null;
   let elapsedS: number | null = null;
   let gradNorm: number | null = null;
-  // The last evaluation's reference losses: what predicting the mean chunk / holding the state scores.
-  let baselines: { meanChunk: number; holdState: number } | null = null;
+  // The last held-out evaluation: the policy against holding the state and the mean chunk.
+  let lastEval: HeldOut | null = null;
 
   const renderJob = () => {
     if (!job) return;
@@ -103,7 +142,7 @@ export function jobView(jobId: string): View {
     replace(summary,
       ...item('Id', job.id), ...item('Model', job.model), ...item('Dataset', job.dataset_name),
       ...item('Loss', num(job.loss)), ...item('Eval loss', num(job.eval_loss)),
-      ...(baselines ? item('Eval baselines', `mean chunk ${num(baselines.meanChunk)}, hold state ${num(baselines.holdState)}`) : []),
+      ...(lastEval ? item('Held-out MSE', `${num(lastEval.mse)}: ${ratio(lastEval.ratio_hold_state)} hold state, ${ratio(lastEval.ratio_mean_chunk)} mean chunk`) : []),
       ...item('Grad norm', num(gradNorm)),
       ...item('Elapsed', duration(elapsedS)), ...item('Created', dateTime(job.created_at)),
       ...item('Started', dateTime(job.started_at)), ...item('Finished', dateTime(job.finished_at)),
@@ -112,10 +151,13 @@ export function jobView(jobId: string): View {
 
   // A replay of a long log delivers thousands of records at once: redraw the header at most every 100 ms.
   let renderTimer: ReturnType<typeof setTimeout> | null = null;
+  let evalDirty = false;
   const scheduleRender = () => {
     renderTimer ??= setTimeout(() => {
       renderTimer = null;
       renderJob();
+      if (evalDirty && lastEval) replace(heldOut, evalTable(lastEval));
+      evalDirty = false;
     }, 100);
   };
 
@@ -140,8 +182,14 @@ export function jobView(jobId: string): View {
         job.loss = ev.loss as number | null;
         if (ev.eval_loss !== undefined) job.eval_loss = ev.eval_loss as number;
       }
-      if (typeof ev.eval_loss_baseline_mean_chunk === 'number' && typeof ev.eval_loss_baseline_hold_state === 'number') {
-        baselines = { meanChunk: ev.eval_loss_baseline_mean_chunk, holdState: ev.eval_loss_baseline_hold_state };
+      if (typeof ev.eval_mse === 'number') {
+        lastEval = {
+          step, frames: ev.eval_frames as number, mse: ev.eval_mse, mse_hold_state: ev.eval_mse_hold_state as number, mse_mean_chunk: ev.eval_mse_mean_chunk as number,
+          ratio_hold_state: ev.eval_ratio_hold_state as number, ratio_mean_chunk: ev.eval_ratio_mean_chunk as number,
+          raw: ev.eval_raw as EvalRow, groups: (ev.eval_groups as HeldOut['groups'] | undefined) ?? [],
+        };
+        mseChart.add(step, [lastEval.mse, lastEval.mse_hold_state]);
+        evalDirty = true;
       }
     } else {
       const text = ev.type === 'status' ? `status: ${ev.status}${ev.error ? ` (${ev.error})` : ''}` : String(ev.message ?? JSON.stringify(ev));
@@ -192,7 +240,8 @@ export function jobView(jobId: string): View {
     }
     renderJob();
     replace(body,
-      h('div', { class: 'charts' }, lossChart.figure, lrChart.figure),
+      h('div', { class: 'charts' }, lossChart.figure, mseChart.figure, lrChart.figure),
+      h('section', { 'aria-labelledby': 'heldout-title' }, h('h2', { id: 'heldout-title' }, 'Held-out evaluation'), heldOut),
       h('div', { class: 'columns' },
         h('section', { 'aria-labelledby': 'summary-title' }, h('h2', { id: 'summary-title' }, 'Summary'), summary),
         h('section', { 'aria-labelledby': 'config-title' }, h('h2', { id: 'config-title' }, 'Config'), config)),
@@ -215,6 +264,7 @@ export function jobView(jobId: string): View {
       if (renderTimer) clearTimeout(renderTimer);
       lossChart.destroy();
       lrChart.destroy();
+      mseChart.destroy();
     },
   };
 }

@@ -18,10 +18,13 @@ function field(id: string, label: string, input: HTMLElement, help?: string): HT
 function createForm(navigate: (hash: string) => void): HTMLElement {
   const model = h('input', { id: 'ft-model', name: 'model', required: true, value: 'pi05-tiny', list: 'ft-presets' });
   const dataset = h('input', { id: 'ft-dataset', name: 'dataset_name', required: true, placeholder: 'lerobot/pusht_image' });
-  const steps = h('input', { id: 'ft-steps', name: 'steps', type: 'number', min: 1, max: 1_000_000, value: 1000, required: true });
-  const batch = h('input', { id: 'ft-batch', name: 'batch_size', type: 'number', min: 1, max: 1024, value: 32, required: true });
-  const lr = h('input', { id: 'ft-lr', name: 'learning_rate', type: 'number', min: 0, max: 1, step: 'any', value: 1e-4, required: true });
-  const mode = h('select', { id: 'ft-finetune', name: 'finetune' }, h('option', { value: 'lora' }, 'LoRA'), h('option', { value: 'full' }, 'full'));
+  // Blank numbers take the server's default recipe (PROTOCOL.md section 1).
+  const steps = h('input', { id: 'ft-steps', name: 'steps', type: 'number', min: 1, max: 1_000_000, placeholder: 'recipe default' });
+  const batch = h('input', { id: 'ft-batch', name: 'batch_size', type: 'number', min: 1, max: 1024, placeholder: 'recipe default' });
+  const lr = h('input', { id: 'ft-lr', name: 'learning_rate', type: 'number', min: 0, max: 1, step: 'any', placeholder: 'recipe default' });
+  const mode = h('select', { id: 'ft-finetune', name: 'finetune' },
+    h('option', { value: '' }, 'default (full on a seeded base)'), h('option', { value: 'full' }, 'full'), h('option', { value: 'lora' }, 'LoRA'));
+  const heldOut = h('input', { id: 'ft-heldout', name: 'eval_fraction', type: 'number', min: 0, max: 0.99, step: 'any', placeholder: '0.1' });
   const evalEvery = h('input', { id: 'ft-eval', name: 'eval_every', type: 'number', min: 0, max: 1_000_000, placeholder: 'steps / 4' });
   const name = h('input', { id: 'ft-name', name: 'name', maxlength: 128 });
   const status = h('p', { class: 'error', role: 'alert' });
@@ -35,6 +38,7 @@ function createForm(navigate: (hash: string) => void): HTMLElement {
       field('ft-batch', 'Batch size', batch),
       field('ft-lr', 'Learning rate', lr),
       field('ft-finetune', 'Fine-tune', mode),
+      field('ft-heldout', 'Held-out share', heldOut, 'Share of episodes held out and scored against the baselines; 0: none'),
       field('ft-eval', 'Eval every (steps)', evalEvery, 'Blank: the server\'s default; 0: only at the end'),
       field('ft-name', 'Name (optional)', name)),
     h('div', { class: 'actions' }, submit),
@@ -44,11 +48,10 @@ function createForm(navigate: (hash: string) => void): HTMLElement {
     submit.disabled = true;
     status.textContent = 'Checking the config and the dataset…';
     try {
-      const body: Record<string, unknown> = {
-        model: model.value.trim(), dataset_name: dataset.value.trim(), steps: Number(steps.value), batch_size: Number(batch.value),
-        learning_rate: Number(lr.value), finetune: mode.value,
-      };
-      if (evalEvery.value !== '') body.eval_every = Number(evalEvery.value);
+      const body: Record<string, unknown> = { model: model.value.trim(), dataset_name: dataset.value.trim() };
+      const numbers: [HTMLInputElement, string][] = [[steps, 'steps'], [batch, 'batch_size'], [lr, 'learning_rate'], [heldOut, 'eval_fraction'], [evalEvery, 'eval_every']];
+      for (const [input, key] of numbers) if (input.value !== '') body[key] = Number(input.value);
+      if (mode.value) body.finetune = mode.value;
       if (name.value.trim()) body.name = name.value.trim();
       const job = await json<Job>('POST', '/v1/fine-tunes', body);
       status.textContent = '';
