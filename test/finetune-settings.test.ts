@@ -103,10 +103,19 @@ describe('fine-tune config (POST /v1/fine-tunes and vela finetune)', () => {
       [{ eval_episodes: [1], eval_dataset: 'e' }, /not both/],
       [{ eval_episodes: [1], eval_fraction: 0.2 }, /give eval_episodes or eval_fraction, not both/],
       [{ eval_stride: 0 }, /eval_stride must be an integer in 1..10000, got 0/],
-      [{ warmup_steps: -1 }, /warmup_steps must be an integer in 0..1000000, got -1/],
+      [{ warmup_steps: -1 }, /warmup_steps must be an integer in 0..1500, got -1/],
       [{ lr_floor: 1.5 }, /lr_floor must be a number in \[0, 1\], got 1.5/],
-      [{ adam_eps: -1e-8 }, /adam_eps must be a number in \[0, 1\], got -1e-8/],
-      [{ adam_eps: 0 }, /adam_eps must be a number in \(0, 1\], got 0/],
+      [{ adam_eps: -1e-8 }, /adam_eps must be a number in \(0, 1\], at least 1.4e-45 \(the smallest float32\), got -1e-8/],
+      [{ adam_eps: 0 }, /adam_eps must be a number in \(0, 1\], .*, got 0$/],
+      [{ adam_eps: 1e-50 }, /adam_eps must be a number in \(0, 1\], .*, got 1e-50$/],
+      // 1e999 parses to Infinity: the message says so (JSON.stringify would say null).
+      [{ eval_fraction: Infinity }, /eval_fraction must be a number in \[0, 1\), got Infinity$/],
+      [{ eval_episodes: [1, -Infinity] }, /eval_episodes must be .*, got \[1,-Infinity\]$/],
+      // A huge value comes back cut short.
+      [{ eval_episodes: Array.from({ length: 100_000 }, (_, i) => -i) }, /got \[0,-1,-2,.*\.\.\. \(688890 characters\)$/],
+      [{ warmup_steps: 100, steps: 50 }, /warmup_steps must be an integer in 0..50, got 100/],
+      [{ eval_dataset: 'd' }, /eval_dataset must be a second dataset, not dataset_name/],
+      [{ eval_dataset: 'e', eval_fraction: 0.5 }, /give eval_dataset or eval_fraction, not both/],
       [{ weight_decay: 'x' }, /weight_decay must be a number in \[0, 1\], got "x"/],
       [{ ema_decay: 1 }, /ema_decay must be a number in \[0, 1\), got 1/],
       [{ augment: 'yes' }, /augment must be true or false, got "yes"/],
@@ -211,7 +220,7 @@ describe('runFineTune: settings reach the trainer, the evaluation reaches the ev
     const { progress, events, engine } = await run({ dataset_name: armDataset('none'), eval_fraction: 0 });
     expect(progress.some((p) => 'eval_mse' in p || 'eval_loss' in p)).toBe(false);
     expect(engine.calls.some((c) => c.op === 'sample' || c.op === 'forward')).toBe(false);
-    expect(events[0]!.data.message).toMatch(/train episodes 0,1, held-out none \(no evaluation\)/);
+    expect(events[0]!.data.message).toMatch(/train episodes 0,1, held-out none \(no evaluation: eval_fraction 0 and no eval_dataset\)/);
   });
 
   it('eval_dataset trains on every episode and scores every episode of the second dataset', async () => {
@@ -223,8 +232,8 @@ describe('runFineTune: settings reach the trainer, the evaluation reaches the ev
   });
 
   it('refuses held-out episodes the dataset lacks, naming them', async () => {
-    await expect(run({ dataset_name: armDataset('missing'), eval_episodes: [1, 9] })).rejects.toThrow(/eval_episodes 9 are not in the dataset \(episodes 0..1, 2 of them\)/);
-    await expect(run({ dataset_name: armDataset('all'), eval_episodes: [0, 1] })).rejects.toThrow(/hold out all 2 episodes/);
+    await expect(run({ dataset_name: armDataset('missing'), eval_episodes: [1, 9] })).rejects.toThrow('eval_episodes must be episodes of the dataset (episodes 0..1, 2 of them); not in it, got [9]');
+    await expect(run({ dataset_name: armDataset('all'), eval_episodes: [0, 1] })).rejects.toThrow('eval_episodes must leave an episode to train on: the dataset has 2, got [0,1]');
   });
 });
 

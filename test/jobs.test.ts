@@ -38,10 +38,17 @@ const finished = (base: { baseUrl: string }, id: string) =>
 
 const job = (over: Record<string, unknown> = {}) => ({ model: 'pi05-tiny', dataset_name: SUBSET.name, steps: 60, batch_size: 8, learning_rate: 3e-3, eval_every: 30, checkpoint_every: 20, ...over });
 
+// Not datasets: an empty folder and a file, beside the subset (eval_dataset's errors).
+const NOT_DATASETS = ['empty-eval', 'file-eval'];
 beforeAll(async () => {
+  fs.mkdirSync(path.join(SUBSET.root, 'empty-eval'), { recursive: true });
+  fs.writeFileSync(path.join(SUBSET.root, 'file-eval'), 'not a dataset');
   server = await startTestServer({ env: { VELA_DATASETS_DIR: SUBSET.root } });
 });
-afterAll(() => server.close());
+afterAll(async () => {
+  for (const n of NOT_DATASETS) fs.rmSync(path.join(SUBSET.root, n), { recursive: true, force: true });
+  await server.close();
+});
 
 describe('fine-tunes on g1_pick_bottle', () => {
   it('validates before any work, with 400s that name what is wrong', async () => {
@@ -55,8 +62,12 @@ describe('fine-tunes on g1_pick_bottle', () => {
       [{ ...job(), batch_size: 2000 }, /batch_size must be an integer in 1..1024/],
       [{ ...job(), learning_rate: 2 }, /learning_rate must be > 0 and <= 1/],
       [{ ...job(), lr: 1 }, /unknown field "lr"/],
-      [{ ...job(), eval_episodes: [0, 7] }, /eval_episodes 7 are not in the dataset \(episodes 0..2, 3 of them\)/],
+      [{ ...job(), eval_episodes: [0, 7] }, /^eval_episodes must be episodes of the dataset \(episodes 0..2, 3 of them\); not in it, got \[7\]$/],
       [{ ...job(), eval_dataset: 'nope' }, /eval_dataset "nope" not found/],
+      // Errors about the second dataset name it, never the training dataset or a server path.
+      [{ ...job(), eval_dataset: 'empty-eval' }, /^eval_dataset is not a usable dataset: .*meta\/info\.json.*, got "empty-eval"$/],
+      [{ ...job(), eval_dataset: 'file-eval' }, /^eval_dataset is not a usable dataset: .*, got "file-eval"$/],
+      [{ ...job(), eval_dataset: SUBSET.name }, /^eval_dataset must be a second dataset, not dataset_name/],
       [{ ...job(), lr_floor: -1 }, /lr_floor must be a number in \[0, 1\], got -1/],
     ];
     for (const [body, re] of cases) {

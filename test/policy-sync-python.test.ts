@@ -14,7 +14,6 @@ import { missing, pythonEnv } from './helpers/requires.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 import { FuturesClient } from './helpers/futures-client.ts';
 import { syntheticDatum } from './helpers/synthetic.ts';
-import { TEST_BACKENDS } from './helpers/tf.ts';
 
 const POLICY_KEY = 'robot-policy-key';
 const POLICY_SEED = 7;
@@ -25,12 +24,9 @@ let policy: ChildProcess | null = null;
 let policyUrl = '';
 let seen: any;
 
-/**
- * Start `vela policy CHECKPOINT --port 0` and read the URL it prints. Same backend as the
- * training server: wasm and native TensorFlow agree to ~1e-6, not bit for bit.
- */
+/** Start `vela policy CHECKPOINT --port 0` on wasm, the training server's backend here, and read the URL it prints. */
 async function startPolicy(checkpoint: string): Promise<string> {
-  policy = spawn(process.execPath, ['bin/vela.js', 'policy', checkpoint, '--port', '0', '--api-key', POLICY_KEY, '--seed', String(POLICY_SEED), '--backend', TEST_BACKENDS[0]!, '--log-level', 'warn'], {
+  policy = spawn(process.execPath, ['bin/vela.js', 'policy', checkpoint, '--port', '0', '--api-key', POLICY_KEY, '--seed', String(POLICY_SEED), '--backend', 'wasm', '--log-level', 'warn'], {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let stderr = '';
@@ -48,7 +44,9 @@ async function startPolicy(checkpoint: string): Promise<string> {
 
 beforeAll(async () => {
   if (SKIP) return;
-  server = await startTestServer({ env: { VELA_FUTURE_WAIT_S: '1' } });
+  // Both servers on wasm (one thread, deterministic): native TensorFlow's multi-threaded kernels
+  // sum in an order that depends on its thread pool, so two processes can differ by ~5e-7.
+  server = await startTestServer({ env: { VELA_FUTURE_WAIT_S: '1', VELA_BACKEND: 'wasm' } });
   const c = new FuturesClient(server.baseUrl, server.apiKey);
   await c.createModel({ model_id: 'arm', base_model: 'pi05-tiny', lora_config: { rank: 4, alpha: 8 } });
   await c.run('sample', { model_id: 'arm', data: [{ observation: syntheticDatum(0).observation }], codec: 'RAW', seed: 1 }); // binds the camera

@@ -69,7 +69,7 @@ describe('a sidecar-API Python client', () => {
   });
 
   it('downloads every file of the trained model with the recorded size and sha256; refuses escapes', () => {
-    expect(seen.files).toHaveLength(4);
+    expect(seen.files).toHaveLength(3); // config.json, model.safetensors, norm_stats.json
     for (const f of seen.files) expect(f).toMatchObject({ status: 200, content_type: 'application/octet-stream', size_ok: true, sha256_ok: true });
     expect(seen.file_errors).toEqual({ escape: 400, absolute: 400, bad_model_path: 400, missing: 404 });
   });

@@ -10,7 +10,7 @@ import { badValue, splitArgs, UsageError, type FlagArg } from '../cli-args.ts';
 import { BACKEND_CHOICES } from '../config.ts';
 import { DatasetError, openDataset } from '../datasets/index.ts';
 import { FieldError, parseFineTuneConfig, RECIPE } from './config.ts';
-import { prepareRun, runFineTune } from './train.ts';
+import { noEvaluationReason, prepareRun, runFineTune } from './train.ts';
 
 /** Where `vela finetune` writes without --output: outside any repository, under the user's cache. */
 export function defaultFinetuneRoot(env: NodeJS.ProcessEnv = process.env): string {
@@ -68,6 +68,15 @@ const FLAGS: Record<string, [string, 'int' | 'number' | 'string' | 'list' | 'int
 const SPEC = Object.fromEntries([...Object.keys(FLAGS), '--dataset', '--eval-dataset', '--output', '--backend'].map((f) => [f, 'value' as const]));
 const HELP = 'vela finetune --help';
 
+/** A config message with its field names spelled as this command's flags (`eval_fraction` -> `--eval-fraction`). */
+function flagNames(message: string): string {
+  const fields = [...Object.values(FLAGS).map(([key]) => key), 'eval_dataset', 'dataset_name'];
+  return message.replace(new RegExp(`\\b(${fields.join('|')})\\b`, 'g'), (key) => (key === 'dataset_name' ? '--dataset' : `--${key.replace(/_/g, '-')}`));
+}
+
+/** A flag's number as typed: decimal, with an optional exponent (what JSON takes; not 0x1, not Infinity). */
+const DECIMAL = /^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/;
+
 /**
  * The job config and local options from `vela finetune`'s arguments.
  * @throws UsageError naming the flag and the value as typed (`--steps abc: must be an integer in 1..1000000`).
@@ -95,10 +104,10 @@ export function parseFinetuneArgs(argv: string[], env: NodeJS.ProcessEnv = proce
       const [key, kind] = FLAGS[f.flag]!;
       byField.set(key, f);
       // A value that is not a number goes through as typed: the config check names the rule.
-      const n = Number(f.value);
+      const num = (x: string) => (DECIMAL.test(x.trim()) ? Number(x) : x);
       const list = () => f.value.split(',').map((x) => x.trim());
       const truth = f.value === 'true' ? true : f.value === 'false' ? false : f.value; // anything else: the config's rule
-      body[key] = kind === 'bool' ? truth : kind === 'list' ? list() : kind === 'ints' ? list().map((x) => (x !== '' && Number.isFinite(Number(x)) ? Number(x) : x)) : kind === 'string' || f.value.trim() === '' || !Number.isFinite(n) ? f.value : n;
+      body[key] = kind === 'bool' ? truth : kind === 'list' ? list() : kind === 'ints' ? list().map(num) : kind === 'string' ? f.value : num(f.value);
     }
   }
   if (!dataset) throw new UsageError(`--dataset DIR is required (see ${HELP})`);
@@ -111,7 +120,7 @@ export function parseFinetuneArgs(argv: string[], env: NodeJS.ProcessEnv = proce
   } catch (e) {
     const arg = e instanceof FieldError ? byField.get(e.field) : undefined;
     if (arg) throw badValue(arg, (e as FieldError).rule);
-    throw new UsageError((e as Error).message);
+    throw new UsageError(flagNames((e as Error).message));
   }
   const stamp = new Date().toISOString().replace(/[:.]/g, '-').slice(0, 19);
   const outDir = path.resolve(output ?? path.join(defaultFinetuneRoot(env), `${path.basename(datasetDir)}-${stamp}`));
@@ -175,7 +184,8 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
   try {
     opened = await prepareRun(cfg, datasetDir, openDataset, evalDatasetDir);
   } catch (e) {
-    // A camera or action space the dataset cannot give is a mistake in a flag: name it.
+    // A camera, action space, held-out episode or eval dataset the data cannot give is a mistake in a flag: name it.
+    if (e instanceof FieldError && byField.get(e.field)) throw badValue(byField.get(e.field)!, e.rule);
     const arg = e instanceof DatasetError && e.code === 'unknown_camera' ? byField.get('cameras') : e instanceof DatasetError && e.code === 'bad_argument' ? byField.get('action_space') : undefined;
     if (arg) throw badValue(arg, e instanceof Error ? e.message : String(e));
     if (e instanceof DatasetError) throw new Error(`--dataset ${dataset.value}: ${e.message}`);
@@ -228,7 +238,7 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
     if (kept.length > 0) process.stderr.write(`checkpoints kept in ${path.join(outDir, 'weights')}: ${kept.join(', ')}\n`);
     if (result.outputDir) process.stderr.write(`serve it: vela policy ${result.outputDir}\n`);
     if (lastEval) process.stderr.write(evalSummary(lastEval));
-    else if (result.status === 'succeeded') process.stderr.write('no held-out evaluation (--eval-fraction 0 and no --eval-dataset)\n');
+    else if (result.status === 'succeeded') process.stderr.write(`held-out evaluation: none (${flagNames(noEvaluationReason(cfg, opened.split))})\n`);
   } finally {
     fs.closeSync(eventsFile);
     await engine.close();

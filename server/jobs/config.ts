@@ -88,8 +88,19 @@ export function defaultFinetune(trainedBase: boolean): 'lora' | 'full' {
  */
 export class FieldError extends HttpError {
   constructor(readonly field: string, readonly rule: string, value: unknown) {
-    super(400, `${field} ${rule}, got ${JSON.stringify(value)}`);
+    super(400, `${field} ${rule}, got ${showValue(value)}`);
   }
+}
+
+/**
+ * A request value as JSON for an error message: Infinity and NaN as themselves (JSON.stringify
+ * would say null: `1e999` parses to Infinity), cut to `max` characters so a huge list cannot make
+ * a huge error.
+ */
+export function showValue(value: unknown, max = 200): string {
+  const text = JSON.stringify(value, (_k, v) => (typeof v === 'number' && !Number.isFinite(v) ? `\u0000${v}\u0000` : v)) ?? String(value);
+  const shown = text.replace(/"\\u0000(-?Infinity|NaN)\\u0000"/g, '$1');
+  return shown.length <= max ? shown : `${shown.slice(0, max)}... (${shown.length} characters)`;
 }
 
 function bad(msg: string): never {
@@ -152,7 +163,7 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
   if (name !== null && (typeof name !== 'string' || name.length > 128)) badField('name', 'must be a string of at most 128 characters', name);
   const steps = int(body, 'steps', RECIPE.steps, 1, 1_000_000);
   const timeSampling = body.time_sampling ?? RECIPE.time_sampling;
-  if (timeSampling !== 'beta' && timeSampling !== 'uniform') bad(`time_sampling must be "beta" or "uniform", got ${JSON.stringify(timeSampling)}`);
+  if (timeSampling !== 'beta' && timeSampling !== 'uniform') badField('time_sampling', 'must be "beta" or "uniform"', timeSampling);
   const evalEpisodes = body.eval_episodes ?? null;
   if (evalEpisodes !== null && (!Array.isArray(evalEpisodes) || evalEpisodes.length === 0 || !evalEpisodes.every((e) => Number.isInteger(e) && e >= 0) || new Set(evalEpisodes).size !== evalEpisodes.length)) {
     badField('eval_episodes', 'must be a non-empty list of distinct episode indices', evalEpisodes);
@@ -160,16 +171,15 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
   const evalDataset = body.eval_dataset ?? null;
   if (evalDataset !== null && (typeof evalDataset !== 'string' || evalDataset.length === 0 || evalDataset.length > 512)) badField('eval_dataset', 'must be a dataset name or path', evalDataset);
   if (evalDataset !== null && evalEpisodes !== null) bad('give eval_episodes (held out of dataset_name) or eval_dataset (a second dataset), not both');
+  if (evalDataset !== null && evalDataset === ds) badField('eval_dataset', 'must be a second dataset, not dataset_name (to score episodes of dataset_name, hold them out with eval_episodes or eval_fraction)', evalDataset);
   // A second dataset to evaluate on: train on every episode of the first unless told otherwise.
   const evalFraction = real(body, 'eval_fraction', evalDataset !== null || evalEpisodes !== null ? 0 : RECIPE.eval_fraction, 0, 1, true);
-  if (evalEpisodes !== null && body.eval_fraction !== undefined && evalFraction !== 0) bad(`give eval_episodes or eval_fraction, not both (eval_fraction ${evalFraction})`);
-  const adamw = {
-    ...JOB_ADAMW,
-    learningRate: lr,
-    eps: real(body, 'adam_eps', RECIPE.adam_eps, 0, 1),
-    weightDecay: real(body, 'weight_decay', RECIPE.weight_decay, 0, 1),
-  };
-  if (!(adamw.eps > 0)) badField('adam_eps', 'must be a number in (0, 1]', adamw.eps); // AdamW divides by it
+  if (evalEpisodes !== null && body.eval_fraction != null && evalFraction !== 0) bad(`give eval_episodes or eval_fraction, not both (eval_fraction ${evalFraction})`);
+  if (evalDataset !== null && body.eval_fraction != null && evalFraction !== 0) bad(`give eval_dataset or eval_fraction, not both (eval_fraction ${evalFraction}): with eval_dataset every episode of dataset_name trains`);
+  // AdamW divides by eps: a float32 above zero (validateAdamWOptions's rule, named as this field).
+  const eps = body.adam_eps ?? RECIPE.adam_eps;
+  if (typeof eps !== 'number' || !(eps >= 1.4e-45) || eps > 1) badField('adam_eps', 'must be a number in (0, 1], at least 1.4e-45 (the smallest float32)', eps);
+  const adamw = { ...JOB_ADAMW, learningRate: lr, eps, weightDecay: real(body, 'weight_decay', RECIPE.weight_decay, 0, 1) };
   try {
     validateAdamWOptions(adamw); // the rules every optim_step follows
   } catch (e) {
@@ -196,7 +206,8 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
     eval_episodes: evalEpisodes as number[] | null,
     eval_dataset: evalDataset as string | null,
     eval_stride: int(body, 'eval_stride', RECIPE.eval_stride, 1, 10_000),
-    warmup_steps: int(body, 'warmup_steps', defaultWarmupSteps(steps), 0, 1_000_000),
+    // Warm-up reaches learning_rate by the last step at the latest: a longer one would never get there.
+    warmup_steps: int(body, 'warmup_steps', defaultWarmupSteps(steps), 0, steps),
     lr_floor: real(body, 'lr_floor', RECIPE.lr_floor, 0, 1),
     adam_eps: adamw.eps,
     weight_decay: adamw.weightDecay,

@@ -12,7 +12,7 @@ import { computeNormStats, normalizerFor, normStatsToJson, type NormStats, type 
 import { augmentFrame, drawAugment } from '../datasets/augment.ts';
 import { actionGroups, defaultActionSpace, deltaPairs, gatherNormRows, openDataset, pairsFor, sampleBatch, seededRng, splitEpisodes, type ActionSpace, type Dataset, type EpisodeSplit } from '../datasets/index.ts';
 import type { EngineLike } from '../engine/host.ts';
-import { JOB_ADAMW, type FineTuneConfig } from './config.ts';
+import { FieldError, JOB_ADAMW, type FineTuneConfig } from './config.ts';
 import { toBatch } from './datums.ts';
 import { buildEvalSet, evaluate, type EvalContext } from './evaluate.ts';
 
@@ -87,8 +87,18 @@ export async function prepareRun(cfg: FineTuneConfig, datasetDir: string, open: 
   let evalDs = ds;
   if (cfg.eval_dataset !== null) {
     if (!evalDatasetDir) throw new Error(`eval_dataset "${cfg.eval_dataset}" was not resolved to a folder`);
-    evalDs = await open(evalDatasetDir);
-    checkSameShape(ds, evalDs, cameras, pairs, actionSpace, cfg.eval_dataset);
+    // Errors about the second dataset name it (as the client spelled it), not the training one.
+    const refuse = (rule: string): never => {
+      throw new FieldError('eval_dataset', rule.split(evalDatasetDir).join(cfg.eval_dataset!), cfg.eval_dataset);
+    };
+    if (path.resolve(evalDatasetDir) === path.resolve(datasetDir)) refuse('must be a second dataset, not dataset_name (to score episodes of dataset_name, hold them out with eval_episodes or eval_fraction)');
+    try {
+      evalDs = await open(evalDatasetDir);
+    } catch (e) {
+      refuse(`is not a usable dataset: ${(e as Error).message}`);
+    }
+    const mismatch = shapeMismatch(ds, evalDs, cameras, actionSpace);
+    if (mismatch) refuse(mismatch);
   }
   const split = resolveSplit(cfg, ds);
   return { model, ds, evalDs, cameras, actionSpace, split };
@@ -105,26 +115,38 @@ export function resolveSplit(cfg: Pick<FineTuneConfig, 'eval_fraction' | 'eval_e
   if (cfg.eval_dataset !== null) return { train: all, heldOut: [] };
   if (cfg.eval_episodes !== null) {
     const missing = cfg.eval_episodes.filter((e) => !all.includes(e));
-    if (missing.length) throw new Error(`eval_episodes ${missing.join(', ')} are not in the dataset (episodes ${all[0]}..${all.at(-1)}, ${all.length} of them)`);
+    if (missing.length) throw new FieldError('eval_episodes', `must be episodes of the dataset (episodes ${all[0]}..${all.at(-1)}, ${all.length} of them); not in it`, missing);
     const held = new Set(cfg.eval_episodes);
     const train = all.filter((e) => !held.has(e));
-    if (train.length === 0) throw new Error(`eval_episodes hold out all ${all.length} episodes; none is left to train on`);
+    if (train.length === 0) throw new FieldError('eval_episodes', `must leave an episode to train on: the dataset has ${all.length}`, cfg.eval_episodes);
     return { train, heldOut: [...held].sort((a, b) => a - b) };
   }
   return splitEpisodes(all, { evalFraction: cfg.eval_fraction, seed: cfg.seed });
 }
 
-/** An evaluation dataset must have the training one's dims, cameras and delta pairs. */
-function checkSameShape(ds: Dataset, evalDs: Dataset, cameras: string[], pairs: [number, number][], space: string, name: string): void {
+/** Why a run with this split scores nothing (for the log and the CLI summary). */
+export function noEvaluationReason(cfg: Pick<FineTuneConfig, 'eval_fraction'>, split: EpisodeSplit): string {
+  if (cfg.eval_fraction === 0) return 'no evaluation: eval_fraction 0 and no eval_dataset';
+  const n = split.train.length + split.heldOut.length;
+  return `no evaluation: eval_fraction ${cfg.eval_fraction} holds out no episode of a ${n}-episode dataset (one must train); give eval_dataset to score a second dataset`;
+}
+
+/**
+ * Why an evaluation dataset cannot score a policy trained on `ds` (it needs the same dims, the
+ * training cameras and the same dimension names), or null when it can.
+ */
+function shapeMismatch(ds: Dataset, evalDs: Dataset, cameras: string[], space: string): string | null {
   const a = ds.meta;
   const b = evalDs.meta;
   if (a.stateDim !== b.stateDim || a.actionDim !== b.actionDim) {
-    throw new Error(`eval_dataset "${name}" has state ${b.stateDim} / action ${b.actionDim} dims; the training dataset has ${a.stateDim} / ${a.actionDim}`);
+    return `must have the training dataset's dims: it has state ${b.stateDim} / action ${b.actionDim}, the training dataset ${a.stateDim} / ${a.actionDim}`;
   }
-  for (const c of cameras) evalDs.camera(c); // names the missing camera
-  if (JSON.stringify(pairsFor(b, space as 'delta' | 'absolute')) !== JSON.stringify(pairs)) {
-    throw new Error(`eval_dataset "${name}" names its state and action dimensions differently from the training dataset, so ${space} actions would not mean the same`);
+  const missing = cameras.filter((c) => !b.cameras.some((x) => x.name === c || x.key === c));
+  if (missing.length) return `must have the training cameras: it lacks ${missing.join(', ')} (its cameras: ${b.cameras.map((c) => c.name).join(', ')})`;
+  if (JSON.stringify(a.stateNames) !== JSON.stringify(b.stateNames) || JSON.stringify(a.actionNames) !== JSON.stringify(b.actionNames)) {
+    return `must name its state and action dimensions as the training dataset does, or ${space} actions would not mean the same`;
   }
+  return null;
 }
 
 /**
@@ -156,7 +178,7 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
   const { model, ds, evalDs, cameras, actionSpace, split } = await prepareRun(cfg, ctx.datasetDir, ctx.openDataset, ctx.evalDatasetDir);
   const meta = ds.meta;
   const evalEpisodes = cfg.eval_dataset !== null ? [...evalDs.episodeIndices].sort((a, b) => a - b) : split.heldOut;
-  const evalWhere = cfg.eval_dataset !== null ? `evaluated on every episode of ${cfg.eval_dataset}` : `held-out ${split.heldOut.join(',') || 'none (no evaluation)'}`;
+  const evalWhere = cfg.eval_dataset !== null ? `evaluated on every episode of ${cfg.eval_dataset}` : `held-out ${split.heldOut.join(',') || `none (${noEvaluationReason(cfg, split)})`}`;
   ctx.emit('log', {
     message: `dataset loaded: ${meta.episodes.length} episodes, ${meta.totalFrames} frames, cameras ${cameras.join(', ')}, state ${meta.stateDim}, action ${meta.actionDim}, ${meta.fps} fps; ` +
       `train episodes ${split.train.join(',')}, ${evalWhere}; action_space ${actionSpace}`,

@@ -147,6 +147,11 @@ export function jobView(jobId: string): View {
       ...item('Elapsed', duration(elapsedS)), ...item('Created', dateTime(job.created_at)),
       ...item('Started', dateTime(job.started_at)), ...item('Finished', dateTime(job.finished_at)),
       ...(job.error ? item('Error', job.error) : []));
+    // A job that ended without an evaluation says why, not "yet".
+    if (!lastEval && TERMINAL.has(job.status)) {
+      const why = job.eval_fraction === 0 && !job.eval_dataset ? 'eval_fraction is 0 and there is no eval_dataset' : job.status === 'succeeded' ? 'no episode could be held out (see the log)' : `the job ${job.status} before its first evaluation`;
+      replace(heldOut, h('p', { class: 'muted' }, `No held-out evaluation: ${why}.`));
+    }
   };
 
   // A replay of a long log delivers thousands of records at once: redraw the header at most every 100 ms.
