@@ -6,6 +6,7 @@
  * the value as typed, exit code 2; any other failure is one line, exit code 1. Stack traces only
  * with `--debug`.
  */
+import fs from 'node:fs';
 import path from 'node:path';
 import { shown, splitArgs, UsageError } from './cli-args.ts';
 import { ConfigError, loadConfig, settingsHelp } from './config.ts';
@@ -66,7 +67,8 @@ async function serve(argv: string[]): Promise<void> {
   // Chosen now, in a short-lived worker, so the operator sees it before the first session.
   const backend = await server.sessions.backend().then((b) => b.line, (e: Error) => `no backend: ${e.message}`);
   process.stdout.write(
-    `Vela listening on ${server.baseUrl} (data: ${path.resolve(config.dataDir)}, datasets: ${config.datasetsDir})\n${backend}\n` +
+    `Vela listening on ${server.baseUrl} (data: ${path.resolve(config.dataDir)}, datasets: ${path.resolve(config.datasetsDir)}${fs.existsSync(config.datasetsDir) ? '' : ': no such folder yet'})\n` +
+      `Dashboard: ${server.baseUrl}/ui/\n${backend}\n` +
       (config.apiKey ? 'Accepting the key from VELA_API_KEY / --api-key.\n' : ''),
   );
   stopOnSignals(() => server.close());

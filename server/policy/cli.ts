@@ -134,7 +134,7 @@ export async function policyCommand(argv: string[]): Promise<void> {
   const m = server.policy.meta;
   process.stdout.write(
     `Vela policy server on ${server.wsUrl} (${m.preset} on ${engine.info.backend}; cameras ${m.cameras.join(', ')}; ` +
-      `actions [${m.actionHorizon}, ${m.actionDim}] ${m.actionSpace}${args.seed !== null ? `; seed ${args.seed}` : ''}${args.apiKey ? '; API key required' : ''})\n` +
+      `actions [${m.actionHorizon}, ${m.actionDim}], absolute${m.actionSpace === 'delta' ? ' (trained as deltas; the state is added back)' : ''}${args.seed !== null ? `; seed ${args.seed}` : ''}${args.apiKey ? '; API key required' : ''})\n` +
       `${engine.info.backendLine}\n`,
   );
   stopOnSignals(() => server.close().then(() => engine.close()), 'shutting down');
