@@ -329,6 +329,10 @@ describe('policy server: errors close one connection with a text frame', () => {
   it('a wrong camera', () =>
     expectError(packNumpy({ images: { cam_left: (obs() as any)['observation/image'] }, state: (obs() as any)['observation/state'] }),
       /images\.cam_left: camera "cam_left" is not one of this policy's cameras: observation\.images\.cam_high, observation\.images\.cam_wrist/));
+  it('a typo of the state key: the camera error says which key was meant', () => {
+    const { 'observation/state': state, ...rest } = obs() as any;
+    return expectError(packNumpy({ ...rest, 'observation/stat': state }), /observation\/stat: camera "stat" is not one of this policy's cameras: .* \(did you mean observation\/state\?\)$/);
+  });
   it('a camera given twice', () =>
     expectError(packNumpy({ ...obs(), images: { cam_high: (obs() as any)['observation/image'] } }), /are both camera observation\.images\.cam_high/));
   it('a bad codec', () => expectError(packNumpy({ ...obs(), image_codec: 'WEBP' }), /unknown image codec "WEBP"/));
@@ -352,7 +356,7 @@ describe('policy server: errors close one connection with a text frame', () => {
   });
   it('counts the errors in /stats', async () => {
     const stats = (await (await fetch(server.baseUrl + '/stats')).json()) as any;
-    expect(stats.errors).toBe(14);
+    expect(stats.errors).toBe(15);
     expect(stats.connections).toBe(1);
   });
 });

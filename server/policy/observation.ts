@@ -16,6 +16,7 @@
  * - Keys starting with `__` are ignored; any other key is an error (usually a typo). A camera
  *   may be left out (its slot is masked); a camera given twice is an error.
  */
+import { distance } from 'fastest-levenshtein';
 import { ProtocolError } from '../../protocol/errors.ts';
 import { decodeFrameResized, parseCodec } from '../../protocol/frames.ts';
 import { NDArray, unpackNumpy } from '../../protocol/ndarray.ts';
@@ -83,7 +84,10 @@ function slotOf(meta: PolicyMeta, name: string, key: string, positional: boolean
   const p = positional ? POSITIONAL[name] : undefined;
   if (p !== undefined && p < meta.cameras.length) return p;
   const extra = positional ? ` (observation/image is ${meta.cameras[0]}${meta.cameras.length > 1 ? `, observation/wrist_image is ${meta.cameras[1]}` : ''})` : '';
-  throw bad(`${key}: camera "${name}" is not one of this policy's cameras: ${meta.cameras.join(', ')}${extra}`);
+  // A typo of the state key lands here too (observation/stat): say which key it probably meant.
+  const near = ['state', ...meta.cameras.map(shortCamera)].find((k) => distance(k, short) <= Math.max(1, Math.floor(k.length / 4)));
+  const hint = near ? ` (did you mean observation/${near}?)` : '';
+  throw bad(`${key}: camera "${name}" is not one of this policy's cameras: ${meta.cameras.join(', ')}${extra}${hint}`);
 }
 
 function toState(v: unknown, key: string): Float32Array {
