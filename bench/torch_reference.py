@@ -95,12 +95,19 @@ class Policy(torch.nn.Module):
     prompt embeddings and the prefix expert's pass that leaves its keys/values in a cache."""
 
     def init_common(self, c):
+        """The time embedding's periods and the image and prompt embeddings' parameters (first, in
+        both variants, so that a seed gives the same initial values as before pi0 was added)."""
         self.c = c
+        w = c["width"]
         self.grid = c["image_size"] // c["patch"]
         self.patch_dim = c["patch"] ** 2 * 3
-        half = c["width"] // 2
-        frac = torch.linspace(0, 1, half, dtype=torch.float64)
+        frac = torch.linspace(0, 1, w // 2, dtype=torch.float64)
         self.register_buffer("period", 4e-3 * (4.0 / 4e-3) ** frac)  # float64, as Vela's timeEmbedding
+        self.img_patch = Linear(self.patch_dim, w)
+        self.img_pos = normal(self.grid ** 2, w)
+        self.img_slot = normal(c["slots"], w)
+        self.txt_embed = normal(257, w)  # D5
+        self.txt_pos = normal(c["max_token_len"], w)
 
     def heads(self, x):  # [b, n, h*hd] -> [b, h, n, hd]
         b, n, _ = x.shape
@@ -145,11 +152,6 @@ class Pi05(Policy):
         super().__init__()
         w = c["width"]
         self.init_common(c)
-        self.img_patch = Linear(self.patch_dim, w)
-        self.img_pos = normal(self.grid ** 2, w)
-        self.img_slot = normal(c["slots"], w)
-        self.txt_embed = normal(257, w)  # D5
-        self.txt_pos = normal(c["max_token_len"], w)
         self.state_embed = normal(256, w)  # D6
         self.state_dim_emb = normal(c["state_dim"], w)
         self.act_in = Linear(c["action_dim"], w)
@@ -199,11 +201,6 @@ class Pi0(Policy):
         super().__init__()
         w = c["width"]
         self.init_common(c)
-        self.img_patch = Linear(self.patch_dim, w)
-        self.img_pos = normal(self.grid ** 2, w)
-        self.img_slot = normal(c["slots"], w)
-        self.txt_embed = normal(257, w)  # D5
-        self.txt_pos = normal(c["max_token_len"], w)
         self.state_proj = Linear(c["state_dim"], w)
         self.act_in = Linear(c["action_dim"], w)
         self.act_pos = normal(c["horizon"], w)
