@@ -18,7 +18,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { tokenizePrompt } from '../kernels/batch.ts';
-import { makeConfig } from '../kernels/config.ts';
+import { makeConfig, resolvePreset } from '../kernels/config.ts';
 import { normalizerFor } from '../kernels/normalize.ts';
 import { openDataset, pairsFor, type Dataset } from '../server/datasets/index.ts';
 import { buildEvalSet, evalFields, scorePredictions } from '../server/jobs/evaluate.ts';
@@ -27,16 +27,17 @@ import { G1, HELD_OUT } from './recipe-split.ts';
 
 const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const RESULTS = path.join(REPO, 'bench/results');
-/** Where --torch keeps its export of the data (frames at 96x96: ~150 MB). */
-const TORCH_DIR = path.join(os.tmpdir(), 'vela-g1-torch-export');
+/** Where --torch keeps its export of the data for one preset (frames at 96x96: ~150 MB). */
+const torchDir = (preset: string) => path.join(os.tmpdir(), `vela-g1-torch-export-${preset}`);
 
 const USAGE = `Usage: npx tsx bench/recipe.ts --name NAME [--note TEXT] [--dry] -- [vela finetune flags]
 
 Runs one fine-tune recipe on g1_pick_bottle, held-out episodes ${HELD_OUT.join(', ')} (split A), and
 appends its held-out score to bench/results/recipe.jsonl / recipe.md. --table only rewrites
 recipe.md from recipe.jsonl. --torch trains bench/torch_reference.py's model with
-bench/torch_finetune.py instead (its flags after --) and scores its chunks with the job's
-scorer; --export only writes that script's copy of the data.
+bench/torch_finetune.py instead (its flags after --; --model PRESET among them picks the model,
+pi05-tiny by default) and scores its chunks with the job's scorer; --export only writes that
+script's copy of the data (for the --model after --).
 `;
 
 interface Row {
@@ -128,17 +129,36 @@ async function exportForTorch(ds: Dataset, dir: string, preset: string): Promise
   }));
 }
 
+/**
+ * The preset named by `--model X` / `--model=X` (or `--preset`) among torch_finetune's flags
+ * (default pi05-tiny; an alias resolves as in vela finetune), and the other flags: the script is
+ * given `--preset` itself. Throws ConfigError for an unknown preset.
+ */
+function torchPreset(flags: string[]): { preset: string; rest: string[] } {
+  let preset = 'pi05-tiny';
+  const rest: string[] = [];
+  for (let i = 0; i < flags.length; i++) {
+    const f = flags[i]!;
+    if (f === '--model' || f === '--preset') {
+      if (flags[i + 1] === undefined) throw new Error(`${f} needs a preset name (e.g. ${f} pi0-tiny)`);
+      preset = flags[++i]!;
+    } else if (f.startsWith('--model=') || f.startsWith('--preset=')) preset = f.slice(f.indexOf('=') + 1);
+    else rest.push(f);
+  }
+  return { preset: resolvePreset(preset), rest };
+}
+
 /** `--torch`: bench/torch_finetune.py trained on split A, its chunks scored by Vela's scorer. */
 async function torchRow(name: string, note: string, flags: string[]): Promise<Row> {
-  const preset = 'pi05-tiny';
+  const { preset, rest } = torchPreset(flags);
   const ds = await openDataset(G1);
-  const dir = TORCH_DIR;
+  const dir = torchDir(preset);
   await exportForTorch(ds, dir, preset);
   const out = `pred-${name}`;
   const t0 = Date.now();
   let stdout = '';
   const code = await new Promise<number>((resolve, reject) => {
-    const child = spawn('nice', ['-n', '10', 'python3', 'bench/torch_finetune.py', '--data', dir, '--out', out, ...flags], { cwd: REPO, stdio: ['ignore', 'pipe', 'inherit'] });
+    const child = spawn('nice', ['-n', '10', 'python3', 'bench/torch_finetune.py', '--data', dir, '--out', out, '--preset', preset, ...rest], { cwd: REPO, stdio: ['ignore', 'pipe', 'inherit'] });
     child.stdout.on('data', (b: Buffer) => (stdout += b.toString()));
     child.on('error', reject);
     child.on('exit', (c) => resolve(c ?? 1));
@@ -183,7 +203,10 @@ async function main(): Promise<void> {
   const { values } = parseArgs({ args: own, options: { name: { type: 'string' }, note: { type: 'string' }, table: { type: 'boolean' }, dry: { type: 'boolean' }, torch: { type: 'boolean' }, export: { type: 'boolean' }, help: { type: 'boolean' } } });
   if (values.help) return void process.stdout.write(USAGE);
   if (values.table) return writeTable();
-  if (values.export) return exportForTorch(await openDataset(G1), TORCH_DIR, 'pi05-tiny');
+  if (values.export) {
+    const { preset } = torchPreset(flags);
+    return exportForTorch(await openDataset(G1), torchDir(preset), preset);
+  }
   if (!values.name) throw new Error('--name is required (see --help)');
   if (values.torch) {
     const row = await torchRow(values.name, values.note ?? '', flags);

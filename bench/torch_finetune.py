@@ -1,15 +1,18 @@
-"""Fine-tunes bench/torch_reference.py's model (the same pi0.5 architecture as Vela's preset) on the
-G1 data that `npx tsx bench/recipe.ts --torch` exports, the way Vela's job trains, and writes its
+"""Fine-tunes bench/torch_reference.py's model (the same pi0 / pi0.5 architecture as Vela's preset) on
+the G1 data that `npx tsx bench/recipe.ts --torch` exports, the way Vela's job trains, and writes its
 sampled chunks for the held-out frames; recipe.ts scores them with Vela's own scorer.
 
     python3 bench/torch_finetune.py --data DIR --steps 1500 --batch-size 16 --learning-rate 1e-4
+    python3 bench/torch_finetune.py --data DIR --preset pi0-tiny --batch-size 32 --learning-rate 3e-4 --ema-decay 0.99
 
 The export (DIR/meta.json, frames.u8 [N, S, S, 3], state.f32 [N, sd], action.f32 [N, ad]) holds
 every frame of the dataset at the model's image size (Vela's own resize), the prompt's tokens, the
 training episodes, the held-out (episode, frame) list and the norm stats Vela computes for the
-run (quantile, delta chunk entries). The training is Vela's (server/jobs/train.ts): frames drawn
+run (delta chunk entries). The training is Vela's (server/jobs/train.ts): frames drawn
 uniformly with replacement from the training episodes, 16-step chunks padded and masked past an
-episode's end, delta actions on the shared dims, quantile normalisation, noise then Beta(1.5, 1)
+episode's end, delta actions on the shared dims, normalisation as Vela's normalizerFor(preset)
+(kernels/normalize.ts: z-score `(x - mean) / (std + 1e-6)` for pi0, quantile for pi0.5) of the
+state and the actions, the state as pi0's suffix token or pi0.5's bins, noise then Beta(1.5, 1)
 time (D11), masked MSE, global-norm clipping at 1, AdamW (betas 0.9 / 0.95), linear warm-up then
 cosine to a floor, an optional moving average of the weights with the same warm-up. Sampling:
 10 Euler steps from seeded noise. Writes DIR/<out>.f32: [M, horizon, action_dim] normalised
@@ -26,18 +29,27 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from torch_reference import PRESETS, Pi05  # noqa: E402  (the same directory)
+from torch_reference import PRESETS, build  # noqa: E402  (the same directory)
 
 
 def quantile_norm(x, st):
+    """pi0.5: (x - q01) / (q99 - q01 + 1e-6) * 2 - 1 (kernels/normalize.ts quantileNormalize)."""
     q01, q99 = np.asarray(st["q01"], np.float32), np.asarray(st["q99"], np.float32)
     return (x - q01[: x.shape[-1]]) / (q99[: x.shape[-1]] - q01[: x.shape[-1]] + 1e-6) * 2 - 1
+
+
+def zscore_norm(x, st):
+    """pi0: (x - mean) / (std + 1e-6) (kernels/normalize.ts zscore)."""
+    mean, std = np.asarray(st["mean"], np.float32), np.asarray(st["std"], np.float32)
+    return (x - mean[: x.shape[-1]]) / (std[: x.shape[-1]] + 1e-6)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", default="torch_pred")
+    ap.add_argument("--preset", "--model", dest="preset", default="pi05-tiny", choices=sorted(PRESETS),
+                    help="the model (--model is the same flag, as `vela finetune` names it); the export must be for it")
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--learning-rate", type=float, default=1e-4)
@@ -55,7 +67,11 @@ def main():
     rng = np.random.default_rng(args.seed)
 
     meta = json.load(open(os.path.join(args.data, "meta.json")))
-    c = PRESETS[meta["preset"]]
+    if meta["preset"] != args.preset:
+        raise SystemExit(f"{args.data} was exported for {meta['preset']}; --preset is {args.preset} (export it for that preset: recipe.ts --export --model {args.preset})")
+    c = PRESETS[args.preset]
+    pi0 = args.preset.startswith("pi0-")
+    normalize = zscore_norm if pi0 else quantile_norm
     S, H, A, SD = c["image_size"], c["horizon"], c["action_dim"], c["state_dim"]
     ad, sd = meta["ad"], meta["sd"]
     frames = np.fromfile(os.path.join(args.data, "frames.u8"), np.uint8).reshape(-1, S, S, 3)
@@ -65,8 +81,9 @@ def main():
     pairs = meta["delta_pairs"]
     norm = meta["norm_stats"]
     state_n = np.zeros((len(state), SD), np.float32)
-    state_n[:, :sd] = quantile_norm(state, norm["state"])
-    bins_all = torch.from_numpy(np.clip(np.floor((np.clip(state_n, -1, 1) + 1) / 2 * 256), 0, 255).astype(np.int64))
+    state_n[:, :sd] = normalize(state, norm["state"])
+    # pi0 takes the normalised state (one suffix token); pi0.5 its 256 bins (D6)
+    state_in = torch.from_numpy(state_n) if pi0 else torch.from_numpy(np.clip(np.floor((np.clip(state_n, -1, 1) + 1) / 2 * 256), 0, 255).astype(np.int64))
     tokens = torch.tensor(meta["tokens"], dtype=torch.long)
     token_valid = torch.tensor(meta["token_mask"], dtype=torch.bool)
 
@@ -80,7 +97,7 @@ def main():
         out = np.zeros((H, A), np.float32)
         mask = np.zeros((H, A), np.float32)
         valid = min(H, e["length"] - t)
-        out[:valid, :ad] = quantile_norm(a[:valid], norm["actions"])
+        out[:valid, :ad] = normalize(a[:valid], norm["actions"])
         mask[:valid, :ad] = 1
         return out, mask
 
@@ -90,10 +107,10 @@ def main():
         g, p = S // c["patch"], c["patch"]
         x = torch.from_numpy(frames[rows]).float() / 127.5 - 1
         patches = x.view(b, 1, g, p, g, p, 3).permute(0, 1, 2, 4, 3, 5, 6).reshape(b, 1, g * g, p * p * 3)
-        return patches, tokens[None].expand(b, -1), token_valid[None].expand(b, -1), bins_all[rows]
+        return patches, tokens[None].expand(b, -1), token_valid[None].expand(b, -1), state_in[rows]
 
     train_frames = [(ep, t) for ep in meta["train"] for t in range(episodes[ep]["length"])]
-    model = Pi05(c)
+    model = build(args.preset)
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=args.learning_rate, betas=(0.9, 0.95), eps=args.adam_eps, weight_decay=args.weight_decay)
     ema = [q.detach().clone() for q in params] if args.ema_decay > 0 else None
@@ -112,12 +129,12 @@ def main():
         ch = [chunk(ep, t) for ep, t in picks]
         actions = torch.from_numpy(np.stack([a for a, _ in ch]))
         mask = torch.from_numpy(np.stack([m for _, m in ch]))
-        patches, tok, tv, bins = inputs(picks)
+        patches, tok, tv, st = inputs(picks)
         noise = torch.randn(actions.shape)
         u = torch.rand(args.batch_size)
         tt = 0.999 * (u if args.time_sampling == "uniform" else u.pow(2 / 3)) + 0.001
         x_t = tt[:, None, None] * noise + (1 - tt[:, None, None]) * actions
-        v = model(patches, slot, tok, tv, bins, x_t, tt)
+        v = model(patches, slot, tok, tv, st, x_t, tt)
         per = ((v - (noise - actions)) ** 2 * mask).sum((1, 2)) / mask.sum((1, 2)).clamp(min=1)
         opt.zero_grad(set_to_none=True)
         (per.sum() / args.batch_size).backward()
@@ -147,12 +164,12 @@ def main():
         items = [(e["episode"], e["t"]) for e in meta["eval"]]
         for s in range(0, len(items), 32):
             part = items[s:s + 32]
-            patches, tok, tv, bins = inputs(part)
+            patches, tok, tv, st = inputs(part)
             x = torch.randn((len(part), H, A), generator=gen)
             dt = -0.1
             t = 1.0
             while t >= -dt / 2:
-                x = x + dt * model(patches, slot, tok, tv, bins, x, torch.full((len(part),), t))
+                x = x + dt * model(patches, slot, tok, tv, st, x, torch.full((len(part),), t))
                 t += dt
             out.append(x.numpy().astype(np.float32))
     np.concatenate(out).tofile(os.path.join(args.data, f"{args.out}.f32"))
