@@ -43,10 +43,12 @@ Settings (flag, environment variable, default):
 ${settingsHelp()}
 `;
 
-const KEYS_USAGE = `Usage: vela keys create [--name NAME] [settings]
+const KEYS_USAGE = `Usage: vela keys create [--name NAME] [--data-dir DIR] [--database-url URL]
 
-Creates an API key in the store (the --data-dir setting, VELA_DATA_DIR) and prints it; only its
-hash is kept, so this is the one time it is shown.
+Creates an API key in the store and prints it; only its hash is kept, so this is the one time it
+is shown. The store is the server's: SQLite in --data-dir (VELA_DATA_DIR, default ./vela-data),
+or the cluster's PostgreSQL with --database-url (VELA_DATABASE_URL). Any other setting of
+vela serve --help is taken and ignored.
 `;
 
 const PRESETS_USAGE = 'Usage: vela presets\n\nPrints each model preset with its parameter count (MODEL.md).\n';
