@@ -188,11 +188,17 @@ function writeTable(): void {
 }
 
 /** Run a command under nice; resolves with its exit code. */
-function run(cmd: string, args: string[], env: NodeJS.ProcessEnv = process.env): Promise<number> {
+/** Run a child under `nice`, its stderr passed through and kept (the engine line names the backend). */
+function run(cmd: string, args: string[], env: NodeJS.ProcessEnv = process.env): Promise<{ code: number; stderr: string }> {
   return new Promise((resolve, reject) => {
-    const child = spawn('nice', ['-n', '10', cmd, ...args], { stdio: ['ignore', 'inherit', 'inherit'], cwd: REPO, env });
+    const child = spawn('nice', ['-n', '10', cmd, ...args], { stdio: ['ignore', 'inherit', 'pipe'], cwd: REPO, env });
+    let stderr = '';
+    child.stderr!.on('data', (b: Buffer) => {
+      process.stderr.write(b);
+      if (stderr.length < 1 << 20) stderr += b.toString();
+    });
     child.on('error', reject);
-    child.on('exit', (code) => resolve(code ?? 1));
+    child.on('exit', (code) => resolve({ code: code ?? 1, stderr }));
   });
 }
 
@@ -220,7 +226,7 @@ async function main(): Promise<void> {
   const args = ['bin/vela.js', 'finetune', '--dataset', G1, '--eval-episodes', HELD_OUT.join(','), '--output', out, ...flags];
   process.stderr.write(`recipe ${values.name}: node ${args.join(' ')}\n`);
   const t0 = Date.now();
-  const code = await run(process.execPath, args);
+  const { code, stderr } = await run(process.execPath, args);
   const totalS = (Date.now() - t0) / 1000;
   if (code !== 0) throw new Error(`vela finetune exited with ${code}; events in ${out}/events.jsonl`);
   const events = fs.readFileSync(path.join(out, 'events.jsonl'), 'utf8').split('\n').filter((l) => l.trim()).map((l) => JSON.parse(l));
@@ -228,7 +234,9 @@ async function main(): Promise<void> {
   const evals = progress.filter((e) => typeof e.eval_mse === 'number');
   const last = evals.at(-1);
   if (!last) throw new Error('the run made no held-out evaluation');
-  const backend = /backend (\S+)/.exec(events.find((e) => e.type === 'log' && /engine/.test(e.message))?.message ?? '')?.[1];
+  // `engine: pi0-tiny, backend tensorflow (tfjs-node) on CPU, ...`: tensorflow is the native (node) backend.
+  const engineBackend = /^engine: .*?backend (\S+)/m.exec(stderr)?.[1];
+  const backend = engineBackend === 'tensorflow' ? 'node' : engineBackend;
   // Training time: elapsed_seconds is taken before a step's evaluation, so it holds every evaluation but the last.
   const evalS = evals.slice(0, -1).reduce((sum, e) => sum + (e.eval_seconds as number), 0);
   const row: Row = {
