@@ -108,7 +108,8 @@ export async function prepareRun(cfg: FineTuneConfig, datasetDir: string, open: 
  * Train and held-out episodes (issue 16): every episode of dataset_name trains when eval_dataset
  * names a second dataset (all of whose episodes are scored); else eval_episodes are held out, or
  * a seeded share eval_fraction (0: nothing held out and nothing evaluated).
- * @throws Error naming episodes the dataset does not have, or a split that leaves nothing to train on.
+ * @throws FieldError (eval_episodes, a 400) naming episodes the dataset does not have, or a split
+ *   that leaves nothing to train on.
  */
 export function resolveSplit(cfg: Pick<FineTuneConfig, 'eval_fraction' | 'eval_episodes' | 'eval_dataset' | 'seed'>, ds: Dataset): EpisodeSplit {
   const all = [...ds.episodeIndices].sort((a, b) => a - b);

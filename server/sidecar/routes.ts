@@ -1,5 +1,5 @@
 /**
- * The sidecar training API (../shared/reference/sidecar-training-api.txt) on Vela's jobs, for
+ * The sidecar training API (its reference document; the routes are in docs/PROTOCOL.md section 10) on Vela's jobs, for
  * clients written against it. A sidecar job is a Vela fine-tune (`ft-...`, visible at
  * `/v1/fine-tunes/{id}` too); every route needs the API key, like the rest of Vela.
  * - `POST /training/job_start` `{dataset, num_train_steps?, model_size?, dataset_content?}`:

@@ -1,5 +1,5 @@
-"""A client of the sidecar training API, written from its document (../shared/reference/
-sidecar-training-api.txt) alone, as the Go server uses it: start a job with the dataset sent in
+"""A client of the sidecar training API, written from its reference document
+alone (the sidecar training API's spec; its routes are in docs/PROTOCOL.md section 10), as the Go server uses it: start a job with the dataset sent in
 `dataset_content`, follow `job_events` (Server-Sent Events) to its final event, reconnecting with
 `from=` when the stream ends early, fetch every file of the trained model with `/models/file`
 checking size and sha256 against the model's `files`, add and count eval examples, cancel.

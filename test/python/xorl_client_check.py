@@ -1,5 +1,5 @@
-"""An xorl-style training client, written from xorl's API reference (../shared/reference/
-xorl-api-reference.txt) alone: every training operation is a POST that answers a request_id,
+"""An xorl-style training client, written from xorl's API reference
+alone (its routes are in docs/PROTOCOL.md section 7): every training operation is a POST that answers a request_id,
 then POST /api/v1/retrieve_future is polled until the result is there; the client names its
 model (create_model's model_id); recovery is "restart from the last checkpoint": kill the
 session, create the model again, load_weights by what save_weights returned.
