@@ -31,6 +31,9 @@ export function streamFile(r: Req, file: string, size: number): Promise<void> {
       if (r.aborted) return finish();
       let ok = false;
       let done = false;
+      // The offset before the write: on backpressure tryEnd has sent part of `buf`, and
+      // onWritable's offset minus this one is how much of it went out.
+      const offsetBefore = res.getWriteOffset();
       res.cork(() => {
         [ok, done] = res.tryEnd(buf, size);
       });
@@ -42,7 +45,7 @@ export function streamFile(r: Req, file: string, size: number): Promise<void> {
       if (!ok) {
         stream.pause();
         pending = buf;
-        offsetAtPause = res.getWriteOffset();
+        offsetAtPause = offsetBefore;
         res.onWritable((offset) => {
           if (r.aborted) {
             finish();
