@@ -32,13 +32,14 @@ export interface AdamWScalars {
 /**
  * Sum over all tensors of (g / divisor)^2, each quotient rounded to float32 as tf.div would, the
  * squares and the sum in float64 (exact squares, no float32 drift over millions of terms).
+ * `view` gives a tensor's float32 values (HostMemory.view, or a copy on tfjs-node).
  */
-export function sumOfSquares(host: HostMemory, grads: Iterable<tf.Tensor>, divisor: number): number {
+export function sumOfSquares(view: (t: tf.Tensor) => Float32Array, grads: Iterable<tf.Tensor>, divisor: number): number {
   const f = Math.fround;
   const d = f(divisor);
   let total = 0;
   for (const t of grads) {
-    const g = host.view(t);
+    const g = view(t);
     if (d === 1) {
       for (let i = 0; i < g.length; i++) total += g[i]! * g[i]!;
     } else {
@@ -52,31 +53,51 @@ export function sumOfSquares(host: HostMemory, grads: Iterable<tf.Tensor>, divis
 }
 
 /**
- * New parameter and moments of one tensor: returns fresh tensors [p', m', v'] (the caller
- * assigns them). Inputs are read, never written.
+ * New parameter and moments of one tensor: fresh tensors [p', m', v'] (the caller assigns them),
+ * and whether every value of them is finite. Inputs are read, never written.
  */
-export function adamwFused(host: HostMemory, p: tf.Tensor, g: tf.Tensor, m: tf.Tensor, v: tf.Tensor, s: AdamWScalars): [tf.Tensor, tf.Tensor, tf.Tensor] {
+export function adamwFused(host: HostMemory, p: tf.Tensor, g: tf.Tensor, m: tf.Tensor, v: tf.Tensor, s: AdamWScalars): { out: [tf.Tensor, tf.Tensor, tf.Tensor]; finite: boolean } {
   const out: [tf.Tensor, tf.Tensor, tf.Tensor] = [host.alloc(p.shape), host.alloc(p.shape), host.alloc(p.shape)];
   let start = 0;
+  let finite = true;
   if (host.heap) {
     // The SIMD loop takes the largest multiple of 4 elements; the loop below the rest.
+    const flag = host.alloc([4]);
     const { memory, offset } = host.heap;
-    const fns = adamwSimd(memory);
-    const f = Math.fround;
-    const lerpLow = s.w < 0.5;
     start = p.size - (p.size % 4);
     const at = [p, g, m, v, ...out].map(offset) as [number, number, number, number, number, number, number];
-    (lerpLow ? fns.low : fns.high)(...at, start * 4, f(s.divisor), s.clipScale === 1 ? 1 : f(s.clipScale), s.decay === 1 ? 1 : f(s.decay),
-      lerpLow ? f(s.w) : f(1 - s.w), f(s.beta2), f(1 - s.beta2), f(s.bc2Sqrt), f(s.eps), f(-s.stepSize));
+    runSimd(memory, at, start * 4, offset(flag), s);
+    finite = flagFinite(host.view(flag));
+    flag.dispose();
   }
   // Views after the last alloc (a growing wasm heap detaches older views).
   const [pv, gv, mv, vv, po, mo, vo] = [p, g, m, v, ...out].map((t) => host.view(t)) as Float32Array[];
-  updateRange(pv!, gv!, mv!, vv!, po!, mo!, vo!, start, s);
-  return out;
+  return { out, finite: updateRange(pv!, gv!, mv!, vv!, po!, mo!, vo!, start, s) && finite };
 }
 
-/** The update of elements [start, n) in plain JavaScript, every operation rounded to float32. */
-function updateRange(pv: Float32Array, gv: Float32Array, mv: Float32Array, vv: Float32Array, po: Float32Array, mo: Float32Array, vo: Float32Array, start: number, s: AdamWScalars): void {
+/**
+ * kernels/adamw-simd.ts's loop over `bytes` of the seven runs at byte offsets `at` of `memory`
+ * (p, g, m, v, p', m', v'), leaving its finite flag at byte offset `flag`.
+ */
+export function runSimd(memory: object, at: readonly [number, number, number, number, number, number, number], bytes: number, flag: number, s: AdamWScalars): void {
+  const f = Math.fround;
+  const lerpLow = s.w < 0.5; // torch's lerp switches formula at weight 0.5
+  const fns = adamwSimd(memory);
+  (lerpLow ? fns.low : fns.high)(...at, bytes, flag, f(s.divisor), s.clipScale === 1 ? 1 : f(s.clipScale), s.decay === 1 ? 1 : f(s.decay),
+    lerpLow ? f(s.w) : f(1 - s.w), f(s.beta2), f(1 - s.beta2), f(s.bc2Sqrt), f(s.eps), f(-s.stepSize));
+}
+
+/** Whether the SIMD loop's flag (4 float32 lanes) says every value it wrote is finite. */
+export function flagFinite(lanes: Float32Array): boolean {
+  return lanes.length === 4 && lanes.every((x) => !Number.isNaN(x));
+}
+
+/**
+ * The update of elements [start, n) in plain JavaScript, every operation rounded to float32.
+ * Returns whether every value it wrote is finite (their float64 sum is: finite float32 values
+ * cannot overflow it).
+ */
+function updateRange(pv: Float32Array, gv: Float32Array, mv: Float32Array, vv: Float32Array, po: Float32Array, mo: Float32Array, vo: Float32Array, start: number, s: AdamWScalars): boolean {
   const f = Math.fround;
   const d = f(s.divisor);
   const clip = s.clipScale === 1 ? 1 : f(s.clipScale);
@@ -89,6 +110,7 @@ function updateRange(pv: Float32Array, gv: Float32Array, mv: Float32Array, vv: F
   const bc2 = f(s.bc2Sqrt);
   const eps = f(s.eps);
   const negStep = f(-s.stepSize);
+  let sum = 0;
   for (let i = start; i < pv.length; i++) {
     const gi = f(f(gv[i]! / d) * clip);
     const pi = f(pv[i]! * decay);
@@ -97,8 +119,11 @@ function updateRange(pv: Float32Array, gv: Float32Array, mv: Float32Array, vv: F
     const mNext = lerpLow ? f(mi + f(w * diff)) : f(gi - f(diff * oneMinusW));
     const vNext = f(f(vv[i]! * b2) + f(f(gi * oneMinusB2) * gi));
     const denom = f(f(f(Math.sqrt(vNext)) / bc2) + eps);
-    po[i] = f(pi + f(f(mNext * negStep) / denom));
+    const pNext = f(pi + f(f(mNext * negStep) / denom));
+    po[i] = pNext;
     mo[i] = mNext;
     vo[i] = vNext;
+    sum += pNext + mNext + vNext;
   }
+  return Number.isFinite(sum);
 }

@@ -2,7 +2,8 @@
  * Zero-copy access to float32 tensor memory on the backends whose memory JavaScript can reach:
  * the wasm backend (a view of the wasm heap) and the cpu backend (the backing typed array). Used
  * by loops that TF.js would run as many small kernels (the fused AdamW of kernels/adamw-fused.ts).
- * On other backends (tfjs-node, tfjs-node-gpu) `hostMemory()` is null and callers use TF.js ops.
+ * On other backends (tfjs-node, tfjs-node-gpu) `hostMemory()` is null: callers use TF.js ops, or
+ * copies (kernels/adamw-staged.ts).
  */
 import * as tf from '@tensorflow/tfjs';
 import { isWasmMemory } from './wasm-asm.ts';
@@ -73,35 +74,4 @@ function make(name: string): HostMemory | null {
     };
   }
   return null;
-}
-
-let nativeCached: { backend: object; host: HostMemory | null } | null = null;
-
-/**
- * hostMemory(), and on tfjs-node running on the CPU a copying equivalent: `view` of a tensor that
- * lives in TensorFlow is a fresh copy (read it, never write it), while a tensor from `alloc`
- * keeps its JavaScript array until its first use (tfjs-node hands TensorFlow the values lazily),
- * so writes through its `view` land. Worth it where TF.js would run many kernels on small tensors
- * (AdamW: ~15 kernels per parameter, each a full dispatch through the addon), not for one large
- * elementwise op, which TensorFlow's own kernel does faster than a JavaScript loop. Null on
- * tfjs-node-gpu (device memory) and on other backends.
- */
-export function copyingHostMemory(): HostMemory | null {
-  const host = hostMemory();
-  if (host || tf.getBackend() !== 'tensorflow') return host;
-  const backend = tf.backend() as unknown as NativeData;
-  if (nativeCached?.backend !== backend) nativeCached = { backend, host: backend.isUsingGpuDevice ? null : makeNative(backend) };
-  return nativeCached.host;
-}
-
-type NativeData = { readSync(dataId: object): unknown; isUsingGpuDevice?: boolean };
-
-function makeNative(backend: NativeData): HostMemory {
-  return {
-    alloc: (shape) => tf.tensor(new Float32Array(shape.reduce((a, b) => a * b, 1)), [...shape], 'float32'),
-    view: (t) => {
-      float32(t);
-      return backend.readSync(t.dataId) as Float32Array;
-    },
-  };
 }

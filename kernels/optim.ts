@@ -17,7 +17,8 @@
  */
 import * as tf from '@tensorflow/tfjs';
 import { adamwFused, sumOfSquares, type AdamWScalars } from './adamw-fused.ts';
-import { copyingHostMemory, hostMemory, type HostMemory } from './host-memory.ts';
+import { adamwStaged, readFloat32, stagedAdamWApplies } from './adamw-staged.ts';
+import { hostMemory } from './host-memory.ts';
 
 export type OptimErrorCode =
   | 'bad_option' // an AdamW option outside its range
@@ -227,8 +228,9 @@ export function globalNorm(tensors: Iterable<tf.Tensor>): number {
  * With `gradClipNorm` > 0 and gradNorm > gradClipNorm every gradient is scaled by clip / gradNorm
  * (exactly that factor; torch's clip_grad_norm_ would use clip / (norm + 1e-6)).
  *
- * On the wasm and cpu backends the update runs as one loop per parameter (kernels/adamw-fused.ts,
- * bit-identical to the TF.js ops below, which other backends run).
+ * On the wasm and cpu backends the update runs as one loop per parameter (kernels/adamw-fused.ts),
+ * on tfjs-node (CPU) as the same SIMD loop over copies (kernels/adamw-staged.ts); both are
+ * bit-identical to the TF.js ops below, which other backends (tfjs-node-gpu) run.
  */
 export function adamwStep(
   params: Map<string, tf.Variable>,
@@ -239,12 +241,22 @@ export function adamwStep(
 ): { gradNorm: number; skipped: boolean } {
   checkStep(params, grads, moments, opts, divisor);
   const host = hostMemory();
-  if (host) return fusedStep(host, params, grads, moments, opts, divisor, () => true);
-  // tfjs-node on the CPU: for a small tensor one copy out and one in beat ~15 kernel dispatches
-  // through the addon (a LoRA step's optim_step: 92 -> 15 ms); a large one is faster in
-  // TensorFlow's own elementwise kernels than in a JavaScript loop. Both give the same bits.
-  const copying = copyingHostMemory();
-  if (copying) return fusedStep(copying, params, grads, moments, opts, divisor, (p) => p.size <= COPY_MAX_ELEMENTS);
+  if (host) return loopStep((x) => host.view(x), (p, g, m, v, s) => adamwFused(host, p, g, m, v, s), params, grads, moments, opts, divisor);
+  if (stagedAdamWApplies()) {
+    // Each gradient is copied out once: for the norm, then staged from that copy.
+    const copies = new Map<tf.Tensor, Float32Array>();
+    const read = (t: tf.Tensor) => copies.get(t) ?? readFloat32(t);
+    const readGrad = (t: tf.Tensor) => {
+      const c = readFloat32(t);
+      copies.set(t, c);
+      return c;
+    };
+    return loopStep(readGrad, (p, g, m, v, s) => {
+      const r = adamwStaged(p, g, m, v, s, read);
+      copies.delete(g);
+      return r;
+    }, params, grads, moments, opts, divisor, read);
+  }
   return opsStep(params, grads, moments, opts, divisor);
 }
 
@@ -315,6 +327,12 @@ function finiteSum(ts: tf.Tensor[]): boolean {
   return tf.tidy(() => Number.isFinite(tf.addN(ts.map((t) => tf.sum(t))).dataSync()[0]!));
 }
 
+/** Frees every tensor of `next` (a refused step) and rethrows. */
+function disposeNext(next: Map<string, tf.Tensor[]>, e: unknown): never {
+  for (const out of next.values()) tf.dispose(out);
+  throw e;
+}
+
 function assignAll(p: tf.Variable, m: tf.Variable, v: tf.Variable, next: [tf.Tensor, tf.Tensor, tf.Tensor]): void {
   p.assign(next[0]);
   m.assign(next[1]);
@@ -322,33 +340,31 @@ function assignAll(p: tf.Variable, m: tf.Variable, v: tf.Variable, next: [tf.Ten
   tf.dispose(next);
 }
 
-/** Parameters up to this many elements take the copying path on tfjs-node (CPU). */
-const COPY_MAX_ELEMENTS = 16384;
+type TensorUpdate = (p: tf.Tensor, g: tf.Tensor, m: tf.Tensor, v: tf.Tensor, s: AdamWScalars) => { out: [tf.Tensor, tf.Tensor, tf.Tensor]; finite: boolean };
 
-function fusedStep(
-  host: HostMemory, params: Map<string, tf.Variable>, grads: Map<string, tf.Tensor>, moments: AdamWMoments, opts: AdamWOptions, divisor: number,
-  onHost: (p: tf.Tensor) => boolean,
+/**
+ * adamwStep with one update call per parameter (a loop over host memory or over copies):
+ * `readGrad` gives a gradient's float32 values for the norm, `read` any tensor's (for the finite
+ * check's message).
+ */
+function loopStep(
+  readGrad: (t: tf.Tensor) => Float32Array, update: TensorUpdate,
+  params: Map<string, tf.Variable>, grads: Map<string, tf.Tensor>, moments: AdamWMoments, opts: AdamWOptions, divisor: number,
+  read = readGrad,
 ) {
-  const gradNorm = Math.sqrt(sumOfSquares(host, grads.values(), divisor));
+  const gradNorm = Math.sqrt(sumOfSquares(readGrad, grads.values(), divisor));
   if (!Number.isFinite(gradNorm)) return { gradNorm, skipped: true };
   const t = moments.step + 1;
   const s = scalarsOf(opts, t, divisor, clipScaleOf(opts, gradNorm));
   const next = new Map<string, [tf.Tensor, tf.Tensor, tf.Tensor]>();
   try {
     for (const [name, p] of params) {
-      const [g, m, v] = [grads.get(name)!, moments.m.get(name)!, moments.v.get(name)!];
-      next.set(name, onHost(p) ? adamwFused(host, p, g, m, v, s) : tf.tidy(() => opsUpdate(p, divisor === 1 ? g : tf.div(g, divisor), m, v, s)));
-    }
-    // Views after the last alloc (a growing wasm heap detaches older views). Tensors updated by
-    // TensorFlow's kernels are summed there first: a finite sum means every value is finite,
-    // without copying them out (only a non-finite sum, or an overflow, needs the element check).
-    for (const [name, out] of next) {
-      if (!onHost(params.get(name)!) && finiteSum(out)) continue;
-      checkFinite(name, out.map((x) => host.view(x) as Float32Array), opts);
+      const { out, finite } = update(p, grads.get(name)!, moments.m.get(name)!, moments.v.get(name)!, s);
+      next.set(name, out);
+      if (!finite) checkFinite(name, out.map(read), opts);
     }
   } catch (e) {
-    for (const out of next.values()) tf.dispose(out);
-    throw e;
+    disposeNext(next, e);
   }
   for (const [name, out] of next) assignAll(params.get(name)!, moments.m.get(name)!, moments.v.get(name)!, out);
   moments.step = t;
@@ -384,8 +400,7 @@ function opsStep(params: Map<string, tf.Variable>, grads: Map<string, tf.Tensor>
     try {
       for (const [name, out] of next) if (!finiteSum(out)) checkFinite(name, out.map((x) => x.dataSync() as Float32Array), opts);
     } catch (e) {
-      for (const out of next.values()) tf.dispose(out);
-      throw e;
+      disposeNext(next, e);
     }
     for (const [name, out] of next) assignAll(params.get(name)!, moments.m.get(name)!, moments.v.get(name)!, out);
     moments.step = t;

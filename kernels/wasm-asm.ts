@@ -110,6 +110,14 @@ interface WasmApi {
 }
 const wasmApi = (globalThis as unknown as { WebAssembly: WasmApi }).WebAssembly;
 
+/**
+ * A WebAssembly.Memory of our own (not a backend's) that can grow to `maxPages` 64 KiB pages;
+ * `buffer` and `grow` as the JS API's (grow detaches views of the old buffer).
+ */
+export function newWasmMemory(initialPages: number, maxPages: number): { buffer: ArrayBuffer; grow(pages: number): number } {
+  return new wasmApi.Memory({ initial: initialPages, maximum: maxPages }) as { buffer: ArrayBuffer; grow(pages: number): number };
+}
+
 /** Whether `x` is a WebAssembly.Memory (what a module here can import). */
 export function isWasmMemory(x: unknown): x is object {
   return x instanceof wasmApi.Memory;

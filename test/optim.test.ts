@@ -284,6 +284,44 @@ describe('fused AdamW equals the TF.js ops bit for bit', () => {
   }
 });
 
+describe('an update that would overflow is refused on every backend, nothing changed', () => {
+  // w has 91 values: the SIMD loops take 88 and (wasm, cpu) a JavaScript loop the last 3, so
+  // the overflow is put in each part; g^2 = 1e60 overflows float32 in v.
+  for (const backend of [...TEST_BACKENDS, 'cpu'] as const) {
+    for (const at of [5, 90]) {
+      it(`${backend}: a gradient of 1e30 at w[${at}]`, async () => {
+        await useBackend(backend);
+        try {
+          const params = new Map([['w', tf.variable(tf.fill([7, 13], 0.5))], ['b', tf.variable(tf.fill([3], 0.25))]]);
+          const moments = AdamWMoments.create(params);
+          const g = new Float32Array(91).fill(0.1);
+          g[at] = 1e30;
+          const grads = new Map([['w', tf.tensor(g, [7, 13])], ['b', tf.fill([3], 0.1)]]);
+          expect(() => adamwStep(params, grads, moments, { ...DEFAULT_ADAMW, beta2: 0.5 })).toThrow(
+            new RegExp(`^optim_step would make w \\(exp_avg_sq\\)\\[${at}\\] Infinity; nothing was changed`),
+          );
+          let err: unknown = null;
+          try {
+            adamwStep(params, grads, moments, DEFAULT_ADAMW);
+          } catch (e) {
+            err = e;
+          }
+          expect(err).toBeInstanceOf(OptimError);
+          expect((err as OptimError).code).toBe('non_finite_update');
+          expect(params.get('w')!.dataSync().every((x) => x === 0.5)).toBe(true);
+          expect(moments.step).toBe(0);
+          expect(moments.export().tensors['w.exp_avg_sq']!.data.every((x) => x === 0)).toBe(true);
+          disposeAll(grads);
+          moments.dispose();
+          disposeAll(params);
+        } finally {
+          await useBackend(TEST_BACKENDS[0]!);
+        }
+      });
+    }
+  }
+});
+
 describe('AdamW options', () => {
   it('defaults are PROTOCOL.md section 3', () => {
     expect(DEFAULT_ADAMW).toEqual({ learningRate: 1e-4, beta1: 0.9, beta2: 0.95, eps: 1e-12, weightDecay: 0, gradClipNorm: 0 });
