@@ -10,6 +10,7 @@ import * as tf from '@tensorflow/tfjs';
 import { setWasmPaths } from '@tensorflow/tfjs-backend-wasm';
 import { createRequire } from 'node:module';
 import path from 'node:path';
+import { installFastNativeKernels } from './native-fast.ts';
 import { installFastWasmKernels } from './wasm-fast.ts';
 import { applyNativeEnv, installStatus, visibleGpus, type NativeThreads } from './native.ts';
 
@@ -91,6 +92,7 @@ async function tryOne(kind: BackendKind, threads: Partial<NativeThreads>): Promi
       // A variable specifier keeps bundlers and tsc from resolving a package that is optional.
       await import(/* @vite-ignore */ PACKAGE[kind] as string);
       if (!(await tf.setBackend('tensorflow'))) throw new Error(`${PACKAGE[kind]} loaded but backend 'tensorflow' did not initialise`);
+      installFastNativeKernels();
       const native = tf.backend() as unknown as { binding?: { TF_Version?: string }; isUsingGpuDevice?: boolean };
       const version = native.binding?.TF_Version ?? '?';
       // tfjs-node-gpu runs on the CPU when TensorFlow registers no GPU device (CUDA or cuDNN

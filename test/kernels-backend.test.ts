@@ -99,3 +99,30 @@ it.each(TEST_BACKENDS)('GELU (sigmoid form) and RMSNorm match their textbook for
   [...r.dataSync()].forEach((v, i) => expect(v).toBeCloseTo(([1, 2, 3, 4][i]! / rms) * [1, 0.5, 2, 1][i]!, 6));
   tf.dispose([g, r]);
 });
+
+it.each(TEST_BACKENDS)('a reshape to the same shape and a cast to the same dtype share data and free it with the last holder; other reshapes and casts compute [%s]', async (kind) => {
+  await useBackend(kind);
+  const before = tf.memory();
+  const x = tf.tensor([1.5, -2, 3.25, 4, 5, 6], [2, 3]);
+  const same = tf.reshape(x, [2, 3]);
+  const implicit = tf.reshape(x, [-1, 3]);
+  const cast = tf.cast(x, 'float32');
+  const other = tf.reshape(x, [3, 2]);
+  const toInt = tf.cast(x, 'int32');
+  x.dispose(); // the shared data stays while a holder is left
+  expect(Array.from(same.dataSync())).toEqual([1.5, -2, 3.25, 4, 5, 6]);
+  expect(implicit.shape).toEqual([2, 3]);
+  expect(Array.from(cast.dataSync())).toEqual([1.5, -2, 3.25, 4, 5, 6]);
+  expect(other.shape).toEqual([3, 2]);
+  expect(Array.from(other.dataSync())).toEqual([1.5, -2, 3.25, 4, 5, 6]);
+  expect(Array.from(toInt.dataSync())).toEqual([1, -2, 3, 4, 5, 6]);
+  tf.dispose([same, implicit, cast, other, toInt]);
+  expect(tf.memory().numTensors).toBe(before.numTensors);
+  expect(tf.memory().numDataBuffers).toBe(before.numDataBuffers);
+  // TF.js's Add gradient reshapes to each input's shape: with a broadcast bias as with a plain add.
+  const g = tf.grads((a: tf.Tensor, b: tf.Tensor) => tf.sum(tf.mul(tf.add(a, b), tf.add(a, b))));
+  const [da, db] = g([tf.tensor([[1, 2], [3, 4]]), tf.tensor([0.5, -1])]);
+  expect(Array.from(da!.dataSync())).toEqual([3, 2, 7, 6]);
+  expect(Array.from(db!.dataSync())).toEqual([10, 8]);
+  expect(db!.shape).toEqual([2]);
+});
