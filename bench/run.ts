@@ -51,9 +51,17 @@ async function main(opts: BenchOptions): Promise<number> {
 
   const needEngine = want('step') || want('torch');
   const needServer = want('step') || want('policy') || want('load');
-  const engine = needEngine ? await Engine.start({ preset: opts.preset, backend: process.env.VELA_BACKEND ?? 'wasm' }) : null;
+  // The in-process engine and the server take the same choice (the server's default: auto), so
+  // that the websocket's overhead is measured against the same kernels.
+  const engine = needEngine ? await Engine.start({ preset: opts.preset, backend: process.env.VELA_BACKEND ?? 'auto' }) : null;
   if (engine) result.machine.backend = engine.info.backend;
   const server = needServer ? await ServerProc.start(opts.preset) : null;
+  if (server) {
+    const health = (await (await fetch(`${server.baseUrl}/health`)).json()) as { backend?: string; backend_kind?: string };
+    if (!engine) result.machine.backend = health.backend ?? '?';
+    const policy = process.env.VELA_POLICY_BACKEND ?? 'same';
+    result.notes.push(`server: backend ${health.backend} (${health.backend_kind}), policy engines: ${policy === 'same' ? 'the same' : policy}`);
+  }
   try {
     if (want('step')) {
       say(`step: ${opts.steps} steps in-process and over the websocket`);
@@ -94,7 +102,7 @@ async function main(opts: BenchOptions): Promise<number> {
   } finally {
     await server?.close();
   }
-  if (!result.machine.backend) result.machine.backend = process.env.VELA_BACKEND ?? 'wasm';
+  if (!result.machine.backend) result.machine.backend = process.env.VELA_BACKEND ?? 'auto';
   result.wallS = (performance.now() - t0) / 1000;
   const full: BenchResult = { ...result, targets: targets(result) };
   const problems = validateResult(full);
