@@ -102,14 +102,17 @@ export function linear(x: tf.Tensor, p: LinearParams): tf.Tensor {
 
 /**
  * A fused linear layer whose output splits into `parts` equal column blocks (the fused QKV of
- * D2): returns `parts` tensors [..., out / parts]. The weight, bias and LoRA B are split instead
- * of the activations, since the wasm backend's Slice/SplitV copies the whole input for every
- * piece (weights are small; activations are not). Same function as linear + split.
+ * D2): returns `parts` tensors [..., out / parts]. On wasm the weight, bias and LoRA B are split
+ * instead of the activations, since reading XNNPACK's output in pieces costs copies of it and
+ * per-part matMuls stay on its fast path; elsewhere (TensorFlow) one matMul and one split of its
+ * output take ~4 kernels where the per-part way takes ~12, and each kernel costs tens of
+ * microseconds of dispatch there. Same function as linear + split either way.
  */
 export function linearParts(x: tf.Tensor, p: LinearParams, parts: number): tf.Tensor[] {
   const inDim = p.weight.shape[0]!;
   const outDim = p.weight.shape[1]!;
   if (outDim % parts !== 0) throw new Error(`linearParts: ${outDim} outputs do not split into ${parts} parts`);
+  if (tf.getBackend() !== 'wasm') return tf.split(linear(x, p), parts, x.rank - 1);
   const lead = x.shape.slice(0, -1);
   const x2 = x.rank === 2 ? x : tf.reshape(x, [-1, inDim]); // [n, in]
   const ws = tf.split(p.weight, parts, 1); // parts x [in, out/parts]
