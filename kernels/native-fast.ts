@@ -5,12 +5,55 @@
  * each as a TensorFlow op (a Reshape also makes a shape tensor first): ~60 us of dispatch, 330+
  * times in a pi05-tiny training step. These versions share the input's data (refcounted, as the
  * cpu and wasm backends' Reshape and Identity do) when nothing changes, and otherwise run the
- * package's kernel. Same outputs. Installed once by initBackend when tfjs-node is chosen.
+ * package's kernel, except that a Reshape reuses one int32 shape tensor per shape instead of
+ * making and freeing one each time. Same outputs. Installed once by initBackend when tfjs-node is
+ * chosen.
  */
 import * as tf from '@tensorflow/tfjs';
 
 type Native = { incRef(dataId: object): void };
 type Info = { dataId: object; shape: number[]; dtype: tf.DataType };
+/** The parts of tfjs-node's backend that a Reshape with a kept shape tensor needs (internal API). */
+type Internals = Native & {
+  binding?: {
+    createTensor(shape: number[], dtype: number, values: Int32Array): number;
+    executeOp(name: string, attrs: object[], inputs: number[], outputs: number): unknown[];
+    TF_INT32: number;
+    TF_FLOAT: number;
+    TF_ATTR_TYPE: number;
+  };
+  getInputTensorIds?(ts: Info[]): number[];
+  createOutputTensor?(metadata: unknown): tf.TensorInfo;
+};
+
+/** Shape tensors made once per backend, by shape: each Reshape of tfjs-node makes and frees one. */
+const shapeTensors = new WeakMap<object, Map<string, { id: number; values: Int32Array }>>();
+const MAX_SHAPES = 4096;
+
+/**
+ * A shape-changing Reshape as one TensorFlow op over a kept int32 shape tensor, or null where
+ * tfjs-node's internals are not as expected or the cache is full (the stock kernel then runs).
+ */
+function reshapeKept(backend: Internals, x: Info, shape: number[]): tf.TensorInfo | null {
+  const b = backend.binding;
+  if (!b || !backend.getInputTensorIds || !backend.createOutputTensor || (x.dtype !== 'float32' && x.dtype !== 'int32')) return null;
+  let cache = shapeTensors.get(backend);
+  if (!cache) shapeTensors.set(backend, (cache = new Map()));
+  const key = shape.join(',');
+  let kept = cache.get(key);
+  if (!kept) {
+    if (cache.size >= MAX_SHAPES) return null;
+    const values = Int32Array.from(shape);
+    kept = { id: b.createTensor([shape.length], b.TF_INT32, values), values }; // values stay referenced: TensorFlow may read them in place
+    cache.set(key, kept);
+  }
+  const attrs = [
+    { name: 'T', type: b.TF_ATTR_TYPE, value: x.dtype === 'float32' ? b.TF_FLOAT : b.TF_INT32 },
+    { name: 'Tshape', type: b.TF_ATTR_TYPE, value: b.TF_INT32 },
+  ];
+  const [xId] = backend.getInputTensorIds([x]);
+  return backend.createOutputTensor(b.executeOp('Reshape', attrs, [xId!, kept.id], 1)[0]);
+}
 
 let installed = false;
 
@@ -18,7 +61,7 @@ let installed = false;
 export function installFastNativeKernels(): void {
   if (installed) return;
   installed = true;
-  const wrap = (kernelName: string, noop: (x: Info, attrs: tf.NamedAttrMap) => number[] | null) => {
+  const wrap = (kernelName: string, noop: (x: Info, attrs: tf.NamedAttrMap) => number[] | null, other?: (x: Info, attrs: tf.NamedAttrMap, backend: Internals) => tf.TensorInfo | null) => {
     const stock = tf.getKernel(kernelName, 'tensorflow');
     if (!stock) return; // not a tfjs-node this module knows: keep whatever is registered
     tf.unregisterKernel(kernelName, 'tensorflow');
@@ -28,15 +71,16 @@ export function installFastNativeKernels(): void {
       kernelFunc: (args) => {
         const x = (args.inputs as { x: Info }).x;
         const shape = noop(x, args.attrs ?? {});
-        if (!shape) return stock.kernelFunc(args);
+        if (!shape) return other?.(x, args.attrs ?? {}, args.backend as unknown as Internals) ?? stock.kernelFunc(args);
         (args.backend as unknown as Native).incRef(x.dataId);
         return { dataId: x.dataId, shape, dtype: x.dtype } as tf.TensorInfo;
       },
     });
   };
+  const target = (x: Info, attrs: tf.NamedAttrMap) => tf.util.inferFromImplicitShape([...(attrs.shape as number[])], tf.util.sizeFromShape(x.shape));
   wrap('Reshape', (x, attrs) => {
-    const shape = tf.util.inferFromImplicitShape([...(attrs.shape as number[])], tf.util.sizeFromShape(x.shape));
+    const shape = target(x, attrs);
     return tf.util.arraysEqual(shape, x.shape) ? shape : null;
-  });
+  }, (x, attrs, backend) => reshapeKept(backend, x, target(x, attrs)));
   wrap('Cast', (x, attrs) => (attrs.dtype === x.dtype && x.dtype !== 'string' ? [...x.shape] : null));
 }
