@@ -117,12 +117,14 @@ it.each(TEST_BACKENDS)('a reshape to the same shape and a cast to the same dtype
   expect(Array.from(other.dataSync())).toEqual([1.5, -2, 3.25, 4, 5, 6]);
   expect(Array.from(toInt.dataSync())).toEqual([1, -2, 3, 4, 5, 6]);
   // A shape seen before (tfjs-node keeps one shape tensor per shape) on other data and dtypes.
-  const again = tf.reshape(tf.tensor([6, 5, 4, 3, 2, 1], [6]), [3, 2]);
-  const ints = tf.reshape(tf.tensor([1, 2, 3, 4, 5, 6], [2, 3], 'int32'), [3, 2]);
+  const flat = tf.tensor([6, 5, 4, 3, 2, 1], [6]);
+  const int2d = tf.tensor([1, 2, 3, 4, 5, 6], [2, 3], 'int32');
+  const again = tf.reshape(flat, [3, 2]);
+  const ints = tf.reshape(int2d, [3, 2]);
   expect(again.arraySync()).toEqual([[6, 5], [4, 3], [2, 1]]);
   expect(ints.dtype).toBe('int32');
   expect(ints.arraySync()).toEqual([[1, 2], [3, 4], [5, 6]]);
-  tf.dispose([same, implicit, cast, other, toInt, again, ints]);
+  tf.dispose([same, implicit, cast, other, toInt, again, ints, flat, int2d]);
   expect(tf.memory().numTensors).toBe(before.numTensors);
   expect(tf.memory().numDataBuffers).toBe(before.numDataBuffers);
   // TF.js's Add gradient reshapes to each input's shape: with a broadcast bias as with a plain add.
