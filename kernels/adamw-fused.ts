@@ -63,12 +63,18 @@ export function adamwFused(host: HostMemory, p: tf.Tensor, g: tf.Tensor, m: tf.T
   if (host.heap) {
     // The SIMD loop takes the largest multiple of 4 elements; the loop below the rest.
     const flag = host.alloc([4]);
-    const { memory, offset } = host.heap;
-    start = p.size - (p.size % 4);
-    const at = [p, g, m, v, ...out].map(offset) as [number, number, number, number, number, number, number];
-    runSimd(memory, at, start * 4, offset(flag), s);
-    finite = flagFinite(host.view(flag));
-    flag.dispose();
+    try {
+      const { memory, offset } = host.heap;
+      start = p.size - (p.size % 4);
+      const at = [p, g, m, v, ...out].map(offset) as [number, number, number, number, number, number, number];
+      runSimd(memory, at, start * 4, offset(flag), s);
+      finite = flagFinite(host.view(flag));
+    } catch (e) {
+      for (const t of out) t.dispose();
+      throw e;
+    } finally {
+      flag.dispose();
+    }
   }
   // Views after the last alloc (a growing wasm heap detaches older views).
   const [pv, gv, mv, vv, po, mo, vo] = [p, g, m, v, ...out].map((t) => host.view(t)) as Float32Array[];

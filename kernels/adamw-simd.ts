@@ -79,9 +79,10 @@ const instances = new WeakMap<object, { low: AdamWSimd; high: AdamWSimd }>();
 
 /**
  * The update functions bound to `memory`, a WebAssembly.Memory (compiled once per memory). `low`
- * is for lerp weight 1 - beta1 < 0.5, `high` otherwise. Offsets are byte addresses of
- * 16-byte-multiple runs (the flag's too); `bytes` must be a multiple of 16. @throws WebAssembly.CompileError
- * where SIMD is missing.
+ * is for lerp weight 1 - beta1 < 0.5, `high` otherwise. Offsets are byte addresses (alignment is
+ * only a hint in WebAssembly: the wasm backend's allocations are 8-byte aligned); the flag takes
+ * 16 bytes; `bytes` must be a multiple of 16. @throws WebAssembly.CompileError where SIMD is
+ * missing.
  */
 export function adamwSimd(memory: object): { low: AdamWSimd; high: AdamWSimd } {
   return instantiate(instances, memory, adamwSimdModule);

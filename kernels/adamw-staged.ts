@@ -39,19 +39,13 @@ export function stagedAdamWApplies(): boolean {
 }
 
 /**
- * The arrays behind the tensors this module made, by data id. TensorFlow uses a tensor's
- * JavaScript array as its memory (tfjs-node hands it over without a copy) and never writes it,
- * so the next step reads p, m and v from here instead of copying them out again.
- */
-const made = new WeakMap<object, Float32Array>();
-
-/**
- * A tensor's float32 values, never to be written: the array it was made from when this module
- * made it, else a copy out of TensorFlow (tfjs-node's readSync).
+ * A tensor's float32 values, never to be written: tfjs-node's readSync, which copies them out of
+ * TensorFlow, or gives the array a tensor was made from while no op has used it yet (the
+ * moments: they never reach a TensorFlow op, so reading them costs no copy).
  */
 export function readFloat32(t: tf.Tensor): Float32Array {
   if (t.dtype !== 'float32') throw new Error(`AdamW staging: a ${t.dtype} tensor [${t.shape}]; only float32 is supported`);
-  return made.get(t.dataId) ?? ((tf.backend() as unknown as NativeBackend).readSync(t.dataId) as Float32Array);
+  return (tf.backend() as unknown as NativeBackend).readSync(t.dataId) as Float32Array;
 }
 
 /**
@@ -72,12 +66,7 @@ export function adamwStaged(p: tf.Tensor, g: tf.Tensor, m: tf.Tensor, v: tf.Tens
   // The finite flag's 16 bytes follow the seven runs.
   runSimd(mem, [0, 1, 2, 3, 4, 5, 6].map((k) => k * padded * 4) as [number, number, number, number, number, number, number], padded * 4, 7 * padded * 4, s);
   const finite = flagFinite(heap.subarray(7 * padded, 7 * padded + 4));
-  // Copies: TensorFlow takes a tensor's values from its JavaScript array without copying them.
-  const out = [4, 5, 6].map((k) => {
-    const values = heap.slice(k * padded, k * padded + n);
-    const t = tf.tensor(values, p.shape, 'float32');
-    made.set(t.dataId, values);
-    return t;
-  }) as [tf.Tensor, tf.Tensor, tf.Tensor];
+  // Copies out of the staging memory, which the next parameter reuses.
+  const out = [4, 5, 6].map((k) => tf.tensor(heap.slice(k * padded, k * padded + n), p.shape, 'float32')) as [tf.Tensor, tf.Tensor, tf.Tensor];
   return { out, finite };
 }

@@ -15,11 +15,14 @@ type Native = { incRef(dataId: object): void };
 type Info = { dataId: object; shape: number[]; dtype: tf.DataType };
 /** The parts of tfjs-node's backend that a Reshape with a kept shape tensor needs (internal API). */
 type Internals = Native & {
+  /** Per data id, the TensorFlow dtype of its handle (a TF_DataType number). */
+  tensorMap?: { get(dataId: object): { dtype: number } | undefined };
   binding?: {
     createTensor(shape: number[], dtype: number, values: Int32Array): number;
     executeOp(name: string, attrs: object[], inputs: number[], outputs: number): unknown[];
     TF_INT32: number;
     TF_FLOAT: number;
+    TF_BOOL: number;
     TF_ATTR_TYPE: number;
   };
   getInputTensorIds?(ts: Info[]): number[];
@@ -61,7 +64,7 @@ let installed = false;
 export function installFastNativeKernels(): void {
   if (installed) return;
   installed = true;
-  const wrap = (kernelName: string, noop: (x: Info, attrs: tf.NamedAttrMap) => number[] | null, other?: (x: Info, attrs: tf.NamedAttrMap, backend: Internals) => tf.TensorInfo | null) => {
+  const wrap = (kernelName: string, noop: (x: Info, attrs: tf.NamedAttrMap, backend: Internals) => number[] | null, other?: (x: Info, attrs: tf.NamedAttrMap, backend: Internals) => tf.TensorInfo | null) => {
     const stock = tf.getKernel(kernelName, 'tensorflow');
     if (!stock) return; // not a tfjs-node this module knows: keep whatever is registered
     tf.unregisterKernel(kernelName, 'tensorflow');
@@ -70,7 +73,7 @@ export function installFastNativeKernels(): void {
       backendName: 'tensorflow',
       kernelFunc: (args) => {
         const x = (args.inputs as { x: Info }).x;
-        const shape = noop(x, args.attrs ?? {});
+        const shape = noop(x, args.attrs ?? {}, args.backend as unknown as Internals);
         if (!shape) return other?.(x, args.attrs ?? {}, args.backend as unknown as Internals) ?? stock.kernelFunc(args);
         (args.backend as unknown as Native).incRef(x.dataId);
         return { dataId: x.dataId, shape, dtype: x.dtype } as tf.TensorInfo;
@@ -82,5 +85,12 @@ export function installFastNativeKernels(): void {
     const shape = target(x, attrs);
     return tf.util.arraysEqual(shape, x.shape) ? shape : null;
   }, (x, attrs, backend) => reshapeKept(backend, x, target(x, attrs)));
-  wrap('Cast', (x, attrs) => (attrs.dtype === x.dtype && x.dtype !== 'string' ? [...x.shape] : null));
+  // TF.js's dtype is a label: tfjs-node calls a TensorFlow uint8 or int64 handle (its image
+  // decoders' outputs) 'int32', and casting one to int32 must run. Share only when the handle's
+  // own dtype is the one asked for.
+  wrap('Cast', (x, attrs, backend) => {
+    const b = backend.binding;
+    const want = b && ({ float32: b.TF_FLOAT, int32: b.TF_INT32, bool: b.TF_BOOL } as Record<string, number>)[x.dtype];
+    return attrs.dtype === x.dtype && want !== undefined && backend.tensorMap?.get(x.dataId)?.dtype === want ? [...x.shape] : null;
+  });
 }

@@ -142,13 +142,16 @@ export class AdamWMoments {
     return new AdamWMoments(0, m, v);
   }
 
-  /** Copies the state out (reads each moment with dataSync). */
+  /**
+   * Copies the state out. (dataSync alone may hand out a backend's own array: tfjs-node gives a
+   * tensor that no op has used yet, which the moments are, as the array it was made from.)
+   */
   export(): ExportedMoments {
     const tensors: Record<string, ExportedTensor> = {};
     for (const [name, m] of this.m) {
       const v = this.v.get(name)!;
-      tensors[`${name}.exp_avg`] = { shape: [...m.shape], data: m.dataSync() as Float32Array };
-      tensors[`${name}.exp_avg_sq`] = { shape: [...v.shape], data: v.dataSync() as Float32Array };
+      tensors[`${name}.exp_avg`] = { shape: [...m.shape], data: (m.dataSync() as Float32Array).slice() };
+      tensors[`${name}.exp_avg_sq`] = { shape: [...v.shape], data: (v.dataSync() as Float32Array).slice() };
     }
     return { step: this.step, tensors };
   }
@@ -242,7 +245,7 @@ export function adamwStep(
   checkStep(params, grads, moments, opts, divisor);
   const host = hostMemory();
   if (host) return loopStep((x) => host.view(x), (p, g, m, v, s) => adamwFused(host, p, g, m, v, s), params, grads, moments, opts, divisor);
-  if (stagedAdamWApplies()) {
+  if (stagedAdamWApplies() && stagingWorks) {
     // Each gradient is copied out once: for the norm, then staged from that copy.
     const copies = new Map<tf.Tensor, Float32Array>();
     const read = (t: tf.Tensor) => copies.get(t) ?? readFloat32(t);
@@ -251,11 +254,19 @@ export function adamwStep(
       copies.set(t, c);
       return c;
     };
-    return loopStep(readGrad, (p, g, m, v, s) => {
-      const r = adamwStaged(p, g, m, v, s, read);
-      copies.delete(g);
-      return r;
-    }, params, grads, moments, opts, divisor, read);
+    try {
+      return loopStep(readGrad, (p, g, m, v, s) => {
+        const r = adamwStaged(p, g, m, v, s, read);
+        copies.delete(g);
+        return r;
+      }, params, grads, moments, opts, divisor, read);
+    } catch (e) {
+      if (e instanceof OptimError) throw e;
+      // The staging memory or the SIMD module is not to be had here (a memory limit, no wasm
+      // SIMD, a parameter above 4 GiB of staging): nothing was assigned, so the ops take over,
+      // now and for the rest of the process.
+      stagingWorks = false;
+    }
   }
   return opsStep(params, grads, moments, opts, divisor);
 }
@@ -326,6 +337,9 @@ function checkFinite(name: string, [p, m, v]: Float32Array[], opts: AdamWOptions
 function finiteSum(ts: tf.Tensor[]): boolean {
   return tf.tidy(() => Number.isFinite(tf.addN(ts.map((t) => tf.sum(t))).dataSync()[0]!));
 }
+
+/** False once the staged path failed for want of memory or SIMD (adamwStep then runs the ops). */
+let stagingWorks = true;
 
 /** Frees every tensor of `next` (a refused step) and rethrows. */
 function disposeNext(next: Map<string, tf.Tensor[]>, e: unknown): never {

@@ -73,7 +73,8 @@ export class BaseWeights {
   /** All parameters as named float32 arrays (copies). */
   exportWeights(): NamedTensors {
     const out: NamedTensors = {};
-    for (const [name, t] of this.tensors) out[name] = { shape: [...t.shape], data: t.dataSync() as Float32Array };
+    // slice: dataSync may be the backend's own array (tfjs-node, a tensor no op has used yet).
+    for (const [name, t] of this.tensors) out[name] = { shape: [...t.shape], data: (t.dataSync() as Float32Array).slice() };
     return out;
   }
 
@@ -548,7 +549,8 @@ export class TrainingState {
     const out: NamedTensors = {};
     if (ema && !this.ema) throw new TrainerError('bad_option', 'ema: true needs a session created with ema_decay > 0');
     const source = ema ? this.ema! : this.params;
-    for (const [name, v] of source) out[name] = { shape: [...v.shape], data: v.dataSync() as Float32Array };
+    // slice: dataSync may be the backend's own array (tfjs-node, a tensor no op has used yet).
+    for (const [name, v] of source) out[name] = { shape: [...v.shape], data: (v.dataSync() as Float32Array).slice() };
     return out;
   }
 

@@ -1,4 +1,5 @@
 import * as tf from '@tensorflow/tfjs';
+import { createRequire } from 'node:module';
 import { expect, it } from 'vitest';
 import { initBackend, backendReport } from '../kernels/backend.ts';
 import { visibleGpus } from '../kernels/native.ts';
@@ -125,6 +126,15 @@ it.each(TEST_BACKENDS)('a reshape to the same shape and a cast to the same dtype
   expect(ints.dtype).toBe('int32');
   expect(ints.arraySync()).toEqual([[1, 2], [3, 4], [5, 6]]);
   tf.dispose([same, implicit, cast, other, toInt, again, ints, flat, int2d]);
+  if (kind === 'node') {
+    // tfjs-node labels its decoders' uint8 output 'int32' and ends them with a cast to int32,
+    // which must still run: the handle's own dtype decides, not the label.
+    const tfn = createRequire(import.meta.url)('@tensorflow/tfjs-node') as { node: { encodePng(t: tf.Tensor3D): Promise<Uint8Array>; decodePng(b: Uint8Array, c: number): tf.Tensor3D } };
+    const pixels = tf.tensor3d([250, 251, 252, 253, 254, 255], [1, 2, 3], 'int32');
+    const img = tfn.node.decodePng(await tfn.node.encodePng(pixels), 3);
+    expect(Array.from(img.dataSync())).toEqual([250, 251, 252, 253, 254, 255]);
+    tf.dispose([pixels, img]);
+  }
   expect(tf.memory().numTensors).toBe(before.numTensors);
   expect(tf.memory().numDataBuffers).toBe(before.numDataBuffers);
   // TF.js's Add gradient reshapes to each input's shape: with a broadcast bias as with a plain add.

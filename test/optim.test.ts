@@ -230,13 +230,14 @@ forEachBackend('AdamW', () => {
 });
 
 /**
- * The fused update (one SIMD loop over the wasm heap, a JavaScript loop on the cpu backend and for
- * the last n % 4 elements) against the TF.js-op version that tfjs-node runs: the same float32
- * operations in the same order, so parameters and moments must be equal bit for bit. Sizes with
- * every remainder mod 4, both of torch's lerp branches, weight decay, clipping and a divisor.
+ * The fused update (one SIMD loop over the wasm heap, the same loop over copies on tfjs-node, a
+ * JavaScript loop on the cpu backend and for the last n % 4 elements on wasm) against the TF.js-op
+ * version that tfjs-node-gpu runs: the same float32 operations in the same order, so parameters
+ * and moments must be equal bit for bit. Sizes with every remainder mod 4, both of torch's lerp
+ * branches, weight decay, clipping and a divisor.
  */
 describe('fused AdamW equals the TF.js ops bit for bit', () => {
-  // l is past the size that tfjs-node updates in JavaScript (optim.ts COPY_MAX_ELEMENTS): a mixed step there.
+  // l (17,030 values) is a tensor of more than one staging page on tfjs-node.
   const shapes: Record<string, number[]> = { w: [7, 13], b: [256], c: [3, 4, 5], s: [1], r: [2, 3], l: [130, 131] };
   function values(seed: number, n: number, scale: number): Float32Array {
     let x = seed;
