@@ -11,10 +11,10 @@
  */
 import * as tf from '@tensorflow/tfjs';
 
-type Native = { incRef(dataId: object): void };
 type Info = { dataId: object; shape: number[]; dtype: tf.DataType };
 /** The parts of tfjs-node's backend that a Reshape with a kept shape tensor needs (internal API). */
-type Internals = Native & {
+type Internals = {
+  incRef(dataId: object): void;
   /** Per data id, the TensorFlow dtype of its handle (a TF_DataType number). */
   tensorMap?: { get(dataId: object): { dtype: number } | undefined };
   binding?: {
@@ -60,37 +60,37 @@ function reshapeKept(backend: Internals, x: Info, shape: number[]): tf.TensorInf
 
 let installed = false;
 
-/** Registers the no-op paths of Reshape and Cast on the `tensorflow` backend (idempotent). */
+/** x's data under `shape` (the same size), shared and refcounted, as the cpu backend's Reshape. */
+function share(backend: Internals, x: Info, shape: number[]): tf.TensorInfo {
+  backend.incRef(x.dataId);
+  return { dataId: x.dataId, shape, dtype: x.dtype } as tf.TensorInfo;
+}
+
+/** Registers the fast paths of Reshape and Cast on the `tensorflow` backend (idempotent). */
 export function installFastNativeKernels(): void {
   if (installed) return;
   installed = true;
-  const wrap = (kernelName: string, noop: (x: Info, attrs: tf.NamedAttrMap, backend: Internals) => number[] | null, other?: (x: Info, attrs: tf.NamedAttrMap, backend: Internals) => tf.TensorInfo | null) => {
+  /** Puts `fast` before the package's kernel, which runs wherever `fast` answers null. */
+  const wrap = (kernelName: string, fast: (x: Info, attrs: tf.NamedAttrMap, backend: Internals) => tf.TensorInfo | null) => {
     const stock = tf.getKernel(kernelName, 'tensorflow');
     if (!stock) return; // not a tfjs-node this module knows: keep whatever is registered
     tf.unregisterKernel(kernelName, 'tensorflow');
     tf.registerKernel({
       kernelName,
       backendName: 'tensorflow',
-      kernelFunc: (args) => {
-        const x = (args.inputs as { x: Info }).x;
-        const shape = noop(x, args.attrs ?? {}, args.backend as unknown as Internals);
-        if (!shape) return other?.(x, args.attrs ?? {}, args.backend as unknown as Internals) ?? stock.kernelFunc(args);
-        (args.backend as unknown as Native).incRef(x.dataId);
-        return { dataId: x.dataId, shape, dtype: x.dtype } as tf.TensorInfo;
-      },
+      kernelFunc: (args) => fast((args.inputs as { x: Info }).x, args.attrs ?? {}, args.backend as unknown as Internals) ?? stock.kernelFunc(args),
     });
   };
-  const target = (x: Info, attrs: tf.NamedAttrMap) => tf.util.inferFromImplicitShape([...(attrs.shape as number[])], tf.util.sizeFromShape(x.shape));
-  wrap('Reshape', (x, attrs) => {
-    const shape = target(x, attrs);
-    return tf.util.arraysEqual(shape, x.shape) ? shape : null;
-  }, (x, attrs, backend) => reshapeKept(backend, x, target(x, attrs)));
+  wrap('Reshape', (x, attrs, backend) => {
+    const shape = tf.util.inferFromImplicitShape([...(attrs.shape as number[])], tf.util.sizeFromShape(x.shape));
+    return tf.util.arraysEqual(shape, x.shape) ? share(backend, x, shape) : reshapeKept(backend, x, shape);
+  });
   // TF.js's dtype is a label: tfjs-node calls a TensorFlow uint8 or int64 handle (its image
   // decoders' outputs) 'int32', and casting one to int32 must run. Share only when the handle's
   // own dtype is the one asked for.
   wrap('Cast', (x, attrs, backend) => {
     const b = backend.binding;
     const want = b && ({ float32: b.TF_FLOAT, int32: b.TF_INT32, bool: b.TF_BOOL } as Record<string, number>)[x.dtype];
-    return attrs.dtype === x.dtype && want !== undefined && backend.tensorMap?.get(x.dataId)?.dtype === want ? [...x.shape] : null;
+    return attrs.dtype === x.dtype && want !== undefined && backend.tensorMap?.get(x.dataId)?.dtype === want ? share(backend, x, [...x.shape]) : null;
   });
 }
