@@ -48,7 +48,8 @@ Options:
   --only LIST            parts to run, comma-separated: ${PARTS.join(',')} (default all)
   --name NAME            result name (default latest)
   --out-dir DIR          result folder (default bench/results)
-  --quick                small settings for a smoke run (steps 3, duration 10 s, clients 2, ...)
+  --quick                small settings for a smoke run (steps 3, batch 2, duration 10 s, clients
+                         2, ...); its numbers and target checks are not comparable with a full run
   --help                 this text
 `;
 

@@ -35,7 +35,8 @@ async function main(opts: BenchOptions): Promise<number> {
   const result: Omit<BenchResult, 'targets'> = {
     schema: SCHEMA, name: opts.name, date: new Date().toISOString(), wallS: 0,
     machine: { node: process.version, platform: `${process.platform}-${process.arch}`, cpus: os.cpus().length, cpuModel: os.cpus()[0]?.model ?? 'unknown', backend: '' },
-    options: { ...opts }, step: null, codecs: null, policy: null, load: null, torch: null, skipped: {}, notes: [],
+    options: { ...opts }, step: null, codecs: null, policy: null, load: null, torch: null, skipped: {},
+    notes: opts.quick ? ['--quick: a smoke run (a few steps, small batches, 10 s of load); its numbers and targets are not comparable with a full run'] : [],
   };
   for (const p of ['step', 'codecs', 'policy', 'load', 'torch'] as const) if (!want(p)) result.skipped[p] = 'not asked for (--only)';
 

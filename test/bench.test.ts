@@ -95,6 +95,10 @@ describe('result schema', () => {
     ]);
     const worse = { ...r, step: { ...r.step!, overheadPaired: 0.12 }, torch: { ...r.torch!, ratio: 3.5 } };
     expect(targets(worse).filter((t) => !t.pass).map((t) => t.value)).toEqual([0.12, 3.5]);
+    // Native TensorFlow is held to 2x of PyTorch (issue 15), wasm to 3x (issue 7).
+    const native = { ...r, machine: { ...r.machine, backend: 'tensorflow' }, torch: { ...r.torch!, ratio: 2.2 } };
+    expect(targets(native).find((t) => t.name.startsWith('Vela tensorflow step'))).toMatchObject({ limit: 2, pass: false });
+    expect(targets({ ...r, torch: { ...r.torch!, ratio: 2.2 } }).find((t) => t.name.startsWith('Vela wasm step'))).toMatchObject({ limit: 3, pass: true });
     const md = markdown(r);
     expect(md).toContain('Protocol overhead (ws - in-process) / in-process with each answer awaited: **4.0%** (median of paired steps; 4.5% between the p50s); pipelined one step ahead: **1.8%** (means)');
     expect(md).toContain('Ratio Vela / PyTorch (1 thread, p50): **2.20x** (the two took turns, 4 steps at a time)');
