@@ -199,7 +199,7 @@ describe('runFineTune: settings reach the trainer, the evaluation reaches the ev
     expect(e.eval_ratio_hold_state).toBe(e.eval_mse / e.eval_mse_hold_state);
     expect(e.eval_groups.map((g: any) => [g.group, g.dims])).toEqual([['left arm', ['left_shoulder']], ['right arm', ['right_shoulder']], ['left gripper', ['left_gripper']]]);
     e.eval_groups.forEach((g: any, j: number) => expect(g.mse_hold_state).toBeCloseTo(groupHold[j]! / count, 10));
-    expect(events.find((x) => x.type === 'log' && /held-out evaluation: 4 frames \(every 1th of episodes 1\), groups left arm, right arm, left gripper/.test(x.data.message))).toBeTruthy();
+    expect(events.find((x) => x.type === 'log' && /held-out evaluation: 4 frames \(every frame of episode 1\), groups left arm, right arm, left gripper/.test(x.data.message))).toBeTruthy();
     // The CLI's summary prints the same numbers.
     const text = evalSummary(e);
     expect(text).toContain('held-out evaluation at step 6: 4 frames');

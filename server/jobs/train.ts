@@ -225,7 +225,7 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
     ...scoringContext(meta, actionSpace), model, cameras, norm, normalizer, absStats,
     call: (op, args, transfer) => call(ctx, op, args, transfer),
   };
-  if (evalSet) ctx.emit('log', { message: `held-out evaluation: ${evalSet.datums.length} frames (every ${cfg.eval_stride}th of episodes ${evalEpisodes.join(',')}), ${evalCtx.groups.length ? `groups ${evalCtx.groups.map((g) => g.name).join(', ')}` : 'no action groups'}` });
+  if (evalSet) ctx.emit('log', { message: `held-out evaluation: ${evalSet.datums.length} frames (${everyNth(cfg.eval_stride)} of episode${evalEpisodes.length === 1 ? '' : 's'} ${evalEpisodes.join(',')}), ${evalCtx.groups.length ? `groups ${evalCtx.groups.map((g) => g.name).join(', ')}` : 'no action groups'}` });
   let lastLoss: number | null = null;
   let lastEval: number | null = null;
   let rng = seededRng(samplerSeed);
@@ -293,4 +293,12 @@ function pruneStates(workDir: string, keep: string): void {
   for (const name of fs.readdirSync(dir)) {
     if (name !== keep && name.startsWith('step-')) fs.rmSync(path.join(dir, name), { recursive: true, force: true });
   }
+}
+
+/** "every frame", "every 2nd frame", "every 4th frame", "every 21st frame": the evaluation stride in words. */
+function everyNth(n: number): string {
+  if (n === 1) return 'every frame';
+  const teen = n % 100 >= 11 && n % 100 <= 13;
+  const suffix = teen ? 'th' : ({ 1: 'st', 2: 'nd', 3: 'rd' } as Record<number, string>)[n % 10] ?? 'th';
+  return `every ${n}${suffix} frame`;
 }
