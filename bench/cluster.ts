@@ -40,7 +40,7 @@ const COUNTS = values.nodes!.split(',').map((n) => int('nodes', n));
 const KEY = 'vela-bench-cluster-key-0123';
 
 const subset = g1Subset(3);
-const job = (seed: number) => ({ model: 'pi05-tiny', dataset_name: subset.name, steps: STEPS, batch_size: BATCH, learning_rate: 3e-3, eval_every: 0, checkpoint_every: 10, lora_rank: 4, seed });
+const job = (seed: number) => ({ model: 'pi05-tiny', dataset_name: subset.name, steps: STEPS, batch_size: BATCH, learning_rate: 3e-3, eval_every: 0, checkpoint_every: 10, seed });
 
 async function call(base: string, method: string, url: string, body?: unknown): Promise<any> {
   const res = await fetch(base + url, { method, headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' }, body: body === undefined ? undefined : JSON.stringify(body) });

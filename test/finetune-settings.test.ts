@@ -120,8 +120,17 @@ describe('fine-tune config (POST /v1/fine-tunes and vela finetune)', () => {
       [{ ema_decay: 1 }, /ema_decay must be a number in \[0, 1\), got 1/],
       [{ augment: 'yes' }, /augment must be true or false, got "yes"/],
       [{ time_sampling: 'logit' }, /time_sampling must be "beta" or "uniform", got "logit"/],
+      // A LoRA setting on a full fine-tune (here the seeded base's default) would be ignored: refused by name.
+      [{ lora_rank: 4 }, /^lora_rank applies to finetune "lora" only, and this fine-tune is "full" \(the default on seeded base weights\): add finetune "lora", or leave lora_rank out, got 4$/],
+      [{ finetune: 'full', lora_alpha: 8 }, /^lora_alpha applies to finetune "lora" only, and this fine-tune is "full": add finetune "lora", or leave lora_alpha out, got 8$/],
+      [{ targets: ['attn'] }, /^targets applies to finetune "lora" only/],
     ];
     for (const [over, re] of cases) expect(() => parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd', ...over }), JSON.stringify(over)).toThrow(re);
+    // With LoRA they are taken; a stored full config (its LoRA fields filled in) re-validates as it was.
+    expect(parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd', finetune: 'lora', lora_rank: 4 }).lora_rank).toBe(4);
+    expect(parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd', lora_rank: 4 }, { trainedBase: true })).toMatchObject({ finetune: 'lora', lora_rank: 4 });
+    const stored = parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd' });
+    expect(parseFineTuneConfig(stored as unknown as Record<string, unknown>, { stored: true })).toEqual(stored);
   });
 
   it('schedules linear warm-up then cosine to the floor', () => {

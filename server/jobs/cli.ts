@@ -37,8 +37,8 @@ Options (defaults in brackets: the recipe measured in bench/results/recipe.md):
   --augment true|false     random crop, rotation and colour jitter of training frames [${RECIPE.augment}]
   --time-sampling beta|uniform   flow-matching time distribution in training [${RECIPE.time_sampling}]
   --finetune lora|full     [full: the base is a seeded initialisation, not trained weights]
-  --lora-rank N / --lora-alpha X                                        [16 / 32]
-  --targets a,b            attn, mlp, action_expert, prefix_expert, all [all]
+  --lora-rank N / --lora-alpha X   with --finetune lora                [16 / 32]
+  --targets a,b            LoRA targets: attn, mlp, action_expert, prefix_expert, all [all]
   --cameras a,b            camera names                                 [every camera]
   --action-space delta|absolute                                         [delta when names match]
   --eval-fraction X        share of episodes held out (0: none, no evaluation)  [${RECIPE.eval_fraction}]
@@ -119,7 +119,7 @@ export function parseFinetuneArgs(argv: string[], env: NodeJS.ProcessEnv = proce
     cfg = parseFineTuneConfig(body);
   } catch (e) {
     const arg = e instanceof FieldError ? byField.get(e.field) : undefined;
-    if (arg) throw badValue(arg, (e as FieldError).rule);
+    if (arg) throw badValue(arg, flagNames((e as FieldError).rule));
     throw new UsageError(flagNames((e as Error).message));
   }
   const stamp = new Date().toISOString().replace(/[:.]/g, '-').slice(0, 19);

@@ -104,6 +104,9 @@ export function showValue(value: unknown, max = 200): string {
   return shown.length <= max ? shown : `${shown.slice(0, max)}... (${shown.length} characters)`;
 }
 
+/** The settings of a LoRA fine-tune: refused on a full one. */
+const LORA_FIELDS = ['lora_rank', 'lora_alpha', 'targets'] as const;
+
 function bad(msg: string): never {
   throw new HttpError(400, msg);
 }
@@ -139,9 +142,12 @@ function real(body: Record<string, unknown>, k: string, def: number, lo: number,
 /**
  * Validate a fine-tune body and fill defaults (RECIPE; `finetune` from defaultFinetune).
  * @param opts.trainedBase whether the engine's base weights are trained (default false: seeded).
- * @throws HttpError 400 naming the field that is wrong.
+ * @param opts.stored the body is a config this server stored (a queued job re-validated before it
+ *   runs): its filled-in LoRA defaults on a full fine-tune are not the requester's.
+ * @throws HttpError 400 naming the field that is wrong (FieldError for one field's value; a LoRA
+ *   setting on a full fine-tune is one).
  */
-export function parseFineTuneConfig(body: Record<string, unknown>, opts: { trainedBase?: boolean } = {}): FineTuneConfig {
+export function parseFineTuneConfig(body: Record<string, unknown>, opts: { trainedBase?: boolean; stored?: boolean } = {}): FineTuneConfig {
   for (const k of Object.keys(body)) if (!FIELDS.includes(k)) bad(`unknown field "${k}"; known fields: ${FIELDS.join(', ')}`);
   const names = [...Object.keys(PRESETS), ...Object.keys(PRESET_ALIASES)];
   const modelName = body.model ?? RECIPE.model;
@@ -152,6 +158,12 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
   if (typeof lr !== 'number' || !(lr > 0) || lr > 1) badField('learning_rate', 'must be > 0 and <= 1', lr);
   const finetune = body.finetune ?? defaultFinetune(opts.trainedBase ?? false);
   if (finetune !== 'lora' && finetune !== 'full') badField('finetune', 'must be "lora" or "full"', finetune);
+  // A request that names a LoRA setting wants LoRA: a full fine-tune would ignore it silently.
+  // A stored config (re-validated before it runs) carries them as filled-in defaults.
+  if (finetune === 'full' && !opts.stored) {
+    const given = LORA_FIELDS.find((k) => body[k] != null);
+    if (given) badField(given, `applies to finetune "lora" only, and this fine-tune is "full"${body.finetune == null ? ' (the default on seeded base weights)' : ''}: add finetune "lora", or leave ${given} out`, body[given]);
+  }
   const alpha = body.lora_alpha ?? 32;
   if (typeof alpha !== 'number' || !(alpha > 0) || !Number.isFinite(alpha)) badField('lora_alpha', 'must be a number > 0', alpha);
   const targets = body.targets ?? ['all'];

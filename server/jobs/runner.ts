@@ -181,7 +181,7 @@ export class JobRunner {
     // Re-validated: a job queued by an older server lacks the newer fields, which take their defaults.
     let cfg: FineTuneConfig;
     try {
-      cfg = parseFineTuneConfig(job.config);
+      cfg = parseFineTuneConfig(job.config, { stored: true });
     } catch (e) {
       await this.finish(id, 'failed', { error: `the stored config is no longer valid: ${(e as Error).message}` });
       return 'done';
