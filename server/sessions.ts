@@ -41,6 +41,9 @@ export function parseSessionConfig(body: Record<string, unknown>): SessionConfig
   }
   const finetune = body.finetune ?? 'lora';
   if (finetune !== 'lora' && finetune !== 'full') throw new HttpError(400, `finetune must be "lora" or "full", got ${JSON.stringify(finetune)}`);
+  // A LoRA setting on a full-weight session would be ignored silently: the request wants LoRA.
+  const loraField = finetune === 'full' ? ['rank', 'alpha', 'targets'].find((k) => body[k] != null) : undefined;
+  if (loraField) throw new HttpError(400, `${loraField} applies to finetune "lora" only, and this session is "full": leave ${loraField} out, or use finetune "lora" (the default)`);
   const int = (k: string, def: number, lo: number, hi: number): number => {
     const v = body[k] ?? def;
     if (typeof v !== 'number' || !Number.isInteger(v) || v < lo || v > hi) throw new HttpError(400, `${k} must be an integer in ${lo}..${hi}, got ${JSON.stringify(v)}`);

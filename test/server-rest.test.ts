@@ -56,6 +56,7 @@ describe('REST training sessions', () => {
       [{ base_model: 'pi0-tiny', rank: 0 }, /rank must be an integer in 1..256/],
       [{ base_model: 'pi0-tiny', targets: ['attn', 'nope'] }, /targets must be/],
       [{ base_model: 'pi0-tiny', finetune: 'qlora' }, /finetune must be/],
+      [{ base_model: 'pi0-tiny', finetune: 'full', rank: 8 }, /^rank applies to finetune "lora" only, and this session is "full": leave rank out, or use finetune "lora" \(the default\)$/],
       [{ base_model: 'pi0-tiny', colour: 'red' }, /unknown field "colour"/],
       ['{"base_model":', /body is not valid JSON/],
     ];
