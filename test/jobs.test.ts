@@ -9,7 +9,8 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
+import { log } from '../server/log.ts';
 import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
 import { g1Datums, g1Subset } from './helpers/g1.ts';
 import { PolicyClient } from './helpers/policy-stub.ts';
@@ -144,19 +145,41 @@ describe('fine-tunes on g1_pick_bottle', () => {
     robot.close();
   });
 
-  it('cancels a queued job at once and a running job within one step', { timeout: 300_000 }, async () => {
-    const { json: a } = await api(server, 'POST', '/v1/fine-tunes', job({ steps: 1000, eval_every: 0 }));
-    const { json: b } = await api(server, 'POST', '/v1/fine-tunes', job({ steps: 5 }));
-    const cb = await api(server, 'POST', `/v1/fine-tunes/${b.id}/cancel`);
-    expect(cb.json.status).toBe('cancelled');
-    await waitFor(async () => (await api(server, 'GET', `/v1/fine-tunes/${a.id}`)).json.step >= 3);
-    const stepAtCancel = (await api(server, 'POST', `/v1/fine-tunes/${a.id}/cancel`)).json.step;
-    const done = await finished(server, a.id);
-    expect(done.status).toBe('cancelled');
-    expect(done.step).toBeLessThanOrEqual(stepAtCancel + 1);
-    const { json: ev } = await api(server, 'GET', `/v1/fine-tunes/${a.id}/events`);
-    expect(ev.data.at(-1)).toMatchObject({ type: 'status', status: 'cancelled' });
-    expect(fs.existsSync(done.output_dir)).toBe(false); // no final weights
+  it('cancels a queued job at once and a running job within one step; the server log follows both', { timeout: 300_000 }, async () => {
+    // The operator's view: the server log at its default level (info), read off stderr.
+    const lines: string[] = [];
+    const write = process.stderr.write.bind(process.stderr);
+    const spy = vi.spyOn(process.stderr, 'write').mockImplementation((chunk: any, ...rest: any[]) => {
+      lines.push(String(chunk));
+      return write(chunk, ...rest);
+    });
+    log.setLevel('info');
+    const t0 = performance.now();
+    try {
+      const { json: a } = await api(server, 'POST', '/v1/fine-tunes', job({ steps: 1000, eval_every: 0 }));
+      const { json: b } = await api(server, 'POST', '/v1/fine-tunes', job({ steps: 5 }));
+      const cb = await api(server, 'POST', `/v1/fine-tunes/${b.id}/cancel`);
+      expect(cb.json.status).toBe('cancelled');
+      await waitFor(async () => (await api(server, 'GET', `/v1/fine-tunes/${a.id}`)).json.step >= 3);
+      const stepAtCancel = (await api(server, 'POST', `/v1/fine-tunes/${a.id}/cancel`)).json.step;
+      const done = await finished(server, a.id);
+      expect(done.status).toBe('cancelled');
+      expect(done.step).toBeLessThanOrEqual(stepAtCancel + 1);
+      const { json: ev } = await api(server, 'GET', `/v1/fine-tunes/${a.id}/events`);
+      expect(ev.data.at(-1)).toMatchObject({ type: 'status', status: 'cancelled' });
+      expect(fs.existsSync(done.output_dir)).toBe(false); // no final weights
+      // One line per status, the first step's progress (then at most one every 30 s), no job log lines.
+      const about = (id: string) => lines.filter((l) => l.includes(`job ${id}`)).map((l) => l.replace(/^\S+ /, '').trimEnd());
+      expect(about(b.id)).toEqual([`info  job ${b.id} queued`, `info  job ${b.id} cancelled: cancelled before it started`]);
+      const ofA = about(a.id);
+      expect(ofA.slice(0, 2)).toEqual([`info  job ${a.id} queued`, `info  job ${a.id} running (pi05-tiny, 1000 steps)`]);
+      expect(ofA[2]).toMatch(new RegExp(`^info  job ${a.id}: step 1/1000 loss \\d+\\.\\d{4}$`));
+      expect(ofA.at(-1)).toBe(`info  job ${a.id} cancelled: cancelled at step ${done.step}`);
+      expect(ofA.filter((l) => l.includes(': step ')).length).toBeLessThanOrEqual(1 + Math.floor((performance.now() - t0) / 30_000));
+    } finally {
+      spy.mockRestore();
+      log.setLevel(process.env.VELA_TEST_LOG ?? 'error');
+    }
   });
 });
 

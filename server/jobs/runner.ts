@@ -21,6 +21,8 @@ import { openDataset, type Dataset } from '../datasets/index.ts';
 import { LocalQueue, type JobQueue, type RunOutcome } from './queue.ts';
 
 const TERMINAL = new Set(['succeeded', 'failed', 'cancelled']);
+/** At most one progress line per job in the server log this often (ms); the events have every step. */
+const PROGRESS_LOG_MS = 30_000;
 
 export function isTerminal(status: string): boolean {
   return TERMINAL.has(status);
@@ -91,6 +93,7 @@ export class JobRunner {
   emit(jobId: string, type: string, data: Record<string, unknown>): Promise<JobEvent> {
     const write = async () => {
       const ev = await this.store.appendEvent(jobId, type, data);
+      this.logEvent(jobId, ev);
       this.live.emit(`event:${jobId}`, ev);
       if (this.node) await this.store.db.notify(JOB_EVENTS_CHANNEL, `${this.node.id} ${jobId} ${ev.index}`).catch((e) => log.warn(`job ${jobId}: notify failed: ${e.message}`));
       return ev;
@@ -100,6 +103,34 @@ export class JobRunner {
     this.tails.set(jobId, tail);
     void tail.then(() => this.tails.get(jobId) === tail && this.tails.delete(jobId));
     return p;
+  }
+
+  /** Per running job: its steps, and when it last had a progress line in the server log (ms). */
+  private progressLogged = new Map<string, { steps: unknown; at: number }>();
+
+  /**
+   * The operator's view of a job in the server log: each status and hand-over at info, a progress
+   * line at most every PROGRESS_LOG_MS (and at each evaluation), the job's own log lines at debug.
+   * Clients read the events, which have every step.
+   */
+  private logEvent(jobId: string, e: JobEvent): void {
+    if (e.type === 'status') {
+      const detail = e.status === 'running' ? ` (${e.model}, ${e.steps} steps${e.node ? `, node ${e.node}` : ''})` : e.error ? `: ${e.error}` : '';
+      (e.status === 'failed' ? log.warn : log.info)(`job ${jobId} ${e.status}${detail}`);
+      if (e.status === 'running') this.progressLogged.set(jobId, { steps: e.steps, at: 0 });
+      else this.progressLogged.delete(jobId);
+    } else if (e.type === 'resumed') {
+      log.info(`job ${jobId}: ${e.message}`);
+    } else if (e.type === 'progress') {
+      const seen = this.progressLogged.get(jobId) ?? { steps: null, at: 0 };
+      const now = Date.now();
+      if (now - seen.at < PROGRESS_LOG_MS && typeof e.eval_loss !== 'number') return;
+      this.progressLogged.set(jobId, { ...seen, at: now });
+      const f4 = (x: unknown) => (typeof x === 'number' ? x.toFixed(4) : 'n/a');
+      log.info(`job ${jobId}: step ${e.step}${typeof seen.steps === 'number' ? `/${seen.steps}` : ''} loss ${f4(e.loss)}${typeof e.eval_loss === 'number' ? ` eval_loss ${f4(e.eval_loss)}` : ''}`);
+    } else if (e.type === 'log') {
+      log.debug(`job ${jobId}: ${e.message}`);
+    }
   }
 
   /** A new job (its row is stored): log it and queue it. */
@@ -224,8 +255,8 @@ export class JobRunner {
       // A node that is stopping (its engines close) hands the job on instead of failing it.
       if (mustStop()) return await this.handOff(id, null);
       const msg = (e as Error).message ?? String(e);
-      log.warn(`job ${id} failed: ${msg}`);
-      if (!(e as { code?: unknown }).code) log.debug((e as Error).stack ?? '');
+      // The failed status is logged with the redacted error (logEvent); the whole one is for debugging.
+      log.debug(`job ${id} failed: ${(e as { code?: unknown }).code ? msg : ((e as Error).stack ?? msg)}`);
       await this.finish(id, 'failed', { error: redactPaths(msg) }); // the job's error is shown to its owner
     } finally {
       this.running.delete(id);
