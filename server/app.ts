@@ -4,9 +4,8 @@
  * returns a handle whose `close()` shuts down gracefully.
  */
 import uWS from 'uWebSockets.js';
-import { createRequire } from 'node:module';
 import { HttpError, route, sendJson, sendText, type Req } from './http.ts';
-import { createApp } from './guard.ts';
+import { assertNativeUws, createApp } from './guard.ts';
 import { hideServerPath } from './redact.ts';
 import { requireOwner } from './auth.ts';
 import { log } from './log.ts';
@@ -26,24 +25,6 @@ import { mountFutures } from './futures/index.ts';
 import { mountDatasetUpload } from './datasets-route.ts';
 import { mountSidecar } from './sidecar/routes.ts';
 import type { ServerConfig } from './config.ts';
-
-/**
- * uWS silently swaps in a pure-JS `ws` shim when its native binary fails to load; that shim has
- * other limits and speed, so refuse it rather than run on it unknowingly.
- * @throws Error naming the cause when the native binary is not in use.
- */
-export function assertNativeUws(): void {
-  const require = createRequire(import.meta.url);
-  const main = require.resolve('uWebSockets.js');
-  const nativeLoaded = Object.keys(require.cache).some((k) => k.endsWith('.node') && k.includes('uws_'));
-  const fallbackLoaded = Object.keys(require.cache).some((k) => k.startsWith(main.replace(/src[/\\]uws\.js$/, 'dist')));
-  if (!nativeLoaded || fallbackLoaded || process.env.UWS_USE_FALLBACK) {
-    throw new Error(
-      `uWebSockets.js could not load its native binary for ${process.platform}-${process.arch} (Node ABI ${process.versions.modules}) ` +
-        'and fell back to a pure-JS shim; Vela refuses to run on it. Use Node 20 on linux-x64/arm64 or darwin.',
-    );
-  }
-}
 
 /** `GET /` for API clients (xorl's root info): what this server is and where its APIs live. */
 function rootInfo(baseUrl: string): Record<string, unknown> {

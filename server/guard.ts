@@ -11,6 +11,7 @@
  * - `fallback` answers a path that no route has: 405 with an `Allow` header when the path is
  *   known for other methods, else the given handler (the 404).
  */
+import { createRequire } from 'node:module';
 import uWS, { type HttpRequest, type HttpResponse, type TemplatedApp, type WebSocket, type WebSocketBehavior } from 'uWebSockets.js';
 import { HttpError, statusLine } from './http.ts';
 import { log } from './log.ts';
@@ -176,6 +177,27 @@ function guardBehavior<T>(pattern: string, b: WebSocketBehavior<T>): WebSocketBe
     };
   }
   return out;
+}
+
+/**
+ * uWS silently swaps in a pure-JS `ws` shim when its native binary fails to load; that shim has
+ * other limits and speed, so refuse it rather than run on it unknowingly.
+ * @throws Error naming the cause when the native binary is not in use.
+ */
+export function assertNativeUws(): void {
+  const require = createRequire(import.meta.url);
+  const main = require.resolve('uWebSockets.js');
+  const nativeLoaded = Object.keys(require.cache).some((k) => k.endsWith('.node') && k.includes('uws_'));
+  const fallbackLoaded = Object.keys(require.cache).some((k) => k.startsWith(main.replace(/src[/\\]uws\.js$/, 'dist')));
+  if (process.env.UWS_USE_FALLBACK) {
+    throw new Error(`UWS_USE_FALLBACK is set (${JSON.stringify(process.env.UWS_USE_FALLBACK)}): uWebSockets.js would run on its pure-JS shim, and Vela refuses to; unset it`);
+  }
+  if (!nativeLoaded || fallbackLoaded) {
+    throw new Error(
+      `uWebSockets.js could not load its native binary for ${process.platform}-${process.arch} (Node ABI ${process.versions.modules}) ` +
+        'and fell back to a pure-JS shim; Vela refuses to run on it. Use Node 20 on linux-x64/arm64 or darwin.',
+    );
+  }
 }
 
 /** A new uWS app with every handler guarded (see the module docstring). */

@@ -6,6 +6,8 @@
  * exit code and stderr. `vela serve --help` is compared with a snapshot file.
  */
 import { execFile } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
@@ -130,9 +132,9 @@ describe('vela: usage mistakes', () => {
 
 describe('the real process', () => {
   const run = promisify(execFile);
-  const vela = async (args: string[]) => {
+  const vela = async (args: string[], env: Record<string, string> = {}) => {
     try {
-      const r = await run(process.execPath, ['bin/vela.js', ...args], { cwd: REPO, env: { ...process.env, VELA_LOG_LEVEL: 'info' } });
+      const r = await run(process.execPath, ['bin/vela.js', ...args], { cwd: REPO, env: { ...process.env, VELA_LOG_LEVEL: 'info', ...env } });
       return { code: 0, stderr: r.stderr };
     } catch (e) {
       const err = e as { code: number; stderr: string };
@@ -143,6 +145,15 @@ describe('the real process', () => {
   it('exits 2 with one line on stderr and no stack trace', async () => {
     expect(await vela(['finetune', '--steps', 'abc', '--dataset', rel])).toEqual({ code: 2, stderr: 'vela finetune: --steps abc: must be an integer in 1..1000000\n' });
     expect(await vela(['policy', './nope'])).toEqual({ code: 2, stderr: 'vela policy: CHECKPOINT ./nope: no such folder\n' });
+  });
+
+  it('refuses to serve on uWebSockets.js\'s pure-JS shim: exit 1, one line that names the cause', async () => {
+    const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-uws-'));
+    const r = await vela(['serve', '--port', '0', '--data-dir', dataDir], { UWS_USE_FALLBACK: '1' });
+    fs.rmSync(dataDir, { recursive: true, force: true });
+    expect(r.code).toBe(1);
+    // The package prints its own notice first; ours is the last line.
+    expect(r.stderr.trimEnd().split('\n').at(-1)).toBe('vela serve: UWS_USE_FALLBACK is set ("1"): uWebSockets.js would run on its pure-JS shim, and Vela refuses to; unset it');
   });
 });
 

@@ -5,10 +5,9 @@
  * training server, push.ts; needs --api-key). Binds 127.0.0.1 unless told otherwise.
  */
 import uWS from 'uWebSockets.js';
-import { assertNativeUws } from '../app.ts';
 import { credentialOf, safeEqual } from '../auth.ts';
 import { HttpError, route, sendJson, sendText, statusLine, type Req } from '../http.ts';
-import { createApp } from '../guard.ts';
+import { assertNativeUws, createApp } from '../guard.ts';
 import { hideServerPath } from '../redact.ts';
 import { createPolicyServer, type PolicyServer, type PolicyServerOptions } from './service.ts';
 import { mountPolicySocket } from './socket.ts';
