@@ -2,45 +2,24 @@
  * Camera frames on the wire (PROTOCOL.md sections 3 and 5): decoding every codec to one layout,
  * uint8 `[H, W, 3]` RGB in C order, encoders for each codec, and the model's resize with padding.
  *
- * Codecs: `RAW` (an ndarray), `LOSSLESS` (ZPNG), `PNG`, `JPEG` and `CODEC_JPEG_Q<N>` (N 1..100).
+ * Codecs: `RAW` (an ndarray), `LOSSLESS` (ZPNG, protocol/zpng.ts), `PNG`, `JPEG` and
+ * `CODEC_JPEG_Q<N>` (N 1..100).
  * PNG and JPEG go through sharp (libvips) off the event loop; the bytes' signature must match the
  * codec, so no other libvips loader ever sees client bytes. Sizes are checked from headers before
  * any pixel is decoded.
  */
 import sharp, { type Metadata, type OutputInfo } from 'sharp';
 import { ProtocolError } from './errors.ts';
-import { initZstd, zstdCompress, zstdDecompress } from './zstd.ts';
+import { DEFAULT_MAX_PIXELS, badFrame, checkPixels, hexHead, type Frame, type FrameLimits, type NDArrayLike, type Pixels } from './pixels.ts';
+import { decodeZpng, encodeZpng } from './zpng.ts';
+import { initZstd } from './zstd.ts';
+
+export type { Frame, FrameLimits, NDArrayLike, Pixels } from './pixels.ts';
 
 // Every frame is decoded once: libvips' operation cache (up to 50 MB of results, a locked hash
 // lookup per operation) only costs here, ~10% of a 480x640 JPEG decode (2.26 -> 2.05 ms).
 sharp.cache(false);
 
-/** A decoded frame: `data` is uint8 `[height, width, 3]` RGB, C order. */
-export interface Frame {
-  data: Uint8Array;
-  height: number;
-  width: number;
-}
-
-/** Pixels with any channel count (1 gray, 2 gray+alpha, 3 RGB, 4 RGBA): uint8 `[height, width, channels]`. */
-export interface Pixels extends Frame {
-  channels: number;
-}
-
-/** The structural shape of an ndarray (protocol/ndarray.ts): raw C-order bytes of `dtype`. */
-export interface NDArrayLike {
-  dtype: string;
-  shape: readonly number[];
-  data: ArrayBufferView;
-}
-
-/** Decoding limits. */
-export interface FrameLimits {
-  /** Largest width * height accepted; default 4096 * 4096 (PROTOCOL.md section 8). */
-  maxPixels?: number;
-}
-
-export const DEFAULT_MAX_PIXELS = 4096 * 4096;
 /** Quality of the plain `JPEG` codec when encoding. */
 export const DEFAULT_JPEG_QUALITY = 90;
 
@@ -59,18 +38,6 @@ export function parseCodec(name: string): { kind: CodecKind; quality: number | n
     'unknown_codec',
     `unknown image codec ${JSON.stringify(name)}; expected RAW, LOSSLESS, PNG, JPEG or CODEC_JPEG_Q<1..100>`,
   );
-}
-
-function badFrame(message: string): ProtocolError {
-  return new ProtocolError('bad_frame', message);
-}
-
-function checkPixels(what: string, width: number, height: number, limits: FrameLimits): void {
-  const max = limits.maxPixels ?? DEFAULT_MAX_PIXELS;
-  if (width * height > max) {
-    throw new ProtocolError('too_large', `${what} is ${width}x${height} = ${width * height} pixels; the limit is ${max}`);
-  }
-  if (width < 1 || height < 1) throw badFrame(`${what} is ${width}x${height}: an empty image`);
 }
 
 /**
@@ -156,10 +123,6 @@ export function toRgb(p: Pixels): Frame {
 
 const PNG_SIGNATURE = [0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a];
 const JPEG_SIGNATURE = [0xff, 0xd8, 0xff];
-
-function hexHead(bytes: Uint8Array): string {
-  return Array.from(bytes.subarray(0, 8), (b) => b.toString(16).padStart(2, '0')).join(' ');
-}
 
 async function decodeWithSharp(kind: 'PNG' | 'JPEG', bytes: Uint8Array, limits: FrameLimits): Promise<Frame> {
   const signature = kind === 'PNG' ? PNG_SIGNATURE : JPEG_SIGNATURE;
@@ -280,119 +243,6 @@ export async function decodeFrameResized(codec: string, input: Uint8Array | NDAr
   const row = rw * 3;
   for (let y = 0; y < rh; y++) data.set(out.data.subarray(y * row, (y + 1) * row), ((top + y) * size + left) * 3);
   return { data, height: size, width: size };
-}
-
-// ---- ZPNG (PROTOCOL.md section 5) ----
-
-const ZPNG_MAGIC = 0xfbf8;
-const ZPNG_HEADER_BYTES = 8;
-
-/**
- * Decodes ZPNG (`LOSSLESS`) bytes to pixels of 1 to 4 channels. Requires `initZstd()`.
- *
- * Layout: u16 magic 0xFBF8, u16 width, u16 height, u8 channels, u8 bytes_per_channel (LE), then
- * one zstd frame holding the row-wise horizontal deltas; 3 and 4 channels as planes b, g - b,
- * g - r (then alpha), other counts interleaved.
- * @throws ProtocolError `bad_frame` (short header, wrong magic, channels outside 1..4,
- *   bytes_per_channel other than 1, corrupt or wrongly sized payload); `too_large`.
- */
-export function decodeZpng(bytes: Uint8Array, limits: FrameLimits = {}): Pixels {
-  if (bytes.byteLength < ZPNG_HEADER_BYTES) {
-    throw badFrame(`ZPNG frame is ${bytes.byteLength} bytes; its header alone is ${ZPNG_HEADER_BYTES}`);
-  }
-  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
-  const magic = view.getUint16(0, true);
-  if (magic !== ZPNG_MAGIC) throw badFrame(`ZPNG magic is 0x${magic.toString(16)}; expected 0xfbf8 (bytes [${hexHead(bytes)}])`);
-  const width = view.getUint16(2, true);
-  const height = view.getUint16(4, true);
-  const channels = view.getUint8(6);
-  const bytesPerChannel = view.getUint8(7);
-  if (channels < 1 || channels > 4) throw badFrame(`ZPNG frame has ${channels} channels; expected 1 to 4`);
-  if (bytesPerChannel !== 1) throw badFrame(`ZPNG bytes_per_channel is ${bytesPerChannel}; only 1 (uint8) is supported`);
-  checkPixels('ZPNG frame', width, height, limits);
-  const n = width * height;
-  const expected = n * channels;
-  let payload: Uint8Array;
-  try {
-    payload = zstdDecompress(bytes.subarray(ZPNG_HEADER_BYTES), { maxBytes: expected });
-  } catch (e) {
-    if (!(e instanceof ProtocolError)) throw e;
-    throw badFrame(`ZPNG ${width}x${height}x${channels} payload: ${e.message}`);
-  }
-  if (payload.byteLength !== expected) {
-    throw badFrame(`ZPNG payload is ${payload.byteLength} bytes; ${width}x${height}x${channels} needs ${expected}`);
-  }
-  const out = new Uint8Array(expected);
-  const c = channels;
-  if (c >= 3) {
-    for (let y = 0; y < height; y++) {
-      let r = 0, g = 0, b = 0, a = 0;
-      for (let x = 0; x < width; x++) {
-        const i = y * width + x;
-        const bf = payload[i]!;
-        const gf = payload[n + i]! + bf;
-        const rf = gf - payload[2 * n + i]!;
-        r = (r + rf) & 255;
-        g = (g + gf) & 255;
-        b = (b + bf) & 255;
-        out[i * c] = r;
-        out[i * c + 1] = g;
-        out[i * c + 2] = b;
-        if (c === 4) out[i * 4 + 3] = a = (a + payload[3 * n + i]!) & 255;
-      }
-    }
-  } else {
-    const row = width * c;
-    for (let y = 0; y < height; y++) {
-      const o = y * row;
-      for (let k = 0; k < row; k++) out[o + k] = (payload[o + k]! + (k >= c ? out[o + k - c]! : 0)) & 255;
-    }
-  }
-  return { data: out, height, width, channels };
-}
-
-/**
- * Encodes uint8 `[H, W, C]` pixels (C 1 to 4, width and height 1..65535) as ZPNG with zstd at
- * `level`. Requires `initZstd()`.
- */
-export function encodeZpng(p: Pixels, level = 1): Uint8Array {
-  const { width, height, channels: c } = p;
-  if (c < 1 || c > 4) throw badFrame(`ZPNG encodes 1 to 4 channels; got ${c}`);
-  if (width < 1 || height < 1 || width > 0xffff || height > 0xffff) {
-    throw badFrame(`ZPNG encodes 1..65535 x 1..65535 pixels; got ${width}x${height}`);
-  }
-  const n = width * height;
-  if (p.data.byteLength !== n * c) throw badFrame(`pixels are ${p.data.byteLength} bytes; ${width}x${height}x${c} needs ${n * c}`);
-  const payload = new Uint8Array(n * c);
-  const src = p.data;
-  for (let y = 0; y < height; y++) {
-    for (let x = 0; x < width; x++) {
-      const i = y * width + x;
-      const j = i * c;
-      const prev = x > 0 ? j - c : -1;
-      if (c >= 3) {
-        const rf = src[j]! - (prev >= 0 ? src[prev]! : 0);
-        const gf = src[j + 1]! - (prev >= 0 ? src[prev + 1]! : 0);
-        const bf = src[j + 2]! - (prev >= 0 ? src[prev + 2]! : 0);
-        payload[i] = bf;
-        payload[n + i] = gf - bf;
-        payload[2 * n + i] = gf - rf;
-        if (c === 4) payload[3 * n + i] = src[j + 3]! - (prev >= 0 ? src[prev + 3]! : 0);
-      } else {
-        for (let k = 0; k < c; k++) payload[j + k] = src[j + k]! - (prev >= 0 ? src[prev + k]! : 0);
-      }
-    }
-  }
-  const body = zstdCompress(payload, { level });
-  const out = new Uint8Array(ZPNG_HEADER_BYTES + body.byteLength);
-  const view = new DataView(out.buffer);
-  view.setUint16(0, ZPNG_MAGIC, true);
-  view.setUint16(2, width, true);
-  view.setUint16(4, height, true);
-  view.setUint8(6, c);
-  view.setUint8(7, 1);
-  out.set(body, ZPNG_HEADER_BYTES);
-  return out;
 }
 
 // ---- encoding and resizing ----

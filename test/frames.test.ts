@@ -4,9 +4,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { ProtocolError, type ProtocolErrorCode } from '../protocol/errors.ts';
 import {
   decodeFrame,
-  decodeZpng,
   encodeFrame,
-  encodeZpng,
   parseCodec,
   resizeWithPad,
   toRgb,
@@ -14,6 +12,7 @@ import {
   type NDArrayLike,
   type Pixels,
 } from '../protocol/frames.ts';
+import { decodeZpng, encodeZpng } from '../protocol/zpng.ts';
 import { initZstd, zstdCompress, zstdDecompress } from '../protocol/zstd.ts';
 
 const VEC = new URL('./vectors/frames/', import.meta.url);
