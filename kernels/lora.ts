@@ -56,6 +56,24 @@ export function selectTargets(config: PolicyConfig, targets: readonly string[]):
   return linearSpecs(config).filter((s) => targets.some((t) => matches(s, t as LoraTarget)));
 }
 
+/** What a LoRA target list must say about pi0.5's zero gates, as a field rule (see zeroGateRule). */
+export const ZERO_GATE_RULE =
+  "must include action_expert or all for LoRA on pi0.5 with seeded base weights: its adaptive-norm gates (the action expert's ada1/ada2 Linears) start at zero (adaLN-Zero), so adapters anywhere else get exactly zero gradient; or train in full";
+
+/**
+ * pi0.5's action-expert blocks scale their attention and MLP outputs by gates from the
+ * adaptive-norm Linears (ada1, ada2), which the seeded base starts at zero (MODEL.md D3, as
+ * DiT's adaLN-Zero). While those gates are zero nothing upstream of them reaches the velocity,
+ * so adapters that leave the ada Linears frozen get exactly zero gradient, forever. A trained
+ * base has open gates; callers that know the base is seeded (or read its ada weights) refuse.
+ * @returns ZERO_GATE_RULE when `targets` on `config` leave every ada Linear out; null when they
+ *   include them (action_expert, all) or the variant has none (pi0).
+ */
+export function zeroGateRule(config: PolicyConfig, targets: readonly string[]): string | null {
+  if (config.variant !== 'pi05') return null;
+  return selectTargets(config, targets).some((s) => /\.ada[12]$/.test(s.name)) ? null : ZERO_GATE_RULE;
+}
+
 /** Validates rank (integer >= 1) and alpha (finite > 0); throws LoraError. */
 export function validateLora(rank: number, alpha: number): void {
   if (!Number.isInteger(rank) || rank < 1) throw new LoraError('bad_rank', `rank is ${rank}; it must be an integer >= 1`);

@@ -10,7 +10,7 @@ import { ShapeError, type ModelBatch } from './batch.ts';
 import { Rng, type RngState } from './rng.ts';
 import { decodeSuffix, encodePrefix, initialValues, paramSpecs, velocity, disposeCache, type WeightsView } from './policy.ts';
 import { drawNoiseTime, eulerSample, lossPerDatum, noisyActions, type LossFn, type TimeSampling } from './flow.ts';
-import { initialAdapters, selectTargets, validateLora, type LoraTarget } from './lora.ts';
+import { LoraError, initialAdapters, selectTargets, validateLora, zeroGateRule, type LoraTarget } from './lora.ts';
 import { AdamWMoments, adamwStep, resolveAdamWOptions, type AdamWOptions, type ExportedTensor } from './optim.ts';
 import type { LoraFactors } from './layers.ts';
 
@@ -82,6 +82,14 @@ export class BaseWeights {
   dispose(): void {
     for (const t of this.tensors.values()) t.dispose();
   }
+}
+
+/** Whether every adaptive-norm Linear of the base (pi0.5's ada1/ada2 weights and biases) is all zero, as seeded. */
+function adaGatesClosed(base: BaseWeights): boolean {
+  for (const [name, t] of base.tensors) {
+    if (/\.ada[12]\.(weight|bias)$/.test(name) && (t.dataSync() as Float32Array).some((x) => x !== 0)) return false;
+  }
+  return true;
 }
 
 function checkNamed(named: NamedTensors, expected: Map<string, number[]>, what: string): void {
@@ -215,6 +223,8 @@ export class TrainingState {
     } else {
       validateLora(this.rank, this.alpha);
       const specs = selectTargets(this.config, this.targets);
+      const gateRule = zeroGateRule(this.config, this.targets);
+      if (gateRule && adaGatesClosed(base)) throw new LoraError('bad_target', `targets ${JSON.stringify(this.targets)} ${gateRule}`);
       for (const [name, v] of initialAdapters(specs, this.rank, initRng)) {
         const t = tf.tensor(v.data, v.shape, 'float32');
         this.params.set(name, tf.variable(t, true));

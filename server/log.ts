@@ -5,7 +5,8 @@ let threshold: number = LEVELS.info;
 
 function write(level: Level, msg: string, err?: unknown): void {
   if (LEVELS[level] > threshold) return;
-  const line = `${new Date().toISOString()} ${level.padEnd(5)} ${msg}`;
+  // One record, one line: a message that quotes another program's output (ffmpeg) stays whole.
+  const line = `${new Date().toISOString()} ${level.padEnd(5)} ${msg.replace(/\r?\n/g, ' \\n ')}`;
   process.stderr.write(line + '\n');
   if (err !== undefined) process.stderr.write(((err as Error)?.stack ?? String(err)) + '\n');
 }

@@ -5,7 +5,8 @@
  */
 import { jsonId, type RequestId } from '../protocol/messages.ts';
 import type { RawMsgpack } from '../protocol/msgpack.ts';
-import { PRESETS, PRESET_ALIASES, resolvePreset } from '../kernels/config.ts';
+import { PRESETS, PRESET_ALIASES, makeConfig, resolvePreset } from '../kernels/config.ts';
+import { zeroGateRule } from '../kernels/lora.ts';
 import { Engine, PriorityGate, type EngineLike, type EngineOptions } from './engine/host.ts';
 import type { BackendInfo } from './engine/messages.ts';
 import type { NativeThreads } from '../kernels/native.ts';
@@ -43,7 +44,7 @@ export function parseSessionConfig(body: Record<string, unknown>): SessionConfig
   if (finetune !== 'lora' && finetune !== 'full') throw new HttpError(400, `finetune must be "lora" or "full", got ${JSON.stringify(finetune)}`);
   // A LoRA setting on a full-weight session would be ignored silently: the request wants LoRA.
   const loraField = finetune === 'full' ? ['rank', 'alpha', 'targets'].find((k) => body[k] != null) : undefined;
-  if (loraField) throw new HttpError(400, `${loraField} applies to finetune "lora" only, and this session is "full": leave ${loraField} out, or use finetune "lora" (the default)`);
+  if (loraField) throw new HttpError(400, `${loraField} applies to finetune "lora" only, got ${JSON.stringify(body[loraField])}: this session is "full", which trains every weight; leave ${loraField} out, or use finetune "lora" (the default)`);
   const int = (k: string, def: number, lo: number, hi: number): number => {
     const v = body[k] ?? def;
     if (typeof v !== 'number' || !Number.isInteger(v) || v < lo || v > hi) throw new HttpError(400, `${k} must be an integer in ${lo}..${hi}, got ${JSON.stringify(v)}`);
@@ -56,6 +57,9 @@ export function parseSessionConfig(body: Record<string, unknown>): SessionConfig
   if (!Array.isArray(targets) || targets.length === 0 || !targets.every((t) => typeof t === 'string' && TARGETS.includes(t))) {
     throw new HttpError(400, `targets must be a non-empty list of ${TARGETS.join(', ')}, got ${JSON.stringify(targets)}`);
   }
+  // Sessions start from the engine's seeded base, whose pi0.5 gates are shut (kernels/lora.ts).
+  const gateRule = finetune === 'lora' ? zeroGateRule(makeConfig(base), targets as string[]) : null;
+  if (gateRule) throw new HttpError(400, `targets ${gateRule}, got ${JSON.stringify(targets)}`);
   const ah = body.action_horizon ?? null;
   if (ah !== null && (typeof ah !== 'number' || !Number.isInteger(ah) || ah < 1)) throw new HttpError(400, `action_horizon must be a positive integer, got ${JSON.stringify(ah)}`);
   const seed = int('seed', 0, 0, 2 ** 31 - 1);

@@ -254,4 +254,36 @@ describe('two nodes, one PostgreSQL, one shared folder', () => {
     await expect(conn.loadCheckpoint(`${onB.id}/states/nope`)).rejects.toThrow(/no saved state .*nope/);
     for (const c of [...conns, conn]) await c.close().catch(() => undefined);
   });
+
+  it('a node stopped gracefully (SIGTERM, a rolling restart) mid-job hands the job to the other node, which resumes it from its checkpoint', async (ctx) => {
+    if (!pg) return ctx.skip();
+    await startNode('b'); // killed by the test before
+    await waitFor('B to be up', async () => (await api(nodes.a!, 'GET', '/v1/nodes')).json.data.some((n: any) => n.id === 'b' && n.status === 'up'));
+    const ids: string[] = [];
+    for (let i = 0; i < 2; i++) ids.push((await api(nodes.a!, 'POST', '/v1/fine-tunes', { ...job, seed: 10 + i })).json.id);
+    const onB = await waitFor('a job on B past its first checkpoint', async () => {
+      const js = await Promise.all(ids.map(async (id) => (await api(nodes.a!, 'GET', `/v1/fine-tunes/${id}`)).json));
+      return js.find((j) => j.node === 'b' && j.status === 'running' && j.step >= 4);
+    }, 240_000, 100, () => jobsReport(ids));
+    await nodes.b!.stop(); // SIGTERM; SIGKILL only after 30 s
+    expect(nodes.b!.child.exitCode, nodes.b!.stderr.slice(-2000)).toBe(0);
+    expect((await api(nodes.a!, 'GET', '/v1/nodes')).json.data.find((n: any) => n.id === 'b').status).toBe('stopped');
+    const done = await waitFor('both jobs to end', async () => {
+      const js = await Promise.all(ids.map(async (id) => (await api(nodes.a!, 'GET', `/v1/fine-tunes/${id}`)).json));
+      return js.every((j) => ['succeeded', 'failed', 'cancelled'].includes(j.status)) ? js : null;
+    }, 240_000, 100, () => jobsReport(ids));
+    expect(done.map((j) => j.status)).toEqual(['succeeded', 'succeeded']);
+    const events = (await api(nodes.a!, 'GET', `/v1/fine-tunes/${onB.id}/events`)).json.data as any[];
+    expect(events.map((e) => e.index)).toEqual(events.map((_, i) => i));
+    const handOff = events.findIndex((e) => /^server shutting down at step \d+; the job resumes from its last checkpoint on another node$/.test(e.message ?? ''));
+    expect(handOff, JSON.stringify(events.slice(-8))).toBeGreaterThan(0);
+    const resumed = events.filter((e) => e.type === 'resumed');
+    expect(resumed).toHaveLength(1);
+    expect(resumed[0]).toMatchObject({ from_node: 'b', to_node: 'a' });
+    expect(resumed[0].index).toBeGreaterThan(handOff);
+    const from = Number(/resumed from the checkpoint at step (\d+)/.exec(events.find((e) => e.index > resumed[0].index && /resumed from the checkpoint/.test(e.message ?? ''))!.message)![1]);
+    const after = events.filter((e) => e.type === 'progress' && e.index > resumed[0].index).map((e) => e.step);
+    expect(after).toEqual(Array.from({ length: 12 - from }, (_, i) => from + 1 + i));
+    expect(events.at(-1)).toMatchObject({ type: 'status', status: 'succeeded' });
+  });
 });

@@ -121,14 +121,20 @@ describe('fine-tune config (POST /v1/fine-tunes and vela finetune)', () => {
       [{ augment: 'yes' }, /augment must be true or false, got "yes"/],
       [{ time_sampling: 'logit' }, /time_sampling must be "beta" or "uniform", got "logit"/],
       // A LoRA setting on a full fine-tune (here the seeded base's default) would be ignored: refused by name.
-      [{ lora_rank: 4 }, /^lora_rank applies to finetune "lora" only, and this fine-tune is "full" \(the default on seeded base weights\): add finetune "lora", or leave lora_rank out, got 4$/],
-      [{ finetune: 'full', lora_alpha: 8 }, /^lora_alpha applies to finetune "lora" only, and this fine-tune is "full": add finetune "lora", or leave lora_alpha out, got 8$/],
-      [{ targets: ['attn'] }, /^targets applies to finetune "lora" only/],
+      [{ lora_rank: 4 }, /^lora_rank applies to finetune "lora" only, got 4: this fine-tune is "full" \(the default on seeded base weights\), which trains every weight; leave lora_rank out, or add finetune "lora"$/],
+      [{ finetune: 'full', lora_alpha: 8 }, /^lora_alpha applies to finetune "lora" only, got 8: this fine-tune is "full", which trains every weight; leave lora_alpha out, or add finetune "lora"$/],
+      [{ targets: ['attn'] }, /^targets applies to finetune "lora" only, got \["attn"\]/],
+      // LoRA on pi0.5's seeded base must reach its zero adaptive-norm gates, or it learns nothing.
+      [{ finetune: 'lora', targets: ['attn', 'mlp'] }, /^targets must include action_expert or all for LoRA on pi0\.5 with seeded base weights: .*; or train in full, got \["attn","mlp"\]$/],
     ];
     for (const [over, re] of cases) expect(() => parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd', ...over }), JSON.stringify(over)).toThrow(re);
     // With LoRA they are taken; a stored full config (its LoRA fields filled in) re-validates as it was.
     expect(parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd', finetune: 'lora', lora_rank: 4 }).lora_rank).toBe(4);
     expect(parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd', lora_rank: 4 }, { trainedBase: true })).toMatchObject({ finetune: 'lora', lora_rank: 4 });
+    // attn alone: on a trained pi0.5 (open gates) and on pi0 (no gates).
+    expect(parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd', targets: ['attn'] }, { trainedBase: true }).targets).toEqual(['attn']);
+    expect(parseFineTuneConfig({ model: 'pi0-tiny', dataset_name: 'd', finetune: 'lora', targets: ['attn'] }).targets).toEqual(['attn']);
+    expect(parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd', finetune: 'lora', targets: ['attn', 'action_expert'] }).targets).toEqual(['attn', 'action_expert']);
     const stored = parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd' });
     expect(parseFineTuneConfig(stored as unknown as Record<string, unknown>, { stored: true })).toEqual(stored);
   });

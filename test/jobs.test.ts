@@ -170,11 +170,11 @@ describe('fine-tunes on g1_pick_bottle', () => {
       expect(fs.existsSync(done.output_dir)).toBe(false); // no final weights
       // One line per status, the first step's progress (then at most one every 30 s), no job log lines.
       const about = (id: string) => lines.filter((l) => l.includes(`job ${id}`)).map((l) => l.replace(/^\S+ /, '').trimEnd());
-      expect(about(b.id)).toEqual([`info  job ${b.id} queued`, `info  job ${b.id} cancelled: cancelled before it started`]);
+      expect(about(b.id)).toEqual([`info  job ${b.id} queued`, `info  job ${b.id} cancelled before it started`]);
       const ofA = about(a.id);
-      expect(ofA.slice(0, 2)).toEqual([`info  job ${a.id} queued`, `info  job ${a.id} running (pi05-tiny, 1000 steps)`]);
+      expect(ofA.slice(0, 2)).toEqual([`info  job ${a.id} queued`, `info  job ${a.id} running (pi05-tiny, 1000 steps on ${SUBSET.name})`]);
       expect(ofA[2]).toMatch(new RegExp(`^info  job ${a.id}: step 1/1000 loss \\d+\\.\\d{4}$`));
-      expect(ofA.at(-1)).toBe(`info  job ${a.id} cancelled: cancelled at step ${done.step}`);
+      expect(ofA.at(-1)).toBe(`info  job ${a.id} cancelled at step ${done.step}`);
       expect(ofA.filter((l) => l.includes(': step ')).length).toBeLessThanOrEqual(1 + Math.floor((performance.now() - t0) / 30_000));
     } finally {
       spy.mockRestore();

@@ -103,7 +103,7 @@ forEachBackend('kernels: training state', () => {
       const baseBefore = base.exportWeights();
       const plain = new TrainingState(base, { finetune: 'full', seed: 4 });
       const a1 = new TrainingState(base, { finetune: 'lora', rank: 4, targets: ['all'], seed: 4 });
-      const a2 = new TrainingState(base, { finetune: 'lora', rank: 2, targets: ['attn', 'mlp'], seed: 5 });
+      const a2 = new TrainingState(base, { finetune: 'lora', rank: 2, targets: ['action_expert'], seed: 5 });
       const ref = plain.sample(b, { seed: 1, numSteps: 3 });
       expect(a1.sample(b, { seed: 1, numSteps: 3 })).toEqual(ref);
       expect(a2.sample(b, { seed: 1, numSteps: 3 })).toEqual(ref);
@@ -125,6 +125,37 @@ forEachBackend('kernels: training state', () => {
       expect(a2.sample(b, { seed: 1, numSteps: 3 })).toEqual(ref);
       expect(a1.trainableParamCount).toBeGreaterThan(a2.trainableParamCount);
       for (const s of [plain, a1, a2]) s.dispose();
+      base.dispose();
+    });
+  });
+
+  describe('pi0.5 adaptive-norm gates (adaLN-Zero) on a seeded base', () => {
+    it('refuses LoRA that leaves the zero gates frozen (it could never learn); with open gates attn alone trains', () => {
+      const { c, b } = batchOf('pi05-tiny', 2, 14);
+      const base = BaseWeights.create(c, 14);
+      // Why: with the gates at zero no attention or MLP weight of either expert gets a gradient.
+      const full = new TrainingState(base, { finetune: 'full', seed: 1 });
+      full.forwardBackward(b);
+      const gated = [...full.accumulatedGradients().grads].filter(([n]) => /^layers\.\d+\.(prefix|action)\.(qkv|o|mlp1|mlp2)\.weight$/.test(n));
+      expect(gated.length).toBeGreaterThanOrEqual(2 * 4); // every block's (the last prefix block feeds nothing)
+      for (const [n, g] of gated) expect(g.every((x) => x === 0), n).toBe(true);
+      expect([...full.accumulatedGradients().grads].some(([n, g]) => /\.ada1\.weight$/.test(n) && g.some((x) => x !== 0))).toBe(true);
+      full.dispose();
+      for (const targets of [['attn'], ['mlp'], ['attn', 'mlp', 'prefix_expert']]) {
+        expect(() => new TrainingState(base, { finetune: 'lora', rank: 2, targets }), targets.join()).toThrow(/must include action_expert or all for LoRA on pi0\.5 with seeded base weights/);
+      }
+      new TrainingState(base, { finetune: 'lora', rank: 2, targets: ['attn', 'action_expert'] }).dispose();
+      // A base whose gates are open (a trained one): attn alone is taken and its adapters learn.
+      const named = base.exportWeights();
+      for (const [n, t] of Object.entries(named)) if (/\.ada[12]\.weight$/.test(n)) t.data.forEach((_, i) => (t.data[i] = ((i % 7) - 3) * 0.01));
+      const open = BaseWeights.fromTensors(c, named);
+      const s = new TrainingState(open, { finetune: 'lora', rank: 2, targets: ['attn'], seed: 1 });
+      s.forwardBackward(b);
+      const loraB = [...s.accumulatedGradients().grads].filter(([n]) => n.endsWith('.lora_b'));
+      expect(loraB.length).toBeGreaterThan(0);
+      expect(loraB.some(([, g]) => g.some((x) => x !== 0))).toBe(true);
+      s.dispose();
+      open.dispose();
       base.dispose();
     });
   });

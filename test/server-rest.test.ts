@@ -56,7 +56,8 @@ describe('REST training sessions', () => {
       [{ base_model: 'pi0-tiny', rank: 0 }, /rank must be an integer in 1..256/],
       [{ base_model: 'pi0-tiny', targets: ['attn', 'nope'] }, /targets must be/],
       [{ base_model: 'pi0-tiny', finetune: 'qlora' }, /finetune must be/],
-      [{ base_model: 'pi0-tiny', finetune: 'full', rank: 8 }, /^rank applies to finetune "lora" only, and this session is "full": leave rank out, or use finetune "lora" \(the default\)$/],
+      [{ base_model: 'pi0-tiny', finetune: 'full', rank: 8 }, /^rank applies to finetune "lora" only, got 8: this session is "full", which trains every weight; leave rank out, or use finetune "lora" \(the default\)$/],
+      [{ base_model: 'pi05-tiny', targets: ['attn'] }, /^targets must include action_expert or all for LoRA on pi0\.5 with seeded base weights: .*, got \["attn"\]$/],
       [{ base_model: 'pi0-tiny', colour: 'red' }, /unknown field "colour"/],
       ['{"base_model":', /body is not valid JSON/],
     ];

@@ -40,6 +40,10 @@ describe('a sidecar-API Python client', () => {
     expect(r.escaping_archive[1].error).toBe('the archive holds an entry with an unsafe path: "../escaped.txt"');
     expect(r.unknown_dataset[1].error).toBe('dataset "nowhere" is not under the datasets root and no dataset_content was sent');
     expect(fs.existsSync(path.join(datasets, '..', 'escaped.txt'))).toBe(false);
+    // The job config is checked before an upload is installed, in the sidecar's names.
+    expect(r.lora_on_full[1].error).toMatch(/^lora_rank applies to finetune "lora" only, got 8: /);
+    expect(r.steps_huge[1].error).toBe('num_train_steps must be an integer in 1..1000000, got 2000000');
+    expect(fs.existsSync(path.join(datasets, 'refused_up'))).toBe(false);
   });
 
   it('starts a job whose dataset came in the request, stored under the datasets root', () => {

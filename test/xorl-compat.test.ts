@@ -76,6 +76,13 @@ describe('xorl recovery and model ids', () => {
     expect((await c.raw('POST', 'create_model', { ...LORA, model_id: 'default' })).body.error).toBe(
       'model_id "default" is reserved for the full-weight model (xorl): leave out lora_config, or name the LoRA model otherwise',
     );
+    // The same for LoRA settings at the top level, and lora_config on a model that asks for full.
+    expect((await c.raw('POST', 'create_model', { base_model: 'pi05-tiny', model_id: 'default', rank: 8 })).body.error).toBe(
+      'model_id "default" is reserved for the full-weight model (xorl): leave out rank, or name the LoRA model otherwise',
+    );
+    expect((await c.raw('POST', 'create_model', { ...LORA, model_id: 'arm2', finetune: 'full' })).body.error).toBe(
+      'lora_config applies to LoRA models, and this one is finetune "full", which trains every weight: leave lora_config out, or finetune out (LoRA is the default)',
+    );
     expect((await c.raw('POST', 'create_model', { base_model: 'pi05-tiny', model_id: 'ts-mine' })).status).toBe(400);
     expect((await c.raw('POST', 'create_model', { base_model: 'pi05-tiny', model_id: '../x' })).status).toBe(400);
     expect(await c.call('weights_info', { model_id: 'default' })).toMatchObject({ model_id: 'default', is_lora: false, lora_rank: null, base_model: 'pi05-tiny' });

@@ -168,7 +168,8 @@ export function mountFutures(app: TemplatedApp, deps: FuturesDeps): FuturesHandl
     if (name !== null && (typeof name !== 'string' || !MODEL_NAME.test(name) || name.startsWith('ts-'))) {
       throw new HttpError(400, `model_id must match ${MODEL_NAME.source} and not start with "ts-" (Vela's own ids), got ${JSON.stringify(name)}`);
     }
-    if (v.lora_config !== undefined) {
+    const loraConfig = v.lora_config !== undefined;
+    if (loraConfig) {
       const lc = v.lora_config;
       delete v.lora_config;
       if (lc === null || typeof lc !== 'object' || Array.isArray(lc)) throw new HttpError(400, 'lora_config must be an object {rank, alpha, targets}');
@@ -183,7 +184,11 @@ export function mountFutures(app: TemplatedApp, deps: FuturesDeps): FuturesHandl
     // xorl: full-weight training is the reserved model "default".
     if (name === 'default') {
       if (v.finetune !== undefined && v.finetune !== 'full') throw new HttpError(400, `model_id "default" is reserved for the full-weight model (xorl); got finetune ${JSON.stringify(v.finetune)}`);
+      const lora = ['rank', 'alpha', 'targets'].find((k) => v[k] != null);
+      if (lora) throw new HttpError(400, `model_id "default" is reserved for the full-weight model (xorl): leave out ${lora}, or name the LoRA model otherwise`);
       v.finetune = 'full';
+    } else if (loraConfig && v.finetune === 'full') {
+      throw new HttpError(400, 'lora_config applies to LoRA models, and this one is finetune "full", which trains every weight: leave lora_config out, or finetune out (LoRA is the default)');
     }
     const sessionEntry = clientSession === null ? null : ctx.clientSession(owner, clientSession);
     const row = await sessions.create(owner, parseSessionConfig(v), deps.baseUrl?.() ?? '', name as string | null);

@@ -119,7 +119,7 @@ export function parseFinetuneArgs(argv: string[], env: NodeJS.ProcessEnv = proce
     cfg = parseFineTuneConfig(body);
   } catch (e) {
     const arg = e instanceof FieldError ? byField.get(e.field) : undefined;
-    if (arg) throw badValue(arg, flagNames((e as FieldError).rule));
+    if (arg) throw badValue(arg, flagNames([(e as FieldError).rule, (e as FieldError).hint].filter(Boolean).join(': ')));
     throw new UsageError(flagNames((e as Error).message));
   }
   const stamp = new Date().toISOString().replace(/[:.]/g, '-').slice(0, 19);

@@ -3,7 +3,8 @@
  * naming the field, defaults filled in, and the dataset name resolved under the data root.
  */
 import path from 'node:path';
-import { PRESETS, PRESET_ALIASES, resolvePreset } from '../../kernels/config.ts';
+import { PRESETS, PRESET_ALIASES, makeConfig, resolvePreset } from '../../kernels/config.ts';
+import { zeroGateRule } from '../../kernels/lora.ts';
 import { validateAdamWOptions, type AdamWOptions } from '../../kernels/optim.ts';
 import { HttpError } from '../http.ts';
 
@@ -88,8 +89,9 @@ export function defaultFinetune(trainedBase: boolean): 'lora' | 'full' {
  * beside the flag and value as the user typed them.
  */
 export class FieldError extends HttpError {
-  constructor(readonly field: string, readonly rule: string, value: unknown) {
-    super(400, `${field} ${rule}, got ${showValue(value)}`);
+  /** @param hint what to do instead, after the value (`field rule, got value: hint`). */
+  constructor(readonly field: string, readonly rule: string, value: unknown, readonly hint?: string) {
+    super(400, `${field} ${rule}, got ${showValue(value)}${hint ? `: ${hint}` : ''}`);
   }
 }
 
@@ -111,8 +113,8 @@ function bad(msg: string): never {
   throw new HttpError(400, msg);
 }
 
-function badField(field: string, rule: string, value: unknown): never {
-  throw new FieldError(field, rule, value);
+function badField(field: string, rule: string, value: unknown, hint?: string): never {
+  throw new FieldError(field, rule, value, hint);
 }
 
 function int(body: Record<string, unknown>, k: string, def: number, lo: number, hi: number): number {
@@ -162,12 +164,15 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
   // A stored config (re-validated before it runs) carries them as filled-in defaults.
   if (finetune === 'full' && !opts.stored) {
     const given = LORA_FIELDS.find((k) => body[k] != null);
-    if (given) badField(given, `applies to finetune "lora" only, and this fine-tune is "full"${body.finetune == null ? ' (the default on seeded base weights)' : ''}: add finetune "lora", or leave ${given} out`, body[given]);
+    if (given) badField(given, 'applies to finetune "lora" only', body[given], `this fine-tune is "full"${body.finetune == null ? ' (the default on seeded base weights)' : ''}, which trains every weight; leave ${given} out, or add finetune "lora"`);
   }
   const alpha = body.lora_alpha ?? 32;
   if (typeof alpha !== 'number' || !(alpha > 0) || !Number.isFinite(alpha)) badField('lora_alpha', 'must be a number > 0', alpha);
   const targets = body.targets ?? ['all'];
   if (!Array.isArray(targets) || targets.length === 0 || !targets.every((t) => TARGETS.includes(t as string))) badField('targets', `must be a non-empty list of ${TARGETS.join(', ')}`, targets);
+  // The engines' base weights are seeded unless trained ones are configured: pi0.5's gates are shut.
+  const gateRule = finetune === 'lora' && !opts.trainedBase && !opts.stored ? zeroGateRule(makeConfig(modelName as string), targets as string[]) : null;
+  if (gateRule) badField('targets', gateRule, targets);
   const cameras = body.cameras ?? null;
   if (cameras !== null && (!Array.isArray(cameras) || cameras.length === 0 || !cameras.every((c) => typeof c === 'string' && c.length > 0))) badField('cameras', 'must be a non-empty list of camera names', cameras);
   const space = body.action_space ?? null;

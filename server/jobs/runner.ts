@@ -75,6 +75,7 @@ export class JobRunner {
     if (!this.node) {
       for (const j of open.filter((x) => x.status === 'running')) {
         await this.emit(j.id, 'log', { message: 'the server restarted while this job was running; resuming from its last checkpoint' });
+        log.info(`job ${j.id}: the server restarted while it was running; it resumes from its last checkpoint`);
         await this.queue.enqueue(j.id);
       }
       for (const j of open.filter((x) => x.status === 'queued')) await this.queue.enqueue(j.id);
@@ -110,21 +111,25 @@ export class JobRunner {
 
   /**
    * The operator's view of a job in the server log: each status and hand-over at info, a progress
-   * line at most every PROGRESS_LOG_MS (and at each evaluation), the job's own log lines at debug.
-   * Clients read the events, which have every step.
+   * line at most every PROGRESS_LOG_MS (and at each evaluation and the last step), the job's own
+   * log lines at debug. Clients read the events, which have every step.
    */
   private logEvent(jobId: string, e: JobEvent): void {
     if (e.type === 'status') {
-      const detail = e.status === 'running' ? ` (${e.model}, ${e.steps} steps${e.node ? `, node ${e.node}` : ''})` : e.error ? `: ${e.error}` : '';
-      (e.status === 'failed' ? log.warn : log.info)(`job ${jobId} ${e.status}${detail}`);
-      if (e.status === 'running') this.progressLogged.set(jobId, { steps: e.steps, at: 0 });
+      const status = String(e.status);
+      let detail = '';
+      if (status === 'running') detail = ` (${e.model}, ${e.steps} steps on ${e.dataset ?? 'its dataset'}${e.node ? `, node ${e.node}` : ''})`;
+      else if (typeof e.error === 'string') detail = e.error.startsWith(`${status} `) ? e.error.slice(status.length) : `: ${e.error}`; // "cancelled at step 13"
+      else if (e.output_dir) detail = `: weights in ${e.output_dir}`;
+      (status === 'failed' ? log.warn : log.info)(`job ${jobId} ${status}${detail}`);
+      if (status === 'running') this.progressLogged.set(jobId, { steps: e.steps, at: 0 });
       else this.progressLogged.delete(jobId);
     } else if (e.type === 'resumed') {
       log.info(`job ${jobId}: ${e.message}`);
     } else if (e.type === 'progress') {
       const seen = this.progressLogged.get(jobId) ?? { steps: null, at: 0 };
       const now = Date.now();
-      if (now - seen.at < PROGRESS_LOG_MS && typeof e.eval_loss !== 'number') return;
+      if (now - seen.at < PROGRESS_LOG_MS && typeof e.eval_loss !== 'number' && e.step !== seen.steps) return;
       this.progressLogged.set(jobId, { ...seen, at: now });
       const f4 = (x: unknown) => (typeof x === 'number' ? x.toFixed(4) : 'n/a');
       log.info(`job ${jobId}: step ${e.step}${typeof seen.steps === 'number' ? `/${seen.steps}` : ''} loss ${f4(e.loss)}${typeof e.eval_loss === 'number' ? ` eval_loss ${f4(e.eval_loss)}` : ''}`);
@@ -171,7 +176,6 @@ export class JobRunner {
     if (this.node) return false;
     const job = await this.store.getJob(id);
     if (!job || isTerminal(job.status) || this.isActive(id) || this.stopped) return false;
-    log.warn(`job ${id} is ${job.status} but no runner holds it: marking it failed`);
     await this.finish(id, 'failed', { error: reason });
     return true;
   }
@@ -224,7 +228,7 @@ export class JobRunner {
     if (from) {
       await this.emit(id, 'resumed', { from_node: from, to_node: me, step: job.step, message: `node ${from} stopped during this job; node ${me} resumes it from its last checkpoint` });
     }
-    await this.emit(id, 'status', { status: 'running', model: cfg.model, steps: cfg.steps, ...(me ? { node: me } : {}) });
+    await this.emit(id, 'status', { status: 'running', model: cfg.model, steps: cfg.steps, dataset: cfg.dataset_name, ...(me ? { node: me } : {}) });
     const mustStop = () => this.stopped || (this.node?.fenced() ?? false);
     let engine: EngineLike | null = null;
     try {
@@ -267,9 +271,12 @@ export class JobRunner {
 
   /** This node stops midway: the job stays `running` on purpose, and resumes from its last checkpoint elsewhere (or at the next start). */
   private async handOff(id: string, step: number | null): Promise<RunOutcome> {
+    this.progressLogged.delete(id);
     if (this.node?.fenced()) return 'handoff'; // another node owns it now: write nothing more
     const where = this.node ? 'on another node' : 'on the next start';
-    await this.emit(id, 'log', { message: `server shutting down${step === null ? '' : ` at step ${step}`}; the job resumes from its last checkpoint ${where}` });
+    const message = `server shutting down${step === null ? '' : ` at step ${step}`}; the job resumes from its last checkpoint ${where}`;
+    log.info(`job ${id}: ${message}`);
+    await this.emit(id, 'log', { message });
     return 'handoff';
   }
 

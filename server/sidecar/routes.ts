@@ -30,6 +30,7 @@ import { streamFile } from '../stream.ts';
 import { archiveTemp, installArchive } from '../datasets-route.ts';
 import { checkDatasetName, type InstallResult } from '../datasets/upload.ts';
 import { jobOutputFile, listFiles, relativeSegments, submitFineTune } from '../jobs/routes.ts';
+import { FieldError, parseFineTuneConfig } from '../jobs/config.ts';
 import type { JobRunner } from '../jobs/runner.ts';
 import { readBody } from '../futures/codec.ts';
 import { answerInfer, targetOf, type InferenceDeps } from '../inference/routes.ts';
@@ -54,6 +55,8 @@ export interface SidecarDeps {
 const PRESET_NAMES = [...Object.keys(PRESETS), ...Object.keys(PRESET_ALIASES)];
 const VELA_FIELDS = ['batch_size', 'learning_rate', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed', 'eval_every', 'checkpoint_every'];
 const JOB_ID = /^ft-[a-z0-9]{1,64}$/;
+/** Vela's config fields under the names job_start gives them, for its errors. */
+const SIDECAR_NAMES: Record<string, string> = { steps: 'num_train_steps', model: 'model_size', dataset_name: 'dataset' };
 
 export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
   const { store, config, runner } = deps;
@@ -96,6 +99,15 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
     if (typeof steps !== 'number' || !Number.isInteger(steps) || steps < 1) throw new HttpError(400, `num_train_steps must be a positive integer, got ${JSON.stringify(steps)}`);
     if (body.dataset === undefined) throw new HttpError(400, 'dataset is required: the name of a LeRobot dataset folder (there is no default dataset)');
     const dataset = checkDatasetName(body.dataset);
+    // The config is checked before an upload is installed: a refused request leaves nothing behind.
+    const extras = Object.fromEntries(Object.entries(body).filter(([k]) => VELA_FIELDS.includes(k)));
+    const jobBody = { ...extras, model: size, dataset_name: dataset, steps };
+    try {
+      parseFineTuneConfig(jobBody);
+    } catch (e) {
+      const ours = e instanceof FieldError ? SIDECAR_NAMES[e.field] : undefined;
+      throw ours ? new HttpError(400, `${ours}${(e as Error).message.slice(e instanceof FieldError ? e.field.length : 0)}`) : e;
+    }
     let upload: InstallResult | null = null;
     if (body.dataset_content !== undefined) {
       const b64 = body.dataset_content;
@@ -107,8 +119,7 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
     } else if (!fs.existsSync(path.join(path.resolve(config.datasetsDir), dataset, 'meta', 'info.json'))) {
       throw new HttpError(400, `dataset "${dataset}" is not under the datasets root and no dataset_content was sent`);
     }
-    const extras = Object.fromEntries(Object.entries(body).filter(([k]) => VELA_FIELDS.includes(k)));
-    const job = await submitFineTune(deps, owner, { ...extras, model: size, dataset_name: dataset, steps });
+    const job = await submitFineTune(deps, owner, jobBody);
     sendJson(r, 200, trainingJob(job, upload));
   }));
 

@@ -113,6 +113,9 @@ def main():
         "not_archive": {"dataset": "pick", "model_size": "pi05-tiny", "dataset_content": base64.b64encode(b"hello, not a tar").decode()},
         "escaping_archive": {"dataset": "pick", "model_size": "pi05-tiny", "dataset_content": evil_archive()},
         "unknown_dataset": {"dataset": "nowhere", "model_size": "pi05-tiny"},
+        # Refused by the job config, before the upload is installed.
+        "lora_on_full": {"dataset": "refused_up", "model_size": "pi05-tiny", "lora_rank": 8, "dataset_content": content},
+        "steps_huge": {"dataset": "refused_up", "model_size": "pi05-tiny", "num_train_steps": 2000000, "dataset_content": content},
     }
     out["refused"] = {k: s.json("POST", "/training/job_start", body) for k, body in bad.items()}
 
