@@ -14,7 +14,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { computeNormStats, normalizerFor } from '../kernels/normalize.ts';
 import { openDataset } from '../server/datasets/index.ts';
 import type { EngineLike } from '../server/engine/host.ts';
-import { evalSummary, finetuneCommand } from '../server/jobs/cli.ts';
+import { evalSummary, finetuneCommand, parseFinetuneArgs } from '../server/jobs/cli.ts';
 import { defaultWarmupSteps, parseFineTuneConfig, RECIPE } from '../server/jobs/config.ts';
 import { learningRateAt, runFineTune, type RunContext } from '../server/jobs/train.ts';
 
@@ -276,5 +276,22 @@ describe('vela finetune on the real engine', () => {
     const text = written.join('');
     expect(text).toContain('held-out evaluation at step 3: 1 frames');
     expect(text).toMatch(/ {2}left arm +\d/);
+    // A finished run is never overwritten: a second run into the same --output is refused up front.
+    await expect(finetuneCommand(['--dataset', dir, '--steps', '3', '--output', out])).rejects.toThrow(`--output ${out}: holds a finished run (weights/final): give a new --output (a finished run is never overwritten)`);
+  });
+
+  it('resumes an interrupted --output only with the settings it was started with', () => {
+    const dir = armDataset('cli-resume');
+    const out = path.join(tmp, 'cli-interrupted');
+    const args = (...more: string[]) => ['--dataset', dir, '--steps', '40', '--output', out, ...more];
+    const { cfg } = parseFinetuneArgs(args('--batch-size', '8')); // a new folder: fine
+    fs.mkdirSync(path.join(out, 'weights', 'step-0000020'), { recursive: true });
+    fs.writeFileSync(path.join(out, 'run.json'), JSON.stringify(cfg));
+    expect(() => parseFinetuneArgs(args('--batch-size', '8'))).toThrow(`--output ${out}: holds checkpoints of another run but nothing to resume: give a new --output`);
+    fs.writeFileSync(path.join(out, 'resume.json'), '{}');
+    expect(parseFinetuneArgs(args('--batch-size', '8')).cfg).toEqual(cfg);
+    expect(() => parseFinetuneArgs(args('--batch-size', '4', '--model', 'pi05-tiny'))).toThrow(
+      `--output ${out}: holds an interrupted run started with --model "pi0-tiny" (now "pi05-tiny"), --batch-size 8 (now 4): give the same settings to resume it, or a new --output`,
+    );
   });
 });

@@ -9,8 +9,8 @@ import path from 'node:path';
 import { badValue, splitArgs, UsageError, type FlagArg } from '../cli-args.ts';
 import { BACKEND_CHOICES } from '../config.ts';
 import { DatasetError, openDataset } from '../datasets/index.ts';
-import { FieldError, parseFineTuneConfig, RECIPE } from './config.ts';
-import { noEvaluationReason, prepareRun, runFineTune } from './train.ts';
+import { FieldError, parseFineTuneConfig, RECIPE, type FineTuneConfig } from './config.ts';
+import { noEvaluationReason, prepareRun, runFineTune, writeJsonAtomic } from './train.ts';
 
 /** Where `vela finetune` writes without --output: outside any repository, under the user's cache. */
 export function defaultFinetuneRoot(env: NodeJS.ProcessEnv = process.env): string {
@@ -22,7 +22,9 @@ export const FINETUNE_USAGE = `Usage: vela finetune --dataset DIR [options]
 Fine-tunes a policy on a LeRobot dataset on this machine (the same job as POST /v1/fine-tunes),
 then prints the held-out evaluation: the policy's MSE next to holding the current state and the
 training set's mean chunk. Writes weights/step-N at each checkpoint and weights/final (each one a
-folder that vela policy serves), norm stats, and events.jsonl to the output folder.
+folder that vela policy serves), norm stats, and events.jsonl to the output folder. Interrupted
+(Ctrl-C), the same command resumes from the last checkpoint; an output folder holding a finished
+run, or a run started with other settings, is refused rather than mixed.
 
 Options (defaults in brackets: the recipe measured in bench/results/recipe.md):
   --dataset DIR            LeRobot dataset folder (v2.x or v3.0)       [required]
@@ -77,6 +79,37 @@ function flagNames(message: string): string {
 /** A flag's number as typed: decimal, with an optional exponent (what JSON takes; not 0x1, not Infinity). */
 const DECIMAL = /^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/;
 
+/** The settings a run in an --output folder was started with (what a resume must repeat). */
+export const RUN_FILE = 'run.json';
+
+/**
+ * An --output folder takes a new run (it is empty or new), or resumes the interrupted run in it
+ * (resume.json) with the same settings; a finished run (weights/final) is never overwritten and
+ * two runs never mix their checkpoints and events.
+ * @throws UsageError naming --output and, for a resume, each setting that differs.
+ */
+function checkOutputFolder(arg: FlagArg, dir: string, cfg: FineTuneConfig): void {
+  if (!fs.existsSync(dir)) return;
+  if (!fs.statSync(dir).isDirectory()) throw badValue(arg, 'is a file, not a folder');
+  const has = (...p: string[]) => fs.existsSync(path.join(dir, ...p));
+  if (has('resume.json')) {
+    let saved: Record<string, unknown> | null = null;
+    try {
+      saved = JSON.parse(fs.readFileSync(path.join(dir, RUN_FILE), 'utf8'));
+    } catch {
+      return; // a run from before run.json: resumed as it comes
+    }
+    const differs = Object.keys(cfg).filter((k) => JSON.stringify((cfg as unknown as Record<string, unknown>)[k]) !== JSON.stringify(saved![k]));
+    if (differs.length > 0) {
+      const was = differs.map((k) => `${k} ${JSON.stringify(saved![k])} (now ${JSON.stringify((cfg as unknown as Record<string, unknown>)[k])})`).join(', ');
+      throw badValue(arg, flagNames(`holds an interrupted run started with ${was}: give the same settings to resume it, or a new --output`));
+    }
+    return;
+  }
+  if (has('weights', 'final')) throw badValue(arg, 'holds a finished run (weights/final): give a new --output (a finished run is never overwritten)');
+  if (has('weights') || has('states')) throw badValue(arg, 'holds checkpoints of another run but nothing to resume: give a new --output');
+}
+
 /**
  * The job config and local options from `vela finetune`'s arguments.
  * @throws UsageError naming the flag and the value as typed (`--steps abc: must be an integer in 1..1000000`).
@@ -87,7 +120,7 @@ export function parseFinetuneArgs(argv: string[], env: NodeJS.ProcessEnv = proce
   const body: Record<string, unknown> = {};
   const byField = new Map<string, FlagArg>();
   let dataset: FlagArg | null = null;
-  let output: string | null = null;
+  let outputArg: FlagArg | null = null;
   let backend = env.VELA_BACKEND || 'auto';
   for (const f of flags) {
     if (f.flag === '--dataset') dataset = f;
@@ -96,7 +129,7 @@ export function parseFinetuneArgs(argv: string[], env: NodeJS.ProcessEnv = proce
       if (!fs.existsSync(dir) || !fs.statSync(dir).isDirectory()) throw badValue(f, 'no such folder');
       body.eval_dataset = dir;
       byField.set('eval_dataset', f);
-    } else if (f.flag === '--output') output = f.value;
+    } else if (f.flag === '--output') outputArg = f;
     else if (f.flag === '--backend') {
       if (!(BACKEND_CHOICES as string[]).includes(f.value)) throw badValue(f, `must be one of ${BACKEND_CHOICES.join(', ')}`);
       backend = f.value;
@@ -123,7 +156,8 @@ export function parseFinetuneArgs(argv: string[], env: NodeJS.ProcessEnv = proce
     throw new UsageError(flagNames((e as Error).message));
   }
   const stamp = new Date().toISOString().replace(/[:.]/g, '-').slice(0, 19);
-  const outDir = path.resolve(output ?? path.join(defaultFinetuneRoot(env), `${path.basename(datasetDir)}-${stamp}`));
+  const outDir = path.resolve(outputArg?.value ?? path.join(defaultFinetuneRoot(env), `${path.basename(datasetDir)}-${stamp}`));
+  if (outputArg) checkOutputFolder(outputArg, outDir, cfg);
   return { cfg, datasetDir, dataset, outDir, backend, byField };
 }
 
@@ -194,7 +228,12 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
   await opened.ds.checkVideos();
   if (opened.evalDs !== opened.ds) await opened.evalDs.checkVideos();
   fs.mkdirSync(outDir, { recursive: true });
-  const eventsFile = fs.openSync(path.join(outDir, 'events.jsonl'), 'a');
+  const runFile = path.join(outDir, RUN_FILE);
+  if (!fs.existsSync(path.join(outDir, 'resume.json'))) writeJsonAtomic(runFile, cfg); // a new run (a resume keeps the first)
+  // A resumed run's events continue its log, as a server job's do.
+  const eventsPath = path.join(outDir, 'events.jsonl');
+  index = fs.existsSync(eventsPath) ? fs.readFileSync(eventsPath, 'utf8').split('\n').filter((l) => l.trim()).length : 0;
+  const eventsFile = fs.openSync(eventsPath, 'a');
   const { Engine } = await import('../engine/host.ts');
   const engine = await Engine.start({ preset: cfg.model, backend });
   process.stderr.write(`engine: ${engine.info.preset}, ${engine.info.backendLine}\n`);

@@ -277,7 +277,8 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
   return { status: 'succeeded', outputDir, step, loss: lastLoss, evalLoss: lastEval };
 }
 
-function writeJsonAtomic(file: string, value: unknown): void {
+/** Write `value` as JSON to `file` atomically: a temp file, fsync, rename. */
+export function writeJsonAtomic(file: string, value: unknown): void {
   const tmp = `${file}.tmp-${process.pid}`;
   const fd = fs.openSync(tmp, 'w');
   fs.writeSync(fd, JSON.stringify(value, null, 2));
