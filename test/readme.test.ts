@@ -155,14 +155,7 @@ describe('the server, as "First fine-tune on the server" starts it', () => {
     const lines = code.split('\n');
     const imports = lines.filter((l) => l.startsWith('import ')).map((l) => l.replace("'./", "'../"));
     const rest = lines.filter((l) => !l.startsWith('import ')).join('\n');
-    // The README's placeholders: a JPEG, a 26-value state and a 16 x 26 action chunk.
-    const prelude = [
-      "import sharp from 'sharp';",
-      "const jpegBytes = new Uint8Array(await sharp({ create: { width: 64, height: 48, channels: 3, background: '#808040' } }).jpeg().toBuffer());",
-      'const state = new Float32Array(26).map((_, i) => i / 26);',
-      'const chunk = new Float32Array(16 * 26).map((_, i) => Math.sin(i));',
-    ];
-    const script = [...imports, ...prelude, swap(swap(rest, "'http://127.0.0.1:8080'", `'${server.baseUrl}'`), "'my-key'", `'${TEST_KEY}'`),
+    const script = [...imports, swap(swap(rest, "'http://127.0.0.1:8080'", `'${server.baseUrl}'`), "'my-key'", `'${TEST_KEY}'`),
       'console.log(JSON.stringify({ loss, shape: actions.shape, dtype: actions.dtype }));'].join('\n');
     const dir = path.join(REPO, '.tmp');
     fs.mkdirSync(dir, { recursive: true });

@@ -29,6 +29,7 @@ run, or a run started with other settings, is refused rather than mixed.
 Options (defaults in brackets: the recipe measured in bench/results/recipe.md):
   --dataset DIR            LeRobot dataset folder (v2.x or v3.0)       [required]
   --model NAME             pi0-tiny, pi05-tiny, pi0-small, pi05-small  [${RECIPE.model}]
+                           (pi0 and pi05 mean the small ones; see vela presets)
   --steps N                optimizer steps                              [${RECIPE.steps}]
   --batch-size N           datums per step                              [${RECIPE.batch_size}]
   --learning-rate X        peak learning rate                           [${RECIPE.learning_rate}]
