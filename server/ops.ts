@@ -78,13 +78,13 @@ export async function buildBatch(live: LiveSession, data: WireDatum[], codec: st
       );
       let actions: DatumInput['actions'];
       if (d.actions) {
-        if (d.actions.shape.length !== 2) throw new ProtocolError('shape_mismatch', `data[${i}].actions has shape [${d.actions.shape}]; expected [H, A]`);
+        if (d.actions.shape.length !== 2) throw new ProtocolError('shape_mismatch', `data[${i}].actions has shape [${d.actions.shape}]; expected [H, A]: H steps (up to this session's action_horizon ${live.actionHorizon}) of A values (up to action_dim ${cfg.actionDim})`);
         actions = { data: toFloat32(d.actions), horizon: d.actions.shape[0]!, dim: d.actions.shape[1]! };
         if (actions.horizon > live.actionHorizon) {
           throw new ProtocolError('shape_mismatch', `data[${i}].actions has ${actions.horizon} steps; this session's action_horizon is ${live.actionHorizon}`);
         }
       }
-      if (d.state && d.state.shape.length !== 1) throw new ProtocolError('shape_mismatch', `data[${i}].observation.state has shape [${d.state.shape}]; expected [S]`);
+      if (d.state && d.state.shape.length !== 1) throw new ProtocolError('shape_mismatch', `data[${i}].observation.state has shape [${d.state.shape}]; expected [S]: S values (up to state_dim ${cfg.stateDim})`);
       return { images, state: d.state ? toFloat32(d.state) : new Float32Array(0), prompt: d.prompt, actions, weight: d.weight };
     }),
   );

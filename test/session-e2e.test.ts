@@ -73,6 +73,12 @@ describe('a pi05-tiny LoRA session on real G1 frames', () => {
     // Saving under a taken name is a conflict unless overwrite is set.
     await expect(conn.saveWeights('final')).rejects.toThrow(/exists; pass overwrite: true/);
     expect(await conn.saveWeights('final', true)).toBe(weightsPath);
+    // A datum of the wrong rank is answered with the sizes this session takes; the session goes on.
+    const flat = [{ ...probe[0]!, actions: ndarray(new Float32Array(7), [7]) }];
+    await expect(conn.forwardBackward(flat, { codec: 'JPEG' })).rejects.toThrow(
+      'data[0].actions has shape [7]; expected [H, A]: H steps (up to this session\'s action_horizon 16) of A values (up to action_dim 32)',
+    );
+    expect((await conn.sample(probe, { codec: 'JPEG', seed: 7 })).actions.shape).toEqual([2, 16, 32]);
     await conn.close();
     await client.closeSession(s.id);
   });
