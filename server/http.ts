@@ -5,6 +5,7 @@
  * await, and `cork` every write made after an await.
  */
 import fs from 'node:fs';
+import { STATUS_CODES } from 'node:http';
 import type { HttpRequest, HttpResponse } from 'uWebSockets.js';
 import { ProtocolError } from '../protocol/errors.ts';
 import { log } from './log.ts';
@@ -19,16 +20,9 @@ export class HttpError extends Error {
   }
 }
 
-const STATUS_TEXT: Record<number, string> = {
-  200: '200 OK', 201: '201 Created', 204: '204 No Content', 400: '400 Bad Request', 401: '401 Unauthorized', 403: '403 Forbidden',
-  404: '404 Not Found', 405: '405 Method Not Allowed', 409: '409 Conflict', 410: '410 Gone', 413: '413 Payload Too Large',
-  421: '421 Misdirected Request', 429: '429 Too Many Requests', 500: '500 Internal Server Error', 502: '502 Bad Gateway',
-  503: '503 Service Unavailable', 507: '507 Insufficient Storage',
-};
-
-/** The status line uWS writes for a code, e.g. `404 Not Found`. */
+/** The status line uWS writes for a code, e.g. `404 Not Found` (Node's reason phrases, RFC 9110). */
 export function statusLine(status: number): string {
-  return STATUS_TEXT[status] ?? `${status} Status`;
+  return `${status} ${STATUS_CODES[status] ?? 'Unknown'}`;
 }
 
 /** What a handler sees of a request: copied out of uWS's stack-allocated `HttpRequest`. */

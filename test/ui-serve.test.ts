@@ -55,7 +55,7 @@ describe('dashboard build and serving', () => {
 
     for (const p of ['/', '/ui']) {
       const res = await get(p);
-      expect([res.status, res.headers.get('location')]).toEqual([302, '/ui/']);
+      expect([res.status, res.statusText, res.headers.get('location')]).toEqual([302, 'Found', '/ui/']);
     }
     const page = await get('/ui/');
     expect(page.status).toBe(200);
