@@ -4,6 +4,7 @@
  * (`--steps abc: must be an integer in 1..1000000`). `vela` prints a UsageError as
  * `vela <command>: <message>` and exits 2, without a stack trace (server/cli-main.ts).
  */
+import { resemblance } from './resemble.ts';
 
 /** A mistake in how a command was called (a flag, a value, a missing argument). Exit code 2. */
 export class UsageError extends Error {
@@ -46,7 +47,10 @@ export function splitArgs(argv: readonly string[], spec: FlagSpec, help: string)
     const eq = a.indexOf('=');
     const flag = a.startsWith('--') && eq > 0 ? a.slice(0, eq) : a;
     const kind = spec[flag];
-    if (!kind) throw new UsageError(`unknown option ${shown(flag)} (see ${help})`);
+    if (!kind) {
+      const like = flag.startsWith('--') ? resemblance(flag.slice(2), Object.keys(spec).filter((f) => f.startsWith('--')).map((f) => f.slice(2))) : null;
+      throw new UsageError(`unknown option ${shown(flag)} (${like ? `did you mean --${like}? ` : ''}see ${help})`);
+    }
     if (kind === 'switch') {
       if (eq > 0) throw new UsageError(`${shown(a)}: ${flag} takes no value`);
       flags.push({ flag, value: '', typed: flag });

@@ -9,7 +9,8 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { shown, splitArgs, UsageError } from './cli-args.ts';
-import { ConfigError, loadConfig, settingsHelp } from './config.ts';
+import { ConfigError, loadConfig, settingsHelp, SETTINGS } from './config.ts';
+import { resemblance } from './resemble.ts';
 import { log } from './log.ts';
 import { stopOnSignals } from './signals.ts';
 import { Store } from './store.ts';
@@ -60,7 +61,12 @@ function wantsHelp(args: string[]): boolean {
 async function serve(argv: string[]): Promise<void> {
   if (wantsHelp(argv)) return void process.stdout.write(SERVE_USAGE);
   const { config, rest } = loadConfig(argv);
-  if (rest.length > 0) throw new UsageError(rest[0]!.startsWith('-') ? `unknown option ${shown(rest[0]!)} (see vela serve --help)` : `unexpected argument ${shown(rest[0]!)} (see vela serve --help)`);
+  if (rest.length > 0) {
+    const a = rest[0]!;
+    if (!a.startsWith('-')) throw new UsageError(`unexpected argument ${shown(a)} (see vela serve --help)`);
+    const like = resemblance(a.replace(/^-+/, '').split('=')[0]!, SETTINGS.map((s) => s.flag.slice(2)));
+    throw new UsageError(`unknown option ${shown(a)} (${like ? `did you mean --${like}? ` : ''}see vela serve --help)`);
+  }
   log.setLevel(config.logLevel);
   const { startServer } = await import('./app.ts');
   const server = await startServer(config, {

@@ -11,6 +11,7 @@ import { Engine, PriorityGate, type EngineLike, type EngineOptions } from './eng
 import type { BackendInfo } from './engine/messages.ts';
 import type { NativeThreads } from '../kernels/native.ts';
 import { HttpError } from './http.ts';
+import { meant } from './resemble.ts';
 import { log } from './log.ts';
 import { newToken } from './auth.ts';
 import { nowS, randomId, type SessionRow, type Store } from './store.ts';
@@ -32,10 +33,13 @@ export interface SessionConfig {
   seed: number;
 }
 
+/** A fine-tune's names for a session's fields (the two APIs name them apart), for "did you mean". */
+const SESSION_NAMES: Record<string, string> = { model: 'base_model', lora_rank: 'rank', lora_alpha: 'alpha' };
+
 /** Validate a create-session body. @throws HttpError 400 naming the field. */
 export function parseSessionConfig(body: Record<string, unknown>): SessionConfig {
   const known = ['base_model', 'finetune', 'rank', 'alpha', 'targets', 'action_horizon', 'seed'];
-  for (const k of Object.keys(body)) if (!known.includes(k)) throw new HttpError(400, `unknown field "${k}"; known fields: ${known.join(', ')}`);
+  for (const k of Object.keys(body)) if (!known.includes(k)) throw new HttpError(400, `unknown field "${k}"${meant(k, known, SESSION_NAMES)}; known fields: ${known.join(', ')}`);
   const base = body.base_model;
   if (typeof base !== 'string' || !PRESET_NAMES.includes(base)) {
     throw new HttpError(400, `base_model must be one of ${PRESET_NAMES.join(', ')}, got ${JSON.stringify(base)}`);

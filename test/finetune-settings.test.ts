@@ -120,6 +120,10 @@ describe('fine-tune config (POST /v1/fine-tunes and vela finetune)', () => {
       [{ ema_decay: 1 }, /ema_decay must be a number in \[0, 1\), got 1/],
       [{ augment: 'yes' }, /augment must be true or false, got "yes"/],
       [{ time_sampling: 'logit' }, /time_sampling must be "beta" or "uniform", got "logit"/],
+      // An unknown field names the one it resembles, or the fine-tune name of a session's field.
+      [{ step: 5 }, /^unknown field "step" \(did you mean "steps"\?\); known fields: model, /],
+      [{ base_model: 'pi05-tiny' }, /^unknown field "base_model" \(did you mean "model"\?\)/],
+      [{ colour: 'red' }, /^unknown field "colour"; known fields: /],
       // A LoRA setting on a full fine-tune (here the seeded base's default) would be ignored: refused by name.
       [{ lora_rank: 4 }, /^lora_rank applies to finetune "lora" only, got 4: this fine-tune is "full" \(the default on seeded base weights\), which trains every weight; leave lora_rank out, or add finetune "lora"$/],
       [{ finetune: 'full', lora_alpha: 8 }, /^lora_alpha applies to finetune "lora" only, got 8: this fine-tune is "full", which trains every weight; leave lora_alpha out, or add finetune "lora"$/],

@@ -58,7 +58,9 @@ describe('REST training sessions', () => {
       [{ base_model: 'pi0-tiny', finetune: 'qlora' }, /finetune must be/],
       [{ base_model: 'pi0-tiny', finetune: 'full', rank: 8 }, /^rank applies to finetune "lora" only, got 8: this session is "full", which trains every weight; leave rank out, or use finetune "lora" \(the default\)$/],
       [{ base_model: 'pi05-tiny', targets: ['attn'] }, /^targets must include action_expert or all for LoRA on pi0\.5 with seeded base weights: .*, got \["attn"\]$/],
-      [{ base_model: 'pi0-tiny', colour: 'red' }, /unknown field "colour"/],
+      [{ base_model: 'pi0-tiny', colour: 'red' }, /unknown field "colour"; known fields: base_model, /],
+      [{ base_model: 'pi0-tiny', lora_rank: 8 }, /^unknown field "lora_rank" \(did you mean "rank"\?\); known fields: /],
+      [{ base_model: 'pi0-tiny', rnak: 8 }, /^unknown field "rnak" \(did you mean "rank"\?\)/],
       ['{"base_model":', /body is not valid JSON/],
     ];
     for (const [body, re] of cases) {

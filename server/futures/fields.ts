@@ -8,8 +8,8 @@
  * (`learning_rate` sent to forward_backward), is still a 400: a typo must never silently train
  * on defaults. Documented aliases (`gradient_clip`, `lr`, ...) are mapped before this check.
  */
-import { distance } from 'fastest-levenshtein';
 import { HttpError, type Req } from '../http.ts';
+import { resemblance } from '../resemble.ts';
 
 /** Fields with a meaning somewhere in Vela's futures API (ids excluded: they are harmless). */
 const VELA_FIELDS = new Set([
@@ -20,32 +20,6 @@ const VELA_FIELDS = new Set([
 ]);
 
 const ignoredByReq = new WeakMap<Req, string[]>();
-
-function norm(s: string): string {
-  return s.toLowerCase().replace(/[^a-z0-9]/g, '');
-}
-
-function tokens(s: string): string {
-  return s.toLowerCase().split(/[^a-z0-9]+/).filter(Boolean).sort().join(' ');
-}
-
-/** The known field that `field` looks like a misspelling of (the closest one), or null. */
-export function resemblance(field: string, known: readonly string[]): string | null {
-  const nf = norm(field);
-  const same = known.find((k) => norm(k) === nf || tokens(k) === tokens(field));
-  if (same) return same;
-  let best: string | null = null;
-  let bestD = Infinity;
-  for (const k of known) {
-    const nk = norm(k);
-    const d = distance(nf, nk);
-    const limit = nk.length >= 8 ? 2 : nk.length >= 4 ? 1 : 0;
-    if (d <= limit && d < bestD) [best, bestD] = [k, d];
-  }
-  if (best) return best;
-  // A shortened or lengthened name (`grad_clip`, `learning_rate_peak`) changes a knob too.
-  return known.find((k) => Math.min(nf.length, norm(k).length) >= 4 && (nf.includes(norm(k)) || norm(k).includes(nf))) ?? null;
-}
 
 /**
  * Check a body's fields against what `what` takes.

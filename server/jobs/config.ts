@@ -7,6 +7,7 @@ import { PRESETS, PRESET_ALIASES, makeConfig, resolvePreset } from '../../kernel
 import { zeroGateRule } from '../../kernels/lora.ts';
 import { validateAdamWOptions, type AdamWOptions } from '../../kernels/optim.ts';
 import { HttpError } from '../http.ts';
+import { meant } from '../resemble.ts';
 
 export interface FineTuneConfig {
   model: string;
@@ -106,6 +107,9 @@ export function showValue(value: unknown, max = 200): string {
   return shown.length <= max ? shown : `${shown.slice(0, max)}... (${shown.length} characters)`;
 }
 
+/** A training session's (and the sidecar's) names for a fine-tune's fields, for "did you mean". */
+const FIELD_ALIASES: Record<string, string> = { base_model: 'model', rank: 'lora_rank', alpha: 'lora_alpha', num_train_steps: 'steps' };
+
 /** The settings of a LoRA fine-tune: refused on a full one. */
 const LORA_FIELDS = ['lora_rank', 'lora_alpha', 'targets'] as const;
 
@@ -150,7 +154,7 @@ function real(body: Record<string, unknown>, k: string, def: number, lo: number,
  *   setting on a full fine-tune is one).
  */
 export function parseFineTuneConfig(body: Record<string, unknown>, opts: { trainedBase?: boolean; stored?: boolean } = {}): FineTuneConfig {
-  for (const k of Object.keys(body)) if (!FIELDS.includes(k)) bad(`unknown field "${k}"; known fields: ${FIELDS.join(', ')}`);
+  for (const k of Object.keys(body)) if (!FIELDS.includes(k)) bad(`unknown field "${k}"${meant(k, FIELDS, FIELD_ALIASES)}; known fields: ${FIELDS.join(', ')}`);
   const names = [...Object.keys(PRESETS), ...Object.keys(PRESET_ALIASES)];
   const modelName = body.model ?? RECIPE.model;
   if (typeof modelName !== 'string' || !names.includes(modelName)) badField('model', `must be one of ${names.join(', ')}`, modelName);
