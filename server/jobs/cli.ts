@@ -21,10 +21,14 @@ export const FINETUNE_USAGE = `Usage: vela finetune --dataset DIR [options]
 
 Fine-tunes a policy on a LeRobot dataset on this machine (the same job as POST /v1/fine-tunes),
 then prints the held-out evaluation: the policy's MSE next to holding the current state and the
-training set's mean chunk. Writes weights/step-N at each checkpoint and weights/final (each one a
-folder that vela policy serves), norm stats, and events.jsonl to the output folder. Interrupted
-(Ctrl-C), the same command resumes from the last checkpoint; an output folder holding a finished
-run, or a run started with other settings, is refused rather than mixed.
+training set's mean chunk. Each evaluation line gives the MSE of sampled action chunks against
+the recorded ones, as a ratio to those two baselines (below 1 beats them), and the flow-matching
+loss (the training objective) on the same frames.
+
+Writes weights/step-N at each checkpoint and weights/final (each one a folder that vela policy
+serves), norm stats, and events.jsonl to the output folder. Interrupted (Ctrl-C), the same
+command resumes from the last checkpoint; an output folder holding a finished run, or a run
+started with other settings, is refused rather than mixed.
 
 Options (defaults in brackets: the recipe measured in bench/results/recipe.md):
   --dataset DIR            LeRobot dataset folder (v2.x or v3.0)       [required]
@@ -265,7 +269,7 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
           const rate = step > firstStep ? (step - firstStep) / ((Date.now() - firstStepAt) / 1000) : 0;
           const line = progressLine(step, cfg.steps, data.loss as number | null, rate);
           const evalText = typeof data.eval_mse === 'number'
-            ? ` held-out MSE ${f4(data.eval_mse)} = ${ratio(data.eval_ratio_hold_state)} hold-state (${f4(data.eval_mse_hold_state)}), ${ratio(data.eval_ratio_mean_chunk)} mean-chunk; eval_loss ${f4(data.eval_loss)}`
+            ? ` held-out MSE ${f4(data.eval_mse)} = ${ratio(data.eval_ratio_hold_state)} hold-state (${f4(data.eval_mse_hold_state)}), ${ratio(data.eval_ratio_mean_chunk)} mean-chunk; flow-matching loss ${f4(data.eval_loss)}`
             : '';
           if (evalText) lastEval = data;
           if (tty) process.stderr.write(`\r\x1b[K${line}${evalText ? `\n${evalText.trim()}\n` : ''}`);
