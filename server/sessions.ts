@@ -254,7 +254,10 @@ export class SessionManager {
     const live = this.live.get(id);
     this.live.delete(id);
     const row = await this.store.getSession(id);
-    if (row && (row.status === 'starting' || row.status === 'ready')) await this.store.updateSession(id, { status: 'closed', closed_at: nowS(), error: reason === 'closed by the client' ? null : reason });
+    if (row && (row.status === 'starting' || row.status === 'ready')) {
+      await this.store.updateSession(id, { status: 'closed', closed_at: nowS(), error: reason === 'closed by the client' ? null : reason });
+      log.info(`session ${id} closed (${reason})`);
+    }
     if (live) {
       live.connection?.takeOver(`session closed: ${reason}`);
       if (live.engine) await live.engine.call(id, 'close_session').catch((e) => log.warn(`closing ${id}: ${(e as Error).message}`));

@@ -17,6 +17,8 @@ interface Entry {
   pinned: boolean;
   /** False once what it serves is gone (a closed session): dropped at the next sweep. */
   alive: () => boolean;
+  /** Its load is in the server log. */
+  logged?: boolean;
 }
 
 /** What a request learns about the policy it got. */
@@ -56,7 +58,13 @@ export class ServedPolicies {
     const t0 = performance.now();
     const policy = await e.policy;
     e.lastUsedMs = this.now();
-    return { policy, coldStart: true, loadSeconds: (performance.now() - t0) / 1000 };
+    const loadSeconds = (performance.now() - t0) / 1000;
+    // One line per load, by the request that waited on it first (others may wait on the same load).
+    if (!e.logged) {
+      e.logged = true;
+      log.info(`policy ${key}: loaded in ${loadSeconds.toFixed(1)} s`);
+    }
+    return { policy, coldStart: true, loadSeconds };
   }
 
   /** Keep `key` loaded for good (it holds pushed weights). */
