@@ -70,6 +70,10 @@ describe('fine-tunes on g1_pick_bottle', () => {
       [{ ...job(), eval_dataset: 'file-eval' }, /^eval_dataset is not a usable dataset: .*, got "file-eval"$/],
       [{ ...job(), eval_dataset: SUBSET.name }, /^eval_dataset must be a second dataset, not dataset_name/],
       [{ ...job(), lr_floor: -1 }, /lr_floor must be a number in \[0, 1\], got -1/],
+      [{ ...job(), step: 5 }, /^unknown field "step" \(did you mean "steps"\?\)/],
+      // LoRA settings on the default full fine-tune, and LoRA that cannot reach pi0.5's zero gates.
+      [{ ...job(), lora_rank: 8 }, /^lora_rank applies to finetune "lora" only, got 8: this fine-tune is "full"/],
+      [{ ...job(), finetune: 'lora', targets: ['attn'] }, /^targets must include action_expert or all for LoRA on pi0\.5 with seeded base weights/],
     ];
     for (const [body, re] of cases) {
       const { status, json } = await api(server, 'POST', '/v1/fine-tunes', body);

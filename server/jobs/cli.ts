@@ -98,15 +98,16 @@ function checkOutputFolder(arg: FlagArg, dir: string, cfg: FineTuneConfig): void
   if (!fs.statSync(dir).isDirectory()) throw badValue(arg, 'is a file, not a folder');
   const has = (...p: string[]) => fs.existsSync(path.join(dir, ...p));
   if (has('resume.json')) {
-    let saved: Record<string, unknown> | null = null;
+    let saved: Record<string, unknown>;
     try {
       saved = JSON.parse(fs.readFileSync(path.join(dir, RUN_FILE), 'utf8'));
     } catch {
       return; // a run from before run.json: resumed as it comes
     }
-    const differs = Object.keys(cfg).filter((k) => JSON.stringify((cfg as unknown as Record<string, unknown>)[k]) !== JSON.stringify(saved![k]));
+    const now = cfg as unknown as Record<string, unknown>;
+    const differs = Object.keys(now).filter((k) => JSON.stringify(now[k]) !== JSON.stringify(saved[k]));
     if (differs.length > 0) {
-      const was = differs.map((k) => `${k} ${JSON.stringify(saved![k])} (now ${JSON.stringify((cfg as unknown as Record<string, unknown>)[k])})`).join(', ');
+      const was = differs.map((k) => `${k} ${JSON.stringify(saved[k])} (now ${JSON.stringify(now[k])})`).join(', ');
       throw badValue(arg, flagNames(`holds an interrupted run started with ${was}: give the same settings to resume it, or a new --output`));
     }
     return;
