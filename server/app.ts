@@ -5,7 +5,7 @@
  */
 import uWS from 'uWebSockets.js';
 import { HttpError, route, sendJson, sendText, type Req } from './http.ts';
-import { assertNativeUws, createApp } from './guard.ts';
+import { assertNativeUws, assertPortFree, createApp, listenExclusive } from './guard.ts';
 import { hideServerPath } from './redact.ts';
 import { requireOwner } from './auth.ts';
 import { log } from './log.ts';
@@ -72,6 +72,7 @@ export interface StartOptions {
  */
 export async function startServer(config: ServerConfig, opts: StartOptions = {}): Promise<ServerHandle> {
   assertNativeUws();
+  await assertPortFree(config.host, config.port);
   hideServerPath(config.dataDir, '<data dir>');
   hideServerPath(config.datasetsDir, '<datasets dir>');
   if (config.storageDir) hideServerPath(config.storageDir, '<storage dir>');
@@ -176,10 +177,7 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
     throw new HttpError(404, `no route ${r.method} ${r.url}`);
   }));
 
-  const listenSocket = await new Promise<uWS.us_listen_socket>((resolve, reject) => {
-    app.listen(config.host, config.port, (ls) => (ls ? resolve(ls) : reject(new Error(`cannot listen on ${config.host}:${config.port} (in use?)`))));
-  });
-  const port = uWS.us_socket_local_port(listenSocket);
+  const { socket: listenSocket, port } = await listenExclusive(app, config.host, config.port);
   baseUrl = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`;
   if (nodeId) {
     cluster = new ClusterNode(store, {

@@ -12,6 +12,7 @@
  *   known for other methods, else the given handler (the 404).
  */
 import { createRequire } from 'node:module';
+import net from 'node:net';
 import uWS, { type HttpRequest, type HttpResponse, type TemplatedApp, type WebSocket, type WebSocketBehavior } from 'uWebSockets.js';
 import { HttpError, statusLine } from './http.ts';
 import { log } from './log.ts';
@@ -198,6 +199,44 @@ export function assertNativeUws(): void {
         'and fell back to a pure-JS shim; Vela refuses to run on it. Use Node 20 on linux-x64/arm64 or darwin.',
     );
   }
+}
+
+function inUseMessage(host: string, port: number): string {
+  const where = `${host.includes(':') ? `[${host}]` : host}:${port}`;
+  return `cannot listen on ${where}: the address is in use (another server on that port?) or cannot be bound here; stop the other server or pick another port with --port`;
+}
+
+/**
+ * Fail before any side effect (a store that closes "orphan" sessions, engines) when `host:port`
+ * is taken: a trial bind with Node's own socket, closed at once. Port 0 always passes.
+ * @throws Error naming the address, as listenExclusive does.
+ */
+export function assertPortFree(host: string, port: number): Promise<void> {
+  if (port === 0) return Promise.resolve();
+  return new Promise((resolve, reject) => {
+    const probe = net.createServer();
+    probe.once('error', () => reject(new Error(inUseMessage(host, port))));
+    probe.listen({ host, port, exclusive: true }, () => probe.close(() => resolve()));
+  });
+}
+
+/** uWS's LIBUS_LISTEN_EXCLUSIVE_PORT: bind without SO_REUSEPORT. */
+const LISTEN_EXCLUSIVE_PORT = 1;
+
+/**
+ * Listen on `host:port` (port 0: any free port) and own it alone. uWS binds with SO_REUSEPORT
+ * unless told otherwise, so a second server on a busy port "starts", and the kernel then splits
+ * connections between the two (a valid key gets random 401s and 404s from the other one).
+ * @returns the listen socket and the port it got.
+ * @throws Error naming the address when it is taken (or cannot be bound).
+ */
+export function listenExclusive(app: uWS.TemplatedApp, host: string, port: number): Promise<{ socket: uWS.us_listen_socket; port: number }> {
+  return new Promise((resolve, reject) => {
+    (app as any).listen(host, port, LISTEN_EXCLUSIVE_PORT, (ls: uWS.us_listen_socket | false) => {
+      if (ls) return resolve({ socket: ls, port: uWS.us_socket_local_port(ls) });
+      reject(new Error(inUseMessage(host, port)));
+    });
+  });
 }
 
 /** A new uWS app with every handler guarded (see the module docstring). */

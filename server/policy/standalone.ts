@@ -7,7 +7,7 @@
 import uWS from 'uWebSockets.js';
 import { credentialOf, safeEqual } from '../auth.ts';
 import { HttpError, route, sendJson, sendText, statusLine, type Req } from '../http.ts';
-import { assertNativeUws, createApp } from '../guard.ts';
+import { assertNativeUws, assertPortFree, createApp, listenExclusive } from '../guard.ts';
 import { hideServerPath } from '../redact.ts';
 import { createPolicyServer, type PolicyServer, type PolicyServerOptions } from './service.ts';
 import { mountPolicySocket } from './socket.ts';
@@ -50,9 +50,10 @@ export function checkPolicyKey(policy: PolicyServer, headers: Record<string, str
 /** Loads the checkpoint (see createPolicyServer) and listens. @throws Error when the port is taken. */
 export async function startPolicyServer(opts: StandaloneOptions): Promise<PolicyServerHandle> {
   assertNativeUws();
+  const host = opts.host ?? '127.0.0.1';
+  await assertPortFree(host, opts.port ?? 8000); // before loading a checkpoint for nothing
   if (opts.checkpointDir) hideServerPath(opts.checkpointDir, '<checkpoint>');
   const policy = await createPolicyServer(opts);
-  const host = opts.host ?? '127.0.0.1';
   const app = createApp();
   const sockets = new Set<uWS.WebSocket<unknown>>();
   const authed = (r: Req) => checkPolicyKey(policy, r.headers);
@@ -86,10 +87,7 @@ export async function startPolicyServer(opts: StandaloneOptions): Promise<Policy
     throw new HttpError(404, `no route ${r.method} ${r.url}; the policy websocket is at /`);
   }));
 
-  const listenSocket = await new Promise<uWS.us_listen_socket>((resolve, reject) => {
-    app.listen(host, opts.port ?? 8000, (ls) => (ls ? resolve(ls) : reject(new Error(`cannot listen on ${host}:${opts.port ?? 8000} (in use?)`))));
-  });
-  const port = uWS.us_socket_local_port(listenSocket);
+  const { socket: listenSocket, port } = await listenExclusive(app, host, opts.port ?? 8000);
   const hostPart = host.includes(':') ? `[${host}]` : host;
   let closing: Promise<void> | null = null;
   return {
