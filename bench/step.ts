@@ -31,9 +31,12 @@ export interface StepSetup {
   burnIn: number;
 }
 
-/** Session options shared by both paths (the server's defaults for LoRA). */
+/**
+ * Session options shared by both paths: the server's LoRA defaults for a LoRA session; a full
+ * session takes no rank, alpha or targets (the server refuses them there).
+ */
 export function sessionOptions(finetune: 'lora' | 'full') {
-  return { finetune, rank: 16, alpha: 32, targets: ['all'], seed: 0 };
+  return finetune === 'lora' ? { finetune, rank: 16, alpha: 32, targets: ['all'], seed: 0 } : { finetune, seed: 0 };
 }
 
 /** An open in-process session: one step = forward_backward + optim_step via Engine.call. */

@@ -5,7 +5,7 @@
  * version; the old version is unloaded only after its last request; a checkpoint that cannot be
  * served leaves the old weights serving; `vela policy`'s `PUT /weights` needs its key.
  */
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it, vi } from 'vitest';
 import { ndarray } from '../protocol/ndarray.ts';
 import { createPolicyServer, encodeWeightsPush, startPolicyServer, type PolicyServerHandle } from '../server/policy/index.ts';
 import { log } from '../server/log.ts';
@@ -42,7 +42,9 @@ describe('PolicyServer.swap', () => {
     let open!: () => void;
     engine.gate = new Promise<void>((r) => (open = r));
     const a = policy.infer(obs(1), 11); // runs alone, held in the engine by the gate
-    await new Promise((r) => setTimeout(r, 20));
+    // Wait for a to reach the engine, not for a fixed time: its decode runs on the thread pool,
+    // which a busy machine can hold back past any sleep (then b or c could overtake it).
+    await vi.waitFor(() => expect(engine.calls.some(([, op]) => op === 'infer')).toBe(true), { timeout: 30_000, interval: 5 });
     const b = policy.infer(obs(2), 12); // queued behind it, on version 1
     const swapped = await policy.swap('/ckpt/v2', 2);
     expect(swapped).toMatchObject({ weights_version: 2, previous_version: 1 });
@@ -52,7 +54,8 @@ describe('PolicyServer.swap', () => {
     expect(engine.calls.filter(([, op]) => op === 'unload_policy')).toEqual([]); // b still needs version 1
     open();
     await Promise.all([a, b, c]);
-    await new Promise((r) => setTimeout(r, 20));
+    // The old version is unloaded after its last request answered, not before the answer.
+    await vi.waitFor(() => expect(engine.calls.some(([, op]) => op === 'unload_policy')).toBe(true), { timeout: 30_000, interval: 5 });
     const infers = engine.calls.filter(([, op]) => op === 'infer').map(([s]) => s);
     // b and c left in one batch, as two engine calls; their order is the order in which their
     // observations finished decoding (the thread pool's), not the order they were sent.
