@@ -18,6 +18,7 @@ import { Store, nowS } from '../server/store.ts';
 import { ownerUploadsDir } from '../server/datasets/owned.ts';
 import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
 import { NodeProc } from './helpers/node-proc.ts';
+import { log } from '../server/log.ts';
 import { STUB_INFO } from './helpers/policy-stub.ts';
 import type { EngineLike } from '../server/engine/host.ts';
 
@@ -247,6 +248,7 @@ describe('a restart after a crash mid-upload', () => {
       process.stderr.write = write;
       if (before === undefined) delete process.env.VELA_TEST_LOG;
       else process.env.VELA_TEST_LOG = before;
+      log.setLevel(before ?? 'error');
     }
     try {
       expect(fs.existsSync(partial!)).toBe(false);
