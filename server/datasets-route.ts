@@ -71,9 +71,10 @@ export async function prepareDatasetsRoot(config: ServerConfig, clustered: boole
   const r = await sweepDatasetsRoot(config.datasetsDir, clustered ? 3600 : 0);
   if (r.temporaries > 0) log.info(`datasets: removed ${r.temporaries} stale upload temporar${r.temporaries === 1 ? 'y' : 'ies'} (${r.bytes} bytes) left by an interrupted upload`);
   if (r.moved > 0) log.info(`datasets: moved ${r.moved} upload(s) of an older Vela into their key's folder`);
-  if (r.notMoved.length > 0) log.warn(`datasets: upload(s) ${r.notMoved.join(', ')} at the datasets root were left there: their key has an upload of the same name; no key can name them until the operator removes one`);
+  if (r.notMoved.length > 0) log.warn(`datasets: upload(s) ${r.notMoved.join(', ')} at the datasets root were left there (their key has an upload of the same name, or the move failed); no key can name them until the operator moves or removes them`);
 }
 
+/** Mounts PUT, GET and DELETE of /v1/datasets (see the module comment). */
 export function mountDatasetUpload(app: TemplatedApp, deps: { store: Store; config: ServerConfig }): void {
   const { config, store } = deps;
   app.put('/v1/datasets/:name', route(1, async (r) => {

@@ -21,7 +21,7 @@ export interface SweepResult {
   bytes: number;
   /** Uploads moved from the root into their key's folder. */
   moved: number;
-  /** Root uploads left where they are (their key already has an upload of that name): names. */
+  /** Root uploads left where they are (their key already has an upload of that name, or the move failed): names. */
   notMoved: string[];
 }
 
@@ -63,16 +63,21 @@ export async function sweepDatasetsRoot(root: string, minAgeS: number): Promise<
       out.notMoved.push(e.name);
       continue;
     }
-    // Older markers lack the extracted size, which the key's quota counts.
-    if (typeof marker.extracted_bytes !== 'number') {
-      const withSize = { ...marker, extracted_bytes: (await folderBytesAsync(dir)) - fs.statSync(path.join(dir, UPLOAD_MARKER)).size };
-      const tmp = path.join(dir, `${UPLOAD_MARKER}.tmp`);
-      await fs.promises.writeFile(tmp, JSON.stringify(withSize, null, 2) + '\n');
-      await fs.promises.rename(tmp, path.join(dir, UPLOAD_MARKER));
+    try {
+      // Older markers lack the extracted size, which the key's quota counts.
+      if (typeof marker.extracted_bytes !== 'number') {
+        const withSize = { ...marker, extracted_bytes: (await folderBytesAsync(dir)) - (await fs.promises.stat(path.join(dir, UPLOAD_MARKER))).size };
+        const tmp = path.join(dir, `${UPLOAD_MARKER}.tmp`);
+        await fs.promises.writeFile(tmp, JSON.stringify(withSize, null, 2) + '\n');
+        await fs.promises.rename(tmp, path.join(dir, UPLOAD_MARKER));
+      }
+      await fs.promises.mkdir(path.dirname(target), { recursive: true });
+      await fs.promises.rename(dir, target);
+      out.moved++;
+    } catch (err) {
+      // Another node sharing the root may have moved it first: the start goes on.
+      if (fs.existsSync(dir)) out.notMoved.push(`${e.name} (${(err as Error).message})`);
     }
-    await fs.promises.mkdir(path.dirname(target), { recursive: true });
-    await fs.promises.rename(dir, target);
-    out.moved++;
   }
   const uploads = path.join(base, UPLOADS_DIR);
   for (const owner of await fs.promises.readdir(uploads, { withFileTypes: true }).catch(() => [])) {
