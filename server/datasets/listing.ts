@@ -1,8 +1,9 @@
 /**
  * `GET /v1/datasets`: what a key may name, its uploads (from their markers) then the shared
  * datasets (the operator's folders, at the top of the root or one level down as LeRobot's cache
- * keeps `org/name`), with their sizes, episodes and frames. Walked without blocking (markers are small sync reads); a shared
- * folder's size is walked once per change of its info.json.
+ * keeps `org/name`), with their sizes, episodes and frames. Walked without blocking (only the
+ * small markers are read synchronously); a shared folder's size is walked once per change of
+ * its info.json.
  */
 import fs from 'node:fs';
 import path from 'node:path';
