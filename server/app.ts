@@ -22,7 +22,7 @@ import { mountJobRoutes } from './jobs/routes.ts';
 import { mountInference, type SamplingSession } from './inference/routes.ts';
 import { ServedPolicies } from './inference/served.ts';
 import { mountFutures } from './futures/index.ts';
-import { mountDatasetUpload } from './datasets-route.ts';
+import { mountDatasetUpload, prepareDatasetsRoot } from './datasets-route.ts';
 import { mountSidecar } from './sidecar/routes.ts';
 import type { ServerConfig } from './config.ts';
 
@@ -87,6 +87,7 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
     const orphans = await store.closeOrphanSessions('the server restarted; session memory is lost (load a saved state in a new session)');
     if (orphans > 0) log.info(`closed ${orphans} session(s) left open by the previous run`);
   }
+  await prepareDatasetsRoot(config, clustered);
   if (config.apiKey) await store.ensureApiKey(config.apiKey);
   else if ((await store.countApiKeys()) === 0) {
     const { key } = await store.createApiKey('first key');

@@ -1,18 +1,25 @@
 /**
- * `PUT /v1/datasets/{name}`: a LeRobot dataset uploaded as a tar, tar.gz or zip of its folder,
- * streamed to disk (never held in memory; `--max-dataset-bytes`), extracted, validated like any
- * dataset and installed as `<datasets root>/<name>` (datasets/upload.ts), so that a fine-tune's
- * `dataset_name` can name it. Answers `{"name", "dataset_name", "episodes", "frames", "bytes",
- * "sha256", "reused"}`. The sidecar's `job_start` `dataset_content` takes the same path.
+ * The datasets routes. `PUT /v1/datasets/{name}`: a LeRobot dataset uploaded as a tar, tar.gz or
+ * zip of its folder, streamed to disk (never held in memory; `--max-dataset-bytes`), extracted,
+ * validated like any dataset and installed in the key's own folder (datasets/upload.ts,
+ * datasets/owned.ts), so that the key's fine-tunes can name it as `dataset_name`. Answers
+ * `{"name", "dataset_name", "episodes", "frames", "bytes", "sha256", "reused"}`. The sidecar's
+ * `job_start` `dataset_content` takes the same path. `GET /v1/datasets` lists what the key may
+ * name (its uploads, then the shared datasets); `DELETE /v1/datasets/{name}` removes one of its
+ * uploads. The key's uploads together hold at most `--datasets-per-key-bytes` (extracted).
  */
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import type { TemplatedApp } from 'uWebSockets.js';
 import { requireOwner } from './auth.ts';
-import { route, sendJson } from './http.ts';
+import { HttpError, route, sendJson } from './http.ts';
+import { log } from './log.ts';
 import { openDataset } from './datasets/index.ts';
 import { checkDatasetName, installDataset, type InstallResult } from './datasets/upload.ts';
+import { listDatasets } from './datasets/listing.ts';
+import { admitUpload, isSharedName, ownerUploadsDir, ownUploads, quotaError, quotaUsed, readMarker } from './datasets/owned.ts';
+import { sweepDatasetsRoot } from './datasets/sweep.ts';
 import type { ServerConfig } from './config.ts';
 import type { Store } from './store.ts';
 
@@ -23,30 +30,86 @@ export async function validateDataset(dir: string): Promise<{ episodes: number; 
   return { episodes: ds.meta.episodes.length, frames: ds.meta.totalFrames };
 }
 
-/** Install `archive` (a file; removed afterwards) as dataset `name` of `owner`. */
+/**
+ * Refuse, before any body is read, an upload that cannot be stored: `name` is a shared dataset's
+ * (the operator's, readable by every key: it is not secret), or the key has no byte left.
+ * @throws HttpError 409 (shared name), 413 (quota).
+ */
+export function checkUploadable(config: ServerConfig, owner: string, name: string): void {
+  if (isSharedName(config.datasetsDir, name)) throw new HttpError(409, `dataset "${name}" is a shared dataset of this server (the operator's datasets folder); it is never replaced: pick another name`);
+  const used = quotaUsed(config.datasetsDir, owner, name);
+  if (used >= config.datasetsPerKeyBytes) throw quotaError(name, used, config.datasetsPerKeyBytes, null);
+}
+
+/** Install `archive` (a file; removed afterwards) as dataset `name` of `owner`, in its own folder. */
 export async function installArchive(config: ServerConfig, owner: string, name: string, archive: string): Promise<InstallResult> {
+  let release = () => {};
   try {
-    return await installDataset({ root: path.resolve(config.datasetsDir), name, archive, owner, maxBytes: config.maxDatasetBytes, validate: validateDataset });
+    checkUploadable(config, owner, name);
+    return await installDataset({
+      root: ownerUploadsDir(config.datasetsDir, owner), name, archive, owner, maxBytes: config.maxDatasetBytes, validate: validateDataset,
+      admit: (bytes) => (release = admitUpload(config.datasetsDir, owner, name, bytes, config.datasetsPerKeyBytes)),
+    });
   } finally {
+    release();
     fs.rmSync(archive, { force: true });
   }
 }
 
-/** A fresh temporary file name for an archive, beside the datasets (same filesystem as the install). */
-export function archiveTemp(config: ServerConfig, name: string): string {
-  const root = path.resolve(config.datasetsDir);
-  fs.mkdirSync(root, { recursive: true });
-  return path.join(root, `.${name}.archive-${crypto.randomBytes(4).toString('hex')}`);
+/** A fresh temporary file name for an archive, in the key's folder (same filesystem as the install). */
+export function archiveTemp(config: ServerConfig, owner: string, name: string): string {
+  const dir = ownerUploadsDir(config.datasetsDir, owner);
+  fs.mkdirSync(dir, { recursive: true });
+  return path.join(dir, `.${name}.archive-${crypto.randomBytes(4).toString('hex')}`);
 }
 
+/**
+ * At start: remove what interrupted uploads left and move uploads of older Velas into their
+ * key's folder (datasets/sweep.ts); one log line with the count and bytes removed.
+ * @param clustered nodes may share the root: temporaries younger than an hour are kept (another node's upload).
+ */
+export async function prepareDatasetsRoot(config: ServerConfig, clustered: boolean): Promise<void> {
+  const r = await sweepDatasetsRoot(config.datasetsDir, clustered ? 3600 : 0);
+  if (r.temporaries > 0) log.info(`datasets: removed ${r.temporaries} stale upload temporar${r.temporaries === 1 ? 'y' : 'ies'} (${r.bytes} bytes) left by an interrupted upload`);
+  if (r.moved > 0) log.info(`datasets: moved ${r.moved} upload(s) of an older Vela into their key's folder`);
+  if (r.notMoved.length > 0) log.warn(`datasets: upload(s) ${r.notMoved.join(', ')} at the datasets root were left there (their key has an upload of the same name, or the move failed); no key can name them until the operator moves or removes them`);
+}
+
+/** Mounts PUT, GET and DELETE of /v1/datasets (see the module comment). */
 export function mountDatasetUpload(app: TemplatedApp, deps: { store: Store; config: ServerConfig }): void {
-  const { config } = deps;
+  const { config, store } = deps;
   app.put('/v1/datasets/:name', route(1, async (r) => {
-    const owner = await requireOwner(deps.store, r);
+    const owner = await requireOwner(store, r);
     const name = checkDatasetName(r.params[0], 'name');
-    const file = archiveTemp(config, name);
+    checkUploadable(config, owner, name);
+    const file = archiveTemp(config, owner, name);
     await r.bodyToFile(file, config.maxDatasetBytes);
     const result = await installArchive(config, owner, name, file);
     sendJson(r, 200, { name, dataset_name: name, episodes: result.episodes, frames: result.frames, bytes: result.bytes, extracted_bytes: result.extracted_bytes, files: result.files, sha256: result.sha256, reused: result.reused });
+  }));
+
+  app.get('/v1/datasets', route(0, async (r) => {
+    const owner = await requireOwner(store, r);
+    const data = await listDatasets(config.datasetsDir, owner);
+    sendJson(r, 200, { object: 'list', data, used_bytes: quotaUsed(config.datasetsDir, owner), limit_bytes: config.datasetsPerKeyBytes });
+  }));
+
+  app.del('/v1/datasets/:name', route(1, async (r) => {
+    const owner = await requireOwner(store, r);
+    const name = checkDatasetName(r.params[0], 'name');
+    const upload = ownUploads(config.datasetsDir, owner).find((u) => u.name === name);
+    if (!upload) {
+      const shared = isSharedName(config.datasetsDir, name) ? ` ("${name}" is a shared dataset: only the operator removes it)` : '';
+      throw new HttpError(404, `no dataset "${name}" among this key's uploads${shared}`);
+    }
+    const users = (await store.listJobs(owner, ['queued', 'running'])).filter((j) => j.config.dataset_name === name || j.config.eval_dataset === name);
+    if (users.length > 0) throw new HttpError(409, `dataset "${name}" is used by fine-tune ${users.map((j) => `${j.id} (${j.status})`).join(', ')}; cancel it or wait for it to end, then delete`);
+    // Renamed away first (atomic: no job sees half a folder), then removed without blocking; a
+    // crash in between leaves a temporary that the next start sweeps.
+    const gone = path.join(path.dirname(upload.dir), `.${name}.old-${crypto.randomBytes(4).toString('hex')}`);
+    const bytes = readMarker(upload.dir)?.extracted_bytes ?? null;
+    fs.renameSync(upload.dir, gone);
+    await fs.promises.rm(gone, { recursive: true, force: true });
+    sendJson(r, 200, { name, deleted: true, bytes });
   }));
 }

@@ -2,7 +2,7 @@
  * Datasets sent to the server (`PUT /v1/datasets/{name}`, the sidecar's dataset_content) and the
  * sidecar stream's edges, on a server with a stub engine (nothing here trains): tar.gz and zip of
  * the repository's LeRobot fixture, validation, no path escapes or links, the size cap, names that
- * are never replaced; job_events' watchdog failing a job no runner holds, and its time cap.
+ * are never replaced (the operator's; another key's upload is its own: datasets-owners.test.ts); job_events' watchdog failing a job no runner holds, and its time cap.
  */
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -11,7 +11,8 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import * as tar from 'tar';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Store, nowS } from '../server/store.ts';
+import { nowS } from '../server/store.ts';
+import { ownerUploadsDir } from '../server/datasets/owned.ts';
 import { startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
 import { STUB_INFO } from './helpers/policy-stub.ts';
 import type { EngineLike } from '../server/engine/host.ts';
@@ -28,6 +29,9 @@ beforeAll(async () => {
   server = await startTestServer({ env: { VELA_DATASETS_DIR: datasets, VELA_MAX_DATASET_BYTES: '200000' }, engineFactory: stub, start: { sidecarWatchdogS: 0.3, sseKeepaliveS: 0.2 } });
 });
 afterAll(() => server?.close());
+
+/** The test key's uploads folder. */
+const ownDir = async () => ownerUploadsDir(datasets, (await server.store.findApiKey(TEST_KEY))!);
 
 const put = (name: string, body: Buffer | Uint8Array, key = TEST_KEY) =>
   fetch(`${server.baseUrl}/v1/datasets/${name}`, { method: 'PUT', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/octet-stream' }, body }).then(async (r) => ({ status: r.status, json: await r.json() as any }));
@@ -68,19 +72,20 @@ describe('PUT /v1/datasets/{name}', () => {
     const archive = await fixtureTarGz();
     const a = await put('pick', archive);
     expect(a).toMatchObject({ status: 200, json: { name: 'pick', dataset_name: 'pick', episodes: 2, frames: 7, bytes: archive.length, reused: false } });
-    expect(fs.existsSync(path.join(datasets, 'pick', 'meta', 'info.json'))).toBe(true);
+    const own = await ownDir();
+    expect(fs.existsSync(path.join(own, 'pick', 'meta', 'info.json'))).toBe(true);
     expect((await put('pick', archive)).json).toMatchObject({ reused: true, sha256: a.json.sha256 });
-    expect(fs.readdirSync(datasets).filter((n) => n.startsWith('.'))).toEqual([]); // no temporary left
+    expect(fs.readdirSync(own)).toEqual(['pick']); // no temporary left
   });
 
   it('installs a zip whose files sit at its top, and replaces an earlier upload of the same key', async () => {
     const zip = zipOf({ fixture: true, entries: { 'README.txt': 'a second version' } });
     const r = await put('pick', zip);
     expect(r).toMatchObject({ status: 200, json: { episodes: 2, reused: false } });
-    expect(fs.readFileSync(path.join(datasets, 'pick', 'README.txt'), 'utf8')).toBe('a second version');
+    expect(fs.readFileSync(path.join(await ownDir(), 'pick', 'README.txt'), 'utf8')).toBe('a second version');
   });
 
-  it('refuses path escapes, links, non-datasets, bad names, too-large archives, the operator\'s and another key\'s datasets', async () => {
+  it('refuses path escapes, links, non-datasets, bad names, too-large archives, the operator\'s datasets', async () => {
     const escape = zipOf({ entries: { '../escaped.txt': 'x' } });
     expect((await put('z1', escape)).status).toBe(400);
     expect(fs.existsSync(path.join(tmp, 'escaped.txt'))).toBe(false);
@@ -104,12 +109,9 @@ describe('PUT /v1/datasets/{name}', () => {
     const bomb = await put('bomb', zipOf({ fixture: true, entries: { 'zeros.bin': '0'.repeat(400_000) } }));
     expect([bomb.status, bomb.json.error]).toEqual([400, 'the archive extracts to more than 200000 bytes (--max-dataset-bytes)']);
     const ops = await put('operators', await fixtureTarGz());
-    expect([ops.status, ops.json.error]).toEqual([409, 'dataset "operators" exists under the datasets root and was not uploaded through the API; it is never replaced: pick another name']);
-    const store = await Store.open({ dataDir: server.dataDir });
-    const { key } = await store.createApiKey('other');
-    await store.close();
-    expect((await put('pick', await fixtureTarGz(), key)).status).toBe(409);
-    expect(fs.readdirSync(datasets).sort()).toEqual(['operators', 'pick']);
+    expect([ops.status, ops.json.error]).toEqual([409, 'dataset "operators" is a shared dataset of this server (the operator\'s datasets folder); it is never replaced: pick another name']);
+    expect(fs.readdirSync(datasets).sort()).toEqual(['.uploads', 'operators']);
+    expect(fs.readdirSync(await ownDir())).toEqual(['pick']);
   });
 });
 

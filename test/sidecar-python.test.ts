@@ -13,15 +13,18 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { PRESETS, PRESET_ALIASES } from '../kernels/config.ts';
 import { runPythonJson } from './helpers/python.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
+import { ownerUploadsDir } from '../server/datasets/owned.ts';
 
 const FIXTURE = fileURLToPath(new URL('./fixtures/lerobot_image', import.meta.url));
 
 let server: TestServer;
 let datasets: string;
 let seen: any;
+let owner: string;
 beforeAll(async () => {
   datasets = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-sidecar-datasets-'));
   server = await startTestServer({ env: { VELA_DATASETS_DIR: datasets }, start: { sseKeepaliveS: 0.5 } });
+  owner = (await server.store.findApiKey(server.apiKey))!;
   seen = await runPythonJson('sidecar_client_check.py', [server.baseUrl, server.apiKey, FIXTURE], 400_000);
 }, 500_000);
 afterAll(() => server?.close());
@@ -49,7 +52,7 @@ describe('a sidecar-API Python client', () => {
   it('starts a job whose dataset came in the request, stored under the datasets root', () => {
     expect(seen.job_start.status).toBe(200);
     expect(seen.job_start.job).toMatchObject({ job_id: expect.stringMatching(/^ft-/), dataset: 'pick', model_size: 'pi05-tiny', num_train_steps: 6, dataset_upload: { reused: false, episodes: 2, frames: 7 } });
-    expect(fs.existsSync(path.join(datasets, 'pick', 'meta', 'info.json'))).toBe(true);
+    expect(fs.existsSync(path.join(ownerUploadsDir(datasets, owner), 'pick', 'meta', 'info.json'))).toBe(true); // the key's own folder
     expect(seen.second_start.job.dataset_upload.reused).toBe(true);
   });
 

@@ -2,7 +2,8 @@
  * LeRobot datasets sent to the server as an archive (`PUT /v1/datasets/{name}`, the sidecar's
  * `dataset_content`): a tar (optionally gzipped) or a zip of the dataset folder, extracted with
  * node-tar / yauzl into a temporary folder beside the target, checked, validated like any
- * dataset (openDataset + checkVideos), then renamed into `<datasets root>/<name>`.
+ * dataset (openDataset + checkVideos), then renamed into `<root>/<name>`, where `root` is the
+ * uploading key's own folder (datasets/owned.ts: who may name which dataset).
  *
  * Safety: only regular files and folders (no links, devices or fifos); every path relative, of
  * plain segments (no `..`, no absolute path, no backslash), resolved inside the temporary
@@ -27,7 +28,7 @@ export const UPLOAD_MARKER = '.vela-upload.json';
 const MAX_ENTRIES = 200_000;
 
 export interface InstallOptions {
-  /** The datasets root (config.datasetsDir). */
+  /** The folder it is installed in: the key's uploads folder (datasets/owned.ts ownerUploadsDir). */
   root: string;
   name: string;
   /** The archive, a file on disk. */
@@ -37,6 +38,8 @@ export interface InstallOptions {
   maxBytes: number;
   /** Validates the extracted dataset folder; throws with a message naming the bad file. */
   validate: (dir: string) => Promise<{ episodes: number; frames: number }>;
+  /** Called with the extracted bytes before validation; throws (the key's quota, a 413) to refuse. */
+  admit?: (extractedBytes: number) => void;
 }
 
 export interface InstallResult {
@@ -202,6 +205,7 @@ async function install(opts: InstallOptions, target: string): Promise<InstallRes
   try {
     const format = formatOf(opts.archive);
     const [files, extracted] = format === 'zip' ? await extractZip(opts.archive, tmp, opts.maxBytes) : await extractTar(opts.archive, tmp, opts.maxBytes);
+    opts.admit?.(extracted);
     const dir = datasetRoot(tmp);
     let counts: { episodes: number; frames: number };
     try {
@@ -209,7 +213,7 @@ async function install(opts: InstallOptions, target: string): Promise<InstallRes
     } catch (e) {
       bad(`dataset "${opts.name}": ${(e as Error).message.split(dir).join(opts.name)}`); // name files as the client knows them
     }
-    fs.writeFileSync(path.join(dir, UPLOAD_MARKER), JSON.stringify({ sha256, owner: opts.owner, bytes, uploaded_at: Date.now() / 1000 }, null, 2) + '\n');
+    fs.writeFileSync(path.join(dir, UPLOAD_MARKER), JSON.stringify({ sha256, owner: opts.owner, bytes, extracted_bytes: extracted, uploaded_at: Date.now() / 1000 }, null, 2) + '\n');
     const old = fs.existsSync(target) ? path.join(opts.root, `.${opts.name}.old-${tag}`) : null;
     if (old) fs.renameSync(target, old);
     fs.renameSync(dir, target);

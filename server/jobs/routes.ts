@@ -13,7 +13,8 @@ import { eventCursor, openSse, streamFile } from '../stream.ts';
 import type { FineTuneJob } from '../../protocol/jobs.ts';
 import { nowS, randomId, type JobEvent, type JobRow, type Store } from '../store.ts';
 import type { ServerConfig } from '../config.ts';
-import { parseFineTuneConfig, resolveDatasetDir } from './config.ts';
+import { parseFineTuneConfig } from './config.ts';
+import { datasetDirFor } from '../datasets/owned.ts';
 import { prepareRun } from './train.ts';
 import { isTerminal, jobWorkDir, type JobRunner } from './runner.ts';
 
@@ -64,15 +65,16 @@ export interface JobRoutesDeps {
 export async function submitFineTune(deps: Pick<JobRoutesDeps, 'store' | 'config' | 'runner'>, owner: string, body: Record<string, unknown>): Promise<JobRow> {
   const { store, config, runner } = deps;
   const cfg = parseFineTuneConfig(body);
-  const dir = resolveDatasetDir(cfg.dataset_name, config.datasetsDir, config.allowAbsoluteDatasets);
-  if (!fs.existsSync(dir)) {
-    log.info(`fine-tune refused: dataset_name "${cfg.dataset_name}" resolves to ${dir}, which does not exist`);
-    throw new HttpError(400, `dataset_name "${cfg.dataset_name}" not found: no such dataset folder under this server's datasets root (the operator sets it with --datasets-dir / VELA_DATASETS_DIR)`);
+  // Another key's upload is not found, in the same words as a name that nothing has.
+  const dir = datasetDirFor(config, owner, cfg.dataset_name);
+  if (!dir) {
+    log.info(`fine-tune refused: dataset_name "${cfg.dataset_name}" is neither an upload of ${owner} nor a shared dataset`);
+    throw new HttpError(400, `dataset_name "${cfg.dataset_name}" not found: no such dataset folder under this server's datasets root, nor among this key's uploads (GET /v1/datasets lists them; the operator sets the root with --datasets-dir / VELA_DATASETS_DIR)`);
   }
   let evalDir: string | undefined;
   if (cfg.eval_dataset !== null) {
-    evalDir = resolveDatasetDir(cfg.eval_dataset, config.datasetsDir, config.allowAbsoluteDatasets, 'eval_dataset');
-    if (!fs.existsSync(evalDir)) throw new HttpError(400, `eval_dataset "${cfg.eval_dataset}" not found: no such dataset folder under this server's datasets root`);
+    evalDir = datasetDirFor(config, owner, cfg.eval_dataset, 'eval_dataset') ?? undefined;
+    if (!evalDir) throw new HttpError(400, `eval_dataset "${cfg.eval_dataset}" not found: no such dataset folder under this server's datasets root, nor among this key's uploads (GET /v1/datasets lists them)`);
   }
   try {
     const { ds, evalDs, cameras, actionSpace } = await prepareRun(cfg, dir, (d) => runner.openDataset(d), evalDir);

@@ -15,7 +15,8 @@ import { nowS, type JobEvent, type JobRow, type Store } from '../store.ts';
 import type { EngineLike } from '../engine/host.ts';
 import type { ServerConfig } from '../config.ts';
 import { storageOf } from '../storage.ts';
-import { parseFineTuneConfig, resolveDatasetDir, type FineTuneConfig } from './config.ts';
+import { parseFineTuneConfig, type FineTuneConfig } from './config.ts';
+import { datasetDirFor } from '../datasets/owned.ts';
 import { runFineTune } from './train.ts';
 import { openDataset, type Dataset } from '../datasets/index.ts';
 import { LocalQueue, type JobQueue, type RunOutcome } from './queue.ts';
@@ -236,8 +237,9 @@ export class JobRunner {
       await this.emit(id, 'log', { message: `engine ready: ${engine.info.preset}, ${engine.info.backendLine}` });
       const result = await runFineTune(cfg, {
         jobId: id,
-        datasetDir: resolveDatasetDir(cfg.dataset_name, this.config.datasetsDir, this.config.allowAbsoluteDatasets),
-        evalDatasetDir: cfg.eval_dataset ? resolveDatasetDir(cfg.eval_dataset, this.config.datasetsDir, this.config.allowAbsoluteDatasets, 'eval_dataset') : undefined,
+        // Resolved as its key sees it (its own upload first), as when the job was accepted.
+        datasetDir: ownedDatasetDir(this.config, job.owner, cfg.dataset_name, 'dataset_name'),
+        evalDatasetDir: cfg.eval_dataset ? ownedDatasetDir(this.config, job.owner, cfg.eval_dataset, 'eval_dataset') : undefined,
         workDir: jobWorkDir(this.config, id),
         engine,
         emit: (type, data) => {
@@ -309,4 +311,14 @@ export class JobRunner {
     await this.queue.shutdown();
     await Promise.all([...this.tails.values()]);
   }
+}
+
+/**
+ * The folder of a queued job's dataset, as its key sees it.
+ * @throws Error naming the field when the dataset is gone (deleted or moved since the job was accepted).
+ */
+function ownedDatasetDir(config: ServerConfig, owner: string, name: string, field: string): string {
+  const dir = datasetDirFor(config, owner, name, field);
+  if (!dir) throw new Error(`${field} "${name}" not found: it is no longer among this key's uploads or under the datasets root`);
+  return dir;
 }

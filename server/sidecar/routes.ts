@@ -3,8 +3,9 @@
  * clients written against it. A sidecar job is a Vela fine-tune (`ft-...`, visible at
  * `/v1/fine-tunes/{id}` too); every route needs the API key, like the rest of Vela.
  * - `POST /training/job_start` `{dataset, num_train_steps?, model_size?, dataset_content?}`:
- *   `dataset` names a LeRobot dataset folder under the datasets root; `dataset_content`, a
- *   base64 tar / tar.gz / zip of it, is installed there first (datasets/upload.ts);
+ *   `dataset` names one of the key's uploaded datasets or a shared one under the datasets root
+ *   (datasets/owned.ts); `dataset_content`, a base64 tar / tar.gz / zip of it, is installed as
+ *   the key's upload first (datasets/upload.ts);
  *   `num_train_steps` (default 100) is the job's `steps`; `model_size` (default pi05-tiny) is a
  *   Vela preset (the document's 4b / 12b / 31b are not: a 400 lists the presets). Vela's other
  *   fine-tune fields (batch_size, learning_rate, ...) are taken too. Answers the TrainingJob.
@@ -27,7 +28,8 @@ import { PRESETS, PRESET_ALIASES } from '../../kernels/config.ts';
 import { requireOwner } from '../auth.ts';
 import { HttpError, route, sendJson } from '../http.ts';
 import { streamFile } from '../stream.ts';
-import { archiveTemp, installArchive } from '../datasets-route.ts';
+import { archiveTemp, checkUploadable, installArchive } from '../datasets-route.ts';
+import { datasetDirFor } from '../datasets/owned.ts';
 import { checkDatasetName, type InstallResult } from '../datasets/upload.ts';
 import { jobOutputFile, listFiles, relativeSegments, submitFineTune } from '../jobs/routes.ts';
 import { FieldError, parseFineTuneConfig } from '../jobs/config.ts';
@@ -113,11 +115,14 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
       const b64 = body.dataset_content;
       if (typeof b64 !== 'string' || b64.length === 0) throw new HttpError(400, 'dataset_content is empty: send the dataset folder as a base64 tar or zip');
       if (b64.length % 4 !== 0 || !/^[A-Za-z0-9+/]*={0,2}$/.test(b64)) throw new HttpError(400, `dataset_content is not valid base64 (${b64.length} characters)`);
-      const file = archiveTemp(config, dataset);
+      checkUploadable(config, owner, dataset);
+      const file = archiveTemp(config, owner, dataset);
       fs.writeFileSync(file, Buffer.from(b64, 'base64'), { flag: 'wx' });
       upload = await installArchive(config, owner, dataset, file);
-    } else if (!fs.existsSync(path.join(path.resolve(config.datasetsDir), dataset, 'meta', 'info.json'))) {
-      throw new HttpError(400, `dataset "${dataset}" is not under the datasets root and no dataset_content was sent`);
+    } else {
+      // Another key's upload reads as absent, in the same words.
+      const dir = datasetDirFor(config, owner, dataset, 'dataset');
+      if (!dir || !fs.existsSync(path.join(dir, 'meta', 'info.json'))) throw new HttpError(400, `dataset "${dataset}" is not under the datasets root and no dataset_content was sent`);
     }
     const job = await submitFineTune(deps, owner, jobBody);
     sendJson(r, 200, trainingJob(job, upload));
