@@ -68,6 +68,7 @@ export interface ServerConfig {
   storagePerKeyBytes: number;
   inferIdleS: number;
   allowEndpoint: string | undefined;
+  maxEvalBytesPerKey: number;
   endpointsPerKey: number;
   maxDatasetBytes: number;
   logLevel: string;
@@ -115,6 +116,7 @@ export const SETTINGS: Setting[] = [
   { key: 'inferIdleS', flag: '--infer-idle-s', env: 'VELA_INFER_IDLE_S', kind: 'number', def: () => 60, help: 'seconds a served policy stays loaded after its last request or connection' },
   { key: 'allowEndpoint', flag: '--allow-endpoint', env: 'VELA_ALLOW_ENDPOINT', kind: 'string', def: () => undefined, help: 'inference endpoints the server may contact although they are loopback, private, link-local or its own: comma-separated CIDRs, addresses or host names (e.g. 127.0.0.0/8,10.1.2.0/24,robot-1.lan)', defaultText: 'none (only public addresses)' },
   { key: 'endpointsPerKey', flag: '--endpoints-per-key', env: 'VELA_ENDPOINTS_PER_KEY', kind: 'int', def: () => 16, help: 'inference endpoints (add_inference_endpoint) per API key' },
+  { key: 'maxEvalBytesPerKey', flag: '--max-eval-bytes-per-key', env: 'VELA_MAX_EVAL_BYTES_PER_KEY', kind: 'int', def: () => 64 * MiB, help: 'largest eval dataset of one API key (POST /evals/add_to_dataset); an add past it is refused (413)' },
   { key: 'maxDatasetBytes', flag: '--max-dataset-bytes', env: 'VELA_MAX_DATASET_BYTES', kind: 'int', def: () => 8 * 1024 * 1024 * 1024, help: 'largest uploaded dataset (PUT /v1/datasets/{name}, job_start dataset_content), archive and extracted' },
   { key: 'logLevel', flag: '--log-level', env: 'VELA_LOG_LEVEL', kind: 'choice', choices: LOG_LEVELS, def: () => 'info', help: `least severe log lines shown: ${LOG_LEVELS.join(' | ')}` },
   // A cluster (README "Several nodes"): nodes that share one PostgreSQL and one storage folder.
