@@ -84,6 +84,13 @@ export function hostKey(host: string): string {
   return host.replace(/^\[|\]$/g, '').replace(/\.$/, '').toLowerCase();
 }
 
+/** Whether `s` is a DNS host name: dot-separated labels of letters, digits and inner hyphens. */
+function isHostName(s: string): boolean {
+  const labels = s.replace(/\.$/, '').split('.');
+  // An all-digit last label is a mistyped address (300.1.1.1), not a name.
+  return s.length <= 253 && !/^\d+$/.test(labels.at(-1)!) && labels.every((l) => /^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/i.test(l));
+}
+
 /**
  * Parse `--allow-endpoint`: comma-separated CIDRs (`127.0.0.0/8`, `fd00::/8`), addresses or host
  * names. @throws Error naming the entry that is none of these (config.ts reports it).
@@ -99,7 +106,7 @@ export function parseAllowlist(text: string | undefined): { list: net.BlockList;
       list.addAddress(canonicalAddress(addr!), net.isIPv4(canonicalAddress(addr!)) ? 'ipv4' : 'ipv6');
     } else if (family && extra === undefined && /^\d{1,3}$/.test(prefix!) && Number(prefix) <= (family === 4 ? 32 : 128)) {
       list.addSubnet(addr!, Number(prefix), family === 4 ? 'ipv4' : 'ipv6');
-    } else if (prefix === undefined && /^[a-z0-9]([a-z0-9-]{0,62}\.?)*$/i.test(addr!) && addr!.length <= 253) {
+    } else if (prefix === undefined && isHostName(addr!)) {
       hosts.add(hostKey(addr!));
     } else {
       throw new Error(`"${entry}" is not a CIDR (127.0.0.0/8), an address or a host name`);

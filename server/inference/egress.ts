@@ -55,6 +55,11 @@ export class EgressPolicy {
     this.ownHosts = new Set(ownHosts.map(hostKey));
   }
 
+  /** Whether `host` is this server's public host name (and not allowed by the operator). */
+  namesSelf(host: string): boolean {
+    return this.ownHosts.has(hostKey(host)) && !this.allowsHost(host);
+  }
+
   /** Whether the operator allowed host name `host` whatever it resolves to. */
   allowsHost(host: string): boolean {
     return this.allow.hosts.has(hostKey(host));
@@ -83,7 +88,7 @@ export class EgressPolicy {
     const host = new URL(url).hostname;
     if (this.allowsHost(host)) return;
     const bare = host.replace(/^\[|\]$/g, '');
-    if (this.ownHosts.has(hostKey(bare))) {
+    if (this.namesSelf(bare)) {
       throw new HttpError(403, `url ${JSON.stringify(given)} names this server itself (its --public-url host ${bare}): an operator can allow it with ${ALLOW_FLAG} ${bare}`);
     }
     let addresses: string[];
@@ -141,6 +146,7 @@ export interface EgressAnswer {
 export function egressRequest(policy: EgressPolicy, url: string, opts: { method: string; headers?: Record<string, string>; body?: Buffer; timeoutMs: number; maxAnswerBytes?: number }): Promise<EgressAnswer> {
   const u = new URL(url);
   const host = u.hostname.replace(/^\[|\]$/g, '');
+  if (policy.namesSelf(host)) return Promise.reject(new EgressRefused(url, host, 'this server\'s own --public-url host'));
   // A literal address is connected to without a lookup: check it here.
   if (net.isIP(host) && !policy.allowsHost(host)) {
     const why = policy.refusal(host);
