@@ -72,7 +72,10 @@ const DEFAULT_DTYPES = new Map<Function, string>([
  * array's own ('<f4' for a Float32Array, '|u1' for a Uint8Array, ...) and is required for plain
  * arrays; it is written in numpy's canonical form ('float32' and 'f4' become '<f4').
  * Example: `ndarray(new Float32Array(6), [2, 3])` is a 2x3 '<f4' array of zeros.
- * @throws ProtocolError `unsupported_dtype`, `bad_ndarray` (wrong element type, bad shape entry),
+ * Plain data for an int, uint or bool dtype must hold integers within the dtype's range (no
+ * wrapping: -1 is not a uint64, 1.5 not an int64, NaN and Infinity not integers).
+ * @throws ProtocolError `unsupported_dtype`, `bad_ndarray` (wrong element type, bad shape entry,
+ *   an element that is no integer of the dtype's range, named `data[i]` with its value),
  *   `shape_mismatch` (element count is not the shape's product).
  */
 export function ndarray(data: NDArrayData | ArrayLike<number | boolean | bigint>, shape: readonly number[], dtype?: string): NDArray {
@@ -89,8 +92,35 @@ export function ndarray(data: NDArrayData | ArrayLike<number | boolean | bigint>
   return new NDArray(dt.str, shape, typed);
 }
 
+/** The integer range of an int or uint dtype, as bigints (exact for 64-bit ones). */
+function intRange(dt: Dtype): [bigint, bigint] {
+  const bits = BigInt(dt.itemsize * 8);
+  return dt.kind === 'u' ? [0n, (1n << bits) - 1n] : [-(1n << (bits - 1n)), (1n << (bits - 1n)) - 1n];
+}
+
+/**
+ * Check that every element of plain data fits an int or uint dtype: typed arrays would
+ * otherwise wrap silently (-1 as uint64 is 18446744073709551615) or throw a RangeError (1.5 as
+ * int64), and a policy would act on the wrapped value.
+ * @throws ProtocolError `bad_ndarray` naming `data[i]`, its value and the dtype's range.
+ */
+function checkIntegers(values: ArrayLike<number | boolean | bigint>, dt: Dtype): void {
+  if (dt.kind === 'f' || dt.kind === 'b') return; // a bool is any truthy value, as numpy's bool()
+  const [lo, hi] = intRange(dt);
+  for (let i = 0; i < values.length; i++) {
+    const v = values[i];
+    if (typeof v === 'boolean') continue; // numpy takes True as 1
+    const ok = typeof v === 'bigint' ? v >= lo && v <= hi : typeof v === 'number' && Number.isInteger(v) && BigInt(v) >= lo && BigInt(v) <= hi;
+    if (!ok) {
+      const shown = typeof v === 'number' || typeof v === 'bigint' ? String(v) : JSON.stringify(v) ?? String(v);
+      throw new ProtocolError('bad_ndarray', `data[${i}] is ${shown}; dtype '${dt.str}' holds integers in ${lo}..${hi}`);
+    }
+  }
+}
+
 function fromPlain(values: ArrayLike<number | boolean | bigint>, dt: Dtype): NDArrayData {
   const n = values.length;
+  checkIntegers(values, dt);
   if (dt.itemsize === 8 && dt.kind !== 'f') {
     const out = dt.kind === 'i' ? new BigInt64Array(n) : new BigUint64Array(n);
     for (let i = 0; i < n; i++) out[i] = BigInt(values[i] as number | bigint);

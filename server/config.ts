@@ -7,6 +7,7 @@ import path from 'node:path';
 import type { BackendChoice } from '../kernels/backend.ts';
 import { shown, UsageError } from './cli-args.ts';
 import { defaultThreads } from '../kernels/native.ts';
+import { parseAllowlist } from './inference/addresses.ts';
 
 /** A setting with a bad value, or an unknown one: `vela` prints it as one line and exits 2. */
 export class ConfigError extends UsageError {
@@ -66,6 +67,9 @@ export interface ServerConfig {
   maxResidentSessions: number;
   storagePerKeyBytes: number;
   inferIdleS: number;
+  allowEndpoint: string | undefined;
+  maxEvalBytesPerKey: number;
+  endpointsPerKey: number;
   maxDatasetBytes: number;
   datasetsPerKeyBytes: number;
   logLevel: string;
@@ -111,6 +115,9 @@ export const SETTINGS: Setting[] = [
   { key: 'maxResidentSessions', flag: '--max-resident-sessions', env: 'VELA_MAX_RESIDENT_SESSIONS', kind: 'int', def: () => 64, help: 'sessions whose tensors stay in an engine at once; the least recently used others wait on disk' },
   { key: 'storagePerKeyBytes', flag: '--storage-per-key-bytes', env: 'VELA_STORAGE_PER_KEY_BYTES', kind: 'int', def: () => 20 * 1024 * 1024 * 1024, help: 'saved states and weights per API key; a save past it is refused (507)' },
   { key: 'inferIdleS', flag: '--infer-idle-s', env: 'VELA_INFER_IDLE_S', kind: 'number', def: () => 60, help: 'seconds a served policy stays loaded after its last request or connection' },
+  { key: 'allowEndpoint', flag: '--allow-endpoint', env: 'VELA_ALLOW_ENDPOINT', kind: 'string', def: () => undefined, help: 'inference endpoints the server may contact although they are loopback, private, link-local or its own: comma-separated CIDRs, addresses or host names (e.g. 127.0.0.0/8,10.1.2.0/24,robot-1.lan)', defaultText: 'none (only public addresses)' },
+  { key: 'endpointsPerKey', flag: '--endpoints-per-key', env: 'VELA_ENDPOINTS_PER_KEY', kind: 'int', def: () => 16, help: 'inference endpoints (add_inference_endpoint) per API key' },
+  { key: 'maxEvalBytesPerKey', flag: '--max-eval-bytes-per-key', env: 'VELA_MAX_EVAL_BYTES_PER_KEY', kind: 'int', def: () => 64 * MiB, help: 'largest eval dataset of one API key (POST /evals/add_to_dataset); an add past it is refused (413)' },
   { key: 'maxDatasetBytes', flag: '--max-dataset-bytes', env: 'VELA_MAX_DATASET_BYTES', kind: 'int', def: () => 8 * 1024 * 1024 * 1024, help: 'largest uploaded dataset (PUT /v1/datasets/{name}, job_start dataset_content), archive and extracted' },
   { key: 'datasetsPerKeyBytes', flag: '--datasets-per-key-bytes', env: 'VELA_DATASETS_PER_KEY_BYTES', kind: 'int', def: () => 20 * 1024 * 1024 * 1024, help: 'uploaded datasets per API key, extracted bytes; an upload past it is refused (413)' },
   { key: 'logLevel', flag: '--log-level', env: 'VELA_LOG_LEVEL', kind: 'choice', choices: LOG_LEVELS, def: () => 'info', help: `least severe log lines shown: ${LOG_LEVELS.join(' | ')}` },
@@ -188,6 +195,11 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
   }
   if (config.nodeId !== undefined && !/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/.test(config.nodeId)) {
     throw new ConfigError(`--node-id must be letters, digits, '.', '_' or '-' (at most 64), got "${config.nodeId}"`);
+  }
+  try {
+    parseAllowlist(config.allowEndpoint);
+  } catch (e) {
+    throw new ConfigError(`--allow-endpoint: ${(e as Error).message}`);
   }
   if (config.nodeHeartbeatS <= 0 || config.nodeLostS < 2 * config.nodeHeartbeatS) {
     throw new ConfigError(`--node-lost-s (${config.nodeLostS}) must be at least twice --node-heartbeat-s (${config.nodeHeartbeatS}), which must be > 0`);

@@ -88,6 +88,7 @@ const USAGE_CASES: [string[], string][] = [
   [['serve', '--backend', 'gpu'], 'vela serve: --backend gpu: must be one of auto, node-gpu, node, wasm, cpu'],
   [['serve', '--log-level=loud'], 'vela serve: --log-level=loud: must be one of error, warn, info, debug'],
   [['serve', '--allow-absolute-datasets=maybe'], 'vela serve: --allow-absolute-datasets=maybe: must be true or false'],
+  [['serve', '--allow-endpoint', '10.0.0.0/33'], 'vela serve: --allow-endpoint: "10.0.0.0/33" is not a CIDR (127.0.0.0/8), an address or a host name'],
   [['serve', '--data-dir'], 'vela serve: --data-dir needs a value (see vela serve --help)'],
   [['serve', '--prot', '9000'], 'vela serve: unknown option --prot (did you mean --port? see vela serve --help)'],
   [['serve', 'now'], 'vela serve: unexpected argument now (see vela serve --help)'],

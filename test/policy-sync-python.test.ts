@@ -46,7 +46,8 @@ beforeAll(async () => {
   if (SKIP) return;
   // Both servers on wasm (one thread, deterministic): native TensorFlow's multi-threaded kernels
   // sum in an order that depends on its thread pool, so two processes can differ by ~5e-7.
-  server = await startTestServer({ env: { VELA_FUTURE_WAIT_S: '1', VELA_BACKEND: 'wasm' } });
+  // The policy server listens on 127.0.0.1: loopback endpoints need the operator's allowlist.
+  server = await startTestServer({ env: { VELA_FUTURE_WAIT_S: '1', VELA_BACKEND: 'wasm', VELA_ALLOW_ENDPOINT: '127.0.0.0/8' } });
   const c = new FuturesClient(server.baseUrl, server.apiKey);
   await c.createModel({ model_id: 'arm', base_model: 'pi05-tiny', lora_config: { rank: 4, alpha: 8 } });
   await c.run('sample', { model_id: 'arm', data: [{ observation: syntheticDatum(0).observation }], codec: 'RAW', seed: 1 }); // binds the camera

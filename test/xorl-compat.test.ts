@@ -39,7 +39,7 @@ describe('xorl recovery and model ids', () => {
     const next = await step(c1, 'arm', 1); // what the uninterrupted model does next
     await first.close();
 
-    const second = await startTestServer({ dataDir, env: { VELA_INFER_IDLE_S: '1' } });
+    const second = await startTestServer({ dataDir, env: { VELA_INFER_IDLE_S: '1', VELA_ALLOW_ENDPOINT: '127.0.0.0/8' } }); // the endpoint test registers a loopback one
     servers.push(second);
     const c2 = new FuturesClient(second.baseUrl, second.apiKey);
     expect((await c2.call('session_info', undefined, 'GET')).sessions).toEqual([]); // models do not survive a restart

@@ -141,7 +141,8 @@ function toNDArray(data: unknown[], shape: unknown[], dtype: string, where: stri
   try {
     return ndarray(data as number[], shape as number[], dtype);
   } catch (e) {
-    if (e instanceof ProtocolError) throw new ProtocolError(e.code, `${where}: ${e.message}`);
+    // ndarray() names an element `data[i]`: prefixed, it is the element's path in the body.
+    if (e instanceof ProtocolError) throw new ProtocolError(e.code, e.message.startsWith('data[') ? `${where}.${e.message}` : `${where}: ${e.message}`);
     throw e;
   }
 }

@@ -3,7 +3,9 @@
  * - `POST /add_inference_endpoint` `{url | host + port, api_key?, name?}`: register a policy
  *   server of this key (`vela policy`'s `ws://host:port/`, or a `/v1/fine-tunes/{id}/policy`,
  *   `/v1/sampling_sessions/{id}/policy` URL of a Vela server); answers it with `reachable`
- *   (its `/healthz`). `POST /remove_inference_endpoint` `{endpoint_id | url}`;
+ *   (its `/healthz`). Loopback, private, link-local and the server's own addresses are a 403
+ *   unless `--allow-endpoint` holds them (inference/egress.ts, checked again at every
+ *   connection); at most `--endpoints-per-key` (16) per key, a 429 past it. `POST /remove_inference_endpoint` `{endpoint_id | url}`;
  *   `GET /list_inference_endpoints`. Also under `/api/v1/`. Keys are stored, never listed.
  * - `POST /api/v1/sync_inference_weights` `{model_id, endpoints?}`: the model's current weights
  *   (adapter or full), taken between its ops, pushed to every endpoint (or those named) as
@@ -21,6 +23,7 @@ import { randomId, type EndpointRow } from '../store.ts';
 import { HttpError } from '../http.ts';
 import { encodeWeightsPush } from '../policy/index.ts';
 import { targetOf, type InferenceDeps } from '../inference/routes.ts';
+import { EgressPolicy } from '../inference/egress.ts';
 import { endpointUrl, probe, pushTo, SYNC_QUANTIZATIONS, type SyncQuantization } from '../inference/sync.ts';
 import { sendAs } from './codec.ts';
 import { checkpointIdOfPath, checkpointPath } from './checkpoints.ts';
@@ -38,14 +41,36 @@ export function mountInferenceIntegration(ctx: FuturesContext, inference: Infere
   };
   const endpointJson = (e: EndpointRow) => ({ endpoint_id: e.id, url: e.url, name: e.name, has_api_key: e.api_key !== null, created_at: e.created_at });
 
+  const { config } = ctx.deps;
+  const publicHost = config.publicUrl ? new URL(config.publicUrl).hostname : undefined;
+  const egress = new EgressPolicy(config.allowEndpoint, publicHost ? [publicHost] : []);
+  // One registration per key at a time, so that two at once cannot both pass the cap.
+  const registering = new Map<string, Promise<unknown>>();
+  const oneAtATime = <T>(owner: string, fn: () => Promise<T>): Promise<T> => {
+    const run = (registering.get(owner) ?? Promise.resolve()).then(fn, fn);
+    const tail = run.catch(() => undefined);
+    registering.set(owner, tail);
+    void tail.then(() => registering.get(owner) === tail && registering.delete(owner));
+    return run;
+  };
+
   both('post', 'add_inference_endpoint', async (r, owner, body) => {
     const v = body.value;
     checkFields(r, v, ['url', 'host', 'port', 'api_key', 'name'], 'add_inference_endpoint');
     const url = endpointUrl(v);
     if (v.api_key !== undefined && v.api_key !== null && typeof v.api_key !== 'string') throw new HttpError(400, 'api_key must be a string');
     if (v.name !== undefined && v.name !== null && (typeof v.name !== 'string' || v.name.length > 128)) throw new HttpError(400, 'name must be a string of at most 128 characters');
-    const row = await store.upsertEndpoint(owner, url, (v.api_key as string | undefined) ?? null, (v.name as string | undefined) ?? null);
-    sendAs(r, body.format, 200, withIgnored(r, { ...endpointJson(row), reachable: await probe(url) }));
+    // The URL as the client wrote it (http://2130706433/ is http://127.0.0.1/ once parsed).
+    const given = typeof v.url === 'string' ? v.url : url;
+    await egress.checkUrl(given, url);
+    const row = await oneAtATime(owner, async () => {
+      const existing = await store.listEndpoints(owner);
+      if (!existing.some((e) => e.url === url) && existing.length >= config.endpointsPerKey) {
+        throw new HttpError(429, `this key has ${existing.length} inference endpoints; the limit is ${config.endpointsPerKey} (--endpoints-per-key): remove one with remove_inference_endpoint first`);
+      }
+      return store.upsertEndpoint(owner, url, (v.api_key as string | undefined) ?? null, (v.name as string | undefined) ?? null);
+    });
+    sendAs(r, body.format, 200, withIgnored(r, { ...endpointJson(row), reachable: await probe(egress, url) }));
   });
 
   both('post', 'remove_inference_endpoint', async (r, owner, body) => {
@@ -87,7 +112,7 @@ export function mountInferenceIntegration(ctx: FuturesContext, inference: Infere
       cameras: [...live.cameras], actionHorizon: live.actionHorizon, dtype: SYNC_QUANTIZATIONS[q],
     });
     const push = encodeWeightsPush({ weights_version: exported.step, model_id: publicModelId(live.row), files: exported.files });
-    const outcomes = await Promise.all(targets.map((e) => pushTo(e, push)));
+    const outcomes = await Promise.all(targets.map((e) => pushTo(egress, e, push)));
     sendAs(r, body.format, 200, withIgnored(r, { model_id: publicModelId(live.row), weights_version: exported.step, quantization: q, bytes: push.length, endpoints: outcomes }));
   });
 

@@ -1,9 +1,11 @@
 /**
  * Pushing a model's weights to registered policy servers (xorl's sync_inference_weights): the
- * weights URL of an endpoint, a reachability probe, and one push with its outcome.
+ * weights URL of an endpoint, a reachability probe, and one push with its outcome. Every
+ * request goes through egress.ts, which refuses loopback, private and the server's own addresses.
  */
 import type { EndpointRow } from '../store.ts';
 import { HttpError } from '../http.ts';
+import { egressRequest, EgressRefused, type EgressPolicy } from './egress.ts';
 
 /** Transfer precisions of set_sync_quantization and the safetensors dtype each sends. */
 export const SYNC_QUANTIZATIONS = { none: 'F32', bf16: 'BF16', fp16: 'F16' } as const;
@@ -45,12 +47,15 @@ export function weightsUrl(policyUrl: string): string {
   return u.toString();
 }
 
-/** Whether `GET <origin>/healthz` answers within `timeoutMs`. */
-export async function probe(policyUrl: string, timeoutMs = 3000): Promise<boolean> {
+/**
+ * Whether `GET <origin>/healthz` answers 2xx within `timeoutMs`; false also when `egress`
+ * refuses the address.
+ */
+export async function probe(egress: EgressPolicy, policyUrl: string, timeoutMs = 3000): Promise<boolean> {
   const u = new URL(weightsUrl(policyUrl));
   try {
-    const res = await fetch(`${u.origin}/healthz`, { signal: AbortSignal.timeout(timeoutMs) });
-    return res.ok;
+    const res = await egressRequest(egress, `${u.origin}/healthz`, { method: 'GET', timeoutMs, maxAnswerBytes: 1024 });
+    return res.status >= 200 && res.status < 300;
   } catch {
     return false;
   }
@@ -70,28 +75,39 @@ export interface PushOutcome {
   error?: string;
 }
 
-/** Push `body` (an encoded weights push) to one endpoint; never throws: failures are outcomes. */
-export async function pushTo(ep: EndpointRow, body: Buffer, timeoutMs = 300_000): Promise<PushOutcome> {
+/** A version as a policy server reports it: a number or a short string; anything else is dropped. */
+function versionOf(v: unknown): number | string | null | undefined {
+  if (v === null || typeof v === 'number') return v;
+  if (typeof v === 'string' && v.length <= 128) return v;
+  return undefined;
+}
+
+/**
+ * Push `body` (an encoded weights push) to one endpoint; never throws: failures are outcomes.
+ * Only the answer's status and its typed version fields are kept: the endpoint's own text is
+ * never passed on to the client (it could be anything the URL points at).
+ */
+export async function pushTo(egress: EgressPolicy, ep: EndpointRow, body: Buffer, timeoutMs = 300_000): Promise<PushOutcome> {
   const t0 = Date.now();
   const base = { endpoint_id: ep.id, url: ep.url, name: ep.name };
   try {
-    const res = await fetch(weightsUrl(ep.url), {
+    const res = await egressRequest(egress, weightsUrl(ep.url), {
       method: 'PUT',
       headers: { 'content-type': 'application/msgpack', ...(ep.api_key ? { authorization: `Bearer ${ep.api_key}` } : {}) },
       body,
-      signal: AbortSignal.timeout(timeoutMs),
+      timeoutMs,
     });
-    const text = await res.text();
+    const seconds = (Date.now() - t0) / 1000;
+    if (res.status < 200 || res.status >= 300) return { ...base, status: 'error', http_status: res.status, error: `the endpoint answered HTTP ${res.status}`, seconds };
     let answer: Record<string, unknown> = {};
     try {
-      answer = JSON.parse(text);
+      answer = JSON.parse(res.body.toString('utf8'));
     } catch {
-      answer = { error: text.slice(0, 300) };
+      // not a Vela policy server's answer: the versions stay unknown
     }
-    const seconds = (Date.now() - t0) / 1000;
-    if (!res.ok) return { ...base, status: 'error', http_status: res.status, error: String(answer.error ?? `HTTP ${res.status}`), seconds };
-    return { ...base, status: 'ok', weights_version: answer.weights_version, previous_version: answer.previous_version, load_seconds: answer.load_seconds as number, seconds };
+    const loadSeconds = typeof answer?.load_seconds === 'number' ? answer.load_seconds : undefined;
+    return { ...base, status: 'ok', weights_version: versionOf(answer?.weights_version), previous_version: versionOf(answer?.previous_version), load_seconds: loadSeconds, seconds };
   } catch (e) {
-    return { ...base, status: 'error', error: (e as Error).message, seconds: (Date.now() - t0) / 1000 };
+    return { ...base, status: 'error', error: e instanceof EgressRefused ? e.message : `could not reach the endpoint: ${(e as Error).message}`, seconds: (Date.now() - t0) / 1000 };
   }
 }

@@ -19,7 +19,7 @@
  *   (inference/routes.ts answerInfer); `max_tokens` and `temperature` have no meaning for a
  *   policy and are ignored.
  * - `POST /evals/add_to_dataset` `{prompt, response, notes?}`, `GET /evals/get_dataset_count`:
- *   the key's `eval_dataset.jsonl` under `<data>/evals/<key id>/`.
+ *   the key's `eval_dataset.jsonl` under `<data>/evals/<key id>/` (evals.ts).
  */
 import fs from 'node:fs';
 import path from 'node:path';
@@ -33,26 +33,13 @@ import { datasetDirFor } from '../datasets/owned.ts';
 import { checkDatasetName, type InstallResult } from '../datasets/upload.ts';
 import { jobOutputFile, listFiles, relativeSegments, submitFineTune } from '../jobs/routes.ts';
 import { FieldError, parseFineTuneConfig } from '../jobs/config.ts';
-import type { JobRunner } from '../jobs/runner.ts';
 import { readBody } from '../futures/codec.ts';
-import { answerInfer, targetOf, type InferenceDeps } from '../inference/routes.ts';
-import type { ServerConfig } from '../config.ts';
-import type { JobEvent, JobRow, Store } from '../store.ts';
+import { answerInfer, targetOf } from '../inference/routes.ts';
+import type { JobEvent, JobRow } from '../store.ts';
 import { allEvents, sidecarEvent, sidecarStatus, type TrainedModel } from './events.ts';
 import { jobEvents } from './stream.ts';
-
-export interface SidecarDeps {
-  store: Store;
-  config: ServerConfig;
-  runner: JobRunner;
-  inference: InferenceDeps;
-  /** Seconds between `: keepalive` comments (15). */
-  keepaliveS?: number;
-  /** Seconds a job_events stream lasts at most (300). */
-  streamCapS?: number;
-  /** Seconds between watchdog checks of an idle stream (15). */
-  watchdogS?: number;
-}
+import { mountEvals } from './evals.ts';
+import type { SidecarDeps } from './deps.ts';
 
 const PRESET_NAMES = [...Object.keys(PRESETS), ...Object.keys(PRESET_ALIASES)];
 const VELA_FIELDS = ['batch_size', 'learning_rate', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed', 'eval_every', 'checkpoint_every'];
@@ -168,27 +155,5 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
     await answerInfer(deps.inference, r, t, obs, body.format);
   }));
 
-  const evalsFile = (owner: string) => path.resolve(config.dataDir, 'evals', owner, 'eval_dataset.jsonl');
-  app.post('/evals/add_to_dataset', route(0, async (r) => {
-    const owner = await requireOwner(store, r);
-    const body = await r.json();
-    for (const k of Object.keys(body)) if (!['prompt', 'response', 'notes'].includes(k)) throw new HttpError(400, `add_to_dataset has no field "${k}"; it takes prompt, response, notes`);
-    for (const k of ['prompt', 'response']) if (typeof body[k] !== 'string' || body[k] === '') throw new HttpError(400, `${k} is required (a non-empty string)`);
-    if (body.notes !== undefined && body.notes !== null && typeof body.notes !== 'string') throw new HttpError(400, 'notes must be a string');
-    const file = evalsFile(owner);
-    fs.mkdirSync(path.dirname(file), { recursive: true });
-    // One write per line, opened for append: concurrent adds never interleave within a line.
-    fs.appendFileSync(file, JSON.stringify({ prompt: body.prompt, response: body.response, notes: body.notes ?? null, timestamp: Date.now() / 1000 }) + '\n');
-    sendJson(r, 200, { status: 'ok', count: countLines(file) });
-  }));
-  app.get('/evals/get_dataset_count', route(0, async (r) => sendJson(r, 200, { count: countLines(evalsFile(await requireOwner(store, r))) })));
-}
-
-function countLines(file: string): number {
-  try {
-    const text = fs.readFileSync(file, 'utf8');
-    return text.split('\n').filter((l) => l.length > 0).length;
-  } catch {
-    return 0;
-  }
+  mountEvals(app, deps);
 }

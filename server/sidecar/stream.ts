@@ -11,7 +11,7 @@ import { openSse } from '../stream.ts';
 import { isTerminal } from '../jobs/runner.ts';
 import type { JobEvent, JobRow } from '../store.ts';
 import { allEvents, isFinal } from './events.ts';
-import type { SidecarDeps } from './routes.ts';
+import type { SidecarDeps } from './deps.ts';
 
 /** `GET /training/job_events`: the job's events from `from`, live, as the sidecar streams them. */
 export async function jobEvents(r: Req, deps: SidecarDeps, job: JobRow, mapped: (job: JobRow, events: JobEvent[]) => Promise<Record<string, unknown>[]>): Promise<void> {
