@@ -1,5 +1,5 @@
 /**
- * GET /metrics (PROTOCOL.md section 10): scraped through the real server while a pi05-tiny
+ * GET /metrics (PROTOCOL.md section 12): scraped through the real server while a pi05-tiny
  * session trains over its websocket (real engine) and a robot runs the session's live policy over
  * OpenPI's websocket protocol; the exposition text is parsed and its values asserted. Then the
  * standalone `vela policy` server's /metrics, and who may scrape (key, --metrics-public).
@@ -8,6 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient, type Datum } from '../protocol/client.ts';
 import { ndarray } from '../protocol/ndarray.ts';
 import { startPolicyServer, type PolicyServerHandle } from '../server/policy/index.ts';
+import { MAX_CONNECTION_SERIES } from '../server/metrics/index.ts';
 import { g1Datums } from './helpers/g1.ts';
 import { PolicyClient, stubEngine } from './helpers/policy-stub.ts';
 import { parseExposition, type Exposition } from './helpers/prom.ts';
@@ -27,6 +28,16 @@ async function metrics(baseUrl: string, key: string | null): Promise<Exposition>
   const r = await scrape(baseUrl, key);
   expect(r.status, r.text).toBe(200);
   return parseExposition(r.text);
+}
+
+/** A scrape once no policy connection is open (the server sees a close a moment after the client). */
+async function withoutConnections(baseUrl: string, key: string | null): Promise<Exposition> {
+  let m = await metrics(baseUrl, key);
+  for (let i = 0; i < 250 && m.value('vela_policy_connections') !== 0; i++) {
+    await new Promise((r) => setTimeout(r, 20));
+    m = await metrics(baseUrl, key);
+  }
+  return m;
 }
 
 /** A G1 datum as a robot sends it to the live policy: its JPEG frame, raw state and prompt. */
@@ -146,11 +157,7 @@ describe('GET /metrics on the main server', () => {
     // The robot leaves: its connection's series go with it.
     robot.close();
     await robot.closed();
-    let c = await metrics(server.baseUrl, server.apiKey);
-    for (let i = 0; i < 100 && c.value('vela_policy_connections') !== 0; i++) {
-      await new Promise((r) => setTimeout(r, 20));
-      c = await metrics(server.baseUrl, server.apiKey);
-    }
+    const c = await withoutConnections(server.baseUrl, server.apiKey);
     expect(c.value('vela_policy_connections')).toBe(0);
     expect(c.all('vela_policy_connection_request_seconds_count')).toEqual([]);
     expect(c.value('vela_policy_request_seconds_count', { stage: 'total' })).toBe(6);
@@ -174,7 +181,7 @@ describe('GET /metrics of vela policy (standalone)', () => {
     'observation/state': ndarray(Float32Array.of(0.5, -1.25, 2, 0.75, -3, 1.5, i), [7]),
     prompt: `pick up the bottle ${i}`,
   });
-  const start = async (opts: { apiKey?: string; metricsPublic?: boolean }): Promise<PolicyServerHandle> => {
+  const start = async (opts: { apiKey?: string; metricsPublic?: boolean; policyId?: string }): Promise<PolicyServerHandle> => {
     const s = await startPolicyServer({ engine: stubEngine(), checkpointDir: '/ckpt/run-1', policyId: 'pol-metrics', seed: 7, batchWindowMs: 0, port: 0, ...opts });
     closers.push(() => s.close());
     return s;
@@ -192,6 +199,25 @@ describe('GET /metrics of vela policy (standalone)', () => {
     expect(after.value('vela_policy_connection_request_seconds_count', { policy: 'pol-metrics', stage: 'compute' })).toBe(2);
     expect(after.value('vela_policy_connection_request_interval_seconds_count', { policy: 'pol-metrics' })).toBe(1);
     robot.close();
+    await robot.closed();
+  });
+
+  it(`gives at most ${MAX_CONNECTION_SERIES} open connections their own series, and drops them on close`, async () => {
+    const s = await start({ metricsPublic: true, policyId: 'pol-many' });
+    expect((await withoutConnections(s.baseUrl, null)).value('vela_policy_connections')).toBe(0);
+    const robots = await Promise.all(Array.from({ length: MAX_CONNECTION_SERIES + 2 }, () => PolicyClient.connect(s.wsUrl)));
+    await Promise.all(robots.map(async (r, i) => expect((await r.infer(observation(i % 3))).actions.shape).toEqual([5, 6])));
+    const m = await metrics(s.baseUrl, null);
+    expect(m.value('vela_policy_connections')).toBe(MAX_CONNECTION_SERIES + 2);
+    const labelled = m.all('vela_policy_connection_request_seconds_count', { policy: 'pol-many', stage: 'total' });
+    expect(labelled).toHaveLength(MAX_CONNECTION_SERIES);
+    expect(labelled.every((x) => x.value === 1)).toBe(true);
+    for (const r of robots) r.close();
+    await Promise.all(robots.map((r) => r.closed()));
+    const after = await withoutConnections(s.baseUrl, null);
+    expect(after.value('vela_policy_connections')).toBe(0);
+    expect(after.all('vela_policy_connection_request_seconds_count')).toEqual([]);
+    expect(after.all('vela_policy_connection_batch_size_count')).toEqual([]);
   });
 
   it('answers without the key with --metrics-public', async () => {

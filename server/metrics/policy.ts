@@ -15,7 +15,7 @@ import client from 'prom-client';
 import { LATENCY_BUCKETS_S, registry } from './registry.ts';
 
 /** Most connections that get their own series at once. */
-export const MAX_CONNECTION_SERIES = 32;
+export const MAX_CONNECTION_SERIES = 16;
 
 const INTERVAL_BUCKETS_S = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30];
 const JITTER_BUCKETS_S = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1];

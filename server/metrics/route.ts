@@ -1,4 +1,4 @@
-/** `GET /metrics` (PROTOCOL.md section 10): this process's metrics in Prometheus' text format. */
+/** `GET /metrics` (PROTOCOL.md section 12): this process's metrics in Prometheus' text format. */
 import type { TemplatedApp } from 'uWebSockets.js';
 import { route, sendText, type Req } from '../http.ts';
 import { METRICS_CONTENT_TYPE, metricsText } from './registry.ts';
