@@ -90,6 +90,9 @@ describe('GET /metrics on the main server', () => {
 
     await train(2);
     await serve(3);
+    // Errors by op: one the engine refuses, one that does not parse.
+    await expect(conn.loadState('no-such-state')).rejects.toThrow(/no saved state/);
+    await expect(conn.request('no_such_op')).rejects.toThrow(/op/);
     expect((await api(server, 'GET', '/v1/training_sessions/ts-not-there-either')).status).toBe(404);
     // Jobs are counted from the store at scrape time; the db getters are read when the db has them.
     await server.store.insertJob({ id: 'ft-metrics-1', owner: (await server.store.findApiKey(server.apiKey))!, status: 'failed', created_at: 1, config: {}, output_dir: '/nowhere', step: 0, loss: null, eval_loss: null, error: 'made by the test', started_at: null, finished_at: null, cancel_requested: false } as never);
@@ -106,6 +109,10 @@ describe('GET /metrics on the main server', () => {
       expect(b.value('vela_training_op_errors_total', { op })).toBeUndefined();
     }
     expect(b.types.get('vela_training_op_seconds')).toBe('histogram');
+    expect(a.value('vela_training_op_errors_total', { op: 'load_state' })).toBeUndefined();
+    expect(b.value('vela_training_ops_total', { op: 'load_state' })).toBe(1);
+    expect(b.value('vela_training_op_errors_total', { op: 'load_state' })).toBe(1);
+    expect(b.value('vela_training_op_errors_total', { op: 'invalid' })).toBe(1);
 
     // Policy: every stage of every request, overall and for the robot's connection.
     expect(a.value('vela_policy_requests_total')).toBe(3);
