@@ -14,7 +14,7 @@ import { makeConfig, type PolicyConfig } from '../kernels/config.ts';
 import type { ServerConfig } from './config.ts';
 import { checkStorage, storageOf } from './storage.ts';
 import { EngineError } from './engine/messages.ts';
-import { recordSessionOp } from './metrics/training.ts';
+import { recordSessionOp, recordSessionRequestRefused } from './metrics/training.ts';
 import type { LiveSession } from './sessions.ts';
 
 /** Numbers of any numeric ndarray as float32 (int64 via Number). */
@@ -116,7 +116,7 @@ export function runOp(live: LiveSession, req: SessionRequest, server: ServerConf
   try {
     prepared = prepareOp(live, req, server);
   } catch (e) {
-    recordSessionOp(req.op, 0, false);
+    recordSessionRequestRefused(req.op);
     return Promise.reject(e); // checks that fail before any work still answer in order
   }
   const run = async () => {
