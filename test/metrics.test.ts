@@ -9,7 +9,7 @@ import { VelaClient, type Datum } from '../protocol/client.ts';
 import { ndarray } from '../protocol/ndarray.ts';
 import { startPolicyServer, type PolicyServerHandle } from '../server/policy/index.ts';
 import { MAX_CONNECTION_SERIES } from '../server/metrics/index.ts';
-import { g1Datums } from './helpers/g1.ts';
+import { g1Datums, g1Subset } from './helpers/g1.ts';
 import { PolicyClient, stubEngine } from './helpers/policy-stub.ts';
 import { parseExposition, type Exposition } from './helpers/prom.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
@@ -45,8 +45,10 @@ function robotObservation(d: Datum): Record<string, unknown> {
   return { 'observation/cam_high': Buffer.from(d.observation.image!.cam_high as Uint8Array), image_codec: 'JPEG', 'observation/state': d.observation.state, prompt: d.observation.prompt };
 }
 
+const SUBSET = g1Subset(2);
+
 beforeAll(async () => {
-  server = await startTestServer();
+  server = await startTestServer({ env: { VELA_DATASETS_DIR: SUBSET.root } });
   closers.push(() => server.close());
   client = new VelaClient(server.baseUrl, server.apiKey);
   batches = [await g1Datums(2, { episode: 0 }), await g1Datums(2, { episode: 1 })];
@@ -169,6 +171,25 @@ describe('GET /metrics on the main server', () => {
     expect(c.all('vela_policy_connection_request_seconds_count')).toEqual([]);
     expect(c.value('vela_policy_request_seconds_count', { stage: 'total' })).toBe(6);
     conn.close();
+  });
+
+  it('counts a fine-tune\'s steps and its state as it runs to the end', async () => {
+    const a = await metrics(server.baseUrl, server.apiKey);
+    const { status, json } = await api(server, 'POST', '/v1/fine-tunes', { model: 'pi05-tiny', dataset_name: SUBSET.name, steps: 3, batch_size: 2, eval_every: 0, checkpoint_every: 100 });
+    expect(status, JSON.stringify(json)).toBe(200);
+    let job = json;
+    for (let i = 0; i < 1500 && !['succeeded', 'failed', 'cancelled'].includes(job.status); i++) {
+      await new Promise((r) => setTimeout(r, 200));
+      job = (await api(server, 'GET', `/v1/fine-tunes/${json.id}`)).json;
+    }
+    expect(job.status, job.error).toBe('succeeded');
+    const b = await metrics(server.baseUrl, server.apiKey);
+    expect(b.value('vela_jobs', { state: 'succeeded' })).toBe(a.value('vela_jobs', { state: 'succeeded' })! + 1);
+    expect(b.value('vela_jobs', { state: 'running' })).toBe(0);
+    expect(a.value('vela_job_steps_total') ?? 0).toBe(0);
+    expect(b.value('vela_job_steps_total')).toBe(3);
+    expect(b.value('vela_job_step_seconds_count')).toBe(3);
+    expect(b.value('vela_job_step_seconds_sum')!).toBeGreaterThan(0);
   });
 
   it('answers without a key when the operator sets --metrics-public (VELA_METRICS_PUBLIC=1)', async () => {

@@ -16,6 +16,18 @@ const opSeconds = new client.Histogram({
   labelNames: ['op'], buckets: OP_BUCKETS_S, registers: [registry],
 });
 
+const jobSteps = new client.Counter({ name: 'vela_job_steps_total', help: 'fine-tune job steps taken (vela serve\'s jobs)', registers: [registry] });
+const jobStepSeconds = new client.Histogram({
+  name: 'vela_job_step_seconds', help: 'time of one fine-tune step: batch sampling and frame decoding, forward_backward, optim_step (evaluation and checkpoints not included), seconds',
+  buckets: OP_BUCKETS_S, registers: [registry],
+});
+
+/** A fine-tune job took one step in `seconds`. */
+export function recordJobStep(seconds: number): void {
+  jobSteps.inc();
+  jobStepSeconds.observe(seconds);
+}
+
 /** A session op ran for `seconds` and succeeded (`ok`) or answered an error. */
 export function recordSessionOp(op: string, seconds: number, ok: boolean): void {
   ops.inc({ op });
