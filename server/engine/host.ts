@@ -150,8 +150,7 @@ export class Engine implements EngineLike, MetricsEngine {
           if (m.kind === 'ready') {
             memory = m.memory;
             resolve(m.info);
-          }
-          else if (m.kind === 'init_failed') reject(new Error(m.error));
+          } else if (m.kind === 'init_failed') reject(new Error(m.error));
           else if (m.kind === 'log') relayLog(m);
         };
         onError = reject;
