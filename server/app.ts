@@ -24,6 +24,7 @@ import { ServedPolicies } from './inference/served.ts';
 import { mountFutures } from './futures/index.ts';
 import { mountDatasetUpload, prepareDatasetsRoot } from './datasets-route.ts';
 import { mountSidecar } from './sidecar/routes.ts';
+import { mountMetrics, watchStore } from './metrics/index.ts';
 import type { ServerConfig } from './config.ts';
 
 /** `GET /` for API clients (xorl's root info): what this server is and where its APIs live. */
@@ -93,6 +94,7 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
     const { key } = await store.createApiKey('first key');
     (opts.onNewKey ?? ((k) => log.info(`created an API key (shown once): ${k}`)))(key);
   }
+  const unwatchStore = watchStore(store);
   const sessions = new SessionManager(store, config, opts.engineFactory);
   sessions.nodeId = nodeId;
   const app = createApp();
@@ -173,6 +175,8 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
   mountSidecar(app, { store, config, runner, inference, keepaliveS: opts.sseKeepaliveS, streamCapS: opts.sidecarStreamCapS, watchdogS: opts.sidecarWatchdogS });
 
   mountUi(app, { rootInfo: () => rootInfo(baseUrl) });
+  // Any valid key may read the metrics (keys have no roles); --metrics-public drops the check.
+  mountMetrics(app, config.metricsPublic ? null : (r) => requireOwner(store, r).then(() => undefined));
 
   app.fallback(route(0, (r) => {
     throw new HttpError(404, `no route ${r.method} ${r.url}`);
@@ -216,6 +220,7 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
         // Kept-alive HTTP connections and open SSE streams: the native app has close() although
         // the typings of this version lack it. Then the store, last.
         (app as unknown as { close(): void }).close();
+        unwatchStore();
         await store.close();
       })()),
   };

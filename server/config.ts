@@ -79,6 +79,7 @@ export interface ServerConfig {
   nodeCapacity: number;
   nodeHeartbeatS: number;
   nodeLostS: number;
+  metricsPublic: boolean;
 }
 
 /** LeRobot's dataset cache: $HF_LEROBOT_HOME, else $HF_HOME/lerobot, else ~/.cache/huggingface/lerobot. */
@@ -121,6 +122,7 @@ export const SETTINGS: Setting[] = [
   { key: 'maxDatasetBytes', flag: '--max-dataset-bytes', env: 'VELA_MAX_DATASET_BYTES', kind: 'int', def: () => 8 * 1024 * 1024 * 1024, help: 'largest uploaded dataset (PUT /v1/datasets/{name}, job_start dataset_content), archive and extracted' },
   { key: 'datasetsPerKeyBytes', flag: '--datasets-per-key-bytes', env: 'VELA_DATASETS_PER_KEY_BYTES', kind: 'int', def: () => 20 * 1024 * 1024 * 1024, help: 'uploaded datasets per API key, extracted bytes; an upload past it is refused (413)' },
   { key: 'logLevel', flag: '--log-level', env: 'VELA_LOG_LEVEL', kind: 'choice', choices: LOG_LEVELS, def: () => 'info', help: `least severe log lines shown: ${LOG_LEVELS.join(' | ')}` },
+  { key: 'metricsPublic', flag: '--metrics-public', env: 'VELA_METRICS_PUBLIC', kind: 'bool', def: () => false, help: 'answer GET /metrics without an API key (for a Prometheus on a trusted network); by default it needs any valid key' },
   // A cluster (README "Several nodes"): nodes that share one PostgreSQL and one storage folder.
   { key: 'databaseUrl', flag: '--database-url', env: 'VELA_DATABASE_URL', kind: 'string', def: () => undefined, help: 'postgres://... : the store every node of a cluster shares', defaultText: 'none (SQLite in --data-dir, one node)' },
   { key: 'storageDir', flag: '--storage-dir', env: 'VELA_STORAGE_DIR', kind: 'string', def: () => undefined, help: 'checkpoints and job outputs; a folder every node mounts at the same path', defaultText: '--data-dir' },

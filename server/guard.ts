@@ -18,6 +18,7 @@ import { HttpError, statusLine } from './http.ts';
 import { log } from './log.ts';
 import { redactPaths } from './redact.ts';
 import { randomId } from './store.ts';
+import { NO_ROUTE, recordHttpStatus } from './metrics/http.ts';
 
 type HttpHandler = (res: HttpResponse, req: HttpRequest) => void | Promise<void>;
 
@@ -130,10 +131,25 @@ function headResponse(res: HttpResponse): HttpResponse {
   return proxy;
 }
 
-/** Run an HTTP handler inside the guard. */
-function guardHttp(handler: HttpHandler, head = false): HttpHandler {
+/**
+ * Count the answer's status by route pattern (metrics/http.ts): every writeStatus of this
+ * response goes through here. uWS responses are plain extensible objects, so the method is
+ * replaced on this one response only.
+ */
+function watchStatus(res: HttpResponse, method: string, pattern: string): void {
+  const write = res.writeStatus;
+  res.writeStatus = function (this: HttpResponse, status: string) {
+    recordHttpStatus(method, pattern, parseInt(status, 10));
+    return write.call(this, status);
+  };
+}
+
+/** Run an HTTP handler inside the guard; `pattern` is its route's (for the metrics). */
+function guardHttp(handler: HttpHandler, pattern: string, head = false): HttpHandler {
   return (res, req) => {
-    const what = `${req.getMethod().toUpperCase()} ${req.getUrl()}`;
+    const method = req.getMethod().toUpperCase();
+    watchStatus(res, method, pattern);
+    const what = `${method} ${req.getUrl()}`;
     try {
       const out = handler(head ? headResponse(res) : res, req);
       if (out instanceof Promise) out.catch((err) => answerThrow(res, what, err));
@@ -157,6 +173,7 @@ function guardBehavior<T>(pattern: string, b: WebSocketBehavior<T>): WebSocketBe
   if (b.upgrade) {
     const upgrade = b.upgrade;
     out.upgrade = (res, req, ctx) => {
+      watchStatus(res, 'GET', pattern);
       const what = `websocket upgrade ${req.getUrl()}`;
       try {
         upgrade(res, req, ctx);
@@ -254,10 +271,10 @@ export function createApp(): GuardedApp {
         return (pattern: string, handler: HttpHandler) => {
           const method = WIRE_METHOD[prop] ?? prop.toUpperCase();
           routes.push({ method, pattern });
-          (target as any)[prop](pattern, guardHttp(handler));
+          (target as any)[prop](pattern, guardHttp(handler, pattern));
           if (prop === 'get') {
             routes.push({ method: 'HEAD', pattern });
-            target.head(pattern, guardHttp(handler, true));
+            target.head(pattern, guardHttp(handler, pattern, true));
           }
           return guarded;
         };
@@ -265,7 +282,7 @@ export function createApp(): GuardedApp {
       if (prop === 'any') {
         return (pattern: string, handler: HttpHandler) => {
           for (const method of ['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS']) routes.push({ method, pattern });
-          target.any(pattern, guardHttp(handler));
+          target.any(pattern, guardHttp(handler, pattern));
           return guarded;
         };
       }
@@ -292,7 +309,7 @@ export function createApp(): GuardedApp {
               return;
             }
             return notFound(method === 'HEAD' ? headResponse(res) : res, req);
-          }));
+          }, NO_ROUTE));
           return guarded;
         };
       }

@@ -14,6 +14,7 @@ import { makeConfig, type PolicyConfig } from '../kernels/config.ts';
 import type { ServerConfig } from './config.ts';
 import { checkStorage, storageOf } from './storage.ts';
 import { EngineError } from './engine/messages.ts';
+import { recordSessionOp, recordSessionRequestRefused } from './metrics/training.ts';
 import type { LiveSession } from './sessions.ts';
 
 /** Numbers of any numeric ndarray as float32 (int64 via Number). */
@@ -115,6 +116,7 @@ export function runOp(live: LiveSession, req: SessionRequest, server: ServerConf
   try {
     prepared = prepareOp(live, req, server);
   } catch (e) {
+    recordSessionRequestRefused(req.op);
     return Promise.reject(e); // checks that fail before any work still answer in order
   }
   const run = async () => {
@@ -125,6 +127,7 @@ export function runOp(live: LiveSession, req: SessionRequest, server: ServerConf
       ok = true;
       return result;
     } finally {
+      recordSessionOp(req.op, (Date.now() - started) / 1000, ok);
       if (req.op !== 'heartbeat') {
         live.opsCount++;
         live.lastOp = { op: req.op, id: req.id, at: Date.now() / 1000, ms: Date.now() - started, ok };

@@ -16,6 +16,7 @@ import { bytesText, requestHeaders, statusLine, wsSettings } from './http.ts';
 import { log } from './log.ts';
 import { redactPaths } from './redact.ts';
 import { runOp } from './ops.ts';
+import { recordSessionRequestRefused } from './metrics/training.ts';
 import type { LiveSession, SessionManager } from './sessions.ts';
 import type { ServerConfig } from './config.ts';
 import type { SessionRow, Store } from './store.ts';
@@ -177,7 +178,10 @@ export function mountSessionSocket(
         entry.answer = answerBytes(entry.id, errorText(err, `session ${live.id} request ${entry.id}`));
         flush(conn);
       };
-      if (!isBinary) return fail(new ProtocolError('bad_request', 'text frames are not accepted: send one binary msgpack value per message'));
+      if (!isBinary) {
+        recordSessionRequestRefused(null);
+        return fail(new ProtocolError('bad_request', 'text frames are not accepted: send one binary msgpack value per message'));
+      }
       let req: SessionRequest;
       let id: { value: RequestId; raw: RawMsgpack } | null;
       try {
@@ -192,6 +196,7 @@ export function mountSessionSocket(
         req = parseRequest(fromWire(value), { maxBatch: config.maxBatch, maxPromptBytes: config.maxPromptBytes });
         if (id) req.id = id.value; // decoding rounds integers past 2^53; the raw bytes do not
       } catch (err) {
+        recordSessionRequestRefused(null);
         return fail(err);
       }
       const sentId = id;

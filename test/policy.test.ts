@@ -413,7 +413,7 @@ describe('vela policy: arguments', () => {
   it('has OpenPI-compatible defaults but binds 127.0.0.1', () => {
     expect(parsePolicyArgs(['ckpt'], {})).toEqual({
       checkpoint: 'ckpt', port: 8000, host: '127.0.0.1', seed: null, debug: false, batchWindowMs: 5, maxBatch: 16, apiKey: null,
-      backend: 'auto', maxMessageBytes: 16 * 1024 * 1024, logLevel: 'info',
+      backend: 'auto', maxMessageBytes: 16 * 1024 * 1024, logLevel: 'info', metricsPublic: false,
     });
   });
 
@@ -421,6 +421,8 @@ describe('vela policy: arguments', () => {
     const a = parsePolicyArgs(['--port', '9000', '--host=0.0.0.0', 'ckpt', '--seed', '42', '--debug', '--batch-window-ms', '2.5', '--max-batch=4', '--api-key', 'k', '--backend', 'wasm'], { VELA_API_KEY: 'env' });
     expect(a).toMatchObject({ checkpoint: 'ckpt', port: 9000, host: '0.0.0.0', seed: 42, debug: true, batchWindowMs: 2.5, maxBatch: 4, apiKey: 'k', backend: 'wasm' });
     expect(parsePolicyArgs(['ckpt'], { VELA_API_KEY: 'env', VELA_BACKEND: 'cpu' })).toMatchObject({ apiKey: 'env', backend: 'cpu' });
+    expect(parsePolicyArgs(['ckpt', '--metrics-public'], {}).metricsPublic).toBe(true);
+    expect(parsePolicyArgs(['ckpt'], { VELA_METRICS_PUBLIC: '1' }).metricsPublic).toBe(true);
   });
 
   it('names the bad argument', () => {
@@ -461,8 +463,8 @@ describe('batcher', () => {
     expect(b.stats()).toMatchObject({ queued: 3, running: 2 });
     g.releaseAll();
     expect(await Promise.all([p1, p2])).toEqual([
-      { row: Float32Array.of(1), inferMs: 1, batchSize: 2 },
-      { row: Float32Array.of(2), inferMs: 1, batchSize: 2 },
+      { row: Float32Array.of(1), inferMs: 1, batchSize: 2, queueMs: expect.any(Number) },
+      { row: Float32Array.of(2), inferMs: 1, batchSize: 2, queueMs: expect.any(Number) },
     ]);
     await new Promise((r) => setImmediate(r));
     expect(g.calls).toEqual([[1, 2], [3, 4]]);

@@ -6,8 +6,9 @@
  * at a time, which keeps a crash or a long op attributable to one session.
  */
 import { Worker } from 'node:worker_threads';
-import { EngineError, type BackendInfo, type EngineInfo, type FromWorker, type ToWorker } from './messages.ts';
+import { EngineError, type BackendInfo, type EngineInfo, type EngineMemory, type FromWorker, type ToWorker } from './messages.ts';
 import { log } from '../log.ts';
+import { unwatchEngine, watchEngine, type MetricsEngine } from '../metrics/sources.ts';
 import { applyNativeEnv, pinNativeLibrary, type NativeThreads } from '../../kernels/native.ts';
 
 interface Pending {
@@ -109,7 +110,7 @@ export interface EngineLike {
   close(): Promise<void>;
 }
 
-export class Engine implements EngineLike {
+export class Engine implements EngineLike, MetricsEngine {
   private queues = new Map<string, Pending[]>();
   private order: string[] = []; // round-robin order of sessions with queued calls
   private inFlight: Pending | null = null;
@@ -119,9 +120,15 @@ export class Engine implements EngineLike {
   private nextCallId = 1;
   private calls = 0;
   private dead: Error | null = null;
+  private lastMemory: EngineMemory | null;
+  /** Its labels in GET /metrics: lane `training`, `policy` (urgent) or `single` (no gate: vela policy, jobs CLI). */
+  readonly labels: { preset: string; lane: string; worker: string };
 
-  private constructor(private worker: Worker, readonly info: EngineInfo, priority?: EngineOptions['priority']) {
+  private constructor(private worker: Worker, readonly info: EngineInfo, priority?: EngineOptions['priority'], memory?: EngineMemory) {
     this.priority = priority;
+    this.lastMemory = memory ?? null;
+    this.labels = { preset: info.preset, lane: priority ? (priority.role === 'urgent' ? 'policy' : 'training') : 'single', worker: String(worker.threadId) };
+    watchEngine(this);
     worker.on('message', (m: FromWorker) => this.onMessage(m));
     worker.on('error', (e) => this.fail(new Error(`engine worker crashed: ${e.message}`)));
     worker.on('exit', (code) => this.fail(new Error(`engine worker exited with code ${code}`)));
@@ -137,10 +144,13 @@ export class Engine implements EngineLike {
     let onError!: (e: Error) => void;
     let onExit!: (code: number) => void;
     try {
+      let memory: EngineMemory | undefined;
       const info = await new Promise<EngineInfo>((resolve, reject) => {
         onMsg = (m: FromWorker) => {
-          if (m.kind === 'ready') resolve(m.info);
-          else if (m.kind === 'init_failed') reject(new Error(m.error));
+          if (m.kind === 'ready') {
+            memory = m.memory;
+            resolve(m.info);
+          } else if (m.kind === 'init_failed') reject(new Error(m.error));
           else if (m.kind === 'log') relayLog(m);
         };
         onError = reject;
@@ -149,7 +159,7 @@ export class Engine implements EngineLike {
         const init: ToWorker = { kind: 'init', preset: opts.preset, backend: opts.backend, seed: opts.seed ?? 0, baseWeightsPath: opts.baseWeightsPath, maxResident: opts.maxResident };
         worker.postMessage(init);
       });
-      return new Engine(worker, info, opts.priority);
+      return new Engine(worker, info, opts.priority, memory);
     } catch (e) {
       await worker.terminate();
       throw e;
@@ -208,6 +218,11 @@ export class Engine implements EngineLike {
     });
   }
 
+  /** tf.memory() of the worker after its last answer (null before any). */
+  memory(): EngineMemory | null {
+    return this.lastMemory;
+  }
+
   stats() {
     let queued = 0;
     for (const q of this.queues.values()) queued += q.length;
@@ -242,6 +257,7 @@ export class Engine implements EngineLike {
   private onMessage(m: FromWorker): void {
     if (m.kind === 'log') return relayLog(m);
     if (m.kind !== 'result' && m.kind !== 'error') return;
+    if (m.memory) this.lastMemory = m.memory;
     const p = this.inFlight;
     if (!p || p.callId !== m.callId) {
       log.error(`engine answered call ${m.callId} but ${p?.callId ?? 'none'} was in flight`);
@@ -260,6 +276,7 @@ export class Engine implements EngineLike {
   private fail(err: Error, quiet = false): void {
     if (this.dead) return;
     this.dead = err;
+    unwatchEngine(this);
     if (!quiet) log.error(err.message);
     const all = [...(this.inFlight ? [this.inFlight] : []), ...[...this.queues.values()].flat()];
     this.inFlight = null;

@@ -10,13 +10,19 @@ export type ToWorker =
   | { kind: 'probe'; backend: string }
   | { kind: 'call'; callId: number; session: string; op: string; args: Record<string, unknown> };
 
-/** Worker -> main. */
+/** tf.memory() of a worker: bytes held by tensors and how many tensors are alive. */
+export interface EngineMemory {
+  numBytes: number;
+  numTensors: number;
+}
+
+/** Worker -> main. Answers carry the worker's memory after the op (for GET /metrics). */
 export type FromWorker =
-  | { kind: 'ready'; info: EngineInfo }
+  | { kind: 'ready'; info: EngineInfo; memory?: EngineMemory }
   | { kind: 'probed'; backend: BackendInfo }
   | { kind: 'init_failed'; error: string }
-  | { kind: 'result'; callId: number; result: unknown }
-  | { kind: 'error'; callId: number; error: string; code: string; internal: boolean; stack?: string }
+  | { kind: 'result'; callId: number; result: unknown; memory?: EngineMemory }
+  | { kind: 'error'; callId: number; error: string; code: string; internal: boolean; stack?: string; memory?: EngineMemory }
   | { kind: 'log'; level: 'info' | 'warn' | 'error' | 'debug'; message: string };
 
 /** The TF.js backend an engine runs on (kernels/backend.ts BackendReport, as sent between threads). */

@@ -15,7 +15,7 @@ import { parseNormStats } from '../../kernels/normalize.ts';
 import { drawNoiseTime } from '../../kernels/flow.ts';
 import { Rng } from '../../kernels/rng.ts';
 import type { ModelBatch } from '../../kernels/batch.ts';
-import { EngineError, type BackendInfo, type FromWorker, type ToWorker } from './messages.ts';
+import { EngineError, type BackendInfo, type EngineMemory, type FromWorker, type ToWorker } from './messages.ts';
 import { TenantPool, toExported, type Tenant } from './tenants.ts';
 
 const port = parentPort!;
@@ -32,6 +32,12 @@ const policies = new Map<string, TrainingState>();
 
 function send(m: FromWorker, transfer: ArrayBuffer[] = []): void {
   port.postMessage(m, transfer);
+}
+
+/** tf.memory()'s counts: cheap (bookkeeping, no device sync), so every answer carries them. */
+function memoryNow(): EngineMemory {
+  const m = tf.memory();
+  return { numBytes: m.numBytes, numTensors: m.numTensors };
 }
 
 /**
@@ -295,6 +301,7 @@ port.on('message', (m: ToWorker) => {
             imageSize: config.imageSize, imageSlots: config.slots, stateDim: config.stateDim, actionDim: config.actionDim,
             actionHorizon: config.horizon, maxTokenLen: config.maxTokenLen, baseParams: base.paramCount,
           },
+          memory: memoryNow(),
         });
       } catch (e) {
         send({ kind: 'init_failed', error: (e as Error).message });
@@ -303,11 +310,11 @@ port.on('message', (m: ToWorker) => {
     return;
   }
   run(m.session, m.op, m.args).then(
-    ([result, transfer]) => send({ kind: 'result', callId: m.callId, result }, transfer),
+    ([result, transfer]) => send({ kind: 'result', callId: m.callId, result, memory: memoryNow() }, transfer),
     (e) => {
       const err = e as Error & { code?: string };
       const user = isUserError(e);
-      send({ kind: 'error', callId: m.callId, error: err.message, code: typeof err.code === 'string' ? err.code : user ? 'bad_request' : 'internal', internal: !user, stack: err.stack });
+      send({ kind: 'error', callId: m.callId, error: err.message, code: typeof err.code === 'string' ? err.code : user ? 'bad_request' : 'internal', internal: !user, stack: err.stack, memory: memoryNow() });
     },
   );
 });

@@ -15,6 +15,7 @@ import type { EngineLike } from '../engine/host.ts';
 import { FieldError, JOB_ADAMW, type FineTuneConfig } from './config.ts';
 import { toBatch } from './datums.ts';
 import { buildEvalSet, evaluate, type EvalContext } from './evaluate.ts';
+import { recordJobStep } from '../metrics/training.ts';
 
 /**
  * Where a run writes: `<workDir>/weights/step-NNNNNNN` at each checkpoint and `<workDir>/weights/final`
@@ -234,6 +235,7 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
 
   while (step < cfg.steps) {
     if (await ctx.isCancelled()) return { status: 'cancelled', outputDir: null, step, loss: lastLoss, evalLoss: lastEval };
+    const stepStarted = performance.now();
     const datums = await sampleBatch(ds, { ...datumOpts, episodes: split.train, batchSize: cfg.batch_size, rng });
     if (cfg.augment) for (const d of datums) for (const c of cameras) d.images[c] = augmentFrame(d.images[c]!, drawAugment(rng));
     const batch = toBatch(model, datums, cameras, norm, normalizer, ad);
@@ -241,6 +243,7 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
     const lr = learningRateAt(step + 1, cfg.steps, cfg.learning_rate, cfg.warmup_steps, cfg.lr_floor);
     const opt = await call<{ gradNorm: number; skipped: boolean }>(ctx, 'optim_step', { ...JOB_ADAMW, learningRate: lr, eps: cfg.adam_eps, weightDecay: cfg.weight_decay });
     step++;
+    recordJobStep((performance.now() - stepStarted) / 1000);
     lastLoss = Number.isFinite(fb.loss) ? fb.loss : null;
     const record: Record<string, unknown> = {
       step, loss: lastLoss, learning_rate: lr, epoch: (step * cfg.batch_size) / trainFrames,

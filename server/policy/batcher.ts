@@ -11,7 +11,9 @@
  * Each request carries its own seed and the engine draws datum i's noise from seeds[i] alone,
  * so a request's answer does not depend on what it was batched with.
  */
+import { performance } from 'node:perf_hooks';
 import type { DatumInput } from '../../kernels/batch.ts';
+import { recordPolicyBatch } from '../metrics/policy.ts';
 
 /** Runs one batch: rows[i] is datum i's answer. `tags[i]` is what datum i was submitted with (its weights version). */
 export type RunBatch = (datums: DatumInput[], seeds: number[], tags: unknown[]) => Promise<{ rows: Float32Array[]; inferMs: number }>;
@@ -21,12 +23,15 @@ export interface BatchResult {
   row: Float32Array;
   inferMs: number;
   batchSize: number;
+  /** How long the request waited in the batcher before its batch left for the engine, ms. */
+  queueMs: number;
 }
 
 interface Waiting {
   datum: DatumInput;
   seed: number;
   tag: unknown;
+  submittedMs: number;
   resolve: (r: BatchResult) => void;
   reject: (e: unknown) => void;
 }
@@ -63,7 +68,7 @@ export class Batcher {
   submit(datum: DatumInput, seed: number, tag: unknown = null): Promise<BatchResult> {
     if (this.closed) return Promise.reject(this.closed);
     return new Promise<BatchResult>((resolve, reject) => {
-      this.queue.push({ datum, seed, tag, resolve, reject });
+      this.queue.push({ datum, seed, tag, submittedMs: performance.now(), resolve, reject });
       this.schedule();
     });
   }
@@ -79,6 +84,8 @@ export class Batcher {
     this.timer = null;
     if (this.running > 0 || this.queue.length === 0) return;
     const batch = this.queue.splice(0, this.maxBatch);
+    const startedMs = performance.now();
+    recordPolicyBatch(batch.length);
     this.running = batch.length;
     this.counts.requests += batch.length;
     this.counts.batches += 1;
@@ -96,7 +103,7 @@ export class Batcher {
         return { rows, inferMs };
       })
       .then(
-        ({ rows, inferMs }) => settle((w, i) => w.resolve({ row: rows[i]!, inferMs, batchSize: batch.length })),
+        ({ rows, inferMs }) => settle((w, i) => w.resolve({ row: rows[i]!, inferMs, batchSize: batch.length, queueMs: startedMs - w.submittedMs })),
         (e) => settle((w) => w.reject(e)),
       );
   }

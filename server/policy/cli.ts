@@ -16,8 +16,9 @@ export const POLICY_USAGE = `Usage: vela policy CHECKPOINT [options]
 
 Serves a checkpoint folder (config.json, weights, norm_stats.json) over OpenPI's websocket
 protocol: ws://HOST:PORT/ for openpi_client's WebsocketClientPolicy, GET /healthz, GET
-/v1/observation.zdict (the zstd dictionary for compressed observations), GET /stats, and
-PUT /weights: new weights pushed by a Vela server's sync_inference_weights, swapped in between
+/v1/observation.zdict (the zstd dictionary for compressed observations), GET /stats, GET
+/metrics (Prometheus text; needs the --api-key unless --metrics-public), and PUT
+/weights: new weights pushed by a Vela server's sync_inference_weights, swapped in between
 batches without dropping a connection (only with --api-key).
 
 Options:
@@ -32,6 +33,7 @@ Options:
   --batch-window-ms MS  how long a request waits for others to batch with (default 5)
   --max-batch N         requests per model call at most (default 16)
   --api-key K           require "Authorization: Api-Key K" or "Bearer K" (also VELA_API_KEY)
+  --metrics-public      answer GET /metrics without the --api-key (also VELA_METRICS_PUBLIC=1)
   --backend B           ${BACKEND_CHOICES.join(' | ')} (default auto; also VELA_BACKEND)
   --max-message-bytes N largest observation message (default ${DEFAULT_POLICY_LIMITS.maxMessageBytes})
   --log-level L         ${LOG_LEVELS.join(' | ')} (default info)
@@ -47,6 +49,7 @@ interface Parsed {
   batchWindowMs: number;
   maxBatch: number;
   apiKey: string | null;
+  metricsPublic: boolean;
   backend: string;
   maxMessageBytes: number;
   logLevel: string;
@@ -54,7 +57,7 @@ interface Parsed {
 
 const SPEC: FlagSpec = {
   '--port': 'value', '--host': 'value', '--seed': 'value', '--debug': 'switch', '--batch-window-ms': 'value', '--max-batch': 'value',
-  '--api-key': 'value', '--backend': 'value', '--max-message-bytes': 'value', '--log-level': 'value',
+  '--api-key': 'value', '--metrics-public': 'switch', '--backend': 'value', '--max-message-bytes': 'value', '--log-level': 'value',
 };
 
 /**
@@ -64,7 +67,7 @@ const SPEC: FlagSpec = {
 export function parsePolicyArgs(argv: string[], env: NodeJS.ProcessEnv = process.env): Parsed {
   const out: Parsed = {
     checkpoint: '', port: 8000, host: '127.0.0.1', seed: null, debug: false, batchWindowMs: 5, maxBatch: 16,
-    apiKey: env.VELA_API_KEY || null, backend: env.VELA_BACKEND || 'auto', maxMessageBytes: DEFAULT_POLICY_LIMITS.maxMessageBytes, logLevel: 'info',
+    apiKey: env.VELA_API_KEY || null, metricsPublic: /^(1|true|yes|on)$/i.test(env.VELA_METRICS_PUBLIC ?? ''), backend: env.VELA_BACKEND || 'auto', maxMessageBytes: DEFAULT_POLICY_LIMITS.maxMessageBytes, logLevel: 'info',
   };
   const { flags, positional } = splitArgs(argv, SPEC, HELP);
   for (const f of flags) {
@@ -76,6 +79,7 @@ export function parsePolicyArgs(argv: string[], env: NodeJS.ProcessEnv = process
       case '--batch-window-ms': out.batchWindowMs = numberArg(f, 0, 10_000); break;
       case '--max-batch': out.maxBatch = intArg(f, 1, 256); break;
       case '--api-key': out.apiKey = f.value; break;
+      case '--metrics-public': out.metricsPublic = true; break;
       case '--backend': out.backend = choiceArg(f, BACKEND_CHOICES); break;
       case '--max-message-bytes': out.maxMessageBytes = intArg(f, 1024, 1024 * 1024 * 1024); break;
       case '--log-level': out.logLevel = choiceArg(f, LOG_LEVELS); break;
@@ -125,7 +129,7 @@ export async function policyCommand(argv: string[]): Promise<void> {
   try {
     server = await startPolicyServer({
       engine, checkpointDir: dir, policyId: 'policy', seed: args.seed, debug: args.debug, batchWindowMs: args.batchWindowMs,
-      maxBatch: args.maxBatch, apiKey: args.apiKey, limits: { maxMessageBytes: args.maxMessageBytes }, host: args.host, port: args.port,
+      maxBatch: args.maxBatch, apiKey: args.apiKey, metricsPublic: args.metricsPublic, limits: { maxMessageBytes: args.maxMessageBytes }, host: args.host, port: args.port,
     });
   } catch (e) {
     await engine.close();

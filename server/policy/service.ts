@@ -53,6 +53,10 @@ export interface PolicyAnswer {
   actions: NDArray; // float32 [action_horizon, action_dim], robot units
   policyInferMs: number; // the engine call of its batch
   batchSize: number;
+  /** performance.now() when the datum went to the batcher (its checks and decoding done). */
+  submittedMs: number;
+  /** Time in the batcher before its batch's engine call, ms. */
+  queueMs: number;
 }
 
 export interface PolicyStats extends BatchStats {
@@ -71,6 +75,8 @@ export interface SwapResult {
 }
 
 export interface PolicyServer {
+  /** The engine id it was created with (a fine-tune's `policy-<job>`, a session's id): metrics label. */
+  readonly id: string;
   /** The current version's meta. */
   readonly meta: PolicyMeta;
   readonly limits: PolicyLimits;
@@ -188,6 +194,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   const weightsVersion = () => (isLive ? liveStep : current.label);
   let swapChain: Promise<unknown> = Promise.resolve();
   return {
+    id: policyId,
     get meta() {
       return current.meta;
     },
@@ -234,9 +241,10 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
       try {
         const parsed = parseObservation(obs, v.meta, limits);
         const datum = await toDatum(parsed, v.meta, limits);
+        const submittedMs = performance.now();
         const r = await batcher.submit(datum, seed, v);
         const actions = toRobotActions(r.row, v.meta, parsed.state);
-        return { actions: ndarray(actions, [v.meta.actionHorizon, v.meta.actionDim]), policyInferMs: r.inferMs, batchSize: r.batchSize };
+        return { actions: ndarray(actions, [v.meta.actionHorizon, v.meta.actionDim]), policyInferMs: r.inferMs, batchSize: r.batchSize, submittedMs, queueMs: r.queueMs };
       } finally {
         v.refs--;
         release(v);

@@ -14,6 +14,7 @@ import { packNumpy } from '../../protocol/ndarray.ts';
 import { EngineError } from '../engine/messages.ts';
 import { bytesText, decodeUrlPart, HttpError, requestHeaders, statusLine, wsSettings } from '../http.ts';
 import { log } from '../log.ts';
+import { PolicyConnectionMetrics } from '../metrics/policy.ts';
 import { redactPaths } from '../redact.ts';
 import { randomId } from '../store.ts';
 import { decodeMessage, DEFAULT_POLICY_LIMITS } from './observation.ts';
@@ -50,6 +51,7 @@ interface Conn {
   closed: boolean;
   failed: boolean;
   ws?: WebSocket<Conn>;
+  metrics?: PolicyConnectionMetrics;
 }
 
 const CLIENT_ERRORS = new Set(['ShapeError', 'NormError', 'PolicyConfigError']);
@@ -82,6 +84,7 @@ function fail(conn: Conn, err: unknown, code = CLOSE_INTERNAL): void {
   if (!ws || conn.closed || conn.failed) return;
   conn.failed = true;
   conn.policy.counters.errors++;
+  conn.metrics?.failed();
   const text = errorFrame(err, conn.policy.debug, 'policy request');
   ws.cork(() => {
     ws.send(text, false);
@@ -113,7 +116,14 @@ function flush(conn: Conn): void {
       ws.cork(() => ws.end(CLOSE_BACKPRESSURE, 'answers are not being read: backpressure limit reached'));
       return;
     }
-    conn.prevTotalMs = performance.now() - e.arrivedMs;
+    const sentMs = performance.now();
+    conn.prevTotalMs = sentMs - e.arrivedMs;
+    if (!Buffer.isBuffer(e.answer)) {
+      const a = e.answer;
+      conn.metrics?.answered({
+        decodeMs: a.submittedMs - e.arrivedMs, queueMs: a.queueMs, computeMs: a.policyInferMs, sendMs: sentMs - e.doneMs, totalMs: sentMs - e.arrivedMs, batchSize: a.batchSize,
+      });
+    }
   }
 }
 
@@ -165,6 +175,7 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
     open: (ws) => {
       const conn = ws.getUserData();
       conn.ws = ws;
+      conn.metrics = new PolicyConnectionMetrics(conn.policy.id);
       conn.policy.counters.connections++;
       opts.sockets?.add(ws as WebSocket<unknown>);
       ws.send(packNumpy(conn.policy.metadata()), true);
@@ -173,6 +184,7 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
       const conn = ws.getUserData();
       if (conn.closed || conn.failed) return;
       const arrivedMs = performance.now();
+      conn.metrics?.arrived(arrivedMs);
       const { limits } = conn.policy;
       if (message.byteLength > limits.maxMessageBytes) {
         const size = conn.policy.meta.model.imageSize;
@@ -213,6 +225,7 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
     close: (ws) => {
       const conn = ws.getUserData();
       conn.closed = true;
+      conn.metrics?.close();
       conn.policy.counters.connections--;
       opts.sockets?.delete(ws as WebSocket<unknown>);
     },

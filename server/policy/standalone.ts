@@ -1,7 +1,8 @@
 /**
  * `vela policy`'s server: one policy at the root path. Routes: the websocket at `/`,
  * `GET /healthz` (OK), `GET /v1/observation.zdict` (the zstd dictionary), `GET /stats` (batch
- * sizes served, open connections, errors, weights version), `PUT /weights` (weights pushed by a
+ * sizes served, open connections, errors, weights version), `GET /metrics` (Prometheus text;
+ * behind --api-key unless `metricsPublic`), `PUT /weights` (weights pushed by a
  * training server, push.ts; needs --api-key). Binds 127.0.0.1 unless told otherwise.
  */
 import uWS from 'uWebSockets.js';
@@ -9,6 +10,7 @@ import { credentialOf, safeEqual } from '../auth.ts';
 import { HttpError, route, sendJson, sendText, statusLine, type Req } from '../http.ts';
 import { assertNativeUws, assertPortFree, createApp, listenExclusive } from '../guard.ts';
 import { hideServerPath } from '../redact.ts';
+import { mountMetrics } from '../metrics/index.ts';
 import { createPolicyServer, type PolicyServer, type PolicyServerOptions } from './service.ts';
 import { mountPolicySocket } from './socket.ts';
 import { applyWeightsPush, decodeWeightsPush, MAX_PUSH_BYTES } from './push.ts';
@@ -20,6 +22,8 @@ export interface StandaloneOptions extends PolicyServerOptions {
   port?: number;
   /** Largest weights push (`PUT /weights`) in bytes; default MAX_PUSH_BYTES (1 GiB). */
   maxPushBytes?: number;
+  /** Answer `GET /metrics` without the API key (`--metrics-public`); default false. */
+  metricsPublic?: boolean;
 }
 
 export interface PolicyServerHandle {
@@ -71,6 +75,7 @@ export async function startPolicyServer(opts: StandaloneOptions): Promise<Policy
     authed(r);
     sendJson(r, 200, policy.stats());
   }));
+  mountMetrics(app, opts.metricsPublic ? null : authed);
   // Weights pushed by a training server (sync_inference_weights): only with a key, since they
   // replace what every robot gets.
   app.put('/weights', route(0, async (r) => {
