@@ -21,7 +21,7 @@ const SCRIPT = path.resolve(import.meta.dirname, '../scripts/real_pi/make_tokeni
 
 interface Case { text: string; ids: number[]; sentencepiece_ids?: number[] }
 interface PromptCase {
-  variant: 'pi0' | 'pi05';
+  variant: 'pi0' | 'pi0-lerobot' | 'pi05';
   task: string;
   state?: (number | 'inf' | '-inf')[];
   bins?: number[];
@@ -69,12 +69,12 @@ describe('PaliGemma-kind tokenizer (trained, committed): ids equal Python tokeni
     expect(tok.decode(tok.encode('Task: stack, State: 1 -1 255;\nAction: '))).toBe('Task: stack, State: 1 -1 255;\nAction: ');
   });
 
-  it('builds the pi0 and pi0.5 prompts (BOS, cleaning, "\\n", state bins, padding, truncation, masks) as openpi does', async () => {
+  it('builds the pi0 and pi0.5 prompts (BOS, cleaning, "\\n", state bins, padding, truncation, masks) as openpi does, and LeRobot\'s pi0 form', async () => {
     const tok = await loadPaligemmaTokenizer(DIR);
     expect(vectors.prompts.length).toBeGreaterThanOrEqual(30);
     let truncated = 0;
     for (const p of vectors.prompts) {
-      const got = p.variant === 'pi0' ? tok.pi0Prompt(p.task, p.max_len) : tok.pi05Prompt(p.task, stateOf(p), p.max_len);
+      const got = p.variant === 'pi05' ? tok.pi05Prompt(p.task, stateOf(p), p.max_len) : tok.pi0Prompt(p.task, p.max_len, p.variant === 'pi0-lerobot' ? 'lerobot' : 'openpi');
       const label = `${p.variant} ${JSON.stringify(p.task)} ${p.max_len}`;
       expect(Array.from(got.tokens), label).toEqual(p.tokens);
       expect(Array.from(got.mask), label).toEqual(p.mask);
@@ -87,6 +87,12 @@ describe('PaliGemma-kind tokenizer (trained, committed): ids equal Python tokeni
       }
     }
     expect(truncated).toBeGreaterThan(3);
+    // The two pi0 forms differ where the task has `_`, a newline or surrounding whitespace.
+    const lerobot = vectors.prompts.filter((p) => p.variant === 'pi0-lerobot');
+    const openpi = vectors.prompts.filter((p) => p.variant === 'pi0' && p.max_len === 48);
+    expect(lerobot.filter((p, i) => JSON.stringify(p.tokens) !== JSON.stringify(openpi[i]!.tokens)).map((p) => p.task)).toEqual(
+      // (the 120-character task is cut at 48 tokens before its trailing space matters)
+      lerobot.map((p) => p.task).filter((t) => cleanTaskText(t) !== t && t.length < 100));
   });
 });
 

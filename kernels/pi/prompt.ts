@@ -9,8 +9,8 @@
  *   pi0.5 without state (openpi's `discrete_state_input=False`, e.g. `pi05_libero`): the pi0 form,
  *                      padded to 200
  *
- * The pi0 newline is encoded on its own, as openpi does (LeRobot tokenizes "text\n" in one pass;
- * the two differ only if the vocabulary merges a piece across the newline). Padding uses id 0
+ * The pi0 newline is encoded on its own, as openpi does; LeRobot's pi0 processor neither cleans
+ * the text nor encodes the newline apart (Pi0PromptStyle offers both). Padding uses id 0
  * (`<pad>`) with mask 0; a longer prompt is cut to the limit (openpi and LeRobot both keep the
  * first tokens), and the result says it was.
  */
@@ -96,11 +96,20 @@ export function padPrompt(ids: readonly number[], maxLen: number): PromptTokens 
 }
 
 /**
- * The pi0 prompt (also pi0.5 without state): BOS, the cleaned task, then a separately encoded
- * "\n", padded or cut to `maxLen` (48 for pi0, 200 for pi0.5).
+ * Whose pi0 prompt: 'openpi' (default; how the base weights were trained): the cleaned task,
+ * then a separately encoded "\n"; 'lerobot' (LeRobot's pi0 processor, for its fine-tunes): the
+ * task as given with "\n" appended, encoded in one pass. They differ on `_`, newlines and
+ * surrounding whitespace in the task (FACTS.md section 7).
  */
-export function pi0PromptTokens(encode: TextEncoder, task: string, maxLen: number, bosId = PALIGEMMA_BOS_ID): PromptTokens {
-  return padPrompt([bosId, ...encode(cleanTaskText(task)), ...encode('\n')], maxLen);
+export type Pi0PromptStyle = 'openpi' | 'lerobot';
+
+/**
+ * The pi0 prompt (also pi0.5 without state): BOS, the task, "\n" (see Pi0PromptStyle), padded
+ * or cut to `maxLen` (48 for pi0, 200 for pi0.5).
+ */
+export function pi0PromptTokens(encode: TextEncoder, task: string, maxLen: number, bosId = PALIGEMMA_BOS_ID, style: Pi0PromptStyle = 'openpi'): PromptTokens {
+  const ids = style === 'lerobot' ? encode(`${task}\n`) : [...encode(cleanTaskText(task)), ...encode('\n')];
+  return padPrompt([bosId, ...ids], maxLen);
 }
 
 /**

@@ -99,13 +99,16 @@ def test_strings(rng: random.Random) -> list[str]:
     return out
 
 
-def prompt_cases(spm_path: str) -> list[dict]:
-    """openpi's prompt rules (FACTS.md 1.10), on SentencePiece as openpi runs them: pi0 = BOS +
+def prompt_cases(spm_path: str, json_path: str) -> list[dict]:
+    """openpi's prompt rules (FACTS.md 1.10), on SentencePiece as openpi runs them (and LeRobot's
+    pi0 form on the HF tokenizer, as LeRobot runs it): pi0 = BOS +
     clean(task) + a separately encoded "\n"; pi0.5 = BOS + "Task: ..., State: <bins>;\nAction: "
     with numpy's digitize bins; right-padded with 0 / cut to max_len, mask 1 on real tokens."""
     import numpy as np
     import sentencepiece as spm
+    from tokenizers import Tokenizer
     sp = spm.SentencePieceProcessor(model_file=spm_path)
+    hf = Tokenizer.from_file(json_path)
 
     def clean(t: str) -> str:
         return t.strip().replace("_", " ").replace("\n", " ")
@@ -129,6 +132,10 @@ def prompt_cases(spm_path: str) -> list[dict]:
         for max_len in (48, 200):
             toks, mask = pad(ids, max_len)
             out.append({"variant": "pi0", "task": task, "max_len": max_len, "tokens": toks, "mask": mask, "full_length": len(ids)})
+        # LeRobot's pi0 processor: no cleaning, "\n" appended, one pass of the HF tokenizer.
+        lr_ids = [2] + hf.encode(task + "\n", add_special_tokens=False).ids
+        toks, mask = pad(lr_ids, 48)
+        out.append({"variant": "pi0-lerobot", "task": task, "max_len": 48, "tokens": toks, "mask": mask, "full_length": len(lr_ids)})
     for i, state in enumerate(states):
         task = tasks[i % len(tasks)]
         bins = np.digitize(np.asarray(state, dtype=np.float64), bins=np.linspace(-1, 1, 256 + 1)[:-1]) - 1
@@ -244,7 +251,7 @@ def main() -> None:
         "made_by": "scripts/real_pi/make_tokenizer_vectors.py",
         "versions": {"sentencepiece": sentencepiece.__version__, "tokenizers": tokenizers.__version__, "transformers": transformers.__version__},
         "bos_id": 2,
-        "prompts": prompt_cases(model_path),
+        "prompts": prompt_cases(model_path, json_path),
         "cases": [
             {"text": s, "ids": a, **({} if a == b else {"sentencepiece_ids": b})}
             for s, a, b in zip(strings, enc["tokenizers"], enc["sentencepiece"])

@@ -13,7 +13,7 @@ import { readFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { Tokenizer } from '@huggingface/tokenizers';
-import { pi0PromptTokens, pi05PromptTokens, type PromptTokens } from '../../kernels/pi/prompt.ts';
+import { pi0PromptTokens, pi05PromptTokens, type Pi0PromptStyle, type PromptTokens } from '../../kernels/pi/prompt.ts';
 
 export type TokenizerErrorCode = 'missing_file' | 'bad_tokenizer';
 
@@ -39,8 +39,8 @@ export interface PaligemmaTokenizer {
   encode(text: string): number[];
   /** The text of `ids` (byte-fallback pieces joined back into UTF-8). */
   decode(ids: readonly number[]): string;
-  /** The pi0 prompt (BOS + cleaned task + "\n"), padded/cut to maxLen (48). */
-  pi0Prompt(task: string, maxLen: number): PromptTokens;
+  /** The pi0 prompt (BOS + cleaned task + "\n", or LeRobot's form), padded/cut to maxLen (48). */
+  pi0Prompt(task: string, maxLen: number, style?: Pi0PromptStyle): PromptTokens;
   /**
    * The pi0.5 prompt with the state's 256 bins, padded/cut to maxLen (200).
    * @throws RangeError when a state value is NaN.
@@ -90,7 +90,7 @@ export async function loadPaligemmaTokenizer(file: string): Promise<PaligemmaTok
     padId,
     encode,
     decode: (ids) => tok.decode([...ids], { skip_special_tokens: false }),
-    pi0Prompt: (task, maxLen) => pi0PromptTokens(encode, task, maxLen, bosId),
+    pi0Prompt: (task, maxLen, style) => pi0PromptTokens(encode, task, maxLen, bosId, style),
     pi05Prompt: (task, state, maxLen) => pi05PromptTokens(encode, task, state, maxLen, bosId),
   };
 }
