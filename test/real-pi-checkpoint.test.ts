@@ -73,15 +73,20 @@ describe('Hub keys <-> LeRobot parameter names (FACTS.md key lists, full size)',
     });
   }
 
-  it('accepts time_mlp_* and action_time_mlp_* by variant, and drops pi0.5 strays as LeRobot does', () => {
+  it('accepts time_mlp_* and action_time_mlp_* by variant, and drops pi0.5 strays and old normaliser buffers as LeRobot does', () => {
     const cfg = realShapes('pi05');
     const keys = new Map(rows('pi05_hub_checkpoint_keys.json').map(([k, s]) => [k.replace(/^time_mlp_/, 'action_time_mlp_'), s]));
     keys.set('state_proj.weight', [1024, 32]);
     keys.set('paligemma_with_expert.gemma_expert.model.layers.3.input_layernorm.weight', [1024]);
+    keys.set('normalize_inputs.buffer_observation_state.mean', [8]);
     const plan = planHubLoad(keys, cfg);
     expect([plan.missing, plan.unexpected, plan.misshapen]).toEqual([[], [], []]);
     expect(plan.load.find((l) => l.key === 'action_time_mlp_in.weight')?.name).toBe('model.time_mlp_in.weight');
-    expect(plan.skipped.length).toBe(3);
+    expect(plan.skipped.length).toBe(4);
+    // The same strays are errors for pi0, where they would be parameters of another shape or none.
+    const pi0 = planHubLoad(new Map([...rows('pi0_hub_checkpoint_keys.json'), ['time_mlp_in.weight', [1024, 1024]] as [string, number[]]]), realShapes('pi0'));
+    expect(pi0.unexpected.map((u) => u.key)).toEqual(['time_mlp_in.weight']);
+    expect(pi0.unexpected[0]!.why).toMatch(/action_time_mlp_in\.weight already supplies model\.action_time_mlp_in\.weight/);
   });
 });
 

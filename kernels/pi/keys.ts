@@ -17,6 +17,8 @@
  *   4. `vision_tower.vision_model.` -> `vision_tower.` (the converter's spelling; both accepted);
  *   5. pi0.5: `action_time_mlp_*` -> `time_mlp_*`; pi0: `time_mlp_*` -> `action_time_mlp_*`
  *      (old checkpoints swap them; LeRobot renames by variant);
+ *   0. (first) `normalize_inputs.*`, `normalize_targets.*`, `unnormalize_outputs.*` are skipped:
+ *      older LeRobot checkpoints keep the normalisation statistics among the weights;
  *   6. pi0.5: a stray `state_proj.*` or plain expert norm weight (`...gemma_expert.model.layers.N.
  *      {input,post_attention}_layernorm.weight`, `...gemma_expert.model.norm.weight`) is skipped, as
  *      LeRobot drops them (the pi0.5 expert's norms are adaptive, with `.dense` weights);
@@ -136,6 +138,8 @@ export type HubKeyRole =
   | { kind: 'skip'; reason: string }
   | { kind: 'unexpected' };
 
+// LeRobot before its processor pipelines kept the dataset statistics as buffers in the weights.
+const NORMALIZER_BUFFER = /^(normalize_inputs|normalize_targets|unnormalize_outputs)\./;
 const STRAY_PI05 = /^paligemma_with_expert\.gemma_expert\.model\.(layers\.\d+\.(input|post_attention)_layernorm|norm)\.weight$/;
 
 /**
@@ -144,6 +148,7 @@ const STRAY_PI05 = /^paligemma_with_expert\.gemma_expert\.model\.(layers\.\d+\.(
  * `paramNames`: the model's parameter names (from piParamShapes).
  */
 export function hubKeyRole(key: string, variant: PiShapeConfig['variant'], fileHasEmbedding: boolean, paramNames: ReadonlySet<string>): HubKeyRole {
+  if (NORMALIZER_BUFFER.test(key)) return { kind: 'skip', reason: 'normalisation statistics of an older LeRobot checkpoint, not a weight' };
   let k = key.startsWith('model.') ? key.slice('model.'.length) : key;
   if (k === HUB_EXPERT_LM_HEAD_KEY) return { kind: 'skip', reason: 'the action expert has no token embedding; its LM head is unused' };
   if (k === HUB_EMBEDDING_KEY) {
