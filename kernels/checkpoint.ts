@@ -93,12 +93,19 @@ function ioError(what: string, err: unknown): CheckpointError {
 }
 
 /**
- * Writes `files` (name -> bytes, or a string written as UTF-8) as the folder `dir`, atomically
+ * A file's content for writeCheckpointDir: bytes, a string written as UTF-8, or a function that
+ * writes the file itself at the path given (creating it, writing and fsyncing it), for files
+ * too large to hold in memory at once.
+ */
+export type CheckpointFileContent = Uint8Array | string | ((file: string) => Promise<void>);
+
+/**
+ * Writes `files` (name -> content, see CheckpointFileContent) as the folder `dir`, atomically
  * (see the module comment). File names are plain (`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`).
  * Throws CheckpointError: 'exists' when `dir` exists and overwrite is off; 'bad_config' for a
  * bad file name; 'io' when the filesystem fails (the temporary folder is then removed).
  */
-export async function writeCheckpointDir(dir: string, files: Record<string, Uint8Array | string>, opts: WriteOptions = {}): Promise<void> {
+export async function writeCheckpointDir(dir: string, files: Record<string, CheckpointFileContent>, opts: WriteOptions = {}): Promise<void> {
   const target = path.resolve(dir);
   const parent = path.dirname(target);
   const base = path.basename(target);
@@ -115,7 +122,8 @@ export async function writeCheckpointDir(dir: string, files: Record<string, Uint
     await mkdir(parent, { recursive: true });
     await mkdir(tmp);
     for (const [name, content] of Object.entries(files)) {
-      await write(path.join(tmp, name), typeof content === 'string' ? Buffer.from(content, 'utf8') : content);
+      if (typeof content === 'function') await content(path.join(tmp, name));
+      else await write(path.join(tmp, name), typeof content === 'string' ? Buffer.from(content, 'utf8') : content);
     }
     await syncDir(tmp);
   } catch (err) {

@@ -23,6 +23,7 @@ export type CheckpointErrorCode =
   | 'wrong_preset' // a checkpoint of another preset than the session's
   | 'exists' // the target folder exists and overwrite is off
   | 'missing_file' // a file the layout needs is absent
+  | 'tensor_mismatch' // a checkpoint's tensors are not the model's: missing, unexpected or misshapen
   | 'io'; // a filesystem operation failed
 
 /** The checkpoint layer's one error type (safetensors bytes and checkpoint folders). */
@@ -172,23 +173,39 @@ function tensorBytes(name: string, t: SafeTensor): Uint8Array {
   return new Uint8Array(d.buffer, d.byteOffset, d.byteLength);
 }
 
-/**
- * Encodes tensors (any key order) and optional string metadata to safetensors bytes, laid out
- * as the Rust library does (see the module comment). Throws CheckpointError: 'bad_dtype' (data
- * array type wrong for the dtype, BOOL value not 0/1, unknown dtype), 'shape_mismatch' (data
- * length != shape product), 'bad_header' (bad shape, a tensor named `__metadata__`, a metadata
- * value that is not a string).
- */
-export function encodeSafetensors(tensors: Record<string, SafeTensor>, metadata: Record<string, string> | null = null): Uint8Array {
-  const names = Object.keys(tensors);
-  for (const name of names) {
-    if (name === '__metadata__') throw new CheckpointError('bad_header', 'a tensor may not be named __metadata__');
-    const t = tensors[name]!;
-    if (!Object.hasOwn(ITEM_BYTES, t.dtype)) throw new CheckpointError('bad_dtype', `tensor ${name}: dtype ${String(t.dtype)} is not one of ${Object.keys(ITEM_BYTES).join(', ')}`);
-    checkShape(name, t.shape);
-  }
-  names.sort((a, b) => DTYPE_RANK[tensors[b]!.dtype] - DTYPE_RANK[tensors[a]!.dtype] || utf8Compare(a, b));
+/** A tensor's name, dtype and shape: what a header needs, without the data. */
+export interface SafetensorsSpec {
+  name: string;
+  dtype: SafetensorsDtype;
+  shape: number[];
+}
 
+/** Where each tensor goes in a file laid out by safetensorsLayout. */
+export interface SafetensorsLayout {
+  /** The first bytes of the file: 8-byte length, then the space-padded JSON header. */
+  head: Uint8Array;
+  /** Tensors in data order, each with its [begin, end) relative to the data start (= head.length). */
+  entries: SafetensorsEntry[];
+  /** Total file size in bytes. */
+  fileBytes: number;
+}
+
+/**
+ * The header and data layout of a safetensors file holding `specs`, laid out as the Rust library
+ * does (see the module comment), so a writer can stream each tensor's bytes to its offset.
+ * Throws CheckpointError: 'bad_dtype' (unknown dtype), 'bad_header' (bad shape, a tensor named
+ * `__metadata__`, a metadata value that is not a string, a name given twice).
+ */
+export function safetensorsLayout(specs: readonly SafetensorsSpec[], metadata: Record<string, string> | null = null): SafetensorsLayout {
+  const seen = new Set<string>();
+  for (const t of specs) {
+    if (t.name === '__metadata__') throw new CheckpointError('bad_header', 'a tensor may not be named __metadata__');
+    if (seen.has(t.name)) throw new CheckpointError('bad_header', `tensor ${t.name} is given twice`);
+    seen.add(t.name);
+    if (!Object.hasOwn(ITEM_BYTES, t.dtype)) throw new CheckpointError('bad_dtype', `tensor ${t.name}: dtype ${String(t.dtype)} is not one of ${Object.keys(ITEM_BYTES).join(', ')}`);
+    checkShape(t.name, t.shape);
+  }
+  const sorted = [...specs].sort((a, b) => DTYPE_RANK[b.dtype] - DTYPE_RANK[a.dtype] || utf8Compare(a.name, b.name));
   const header: Record<string, unknown> = {};
   if (metadata) {
     const meta: Record<string, string> = {};
@@ -199,32 +216,42 @@ export function encodeSafetensors(tensors: Record<string, SafeTensor>, metadata:
     }
     header.__metadata__ = meta;
   }
-  const chunks: Uint8Array[] = [];
+  const entries: SafetensorsEntry[] = [];
   let offset = 0;
-  for (const name of names) {
-    const t = tensors[name]!;
-    const bytes = tensorBytes(name, t);
-    chunks.push(bytes);
-    setOwn(header, name, { dtype: t.dtype, shape: t.shape, data_offsets: [offset, offset + bytes.length] });
-    offset += bytes.length;
+  for (const t of sorted) {
+    const bytes = product(t.shape) * ITEM_BYTES[t.dtype];
+    entries.push({ name: t.name, dtype: t.dtype, shape: t.shape, begin: offset, end: offset + bytes });
+    setOwn(header, t.name, { dtype: t.dtype, shape: t.shape, data_offsets: [offset, offset + bytes] });
+    offset += bytes;
   }
   const json = Buffer.from(JSON.stringify(header), 'utf8');
   const headerLen = Math.ceil(json.length / 8) * 8;
-  const out = new Uint8Array(8 + headerLen + offset);
-  new DataView(out.buffer).setBigUint64(0, BigInt(headerLen), true);
-  out.set(json, 8);
-  out.fill(0x20, 8 + json.length, 8 + headerLen);
-  let at = 8 + headerLen;
-  for (const c of chunks) {
-    out.set(c, at);
-    at += c.length;
-  }
+  const head = new Uint8Array(8 + headerLen);
+  new DataView(head.buffer).setBigUint64(0, BigInt(headerLen), true);
+  head.set(json, 8);
+  head.fill(0x20, 8 + json.length);
+  return { head, entries, fileBytes: head.length + offset };
+}
+
+/**
+ * Encodes tensors (any key order) and optional string metadata to safetensors bytes, laid out
+ * as the Rust library does (see the module comment). Throws CheckpointError: 'bad_dtype' (data
+ * array type wrong for the dtype, BOOL value not 0/1, unknown dtype), 'shape_mismatch' (data
+ * length != shape product), 'bad_header' (bad shape, a tensor named `__metadata__`, a metadata
+ * value that is not a string).
+ */
+export function encodeSafetensors(tensors: Record<string, SafeTensor>, metadata: Record<string, string> | null = null): Uint8Array {
+  const layout = safetensorsLayout(Object.keys(tensors).map((name) => ({ name, dtype: tensors[name]!.dtype, shape: tensors[name]!.shape })), metadata);
+  const out = new Uint8Array(layout.fileBytes);
+  out.set(layout.head, 0);
+  for (const e of layout.entries) out.set(tensorBytes(e.name, tensors[e.name]!), layout.head.length + e.begin);
   return out;
 }
 
 function decodeData(dtype: SafetensorsDtype, raw: Uint8Array): TensorData {
-  // slice() copies into a fresh, aligned buffer so that typed views are legal.
-  const buf = raw.slice().buffer;
+  // Copy into a fresh, aligned buffer so that typed views are legal. (Not raw.slice(): on a
+  // Node Buffer that is a view, whose .buffer is the whole file or the shared pool.)
+  const buf = new Uint8Array(raw).buffer;
   switch (dtype) {
     case 'F32': return new Float32Array(buf);
     case 'F64': return new Float64Array(buf);
@@ -243,28 +270,52 @@ function decodeData(dtype: SafetensorsDtype, raw: Uint8Array): TensorData {
   }
 }
 
+/** One tensor's entry in a safetensors header; offsets are relative to the data start. */
+export interface SafetensorsEntry {
+  name: string;
+  dtype: SafetensorsDtype;
+  shape: number[];
+  begin: number;
+  end: number;
+}
+
+/** The parsed header of a safetensors file. */
+export interface SafetensorsHeader {
+  /** Entries in data order (ascending offsets), contiguous from 0 to dataBytes. */
+  entries: SafetensorsEntry[];
+  metadata: Record<string, string> | null;
+  /** Byte offset of the data in the file: 8 + the header length. */
+  dataStart: number;
+}
+
 /**
- * Decodes safetensors bytes with the Rust library's checks, strictly: header length within the
- * file and at most `maxHeaderBytes` ('too_large'); header valid UTF-8 JSON object starting with
- * '{' ('bad_header'); each entry's dtype one of ours ('bad_dtype'), shape a list of integers >= 0,
- * data_offsets two integers ('bad_header'); byte length = shape product x item size
- * ('shape_mismatch'); tensors, in offset order, contiguous from 0 to the end of the file with no
- * gap or overlap ('bad_offsets'); BOOL bytes 0 or 1 ('bad_dtype'). F16/BF16 decode to
- * Float32Array (exactly); see TensorData for the rest. The input is not retained.
+ * Reads the 8-byte little-endian header length at the start of a safetensors file and checks
+ * it against `fileBytes` and `maxHeaderBytes`. Returns the header's byte length.
+ * @throws CheckpointError 'bad_header' (fewer than 8 bytes, header past the end), 'too_large'.
  */
-export function decodeSafetensors(bytes: Uint8Array, opts: { maxHeaderBytes?: number } = {}): SafetensorsContent {
-  const maxHeader = opts.maxHeaderBytes ?? MAX_HEADER_BYTES;
-  if (bytes.length < 8) throw new CheckpointError('bad_header', `safetensors file is ${bytes.length} bytes; the header length alone needs 8`);
-  const n = new DataView(bytes.buffer, bytes.byteOffset, 8).getBigUint64(0, true);
-  if (n > BigInt(maxHeader)) throw new CheckpointError('too_large', `safetensors header is ${n} bytes; the limit is ${maxHeader}`);
+export function safetensorsHeaderLength(first8: Uint8Array, fileBytes: number, maxHeaderBytes = MAX_HEADER_BYTES): number {
+  if (fileBytes < 8 || first8.length < 8) throw new CheckpointError('bad_header', `safetensors file is ${fileBytes} bytes; the header length alone needs 8`);
+  const n = new DataView(first8.buffer, first8.byteOffset, 8).getBigUint64(0, true);
+  if (n > BigInt(maxHeaderBytes)) throw new CheckpointError('too_large', `safetensors header is ${n} bytes; the limit is ${maxHeaderBytes}`);
   const headerLen = Number(n);
-  if (8 + headerLen > bytes.length) {
-    throw new CheckpointError('bad_header', `safetensors header claims ${headerLen} bytes; the file has ${bytes.length - 8} after the length`);
+  if (8 + headerLen > fileBytes) {
+    throw new CheckpointError('bad_header', `safetensors header claims ${headerLen} bytes; the file has ${fileBytes - 8} after the length`);
   }
-  if (headerLen === 0 || bytes[8] !== 0x7b) throw new CheckpointError('bad_header', 'safetensors header does not start with "{"');
+  return headerLen;
+}
+
+/**
+ * Parses and checks a safetensors header (the JSON bytes after the length) for a file whose data
+ * part is `dataBytes` long, with the checks decodeSafetensors documents (all but the BOOL byte
+ * values, which need the data). Lets a reader of a file too large for one Buffer read tensors
+ * by their byte ranges.
+ * @throws CheckpointError 'bad_header', 'bad_dtype', 'shape_mismatch', 'bad_offsets'.
+ */
+export function parseSafetensorsHeader(headerBytes: Uint8Array, dataBytes: number): SafetensorsHeader {
+  if (headerBytes.length === 0 || headerBytes[0] !== 0x7b) throw new CheckpointError('bad_header', 'safetensors header does not start with "{"');
   let header: unknown;
   try {
-    const text = new TextDecoder('utf-8', { fatal: true }).decode(bytes.subarray(8, 8 + headerLen));
+    const text = new TextDecoder('utf-8', { fatal: true }).decode(headerBytes);
     header = JSON.parse(text);
   } catch (err) {
     throw new CheckpointError('bad_header', `safetensors header is not UTF-8 JSON: ${(err as Error).message}`);
@@ -272,11 +323,10 @@ export function decodeSafetensors(bytes: Uint8Array, opts: { maxHeaderBytes?: nu
   if (header === null || typeof header !== 'object' || Array.isArray(header)) {
     throw new CheckpointError('bad_header', 'safetensors header is not a JSON object');
   }
-  const dataStart = 8 + headerLen;
-  const dataLen = bytes.length - dataStart;
+  const dataLen = dataBytes;
 
   let metadata: Record<string, string> | null = null;
-  const entries: { name: string; dtype: SafetensorsDtype; shape: number[]; begin: number; end: number }[] = [];
+  const entries: SafetensorsEntry[] = [];
   for (const [name, value] of Object.entries(header as Record<string, unknown>)) {
     if (name === '__metadata__') {
       if (value === null || typeof value !== 'object' || Array.isArray(value)) {
@@ -322,7 +372,21 @@ export function decodeSafetensors(bytes: Uint8Array, opts: { maxHeaderBytes?: nu
     expected = e.end;
   }
   if (expected !== dataLen) throw new CheckpointError('bad_offsets', `tensors cover ${expected} data bytes; the file has ${dataLen}`);
+  return { entries, metadata, dataStart: 8 + headerBytes.length };
+}
 
+/**
+ * Decodes safetensors bytes with the Rust library's checks, strictly: header length within the
+ * file and at most `maxHeaderBytes` ('too_large'); header valid UTF-8 JSON object starting with
+ * '{' ('bad_header'); each entry's dtype one of ours ('bad_dtype'), shape a list of integers >= 0,
+ * data_offsets two integers ('bad_header'); byte length = shape product x item size
+ * ('shape_mismatch'); tensors, in offset order, contiguous from 0 to the end of the file with no
+ * gap or overlap ('bad_offsets'); BOOL bytes 0 or 1 ('bad_dtype'). F16/BF16 decode to
+ * Float32Array (exactly); see TensorData for the rest. The input is not retained.
+ */
+export function decodeSafetensors(bytes: Uint8Array, opts: { maxHeaderBytes?: number } = {}): SafetensorsContent {
+  const headerLen = safetensorsHeaderLength(bytes, bytes.length, opts.maxHeaderBytes ?? MAX_HEADER_BYTES);
+  const { entries, metadata, dataStart } = parseSafetensorsHeader(bytes.subarray(8, 8 + headerLen), bytes.length - 8 - headerLen);
   const tensors: Record<string, SafeTensor> = {};
   for (const e of entries) {
     const data = decodeData(e.dtype, bytes.subarray(dataStart + e.begin, dataStart + e.end));

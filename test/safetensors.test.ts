@@ -190,4 +190,15 @@ describe('safetensors strict decoding', () => {
     expect(back.metadata).toEqual({});
     expect(decodeSafetensors(encodeSafetensors({}))).toEqual({ tensors: {}, metadata: null });
   });
+
+  it('decodes a Node Buffer (as fs.readFileSync gives it) to each tensor\'s own values', () => {
+    const t: Record<string, SafeTensor> = {
+      a: { dtype: 'F32', shape: [2], data: new Float32Array([1.5, -2]) },
+      b: { dtype: 'BF16', shape: [3], data: new Float32Array([0.5, 3, -1]) },
+    };
+    // A small Buffer sits in Node's shared 8 KB pool; a large one is a whole file.
+    const back = decodeSafetensors(Buffer.from(encodeSafetensors(t))).tensors;
+    expect(Array.from(back.a!.data as Float32Array)).toEqual([1.5, -2]);
+    expect(Array.from(back.b!.data as Float32Array)).toEqual([0.5, 3, -1]);
+  });
 });
