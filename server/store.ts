@@ -431,16 +431,35 @@ export class Store {
   /**
    * Append one event with the next index; returns the stored record. The index is chosen in the
    * insert itself; when two nodes race for one index (PostgreSQL), the loser takes the next.
+   * The record is made now (its timestamp) and kept until stored (Db.keep): `after` is a write it
+   * must follow (the job's previous record); while PostgreSQL is unreachable it waits in memory
+   * and is stored when the database returns, with `jobFields` (the job row's progress fields)
+   * written after it.
+   * @throws the database's error when it refused the record (or was closed meanwhile).
    */
-  async appendEvent(jobId: string, type: string, data: Record<string, unknown>): Promise<JobEvent> {
+  async appendEvent(jobId: string, type: string, data: Record<string, unknown>, opts: { after?: Promise<unknown>; jobFields?: JobFields } = {}): Promise<JobEvent> {
     const timestamp = Date.now() / 1000;
+    const json = JSON.stringify(data);
+    return this.db.keep(async (attempt) => {
+      // A retry after a dropped connection: the lost attempt may have been committed. The same
+      // job, timestamp, type and data is the same record (timestamps are ms with a fraction).
+      const stored = attempt === 0 ? undefined : await this.db.get<{ idx: number }>(
+        'SELECT idx FROM fine_tune_events WHERE job_id = ? AND timestamp = ? AND type = ? AND data = ?', [jobId, timestamp, type, json]);
+      const index = stored?.idx ?? (await this.insertEvent(jobId, type, timestamp, json));
+      if (opts.jobFields) await this.updateJob(jobId, opts.jobFields);
+      return { index, type, timestamp, ...data };
+    }, opts.after);
+  }
+
+  /** Insert one event at the next free index; returns the index. */
+  private async insertEvent(jobId: string, type: string, timestamp: number, json: string): Promise<number> {
     for (let attempt = 0; ; attempt++) {
       try {
         const row = await this.db.get<{ idx: number }>(
           'INSERT INTO fine_tune_events (job_id, idx, type, timestamp, data) SELECT ?, COALESCE(MAX(idx) + 1, 0), ?, ?, ? FROM fine_tune_events WHERE job_id = ? RETURNING idx',
-          [jobId, type, timestamp, JSON.stringify(data), jobId],
+          [jobId, type, timestamp, json, jobId],
         );
-        return { index: row!.idx, type, timestamp, ...data };
+        return row!.idx;
       } catch (e) {
         if (!isUniqueViolation(e) || attempt >= 20) throw e;
       }
@@ -521,7 +540,7 @@ export class Store {
   }
 }
 
-type JobFields = Partial<Omit<JobRow, 'id' | 'owner' | 'created_at' | 'config' | 'output_dir'>>;
+export type JobFields = Partial<Omit<JobRow, 'id' | 'owner' | 'created_at' | 'config' | 'output_dir'>>;
 
 /** A job as stored: the REST JSON's progress fields, plus its owner, its config, the cancel flag and its node. */
 export interface JobRow extends Pick<FineTuneJob, 'id' | 'status' | 'created_at' | 'step' | 'loss' | 'eval_loss' | 'error' | 'output_dir' | 'started_at' | 'finished_at'> {
