@@ -34,6 +34,7 @@ beforeAll(async () => {
 }, 120_000);
 
 afterAll(async () => {
+  await pg?.resume().catch(() => undefined); // when a failure left it stopped
   await server?.close();
   await pg?.stop();
 });
@@ -70,7 +71,8 @@ describe('a PostgreSQL outage during a job', () => {
 
     await pg.pause();
     const downAt = Date.now() / 1000;
-    await waitFor(`${BUFFER_RECORDS} records held`, () => db.bufferedRecords() >= BUFFER_RECORDS);
+    // Generous: about ten steps. Without holding, records are lost instead, and this times out.
+    await waitFor(`${BUFFER_RECORDS} records held`, () => db.bufferedRecords() >= BUFFER_RECORDS, 90_000);
     // At the bound the job pauses at its next step: the held records grow by at most one step's (progress + checkpoint log).
     let most = 0;
     const until = Math.max(Date.now() + 3000, downAt * 1000 + OUTAGE_MS);
