@@ -156,6 +156,30 @@ const MIGRATIONS: Migration[] = [
    ALTER TABLE training_sessions ADD COLUMN node_id TEXT;
    ALTER TABLE fine_tunes ADD COLUMN node_id TEXT;
    CREATE INDEX training_sessions_node ON training_sessions(node_id, status);`,
+  // Kept across restarts (issue 22): sampling sessions (create_sampling_session: a checkpoint
+  // served as a policy, loaded again on first use) and Tinker client sessions (create_session)
+  // with the models created in them. Times in Unix s.
+  `CREATE TABLE sampling_sessions (
+     id TEXT PRIMARY KEY,
+     owner TEXT NOT NULL REFERENCES api_keys(id),
+     checkpoint_dir TEXT NOT NULL,
+     checkpoint_id TEXT NOT NULL,
+     preset TEXT NOT NULL,
+     created_at BIGINT NOT NULL
+   );
+   CREATE TABLE client_sessions (
+     id TEXT PRIMARY KEY,
+     owner TEXT NOT NULL REFERENCES api_keys(id),
+     created_at BIGINT NOT NULL,
+     last_seen_at BIGINT NOT NULL,
+     tags TEXT NOT NULL,
+     user_metadata TEXT NOT NULL
+   );
+   CREATE TABLE client_session_models (
+     session_id TEXT NOT NULL REFERENCES client_sessions(id) ON DELETE CASCADE,
+     model_id TEXT NOT NULL,
+     PRIMARY KEY (session_id, model_id)
+   );`,
 ];
 
 export interface ApiKeyRow {
@@ -192,6 +216,29 @@ export interface EndpointRow {
   api_key: string | null;
   name: string | null;
   created_at: number;
+}
+
+/** A saved checkpoint served as a policy without a job (create_sampling_session). */
+export interface SamplingSessionRow {
+  id: string; // "samp-..."
+  owner: string;
+  checkpoint_dir: string;
+  checkpoint_id: string;
+  preset: string;
+  created_at: number; // Unix s
+}
+
+/** A Tinker client session (create_session): what create_model's `session_id` and session_heartbeat name. */
+export interface ClientSessionRow {
+  id: string; // "sess-..."
+  owner: string;
+  created_at: number; // Unix s
+  /** The last create_session, create_model in it or heartbeat on it (Unix s): idle ones are pruned. */
+  last_seen_at: number;
+  tags: unknown;
+  user_metadata: unknown;
+  /** Vela ids (`ts-...`) of the models created in it. */
+  models: string[];
 }
 
 export type { NodeLoad } from '../protocol/nodes.ts';
@@ -373,6 +420,57 @@ export class Store {
 
   async listEndpoints(owner: string): Promise<EndpointRow[]> {
     return (await this.db.all('SELECT * FROM inference_endpoints WHERE owner = ? ORDER BY created_at, rowid', [owner])).map((r) => withoutRowid(r) as unknown as EndpointRow);
+  }
+
+  // --- Sampling sessions and Tinker client sessions (kept across restarts).
+
+  async insertSamplingSession(row: SamplingSessionRow): Promise<void> {
+    await this.db.run('INSERT INTO sampling_sessions (id, owner, checkpoint_dir, checkpoint_id, preset, created_at) VALUES (?, ?, ?, ?, ?, ?)', [
+      row.id, row.owner, row.checkpoint_dir, row.checkpoint_id, row.preset, row.created_at,
+    ]);
+  }
+
+  /** A sampling session by id (any owner: the caller checks ownership), or null. */
+  async getSamplingSession(id: string): Promise<SamplingSessionRow | null> {
+    return (await this.db.get<SamplingSessionRow>('SELECT id, owner, checkpoint_dir, checkpoint_id, preset, created_at FROM sampling_sessions WHERE id = ?', [id])) ?? null;
+  }
+
+  async insertClientSession(row: Omit<ClientSessionRow, 'models'>): Promise<void> {
+    await this.db.run('INSERT INTO client_sessions (id, owner, created_at, last_seen_at, tags, user_metadata) VALUES (?, ?, ?, ?, ?, ?)', [
+      row.id, row.owner, row.created_at, row.last_seen_at, JSON.stringify(row.tags ?? null), JSON.stringify(row.user_metadata ?? null),
+    ]);
+  }
+
+  /** A client session by id (any owner: the caller checks ownership) with its models, or null. */
+  async getClientSession(id: string): Promise<ClientSessionRow | null> {
+    const r = await this.db.get<Record<string, unknown>>('SELECT * FROM client_sessions WHERE id = ?', [id]);
+    if (!r) return null;
+    const models = await this.db.all<{ model_id: string }>('SELECT model_id FROM client_session_models WHERE session_id = ? ORDER BY model_id', [id]);
+    return { ...r, tags: JSON.parse(r.tags as string), user_metadata: JSON.parse(r.user_metadata as string), models: models.map((m) => m.model_id) } as ClientSessionRow;
+  }
+
+  /** Record that model `modelId` (a Vela id) was created in client session `sessionId`, which is seen now. */
+  async addClientSessionModel(sessionId: string, modelId: string): Promise<void> {
+    await this.db.run('INSERT INTO client_session_models (session_id, model_id) VALUES (?, ?) ON CONFLICT DO NOTHING', [sessionId, modelId]);
+    await this.touchClientSession(sessionId);
+  }
+
+  /** A heartbeat (or a new model) on a client session: it is seen now. */
+  async touchClientSession(id: string): Promise<void> {
+    await this.db.run('UPDATE client_sessions SET last_seen_at = ? WHERE id = ?', [nowS(), id]);
+  }
+
+  /**
+   * Delete the client sessions last seen before `seenBeforeS` (Unix s) that have no open model
+   * (on any node). @returns how many were deleted.
+   */
+  async pruneClientSessions(seenBeforeS: number): Promise<number> {
+    return this.db.run(
+      `DELETE FROM client_sessions WHERE last_seen_at < ? AND NOT EXISTS (
+         SELECT 1 FROM client_session_models m JOIN training_sessions t ON t.id = m.model_id
+         WHERE m.session_id = client_sessions.id AND t.status IN ${OPEN})`,
+      [seenBeforeS],
+    );
   }
 
   // --- Fine-tune jobs and their durable event log.
