@@ -9,22 +9,38 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { syntheticBatch } from './helpers/synthetic.ts';
 import { Store } from '../server/store.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 import { FuturesClient, toJsonBody } from './helpers/futures-client.ts';
+import { postgresSkipReason, startPostgres, type TestPostgres } from './helpers/postgres.ts';
+import { missing } from './helpers/requires.ts';
 
 const LORA = { base_model: 'pi05-tiny', lora_config: { rank: 4, alpha: 8 } };
 const servers: TestServer[] = [];
+const noPostgres = missing('PostgreSQL (sessions across a restart on PostgreSQL)', postgresSkipReason);
+let pg: TestPostgres | null = null;
+beforeAll(async () => {
+  if (!noPostgres) pg = await startPostgres();
+}, 120_000);
 afterAll(async () => {
   for (const s of servers) await s.close();
+  await pg?.stop();
 });
 
-describe('sessions across a restart', () => {
-  it('a client session and a sampling session still resolve after the server restarts on the same data folder; ownership stays enforced', async () => {
+/** The server's settings on each store; the restarted server gets the same ones. */
+const backends: Record<string, () => Promise<Record<string, string> | null>> = {
+  sqlite: async () => ({}),
+  postgres: async () => (pg ? { VELA_DATABASE_URL: await pg.newDatabase(), VELA_STORAGE_DIR: fs.mkdtempSync(path.join(os.tmpdir(), 'vela-restart-st-')), VELA_NODE_ID: 'n1' } : null),
+};
+
+describe.each(Object.keys(backends))('sessions across a restart, store on %s', (name) => {
+  it('a client session and a sampling session still resolve after the server restarts on the same data folder; ownership stays enforced', async (ctx) => {
+    const env = await backends[name]!();
+    if (!env) return ctx.skip();
     const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-restart-'));
-    const first = await startTestServer({ dataDir });
+    const first = await startTestServer({ dataDir, env });
     servers.push(first);
     const c1 = new FuturesClient(first.baseUrl, first.apiKey);
     const { session_id: sid } = await c1.call('create_session', { tags: ['arm'], user_metadata: { lab: 'b' } });
@@ -45,7 +61,7 @@ describe('sessions across a restart', () => {
     expect(before.status).toBe(200);
     await first.close();
 
-    const second = await startTestServer({ dataDir });
+    const second = await startTestServer({ dataDir, env });
     servers.push(second);
     const c2 = new FuturesClient(second.baseUrl, second.apiKey);
     // The client session resolves; its model did not survive the restart (models live in engine memory).
@@ -59,7 +75,7 @@ describe('sessions across a restart', () => {
     expect(after.json.actions.data).toEqual(before.json.actions.data);
 
     // Another key: neither session is its own.
-    const store = await Store.open({ dataDir });
+    const store = await Store.open({ dataDir, databaseUrl: env.VELA_DATABASE_URL });
     const { key } = await store.createApiKey('other');
     await store.close();
     const other = new FuturesClient(second.baseUrl, key);

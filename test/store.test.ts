@@ -9,6 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Store, type JobRow, type SessionRow } from '../server/store.ts';
+import { isUniqueViolation } from '../server/db/index.ts';
 import { postgresSkipReason, startPostgres, type TestPostgres } from './helpers/postgres.ts';
 import { missing } from './helpers/requires.ts';
 
@@ -193,6 +194,30 @@ for (const [name, location] of Object.entries(backends)) {
       expect(await again.getClientSession('sess-busy')).toBeNull();
       expect(await again.db.all('SELECT * FROM client_session_models')).toEqual([]); // links go with their session
       await again.close();
+    });
+
+    it('counters for /metrics: failed statements counted (not the unique violations it resolves), held writes back to 0, a refused write not retried', async (ctx) => {
+      if (skip()) return ctx.skip();
+      const errors = store.db.errorCount();
+      await expect(store.db.all('SELECT * FROM no_such_table')).rejects.toThrow(/no_such_table/);
+      expect(store.db.errorCount()).toBe(errors + 1);
+      await expect(store.createApiKey('dup', 'vela-dup-key-123')).resolves.toBeTruthy();
+      await expect(store.createApiKey('dup', 'vela-dup-key-123')).rejects.toSatisfy(isUniqueViolation);
+      expect(store.db.errorCount()).toBe(errors + 1);
+      let tries = 0;
+      const refused = store.db.keep(async () => {
+        tries++;
+        return store.db.run('INSERT INTO no_such_table VALUES (1)');
+      });
+      await expect(refused).rejects.toThrow(/no_such_table/);
+      expect(tries).toBe(1);
+      let open = () => {};
+      const gate = new Promise<void>((r) => (open = r));
+      const held = store.db.keep(async () => 'stored', gate);
+      expect(store.db.bufferedRecords()).toBe(1); // counted from the call, while it waits for the write before it
+      open();
+      expect(await held).toBe('stored');
+      expect(store.db.bufferedRecords()).toBe(0);
     });
 
     it('notifications reach every listener of the database', async (ctx) => {
