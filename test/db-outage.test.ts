@@ -101,7 +101,7 @@ describe('a PostgreSQL outage during a job', () => {
     expect(events.at(-1)).toMatchObject({ type: 'status', status: 'succeeded' });
     // The outage did cover several steps and a checkpoint: records made while the database was down.
     const during = events.filter((e) => e.timestamp > downAt && e.timestamp < upAt);
-    console.log(`outage ${(upAt - downAt).toFixed(1)} s: ${during.length} records made during it (${during.filter((e) => e.type === 'progress').length} steps), at most ${most} held; ${db.errorCount() - errorsBefore} failed statements`);
+    console.log(`outage ${(upAt - downAt).toFixed(1)} s: ${during.length} records made during it (${during.filter((e) => e.type === 'progress').length} steps), at most ${most} held; ${db.errorCount() - errorsBefore} failed statements; ${Math.round(JSON.stringify(during).length / during.length)} bytes of JSON per record`);
     expect(during.filter((e) => e.type === 'progress').length).toBeGreaterThanOrEqual(5);
     expect(during.some((e) => e.type === 'log' && /^checkpoint written/.test(e.message))).toBe(true);
     // Records are stored in the order they were made.
