@@ -10,7 +10,8 @@
 import crypto from 'node:crypto';
 import type { FineTuneJob } from '../protocol/jobs.ts';
 import type { NodeLoad } from '../protocol/nodes.ts';
-import { PostgresDb, SqliteDb, isUniqueViolation, type Db, type Migration } from './db/index.ts';
+import { PostgresDb, SqliteDb, isUnavailable, isUniqueViolation, type Db, type Migration } from './db/index.ts';
+import { log } from './log.ts';
 
 /**
  * Each entry moves the schema from version i to i + 1, on both databases. Never edit a released
@@ -544,7 +545,13 @@ export class Store {
       const stored = attempt === 0 ? undefined : await this.db.get<{ idx: number }>(
         'SELECT idx FROM fine_tune_events WHERE job_id = ? AND timestamp = ? AND type = ? AND data = ?', [jobId, timestamp, type, json]);
       const index = stored?.idx ?? (await this.insertEvent(jobId, type, timestamp, json));
-      if (opts.jobFields) await this.updateJob(jobId, opts.jobFields);
+      // The row's fields are a summary of the records: one the database refuses does not undo the record.
+      if (opts.jobFields) {
+        await this.updateJob(jobId, opts.jobFields).catch((e) => {
+          if (isUnavailable(e)) throw e;
+          log.warn(`job ${jobId}: its progress fields were not stored: ${(e as Error).message}`);
+        });
+      }
       return { index, type, timestamp, ...data };
     }, opts.after);
   }
