@@ -74,6 +74,7 @@ export interface ServerConfig {
   datasetsPerKeyBytes: number;
   logLevel: string;
   databaseUrl: string | undefined;
+  dbBufferRecords: number;
   storageDir: string | undefined;
   nodeId: string | undefined;
   nodeCapacity: number;
@@ -125,6 +126,7 @@ export const SETTINGS: Setting[] = [
   { key: 'metricsPublic', flag: '--metrics-public', env: 'VELA_METRICS_PUBLIC', kind: 'bool', def: () => false, help: 'answer GET /metrics without an API key (for a Prometheus on a trusted network); by default it needs any valid key' },
   // A cluster (README "Several nodes"): nodes that share one PostgreSQL and one storage folder.
   { key: 'databaseUrl', flag: '--database-url', env: 'VELA_DATABASE_URL', kind: 'string', def: () => undefined, help: 'postgres://... : the store every node of a cluster shares', defaultText: 'none (SQLite in --data-dir, one node)' },
+  { key: 'dbBufferRecords', flag: '--db-buffer-records', env: 'VELA_DB_BUFFER_RECORDS', kind: 'int', def: () => 10_000, help: 'job records (events) held in memory while PostgreSQL is unreachable, stored when it returns; at this many a job pauses at its next step until the database takes them (none is dropped)' },
   { key: 'storageDir', flag: '--storage-dir', env: 'VELA_STORAGE_DIR', kind: 'string', def: () => undefined, help: 'checkpoints and job outputs; a folder every node mounts at the same path', defaultText: '--data-dir' },
   { key: 'nodeId', flag: '--node-id', env: 'VELA_NODE_ID', kind: 'string', def: () => undefined, help: 'this node\'s id in a cluster', defaultText: 'a new random one each start' },
   { key: 'nodeCapacity', flag: '--node-sessions', env: 'VELA_NODE_SESSIONS', kind: 'int', def: () => 16, help: 'open training sessions this node takes before placement sends new ones elsewhere' },
@@ -195,6 +197,7 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
   if (config.databaseUrl !== undefined && !/^postgres(ql)?:\/\//.test(config.databaseUrl)) {
     throw new ConfigError(`--database-url must be a postgres:// or postgresql:// URL, got "${config.databaseUrl.replace(/:[^:@/]*@/, ':***@')}"`);
   }
+  if (config.dbBufferRecords < 1) throw new ConfigError(`--db-buffer-records must be at least 1, got ${config.dbBufferRecords}`);
   if (config.nodeId !== undefined && !/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/.test(config.nodeId)) {
     throw new ConfigError(`--node-id must be letters, digits, '.', '_' or '-' (at most 64), got "${config.nodeId}"`);
   }

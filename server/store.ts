@@ -10,7 +10,8 @@
 import crypto from 'node:crypto';
 import type { FineTuneJob } from '../protocol/jobs.ts';
 import type { NodeLoad } from '../protocol/nodes.ts';
-import { PostgresDb, SqliteDb, isUniqueViolation, type Db, type Migration } from './db/index.ts';
+import { PostgresDb, SqliteDb, isUnavailable, isUniqueViolation, type Db, type Migration } from './db/index.ts';
+import { log } from './log.ts';
 
 /**
  * Each entry moves the schema from version i to i + 1, on both databases. Never edit a released
@@ -156,6 +157,30 @@ const MIGRATIONS: Migration[] = [
    ALTER TABLE training_sessions ADD COLUMN node_id TEXT;
    ALTER TABLE fine_tunes ADD COLUMN node_id TEXT;
    CREATE INDEX training_sessions_node ON training_sessions(node_id, status);`,
+  // Kept across restarts (issue 22): sampling sessions (create_sampling_session: a checkpoint
+  // served as a policy, loaded again on first use) and Tinker client sessions (create_session)
+  // with the models created in them. Times in Unix s.
+  `CREATE TABLE sampling_sessions (
+     id TEXT PRIMARY KEY,
+     owner TEXT NOT NULL REFERENCES api_keys(id),
+     checkpoint_dir TEXT NOT NULL,
+     checkpoint_id TEXT NOT NULL,
+     preset TEXT NOT NULL,
+     created_at BIGINT NOT NULL
+   );
+   CREATE TABLE client_sessions (
+     id TEXT PRIMARY KEY,
+     owner TEXT NOT NULL REFERENCES api_keys(id),
+     created_at BIGINT NOT NULL,
+     last_seen_at BIGINT NOT NULL,
+     tags TEXT NOT NULL,
+     user_metadata TEXT NOT NULL
+   );
+   CREATE TABLE client_session_models (
+     session_id TEXT NOT NULL REFERENCES client_sessions(id) ON DELETE CASCADE,
+     model_id TEXT NOT NULL,
+     PRIMARY KEY (session_id, model_id)
+   );`,
 ];
 
 export interface ApiKeyRow {
@@ -192,6 +217,29 @@ export interface EndpointRow {
   api_key: string | null;
   name: string | null;
   created_at: number;
+}
+
+/** A saved checkpoint served as a policy without a job (create_sampling_session). */
+export interface SamplingSessionRow {
+  id: string; // "samp-..."
+  owner: string;
+  checkpoint_dir: string;
+  checkpoint_id: string;
+  preset: string;
+  created_at: number; // Unix s
+}
+
+/** A Tinker client session (create_session): what create_model's `session_id` and session_heartbeat name. */
+export interface ClientSessionRow {
+  id: string; // "sess-..."
+  owner: string;
+  created_at: number; // Unix s
+  /** The last create_session, create_model in it or heartbeat on it (Unix s): idle ones are pruned. */
+  last_seen_at: number;
+  tags: unknown;
+  user_metadata: unknown;
+  /** Vela ids (`ts-...`) of the models created in it. */
+  models: string[];
 }
 
 export type { NodeLoad } from '../protocol/nodes.ts';
@@ -375,6 +423,57 @@ export class Store {
     return (await this.db.all('SELECT * FROM inference_endpoints WHERE owner = ? ORDER BY created_at, rowid', [owner])).map((r) => withoutRowid(r) as unknown as EndpointRow);
   }
 
+  // --- Sampling sessions and Tinker client sessions (kept across restarts).
+
+  async insertSamplingSession(row: SamplingSessionRow): Promise<void> {
+    await this.db.run('INSERT INTO sampling_sessions (id, owner, checkpoint_dir, checkpoint_id, preset, created_at) VALUES (?, ?, ?, ?, ?, ?)', [
+      row.id, row.owner, row.checkpoint_dir, row.checkpoint_id, row.preset, row.created_at,
+    ]);
+  }
+
+  /** A sampling session by id (any owner: the caller checks ownership), or null. */
+  async getSamplingSession(id: string): Promise<SamplingSessionRow | null> {
+    return (await this.db.get<SamplingSessionRow>('SELECT id, owner, checkpoint_dir, checkpoint_id, preset, created_at FROM sampling_sessions WHERE id = ?', [id])) ?? null;
+  }
+
+  async insertClientSession(row: Omit<ClientSessionRow, 'models'>): Promise<void> {
+    await this.db.run('INSERT INTO client_sessions (id, owner, created_at, last_seen_at, tags, user_metadata) VALUES (?, ?, ?, ?, ?, ?)', [
+      row.id, row.owner, row.created_at, row.last_seen_at, JSON.stringify(row.tags ?? null), JSON.stringify(row.user_metadata ?? null),
+    ]);
+  }
+
+  /** A client session by id (any owner: the caller checks ownership) with its models, or null. */
+  async getClientSession(id: string): Promise<ClientSessionRow | null> {
+    const r = await this.db.get<Record<string, unknown>>('SELECT * FROM client_sessions WHERE id = ?', [id]);
+    if (!r) return null;
+    const models = await this.db.all<{ model_id: string }>('SELECT model_id FROM client_session_models WHERE session_id = ? ORDER BY model_id', [id]);
+    return { ...r, tags: JSON.parse(r.tags as string), user_metadata: JSON.parse(r.user_metadata as string), models: models.map((m) => m.model_id) } as ClientSessionRow;
+  }
+
+  /** Record that model `modelId` (a Vela id) was created in client session `sessionId`, which is seen now. */
+  async addClientSessionModel(sessionId: string, modelId: string): Promise<void> {
+    await this.db.run('INSERT INTO client_session_models (session_id, model_id) VALUES (?, ?) ON CONFLICT DO NOTHING', [sessionId, modelId]);
+    await this.touchClientSession(sessionId);
+  }
+
+  /** A heartbeat (or a new model) on a client session: it is seen now. */
+  async touchClientSession(id: string): Promise<void> {
+    await this.db.run('UPDATE client_sessions SET last_seen_at = ? WHERE id = ?', [nowS(), id]);
+  }
+
+  /**
+   * Delete the client sessions last seen before `seenBeforeS` (Unix s) that have no open model
+   * (on any node). @returns how many were deleted.
+   */
+  async pruneClientSessions(seenBeforeS: number): Promise<number> {
+    return this.db.run(
+      `DELETE FROM client_sessions WHERE last_seen_at < ? AND NOT EXISTS (
+         SELECT 1 FROM client_session_models m JOIN training_sessions t ON t.id = m.model_id
+         WHERE m.session_id = client_sessions.id AND t.status IN ${OPEN})`,
+      [seenBeforeS],
+    );
+  }
+
   // --- Fine-tune jobs and their durable event log.
 
   async insertJob(row: JobRow): Promise<void> {
@@ -431,16 +530,41 @@ export class Store {
   /**
    * Append one event with the next index; returns the stored record. The index is chosen in the
    * insert itself; when two nodes race for one index (PostgreSQL), the loser takes the next.
+   * The record is made now (its timestamp) and kept until stored (Db.keep): `after` is a write it
+   * must follow (the job's previous record); while PostgreSQL is unreachable it waits in memory
+   * and is stored when the database returns, with `jobFields` (the job row's progress fields)
+   * written after it.
+   * @throws the database's error when it refused the record (or was closed meanwhile).
    */
-  async appendEvent(jobId: string, type: string, data: Record<string, unknown>): Promise<JobEvent> {
+  async appendEvent(jobId: string, type: string, data: Record<string, unknown>, opts: { after?: Promise<unknown>; jobFields?: JobFields } = {}): Promise<JobEvent> {
     const timestamp = Date.now() / 1000;
+    const json = JSON.stringify(data);
+    return this.db.keep(async (attempt) => {
+      // A retry after a dropped connection: the lost attempt may have been committed. The same
+      // job, timestamp, type and data is the same record (timestamps are ms with a fraction).
+      const stored = attempt === 0 ? undefined : await this.db.get<{ idx: number }>(
+        'SELECT idx FROM fine_tune_events WHERE job_id = ? AND timestamp = ? AND type = ? AND data = ?', [jobId, timestamp, type, json]);
+      const index = stored?.idx ?? (await this.insertEvent(jobId, type, timestamp, json));
+      // The row's fields are a summary of the records: one the database refuses does not undo the record.
+      if (opts.jobFields) {
+        await this.updateJob(jobId, opts.jobFields).catch((e) => {
+          if (isUnavailable(e)) throw e;
+          log.warn(`job ${jobId}: its progress fields were not stored: ${(e as Error).message}`);
+        });
+      }
+      return { index, type, timestamp, ...data };
+    }, opts.after);
+  }
+
+  /** Insert one event at the next free index; returns the index. */
+  private async insertEvent(jobId: string, type: string, timestamp: number, json: string): Promise<number> {
     for (let attempt = 0; ; attempt++) {
       try {
         const row = await this.db.get<{ idx: number }>(
           'INSERT INTO fine_tune_events (job_id, idx, type, timestamp, data) SELECT ?, COALESCE(MAX(idx) + 1, 0), ?, ?, ? FROM fine_tune_events WHERE job_id = ? RETURNING idx',
-          [jobId, type, timestamp, JSON.stringify(data), jobId],
+          [jobId, type, timestamp, json, jobId],
         );
-        return { index: row!.idx, type, timestamp, ...data };
+        return row!.idx;
       } catch (e) {
         if (!isUniqueViolation(e) || attempt >= 20) throw e;
       }
@@ -521,7 +645,7 @@ export class Store {
   }
 }
 
-type JobFields = Partial<Omit<JobRow, 'id' | 'owner' | 'created_at' | 'config' | 'output_dir'>>;
+export type JobFields = Partial<Omit<JobRow, 'id' | 'owner' | 'created_at' | 'config' | 'output_dir'>>;
 
 /** A job as stored: the REST JSON's progress fields, plus its owner, its config, the cancel flag and its node. */
 export interface JobRow extends Pick<FineTuneJob, 'id' | 'status' | 'created_at' | 'step' | 'loss' | 'eval_loss' | 'error' | 'output_dir' | 'started_at' | 'finished_at'> {

@@ -117,5 +117,8 @@ describe('config', () => {
     expect(config.dataDir).toBe('./vela-data');
     expect(() => loadConfig(['--port', 'x'], {})).toThrow('--port x: must be an integer in 0..65535');
     expect(() => loadConfig([], { VELA_MAX_BATCH: '-1' })).toThrow('VELA_MAX_BATCH=-1: must be a non-negative integer');
+    expect(config.dbBufferRecords).toBe(10_000);
+    expect(loadConfig(['--db-buffer-records', '50'], {}).config.dbBufferRecords).toBe(50);
+    expect(() => loadConfig(['--db-buffer-records', '0'], {})).toThrow('--db-buffer-records must be at least 1, got 0');
   });
 });

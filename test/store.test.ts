@@ -9,6 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Store, type JobRow, type SessionRow } from '../server/store.ts';
+import { isUniqueViolation } from '../server/db/index.ts';
 import { postgresSkipReason, startPostgres, type TestPostgres } from './helpers/postgres.ts';
 import { missing } from './helpers/requires.ts';
 
@@ -165,6 +166,58 @@ for (const [name, location] of Object.entries(backends)) {
       const ages = await store.heartbeatAges();
       expect(ages.get('n-b')!).toBeGreaterThanOrEqual(0);
       expect(ages.get('n-a')!).toBeGreaterThanOrEqual(0);
+    });
+
+    it('sampling and client sessions: stored, read back after reopening, idle ones without an open model pruned', async (ctx) => {
+      if (skip()) return ctx.skip();
+      const samp = { id: 'samp-1', owner, checkpoint_dir: '/data/checkpoints/x/ts-a/weights/p', checkpoint_id: 'ts-a/weights/p', preset: 'pi05-tiny', created_at: 1_700_000_000 };
+      await store.insertSamplingSession(samp);
+      await store.insertClientSession({ id: 'sess-old', owner, created_at: 100, last_seen_at: 100, tags: ['arm'], user_metadata: { lab: 'b' } });
+      await store.insertClientSession({ id: 'sess-busy', owner, created_at: 100, last_seen_at: 100, tags: [], user_metadata: null });
+      await store.insertClientSession({ id: 'sess-new', owner, created_at: 100, last_seen_at: 100, tags: [], user_metadata: null });
+      await store.insertSession({ ...session('ts-open', owner, 300), status: 'ready' });
+      await store.addClientSessionModel('sess-busy', 'ts-open');
+      await store.addClientSessionModel('sess-busy', 'ts-open'); // twice: one link
+      await store.db.run('UPDATE client_sessions SET last_seen_at = 100 WHERE id = ?', ['sess-busy']);
+      await store.touchClientSession('sess-new');
+      const again = await Store.open(where); // a restarted server
+      expect(await again.getSamplingSession('samp-1')).toEqual(samp);
+      expect(await again.getSamplingSession('samp-2')).toBeNull();
+      expect(await again.getClientSession('sess-old')).toEqual({ id: 'sess-old', owner, created_at: 100, last_seen_at: 100, tags: ['arm'], user_metadata: { lab: 'b' }, models: [] });
+      expect((await again.getClientSession('sess-busy'))!.models).toEqual(['ts-open']);
+      // Seen before 200: sess-old goes; sess-busy stays (an open model), sess-new stays (seen now).
+      expect(await again.pruneClientSessions(200)).toBe(1);
+      expect(await again.getClientSession('sess-old')).toBeNull();
+      expect(await again.getClientSession('sess-new')).not.toBeNull();
+      await again.updateSession('ts-open', { status: 'closed' });
+      expect(await again.pruneClientSessions(200)).toBe(1);
+      expect(await again.getClientSession('sess-busy')).toBeNull();
+      expect(await again.db.all('SELECT * FROM client_session_models')).toEqual([]); // links go with their session
+      await again.close();
+    });
+
+    it('counters for /metrics: failed statements counted (not the unique violations it resolves), held writes back to 0, a refused write not retried', async (ctx) => {
+      if (skip()) return ctx.skip();
+      const errors = store.db.errorCount();
+      await expect(store.db.all('SELECT * FROM no_such_table')).rejects.toThrow(/no_such_table/);
+      expect(store.db.errorCount()).toBe(errors + 1);
+      await expect(store.createApiKey('dup', 'vela-dup-key-123')).resolves.toBeTruthy();
+      await expect(store.createApiKey('dup', 'vela-dup-key-123')).rejects.toSatisfy(isUniqueViolation);
+      expect(store.db.errorCount()).toBe(errors + 1);
+      let tries = 0;
+      const refused = store.db.keep(async () => {
+        tries++;
+        return store.db.run('INSERT INTO no_such_table VALUES (1)');
+      });
+      await expect(refused).rejects.toThrow(/no_such_table/);
+      expect(tries).toBe(1);
+      let open = () => {};
+      const gate = new Promise<void>((r) => (open = r));
+      const held = store.db.keep(async () => 'stored', gate);
+      expect(store.db.bufferedRecords()).toBe(1); // counted from the call, while it waits for the write before it
+      open();
+      expect(await held).toBe('stored');
+      expect(store.db.bufferedRecords()).toBe(0);
     });
 
     it('notifications reach every listener of the database', async (ctx) => {

@@ -6,7 +6,8 @@
  */
 import pg from 'pg';
 import { log } from '../log.ts';
-import type { Db, Migration } from './types.ts';
+import { WriteKeeper } from './keep.ts';
+import { isUniqueViolation, type Db, type Migration } from './types.ts';
 
 /** A fixed advisory-lock key: the nodes that start together migrate one at a time. */
 const MIGRATION_LOCK = 7_041_978;
@@ -40,10 +41,12 @@ export class PostgresDb implements Db {
   private listeners = new Map<string, Set<(payload: string) => void>>();
   private closed = false;
   private reconnectTimer: NodeJS.Timeout | null = null;
+  private keeper: WriteKeeper;
 
   constructor(readonly url: string, poolSize = 10) {
     this.where = redactUrl(url);
     this.pool = new pg.Pool({ connectionString: url, max: poolSize, types: TYPES });
+    this.keeper = new WriteKeeper(this.where, true);
     // An idle client that loses its server (a restart) must not crash the process.
     this.pool.on('error', (e) => log.warn(`PostgreSQL (${this.where}): idle connection failed: ${e.message}`));
     this.pool.on('connect', (client) => client.on('error', (e) => log.warn(`PostgreSQL (${this.where}): a connection failed: ${e.message}`)));
@@ -60,8 +63,18 @@ export class PostgresDb implements Db {
     return t;
   }
 
+  /** One statement on a pooled connection; a failure is counted (errorCount) and rethrown. */
+  private async query(sql: string, params: unknown[]): Promise<pg.QueryResult> {
+    try {
+      return await this.pool.query(this.text(sql), params);
+    } catch (e) {
+      if (!isUniqueViolation(e)) this.keeper.failed();
+      throw e;
+    }
+  }
+
   async all<T>(sql: string, params: unknown[] = []): Promise<T[]> {
-    return (await this.pool.query(this.text(sql), params)).rows as T[];
+    return (await this.query(sql, params)).rows as T[];
   }
 
   async get<T>(sql: string, params: unknown[] = []): Promise<T | undefined> {
@@ -69,7 +82,23 @@ export class PostgresDb implements Db {
   }
 
   async run(sql: string, params: unknown[] = []): Promise<number> {
-    return (await this.pool.query(this.text(sql), params)).rowCount ?? 0;
+    return (await this.query(sql, params)).rowCount ?? 0;
+  }
+
+  keep<T>(write: (attempt: number) => Promise<T>, after?: Promise<unknown>): Promise<T> {
+    return this.keeper.keep(write, after);
+  }
+
+  bufferedRecords(): number {
+    return this.keeper.bufferedRecords();
+  }
+
+  errorCount(): number {
+    return this.keeper.errorCount();
+  }
+
+  room(limit: number, stop?: () => boolean): Promise<boolean> {
+    return this.keeper.room(limit, stop);
   }
 
   async migrate(migrations: Migration[]): Promise<number> {
@@ -111,7 +140,7 @@ export class PostgresDb implements Db {
   }
 
   async notify(channel: string, payload: string): Promise<void> {
-    await this.pool.query('SELECT pg_notify($1, $2)', [channel, payload]);
+    await this.query('SELECT pg_notify(?, ?)', [channel, payload]);
   }
 
   async listen(channel: string, fn: (payload: string) => void): Promise<() => void> {
@@ -144,6 +173,7 @@ export class PostgresDb implements Db {
 
   async close(): Promise<void> {
     this.closed = true;
+    this.keeper.close();
     if (this.reconnectTimer) clearTimeout(this.reconnectTimer);
     await this.listener?.end().catch(() => undefined);
     await this.pool.end();

@@ -8,7 +8,8 @@ import Database from 'better-sqlite3';
 import { EventEmitter } from 'node:events';
 import fs from 'node:fs';
 import path from 'node:path';
-import type { Db, Migration } from './types.ts';
+import { WriteKeeper } from './keep.ts';
+import { isUniqueViolation, type Db, type Migration } from './types.ts';
 
 /** One notification bus per database file in this process. */
 const buses = new Map<string, EventEmitter>();
@@ -20,12 +21,15 @@ export class SqliteDb implements Db {
   readonly nowMsSql = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)";
   private statements = new Map<string, Database.Statement>();
   private bus: EventEmitter;
+  /** Counts only: a local file has no outage to wait out, so a held write is tried once. */
+  private keeper: WriteKeeper;
 
   /** Open (creating if needed) `<dataDir>/vela.sqlite`. */
   constructor(dataDir: string) {
     fs.mkdirSync(dataDir, { recursive: true });
     this.where = path.join(dataDir, 'vela.sqlite');
     this.raw = new Database(this.where);
+    this.keeper = new WriteKeeper(this.where, false);
     const file = path.resolve(this.where);
     this.bus = buses.get(file) ?? new EventEmitter().setMaxListeners(0);
     buses.set(file, this.bus);
@@ -40,17 +44,45 @@ export class SqliteDb implements Db {
     return s;
   }
 
+  /** Run `fn` (one statement); a failure is counted (errorCount) and rethrown. */
+  private counted<T>(fn: () => T): T {
+    try {
+      return fn();
+    } catch (e) {
+      if (!isUniqueViolation(e)) this.keeper.failed();
+      throw e;
+    }
+  }
+
   async all<T>(sql: string, params: unknown[] = []): Promise<T[]> {
-    return this.prepare(sql).all(...params) as T[];
+    return this.counted(() => this.prepare(sql).all(...params) as T[]);
   }
 
   async get<T>(sql: string, params: unknown[] = []): Promise<T | undefined> {
-    return this.prepare(sql).get(...params) as T | undefined;
+    return this.counted(() => this.prepare(sql).get(...params) as T | undefined);
   }
 
   async run(sql: string, params: unknown[] = []): Promise<number> {
-    const s = this.prepare(sql);
-    return s.reader ? s.all(...params).length : s.run(...params).changes;
+    return this.counted(() => {
+      const s = this.prepare(sql);
+      return s.reader ? s.all(...params).length : s.run(...params).changes;
+    });
+  }
+
+  keep<T>(write: (attempt: number) => Promise<T>, after?: Promise<unknown>): Promise<T> {
+    return this.keeper.keep(write, after);
+  }
+
+  bufferedRecords(): number {
+    return this.keeper.bufferedRecords();
+  }
+
+  errorCount(): number {
+    return this.keeper.errorCount();
+  }
+
+  room(limit: number, stop?: () => boolean): Promise<boolean> {
+    return this.keeper.room(limit, stop);
   }
 
   async migrate(migrations: Migration[]): Promise<number> {
@@ -82,6 +114,7 @@ export class SqliteDb implements Db {
   }
 
   async close(): Promise<void> {
+    this.keeper.close();
     this.raw.close();
   }
 }

@@ -36,6 +36,22 @@ export interface Db {
   /** Call `fn` with each notification on `channel`; returns a function that stops listening. */
   listen(channel: string, fn: (payload: string) => void): Promise<() => void>;
   close(): Promise<void>;
+  /**
+   * Run a write that must not be lost, after `after` settles: while the database is unreachable
+   * (PostgreSQL stopped or restarting) it waits in memory and is retried until the database
+   * answers; SQLite runs it once. `write` gets its attempt number (0 first).
+   * @throws the write's error when the database refused it, or was closed meanwhile.
+   */
+  keep<T>(write: (attempt: number) => Promise<T>, after?: Promise<unknown>): Promise<T>;
+  /** Writes given to `keep` and not yet stored (gauge, for /metrics). */
+  bufferedRecords(): number;
+  /** Statements that failed since open, unique violations excluded (counter, for /metrics). */
+  errorCount(): number;
+  /**
+   * Resolves once fewer than `limit` writes are held, or once `stop()` is true (checked every second).
+   * @returns false when it stopped waiting because of `stop` or a close.
+   */
+  room(limit: number, stop?: () => boolean): Promise<boolean>;
 }
 
 /** A statement that broke a unique constraint (two writers chose the same key). */

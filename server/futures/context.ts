@@ -10,7 +10,8 @@ import { EngineError } from '../engine/messages.ts';
 import { HttpError, route, type Req } from '../http.ts';
 import type { LiveSession, SessionManager } from '../sessions.ts';
 import type { ServerConfig } from '../config.ts';
-import type { SessionRow, Store } from '../store.ts';
+import type { ClientSessionRow, SessionRow, Store } from '../store.ts';
+import { log } from '../log.ts';
 import type { InferenceDeps } from '../inference/routes.ts';
 import { formatOf, readBody, sendAs, type Body, type Format } from './codec.ts';
 import { errorAnswer } from './requests.ts';
@@ -46,18 +47,8 @@ interface Gate {
   promise: Promise<void>;
 }
 
-/** A Tinker client session (create_session): the models created in it, for its heartbeats. */
-export interface ClientSession {
-  owner: string;
-  models: Set<string>; // Vela ids
-  createdAt: number; // Unix s
-  tags: unknown;
-  userMetadata: unknown;
-}
-
 export class FuturesContext {
   readonly futures: FutureStore;
-  readonly clientSessions = new Map<string, ClientSession>();
   readonly seq: SeqOrder;
   private gates = new Map<string, Gate>();
   private pruneTimer: NodeJS.Timeout;
@@ -72,10 +63,7 @@ export class FuturesContext {
         if (!sessions.live.has(id)) this.forget(id, `model ${id} was closed before this request ran`);
       }
       // Client sessions without an open model, idle past the session timeout, are dropped.
-      const limitS = Date.now() / 1000 - config.sessionIdleTimeoutS;
-      for (const [id, c] of this.clientSessions) {
-        if (c.createdAt < limitS && ![...c.models].some((m) => sessions.live.has(m))) this.clientSessions.delete(id);
-      }
+      deps.store.pruneClientSessions(Math.floor(Date.now() / 1000 - config.sessionIdleTimeoutS)).catch((e) => log.warn(`pruning idle client sessions failed: ${(e as Error).message}`));
     }, 30_000).unref();
   }
 
@@ -109,10 +97,13 @@ export class FuturesContext {
     this.post(name, fn);
   }
 
-  /** The owner's client session `id`. @throws HttpError 404 (unknown, or another owner's). */
-  clientSession(owner: string, id: unknown): ClientSession {
-    const entry = typeof id === 'string' ? this.clientSessions.get(id) : undefined;
-    if (!entry || entry.owner !== owner) throw new HttpError(404, `no session ${JSON.stringify(id)}: create one with create_session (sessions are not kept across restarts)`);
+  /**
+   * The owner's client session `id` (create_session's; stored, so it outlives a restart).
+   * @throws HttpError 404 (unknown, pruned after --session-idle-timeout-s without a model or heartbeat, or another owner's).
+   */
+  async clientSession(owner: string, id: unknown): Promise<ClientSessionRow> {
+    const entry = typeof id === 'string' ? await this.deps.store.getClientSession(id) : null;
+    if (!entry || entry.owner !== owner) throw new HttpError(404, `no session ${JSON.stringify(id)}: create one with create_session`);
     return entry;
   }
 

@@ -16,6 +16,7 @@
  * - `POST /api/v1/create_sampling_session` `{checkpoint_id | path | model_path}`: serve a saved
  *   checkpoint (an adapter or full weights; `model_path` may be `trained/<fine-tune id>`) as a
  *   policy without a job: `/v1/sampling_sessions/{id}/policy` (OpenPI) and `.../infer` (HTTP).
+ *   Stored, so its URLs answer after a restart (the policy loads again on first use).
  */
 import fs from 'node:fs';
 import path from 'node:path';
@@ -153,6 +154,13 @@ export function mountInferenceIntegration(ctx: FuturesContext, inference: Infere
       inference.sampling.delete(s.id);
       if (e instanceof HttpError) throw e;
       throw new HttpError(400, `checkpoint ${id} cannot be served: ${(e as Error).message}`);
+    }
+    // Stored once it serves: after a restart its URLs still answer (targetOf loads it on first use).
+    try {
+      await store.insertSamplingSession({ id: s.id, owner, checkpoint_dir: dir, checkpoint_id: id, preset, created_at: s.createdAt });
+    } catch (e) {
+      inference.sampling.delete(s.id);
+      throw e;
     }
     const base = (ctx.deps.config.publicUrl ?? ctx.deps.baseUrl?.() ?? '').replace(/\/$/, '');
     sendAs(r, body.format, 200, withIgnored(r, {

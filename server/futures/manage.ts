@@ -2,8 +2,9 @@
  * Model management of the futures API (xorl's "Model / Session Management", "Checkpointing"
  * and "Health & Control"): answered at once, not as futures.
  * - `create_session` (Tinker): a client session id that create_model's `session_id` and
- *   `session_heartbeat` take; a heartbeat on it refreshes every model created in it. Kept in
- *   memory: after a restart the client creates a new one.
+ *   `session_heartbeat` take; a heartbeat on it refreshes every model created in it. Stored:
+ *   it resolves after a restart (its models do not survive one: they are closed); one without an
+ *   open model and without a heartbeat for --session-idle-timeout-s is deleted.
  * - `session_info` (GET or POST): the owner's open models, or one (`model_id`).
  * - `session_heartbeat`: refreshes the idle clock (`model_id`, or `session_id`: a client
  *   session's models, or one model).
@@ -19,7 +20,7 @@
  *   newest checkpoint.
  * - `GET /api/v1/healthz`: `{"status": "ok"}`, open (a health probe has no key).
  */
-import { randomId } from '../store.ts';
+import { nowS, randomId } from '../store.ts';
 import { HttpError, route } from '../http.ts';
 import { sendAs, formatOf } from './codec.ts';
 import { checkpointIdOfPath, checkpointInfo, deleteCheckpoint, listCheckpoints } from './checkpoints.ts';
@@ -31,10 +32,11 @@ import type { LiveSession } from '../sessions.ts';
 export function mountManagement(ctx: FuturesContext): void {
   const { store, sessions } = ctx.deps;
 
-  ctx.post('create_session', (r, owner, body) => {
+  ctx.post('create_session', async (r, owner, body) => {
     checkFields(r, body.value, ['tags', 'user_metadata', 'sdk_version'], 'create_session');
     const id = randomId('sess-');
-    ctx.clientSessions.set(id, { owner, models: new Set(), createdAt: Date.now() / 1000, tags: body.value.tags ?? [], userMetadata: body.value.user_metadata ?? null });
+    const now = nowS();
+    await store.insertClientSession({ id, owner, created_at: now, last_seen_at: now, tags: body.value.tags ?? [], user_metadata: body.value.user_metadata ?? null });
     sendAs(r, body.format, 200, withIgnored(r, { session_id: id }));
   });
 
@@ -48,8 +50,10 @@ export function mountManagement(ctx: FuturesContext): void {
   ctx.post('session_heartbeat', async (r, owner, body) => {
     checkFields(r, body.value, ['model_id', 'session_id'], 'session_heartbeat');
     const sid = body.value.session_id;
-    if (body.value.model_id === undefined && typeof sid === 'string' && ctx.clientSessions.has(sid)) {
-      const entry = ctx.clientSession(owner, sid);
+    // A session_id alone names a client session when one has that id (else a model, as xorl's clients send it).
+    if (body.value.model_id === undefined && typeof sid === 'string' && sid.startsWith('sess-') && (await store.getClientSession(sid))) {
+      const entry = await ctx.clientSession(owner, sid);
+      await store.touchClientSession(sid);
       const touched: string[] = [];
       for (const id of entry.models) {
         const live = sessions.live.get(id);

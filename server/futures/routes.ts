@@ -190,9 +190,9 @@ export function mountFutures(app: TemplatedApp, deps: FuturesDeps): FuturesHandl
     } else if (loraConfig && v.finetune === 'full') {
       throw new HttpError(400, 'lora_config applies to LoRA models, and this one is finetune "full", which trains every weight: leave lora_config out, or finetune out (LoRA is the default)');
     }
-    const sessionEntry = clientSession === null ? null : ctx.clientSession(owner, clientSession);
+    const sessionEntry = clientSession === null ? null : await ctx.clientSession(owner, clientSession);
     const row = await sessions.create(owner, parseSessionConfig(v), deps.baseUrl?.() ?? '', name as string | null);
-    sessionEntry?.models.add(row.id);
+    if (sessionEntry) await deps.store.addClientSessionModel(sessionEntry.id, row.id);
     const f = futures.create(owner, row.id, 'create_model');
     settleWith(f, ctx.gateOf(sessions.live.get(row.id)!).promise.then(async () => ({ ...(await ctx.modelJson(row.id)), status: 'ready' })));
     sendAs(r, body.format, 200, withIgnored(r, { request_id: f.id, model_id: publicModelId(row), training_session_id: row.id, status: row.status, ...row.config }));

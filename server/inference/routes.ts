@@ -42,6 +42,7 @@ export interface InferenceDeps {
   config: ServerConfig;
   sessions: SessionManager;
   served: ServedPolicies;
+  /** Sampling sessions created or used since this server started; the store has every one (targetOf reads it). */
   sampling: Map<string, SamplingSession>;
   engineFor: (preset: string) => Promise<EngineLike>;
 }
@@ -86,7 +87,12 @@ export async function targetOf(deps: InferenceDeps, kind: PolicyKind, id: string
       load: () => engineFor(job.config.model as string).then((engine) => createPolicyServer({ engine, checkpointDir: job.output_dir, policyId: `policy-${job.id}`, version: 'final', limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes } })),
     };
   }
-  const s = sampling.get(id);
+  // Not yet used since this server started: the store has it (sampling sessions outlive a restart).
+  let s = sampling.get(id);
+  if (!s) {
+    const row = await store.getSamplingSession(id);
+    if (row) sampling.set(id, (s = { id, owner: row.owner, checkpointDir: row.checkpoint_dir, checkpointId: row.checkpoint_id, preset: row.preset, createdAt: row.created_at }));
+  }
   if (!s || s.owner !== owner) throw new HttpError(404, `no sampling session ${id}`);
   return {
     key: `samp:${id}`,

@@ -11,7 +11,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { log } from '../log.ts';
 import { redactPaths } from '../redact.ts';
-import { nowS, type JobEvent, type JobRow, type Store } from '../store.ts';
+import { nowS, type JobEvent, type JobFields, type JobRow, type Store } from '../store.ts';
 import type { EngineLike } from '../engine/host.ts';
 import type { ServerConfig } from '../config.ts';
 import { storageOf } from '../storage.ts';
@@ -24,6 +24,8 @@ import { LocalQueue, type JobQueue, type RunOutcome } from './queue.ts';
 const TERMINAL = new Set(['succeeded', 'failed', 'cancelled']);
 /** At most one progress line per job in the server log this often (ms); the events have every step. */
 const PROGRESS_LOG_MS = 30_000;
+/** How long a shutdown waits for records held for an unreachable database (ms). */
+const SHUTDOWN_RECORDS_WAIT_MS = 15_000;
 
 export function isTerminal(status: string): boolean {
   return TERMINAL.has(status);
@@ -91,20 +93,37 @@ export class JobRunner {
     await this.queue.start((id) => this.run(id));
   }
 
-  /** Append to the durable log (after the job's earlier records), then tell live readers here and on other nodes. */
-  emit(jobId: string, type: string, data: Record<string, unknown>): Promise<JobEvent> {
-    const write = async () => {
-      const ev = await this.store.appendEvent(jobId, type, data);
+  /**
+   * Append to the durable log (after the job's earlier records), then tell live readers here and
+   * on other nodes. While the database is unreachable the record waits in memory (Store.appendEvent).
+   * `jobFields`: the job row's progress fields, written with the record.
+   */
+  emit(jobId: string, type: string, data: Record<string, unknown>, jobFields?: JobFields): Promise<JobEvent> {
+    const after = this.tails.get(jobId);
+    const p = this.store.appendEvent(jobId, type, data, { after, jobFields }).then(async (ev) => {
       this.logEvent(jobId, ev);
       this.live.emit(`event:${jobId}`, ev);
       if (this.node) await this.store.db.notify(JOB_EVENTS_CHANNEL, `${this.node.id} ${jobId} ${ev.index}`).catch((e) => log.warn(`job ${jobId}: notify failed: ${e.message}`));
       return ev;
-    };
-    const p = (this.tails.get(jobId) ?? Promise.resolve()).then(write);
+    });
     const tail = p.catch(() => undefined);
     this.tails.set(jobId, tail);
     void tail.then(() => this.tails.get(jobId) === tail && this.tails.delete(jobId));
     return p;
+  }
+
+  /**
+   * At a step boundary: while the records held for the database reach --db-buffer-records, the
+   * job waits here (training pauses) until the database takes them or the job must stop. Records
+   * are never dropped; the bound can be passed by the records of one step (progress, checkpoint).
+   */
+  private async roomToRecord(id: string, mustStop: () => boolean): Promise<void> {
+    const db = this.store.db;
+    const limit = Math.max(1, this.config.dbBufferRecords);
+    if (db.bufferedRecords() < limit) return;
+    const since = Date.now();
+    log.warn(`job ${id}: ${db.bufferedRecords()} records wait for the database ${db.where} (--db-buffer-records ${limit}); training pauses until it takes them`);
+    if (await db.room(limit, mustStop)) log.info(`job ${id}: the database took its records; training goes on after ${((Date.now() - since) / 1000).toFixed(1)} s paused`);
   }
 
   /** Per running job: its steps, and when it last had a progress line in the server log (ms). */
@@ -183,7 +202,12 @@ export class JobRunner {
 
   /** Move a job to its end state once (whoever gets there first), and log it last. */
   private async finish(id: string, status: 'succeeded' | 'failed' | 'cancelled', fields: { error?: string | null; output_dir?: string }): Promise<void> {
-    if (!(await this.store.transitionJob(id, ['queued', 'running'], { status, finished_at: nowS(), error: fields.error ?? null }))) return;
+    // Kept like a record: a job that ends while the database is away ends when it returns. A retry
+    // after a dropped connection finds the first attempt's status when that one was committed.
+    const moved = await this.store.db.keep(async (attempt) =>
+      (await this.store.transitionJob(id, ['queued', 'running'], { status, finished_at: nowS(), error: fields.error ?? null })) ||
+      (attempt > 0 && (await this.store.getJob(id))?.status === status));
+    if (!moved) return;
     await this.emit(id, 'status', { status, ...(fields.error ? { error: fields.error } : {}), ...(fields.output_dir ? { output_dir: fields.output_dir } : {}) });
   }
 
@@ -243,16 +267,19 @@ export class JobRunner {
         workDir: jobWorkDir(this.config, id),
         engine,
         emit: (type, data) => {
-          void this.emit(id, type, data).catch((e) => log.warn(`job ${id}: event not stored: ${e.message}`));
+          let fields: JobFields | undefined;
           if (type === 'progress') {
-            const fields: Parameters<Store['updateJob']>[1] = { step: data.step as number, loss: data.loss as number | null };
+            fields = { step: data.step as number, loss: data.loss as number | null };
             if (data.eval_loss !== undefined) fields.eval_loss = data.eval_loss as number;
-            void this.store.updateJob(id, fields).catch((e) => log.warn(`job ${id}: progress not stored: ${e.message}`));
           }
+          void this.emit(id, type, data, fields).catch((e) => log.error(`job ${id}: a ${type} record was not stored: ${e.message}`));
         },
         openDataset: (dir) => this.openDataset(dir),
         // A store that cannot be read does not stop the training (the database may be back at the next step).
-        isCancelled: async () => mustStop() || ((await this.store.getJob(id).catch(() => null))?.cancel_requested ?? false),
+        isCancelled: async () => {
+          await this.roomToRecord(id, mustStop);
+          return mustStop() || ((await this.store.getJob(id).catch(() => null))?.cancel_requested ?? false);
+        },
       });
       if (result.status === 'cancelled' && mustStop() && !(await this.store.getJob(id))?.cancel_requested) return await this.handOff(id, result.step);
       if (result.status === 'cancelled') await this.finish(id, 'cancelled', { error: `cancelled at step ${result.step}` });
@@ -309,7 +336,11 @@ export class JobRunner {
     this.stopped = true;
     this.unlisten?.();
     await this.queue.shutdown();
-    await Promise.all([...this.tails.values()]);
+    // Records still held for an unreachable database get a grace period, then are named as lost.
+    const stored = Promise.all([...this.tails.values()]).then(() => true);
+    if (!(await Promise.race([stored, new Promise<false>((r) => setTimeout(() => r(false), SHUTDOWN_RECORDS_WAIT_MS).unref())]))) {
+      log.error(`shutting down with ${this.store.db.bufferedRecords()} job records not stored: the database ${this.store.db.where} did not answer within ${SHUTDOWN_RECORDS_WAIT_MS / 1000} s`);
+    }
   }
 }
 

@@ -21,6 +21,10 @@ export interface TestPostgres {
   port: number;
   /** A new empty database on the cluster; its URL. */
   newDatabase(prefix?: string): Promise<string>;
+  /** Stop the server (fast shutdown: clients are disconnected), keeping its data. */
+  pause(): Promise<void>;
+  /** Start it again on the same port, with the same data. */
+  resume(): Promise<void>;
   stop(): Promise<void>;
 }
 
@@ -72,11 +76,11 @@ export async function startPostgres(): Promise<TestPostgres | null> {
   const data = path.join(dir, 'data');
   runAs('initdb', ['-D', data, '-U', 'vela', '--auth=trust', '-E', 'UTF8', '--no-sync', '--no-instructions']);
   let port = 0;
+  const optsFor = (p: number) => `-c listen_addresses=127.0.0.1 -p ${p} -k ${dir} -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200`;
   for (let attempt = 0; ; attempt++) {
     port = await freePort();
-    const opts = `-c listen_addresses=127.0.0.1 -p ${port} -k ${dir} -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200`;
     try {
-      runAs('pg_ctl', ['-D', data, '-o', opts, '-l', path.join(dir, 'log'), '-w', '-t', '60', 'start']);
+      runAs('pg_ctl', ['-D', data, '-o', optsFor(port), '-l', path.join(dir, 'log'), '-w', '-t', '60', 'start']);
       break;
     } catch (e) {
       if (attempt >= 2) throw new Error(`${(e as Error).message}\n${fs.existsSync(path.join(dir, 'log')) ? fs.readFileSync(path.join(dir, 'log'), 'utf8') : ''}`);
@@ -97,6 +101,12 @@ export async function startPostgres(): Promise<TestPostgres | null> {
         await c.end();
       }
       return `postgres://vela@127.0.0.1:${port}/${name}`;
+    },
+    async pause() {
+      runAs('pg_ctl', ['-D', data, '-m', 'fast', '-w', '-t', '60', 'stop']);
+    },
+    async resume() {
+      runAs('pg_ctl', ['-D', data, '-o', optsFor(port), '-l', path.join(dir, 'log'), '-w', '-t', '60', 'start']);
     },
     async stop() {
       try {
