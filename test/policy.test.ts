@@ -240,7 +240,6 @@ describe('policy server: concurrency', () => {
     const fast = await PolicyClient.connect(server.wsUrl);
     expect(engine.pending).toBe(1); // the slow inference has not answered
     expect(fast.metadata.action_horizon).toBe(5);
-    expect(fast.metadataMs).toBeLessThan(50);
     release();
     expect(actionsOf(await pendingAnswer)).toHaveLength(30);
     slow.close();
