@@ -177,6 +177,9 @@ def describe(cfg: R.RealPiConfig, batch, prompts, res, noise32, zero_grads) -> d
         'zero_grad_note': 'exactly 0: the SigLIP k_proj biases (softmax ignores a constant added to a whole row of logits; stored as 0, float64 left ~1e-24) and, because nothing downstream uses them, the VLM\'s last-layer o_proj/MLP/post-attention norm and its '
                           'final norm (the prefix output is unused; the suffix only reads the prefix\'s keys/values), its last-layer q_proj (prefix queries only feed prefix rows)',
         'float32_noise': noise32,
+        'float32_noise_note': 'how far the same reference run in float32 lands from these float64 values: the floor for a float32 implementation. '
+                              'Computing e(t) in float32 instead of float64 adds ~2e-6 relative to the velocity (measured with transformers\' PI0, '
+                              'which does so: scripts/real_pi/README.md), still inside the 1e-5 tolerance.',
         'prompt': {
             'strings': prompts,
             'toy_vocabulary': 'not PaliGemma: BOS = 2, then one id per ASCII character: 257024 + code point (the table\'s last 128 rows); pad 0; '

@@ -111,7 +111,10 @@ class RealPiConfig:
         return (self.vision.imageSize // self.vision.patchSize) ** 2
 
     def to_json(self) -> dict:
-        return asdict(self)
+        """The TS RealPiConfig fields (the expert has no vocabSize)."""
+        d = asdict(self)
+        del d['expert']['vocabSize']
+        return d
 
 
 _VLM_2B = GemmaConfig(width=2048, depth=18, mlpDim=16384, numHeads=8, numKvHeads=1, headDim=256, vocabSize=257152)
