@@ -19,6 +19,7 @@ interface Meta {
   constants: { tokensPerCamera: number; numCameras: number };
   prompt: { strings: string[]; state_bins?: number[][] };
   zero_grad_params: string[];
+  params: [string, number[]][];
 }
 
 const url = (f: string) => new URL(`./vectors/real-pi/${f}`, import.meta.url);
@@ -59,6 +60,10 @@ for (const name of ['tiny_pi0', 'tiny_pi05'] as const) {
       const want = fixtureNames(variant).filter((p) => p !== EMBED && !HEADS.includes(p) && layerOk(p)).sort();
       const got = Object.keys(t).filter((k) => k.startsWith('grad/')).map((k) => k.slice(5)).sort();
       expect(got).toEqual(want);
+      // The json's parameter list: the same names plus the embedding, with each gradient's shape.
+      expect(meta.params.map((e) => e[0]).sort()).toEqual([...want, EMBED].sort());
+      for (const [p, shape] of meta.params) if (p !== EMBED) expect(get(`grad/${p}`).shape, p).toEqual(shape);
+      expect(meta.params.find((e) => e[0] === EMBED)![1]).toEqual([257152, meta.config.vlm.width]);
       const ids = get('in/tokens').data as Int32Array;
       const distinct = [...new Set(ids)].sort((x, y) => x - y);
       expect(Array.from(get('grad_rows_index').data as Int32Array)).toEqual(distinct);

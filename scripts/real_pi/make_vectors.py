@@ -117,7 +117,7 @@ def rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a.astype(np.float64) - b).max() / s) if s > 0 else float(np.abs(a).max())
 
 
-def describe(cfg: R.RealPiConfig, batch, prompts, res, noise32, zero_grads) -> dict:
+def describe(cfg: R.RealPiConfig, shapes: dict[str, tuple], batch, prompts, noise32, zero_grads) -> dict:
     p, l = 3 * cfg.tokens_per_camera + cfg.maxTokenLen, cfg.maxTokenLen
     s = cfg.actionHorizon + (1 if cfg.variant == 'pi0' else 0)
     tensors = {
@@ -144,13 +144,15 @@ def describe(cfg: R.RealPiConfig, batch, prompts, res, noise32, zero_grads) -> d
         'dbg/positions': f'int32 [b, {p + s}]: RoPE positions (cumsum of validity - 1; invalid tokens repeat their predecessor)',
         'dbg/time_emb': 'float32 [b, 32]: e(t), float64 math rounded to float32',
         'dbg/suffix_out': f'float32 [b, {s}, 32]: expert output after its final norm',
+        'dbg/prefix_after_layer0': f'float32 [b, {p}, 64]: the prefix stream after the first joint layer (one pass, with the suffix)',
+        'dbg/suffix_after_layer0': f'float32 [b, {s}, 32]: the suffix stream after the first joint layer',
         'dbg/sample_velocity_t1': 'float32 [b, ah, 32]: the first sampling step\'s velocity (t = 1, x = in/sample_noise), through the KV cache',
     }
     if cfg.variant == 'pi05':
         tensors['dbg/adarms_cond'] = 'float32 [b, 32]: swish(time_mlp_out(swish(time_mlp_in(e(t))))), the adaRMSNorm condition'
     init_check = {}
     for name in INIT_CHECK_NAMES:
-        n = int(np.prod(res['_shapes'][name]))
+        n = int(np.prod(shapes[name]))
         init_check[name] = {'seed': R.fnv1a32(name), 'n': n, 'first': [float(x) for x in R.init_values(name, n, 0, 8)],
                             'last': [float(x) for x in R.init_values(name, n, n - 4, 4)]}
     return {
@@ -159,8 +161,9 @@ def describe(cfg: R.RealPiConfig, batch, prompts, res, noise32, zero_grads) -> d
         'constants': {'rmsEps': R.RMS_EPS, 'layerNormEps': R.LN_EPS, 'ropeBase': R.ROPE_BASE, 'minPeriod': R.MIN_PERIOD, 'maxPeriod': R.MAX_PERIOD,
                       'maskNeg': R.MASK_NEG, 'numCameras': 3, 'tokensPerCamera': cfg.tokens_per_camera, 'embedScale': 'sqrt(vlm.width) = 8'},
         'param_names': 'LeRobot runtime state-dict names with the policy prefix "model." (pi0_state_dict.json), no LM heads',
-        'param_count': {'total': int(sum(np.prod(x) for x in res['_shapes'].values())),
-                        'without_embedding': int(sum(np.prod(x) for n, x in res['_shapes'].items() if n != R.EMBED_NAME))},
+        'params': [[n, list(s)] for n, s in shapes.items()],
+        'param_count': {'total': int(sum(np.prod(x) for x in shapes.values())),
+                        'without_embedding': int(sum(np.prod(x) for n, x in shapes.items() if n != R.EMBED_NAME))},
         'init': {
             'rule': 'for parameter `name` with n elements (row-major over its PyTorch shape): seed = FNV-1a 32-bit of UTF-8(name) '
                     '(offset 2166136261, prime 16777619); u_i = i-th draw of mulberry32(seed) (state += 0x6D2B79F5; t = state; '
@@ -206,9 +209,8 @@ def build(cfg: R.RealPiConfig, name: str) -> None:
                'grad_rel_worst': max(rel(res32[k], res[k]) for k in res if k.startswith('grad/') and np.abs(res[k]).max() > 0),
                'grad_abs_worst_on_zero_grads': max(float(np.abs(res32[k]).max()) for k in res if k.startswith('grad/') and not np.any(res[k]))}
     zero_grads = sorted(k[len('grad/'):] for k in res if k.startswith('grad/') and not np.any(res[k]))
-    res['_shapes'] = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    meta = describe(cfg, batch, prompts, res, noise32, zero_grads)
-    del res['_shapes']
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    meta = describe(cfg, shapes, batch, prompts, noise32, zero_grads)
     tensors = {**batch, **res}
     os.makedirs(OUT_DIR, exist_ok=True)
     st_path = os.path.join(OUT_DIR, f'{name}.safetensors')

@@ -43,7 +43,7 @@ Choices where the references disagree (FACTS section 7) or leave room; LeRobot's
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
 import numpy as np
@@ -195,7 +195,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x, cond=None):
-        assert cond is None
+        if cond is not None:
+            raise ValueError('a plain RMSNorm takes no condition (only the pi0.5 expert norms are adaptive)')
         y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + RMS_EPS)
         return y * (1 + self.weight), None
 
@@ -476,11 +477,12 @@ class PiCore(nn.Module):
         pad = torch.ones(b, s, dtype=torch.bool)
         return embs, pad, torch.tensor(ar, dtype=torch.long)[None].expand(b, s), cond, te
 
-    def joint(self, prefix, suffix, mask, pos, cond, cache=None, fill_cache=False):
+    def joint(self, prefix, suffix, mask, pos, cond, cache=None, fill_cache=False, debug=None):
         """The layer stack with one attention per layer over [prefix; suffix] (FACTS 1.6). Either
         stream may be None. cache: list of per-layer (k, v) [b, p, kv, hd] of the prefix, post-RoPE,
         prepended to the keys (suffix-only pass). mask bool [b, t, k] over the keys incl. cache;
-        pos int [b, t] for the present tokens. Returns (prefix_out, suffix_out, new cache)."""
+        pos int [b, t] for the present tokens. debug: a dict that receives both streams after layer 0.
+        Returns (prefix_out, suffix_out, new cache)."""
         vlm, exp = self._pg.language_model, self._expert
         h = self.cfg.vlm.numHeads
         kvh, hd = self.cfg.vlm.numKvHeads, self.cfg.vlm.headDim
@@ -523,6 +525,8 @@ class PiCore(nn.Module):
                 m = layer.mlp(y)
                 nxt.append(x + (m if g2 is None else m * g2))
             streams = [(x, s, c) for x, (_, s, c) in zip(nxt, streams)]
+            if debug is not None and i == 0:
+                debug.update(prefix_after_layer0=nxt[0], suffix_after_layer0=nxt[1])
         outs = [None if x is None else stack.norm(x, cnd)[0] for x, stack, cnd in streams]  # final gates dropped
         return outs[0], outs[1], new_cache
 
@@ -537,7 +541,7 @@ class PiCore(nn.Module):
         pad = torch.cat([ppad, spad], dim=1)
         mask = make_att_2d(pad, torch.cat([par, sar], dim=1))
         pos = torch.cumsum(pad.long(), dim=1) - 1  # positions over valid tokens (FACTS 1.4)
-        _, out, _ = self.joint(pe, se, mask, pos, cond)
+        _, out, _ = self.joint(pe, se, mask, pos, cond, debug=debug)
         v = self.action_out_proj(out[:, -x_t.shape[1]:])
         if debug is not None:
             debug.update(siglip=vis, prefix_embs=pe, suffix_embs=se, att_mask=mask, positions=pos,
