@@ -1,7 +1,9 @@
 """PyTorch reference of the real pi0 and pi0.5 (PaliGemma + Gemma action expert), written from
-/work/shared/spec/real-pi/FACTS.md (section numbers below are FACTS sections), not copied from
+../shared/spec/real-pi/FACTS.md (section numbers below are FACTS sections), not copied from
 LeRobot, openpi or transformers. It exists to produce parity vectors for the TF.js model
-(scripts/real_pi/make_vectors.py) and to check names/shapes at full size (check_meta.py).
+(scripts/real_pi/make_vectors.py) and to check names/shapes at full size (check_meta.py). Checked
+against transformers' PI0 (check_transformers.py) and LeRobot's own PI0Pytorch / PI05Pytorch
+(check_lerobot.py): equal at the float32 noise floor (numbers in README.md).
 
 Axis legend for shape comments: b batch, c cameras, p prefix tokens, s suffix tokens, t query
 tokens, k key tokens, h query heads, kv key/value heads, hd head dim, w width, ah action horizon,
@@ -31,12 +33,13 @@ Choices where the references disagree (FACTS section 7) or leave room; LeRobot's
      masked (padding) query row becomes a uniform average, whose output is never used.
   C6 query scaling: logits = (q . k) * head_dim^-0.5 after RoPE (scaling the logits, as the
      PyTorch ports do; JAX scales q first; equal up to rounding).
-  C7 dtype: everything in one dtype (LeRobot's default float32; the vectors use float64 for a
-     rounding-free truth, see make_vectors.py). No bf16 islands.
+  C7 dtype: everything in one dtype (LeRobot's default float32; the vectors use float64, a
+     truth ~1e-7 closer than any float32 run, see make_vectors.py). No bf16 islands.
   C8 normalisation eps (1e-8 vs 1e-6) and image resizing are outside the model: the inputs are
      already normalised and 56x56 / 224x224.
   C9 sampling times: t_k = 1 - k/N computed in float64 and rounded to the dtype (k = 0..N-1);
-     LeRobot accumulates t += dt in float32, which differs by < 1e-7.
+     LeRobot (and transformers) compute 1.0 + k*dt in Python floats, then float32: the same
+     float32 values.
   C10 the prefix K/V cache holds post-RoPE keys and values per layer, and is never extended by the
      suffix (FACTS 1.6).
 """
