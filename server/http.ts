@@ -35,12 +35,12 @@ export interface Req {
   res: HttpResponse;
   aborted: boolean;
   /**
-   * Sends an answer: `write(closeConnection)` runs corked and must end the response. While part
-   * of the body is still arriving, the rest is read and dropped first (never kept), so the
-   * client, still sending, gets the answer on an open connection; after LINGER_BYTES more or
-   * LINGER_MS, the answer goes at once and closes the connection. No-op once the client left.
+   * Sends an answer: `write` runs corked and must end the response. When part of the body is
+   * still arriving, the rest is read and dropped (never kept), and the connection stays open:
+   * closing it with unread bytes would reset it, and a client still sending could lose the
+   * answer (a 401 or 413 it needs to see). No-op once the client left.
    */
-  answer(write: (closeConnection: boolean) => void): void;
+  answer(write: () => void): void;
   /** The client went away (uWS onAborted): marks the request aborted and fails a body read in progress. */
   abort(): void;
   /**
@@ -85,11 +85,6 @@ export function decodeUrlPart(text: string, what = 'a URL path segment'): string
  */
 export const UNCLAIMED_BODY_BYTES = 1024 * 1024;
 
-/** Body bytes read and dropped, after an answer is ready, before it is sent with a close. */
-export const LINGER_BYTES = 16 * 1024 * 1024;
-/** Milliseconds the rest of a body is read and dropped, after an answer is ready, before it is sent with a close. */
-export const LINGER_MS = 2000;
-
 /** Does the request carry a body (a non-zero Content-Length, or a Transfer-Encoding)? */
 export function hasBody(headers: Record<string, string>): boolean {
   const length = headers['content-length'];
@@ -102,6 +97,11 @@ export function hasBody(headers: Record<string, string>): boolean {
  */
 export function copyRequest(res: HttpResponse, req: HttpRequest, paramCount: number): Req {
   const headers = requestHeaders(req);
+  if (/^\s*\d{10,}\s*$/.test(headers['content-length'] ?? '')) {
+    // uWS 20.30's parser closes such a request once this handler returns, before any answer can
+    // go out (even one written now): say so where the operator can see it.
+    log.warn(`${req.getMethod().toUpperCase()} ${req.getUrl()}: Content-Length ${headers['content-length']!.trim()} has 10 or more digits, which uWebSockets.js cannot read; the connection is closed without an answer. Send bodies of 1,000,000,000 bytes or more with Transfer-Encoding: chunked`);
+  }
   const params: string[] = [];
   for (let i = 0; i < paramCount; i++) params.push(decodeUrlPart(req.getParameter(i) ?? ''));
 
@@ -119,27 +119,12 @@ export function copyRequest(res: HttpResponse, req: HttpRequest, paramCount: num
   let waiter: { resolve: () => void; reject: (e: Error) => void } | null = null;
   let cut: (() => void) | null = null;
   let sink: ((chunk: Buffer, isLast: boolean) => void) | null = null;
-  let gone = false;
-  let held: ((closeConnection: boolean) => void) | null = null; // an answer waiting for the body's end
-  let dropped = 0;
-  let lingerTimer: NodeJS.Timeout | undefined;
-  const sendHeld = (closeConnection: boolean) => {
-    clearTimeout(lingerTimer);
-    const write = held;
-    held = null;
-    if (write && !gone) res.cork(() => write(closeConnection));
-  };
   const tooLarge = () => new HttpError(413, `body is over ${limit} bytes (${size} so far); the limit is ${limit}`);
   res.onData((chunk, isLast) => {
     size += chunk.byteLength;
     if (isLast) done = true;
     if (sink) return sink(Buffer.from(chunk.slice(0)), isLast);
-    if (r.aborted) {
-      // Answered or gone: nothing more is kept; a held answer goes once the body ended or enough was dropped.
-      dropped += chunk.byteLength;
-      if (held && (isLast || dropped > LINGER_BYTES)) sendHeld(!isLast);
-      return;
-    }
+    if (r.aborted) return; // answered or gone: nothing more is kept
     if (size > limit) {
       waiter?.reject(tooLarge());
       waiter = null;
@@ -174,19 +159,14 @@ export function copyRequest(res: HttpResponse, req: HttpRequest, paramCount: num
     res,
     aborted: false,
     answer(write) {
-      if (done) return res.cork(() => write(false));
-      held = write;
-      lingerTimer = setTimeout(() => sendHeld(true), LINGER_MS);
       if (paused) {
-        paused = false;
+        paused = false; // the rest is read, to be dropped
         res.resume();
       }
+      res.cork(write);
     },
     abort() {
       r.aborted = true;
-      gone = true;
-      clearTimeout(lingerTimer);
-      held = null;
       if (!done) cut?.(); // a body cut short: its reader fails instead of waiting forever
     },
     async body(limitBytes = 1024 * 1024) {
@@ -255,26 +235,25 @@ export function copyRequest(res: HttpResponse, req: HttpRequest, paramCount: num
 }
 
 /**
- * Send a JSON answer (corked: safe after an await). No-op when the client went away. Ready
- * before the whole body arrived (a 401, 404 or 413), it waits while the rest is read and
- * dropped, up to LINGER_BYTES or LINGER_MS, then goes with a close (Req.answer).
+ * Send a JSON answer (corked: safe after an await). No-op when the client went away. Sent
+ * before the whole body arrived (a 401, 404 or 413), the rest is read and dropped (Req.answer).
  */
 export function sendJson(r: Req, status: number, body: unknown, headers: Record<string, string> = {}): void {
   if (r.aborted) return;
   r.aborted = true; // a response is ended once
-  r.answer((closeConnection) => {
+  r.answer(() => {
     r.res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json');
     for (const [k, v] of Object.entries(headers)) r.res.writeHeader(k, v);
-    r.res.end(JSON.stringify(body), closeConnection);
+    r.res.end(JSON.stringify(body));
   });
 }
 
-/** Send a text answer (corked: safe after an await; closes like sendJson). No-op when the client went away. */
+/** Send a text answer (corked: safe after an await; see sendJson). No-op when the client went away. */
 export function sendText(r: Req, status: number, text: string, contentType = 'text/plain; charset=utf-8'): void {
   if (r.aborted) return;
   r.aborted = true;
-  r.answer((closeConnection) => {
-    r.res.writeStatus(statusLine(status)).writeHeader('content-type', contentType).end(text, closeConnection);
+  r.answer(() => {
+    r.res.writeStatus(statusLine(status)).writeHeader('content-type', contentType).end(text);
   });
 }
 

@@ -25,7 +25,7 @@ import path from 'node:path';
 import type { TemplatedApp } from 'uWebSockets.js';
 import { PRESETS, PRESET_ALIASES } from '../../kernels/config.ts';
 import { requireOwner } from '../auth.ts';
-import { HttpError, route, sendJson } from '../http.ts';
+import { HttpError, route, sendJson, type Req } from '../http.ts';
 import { streamFile } from '../stream.ts';
 import { archiveTemp, installArchive } from '../datasets-route.ts';
 import { checkDatasetName, type InstallResult } from '../datasets/upload.ts';
@@ -38,6 +38,7 @@ import type { ServerConfig } from '../config.ts';
 import type { JobEvent, JobRow, Store } from '../store.ts';
 import { allEvents, sidecarEvent, sidecarStatus, type TrainedModel } from './events.ts';
 import { jobEvents } from './stream.ts';
+import { splitDatasetContent } from './content.ts';
 
 export interface SidecarDeps {
   store: Store;
@@ -52,6 +53,8 @@ export interface SidecarDeps {
   watchdogS?: number;
 }
 
+/** Bytes of job_start's body besides dataset_content (which is limited by --max-dataset-bytes, decoded). */
+const JOB_START_FIELDS_BYTES = 1024 * 1024;
 const PRESET_NAMES = [...Object.keys(PRESETS), ...Object.keys(PRESET_ALIASES)];
 const VELA_FIELDS = ['batch_size', 'learning_rate', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed', 'eval_every', 'checkpoint_every'];
 const JOB_ID = /^ft-[a-z0-9]{1,64}$/;
@@ -89,7 +92,23 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
 
   app.post('/training/job_start', route(0, async (r) => {
     const owner = await requireOwner(store, r);
-    const body = await r.json(Math.ceil((config.maxDatasetBytes * 4) / 3) + 1024 * 1024);
+    // The body goes to disk as it comes, and dataset_content from there to its own file, decoded:
+    // neither is ever held in memory (a 600 MB body cannot be one string anyway).
+    const raw = archiveTemp(config, 'job_start-body');
+    const file = archiveTemp(config, 'job_start-content');
+    try {
+      await r.bodyToFile(raw, Math.ceil((config.maxDatasetBytes * 4) / 3) + JOB_START_FIELDS_BYTES);
+      const split = await splitDatasetContent(raw, file, JOB_START_FIELDS_BYTES);
+      fs.rmSync(raw, { force: true });
+      await jobStart(r, owner, split.fields, file, split.contentBytes);
+    } finally {
+      fs.rmSync(raw, { force: true });
+      fs.rmSync(file, { force: true });
+    }
+  }));
+
+  /** job_start once its body is read: `file` holds dataset_content decoded (`contentBytes`, or null when absent). */
+  const jobStart = async (r: Req, owner: string, body: Record<string, unknown>, file: string, contentBytes: number | null) => {
     for (const k of Object.keys(body)) {
       if (!['dataset', 'num_train_steps', 'model_size', 'dataset_content', ...VELA_FIELDS].includes(k)) throw new HttpError(400, `job_start has no field "${k}"; it takes dataset, num_train_steps, model_size, dataset_content and Vela's ${VELA_FIELDS.join(', ')}`);
     }
@@ -110,18 +129,15 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
     }
     let upload: InstallResult | null = null;
     if (body.dataset_content !== undefined) {
-      const b64 = body.dataset_content;
-      if (typeof b64 !== 'string' || b64.length === 0) throw new HttpError(400, 'dataset_content is empty: send the dataset folder as a base64 tar or zip');
-      if (b64.length % 4 !== 0 || !/^[A-Za-z0-9+/]*={0,2}$/.test(b64)) throw new HttpError(400, `dataset_content is not valid base64 (${b64.length} characters)`);
-      const file = archiveTemp(config, dataset);
-      fs.writeFileSync(file, Buffer.from(b64, 'base64'), { flag: 'wx' });
+      if (contentBytes === null) throw new HttpError(400, `dataset_content must be a string (the dataset folder as a base64 tar or zip), got ${JSON.stringify(body.dataset_content)}`);
+      if (contentBytes === 0) throw new HttpError(400, 'dataset_content is empty: send the dataset folder as a base64 tar or zip');
       upload = await installArchive(config, owner, dataset, file);
     } else if (!fs.existsSync(path.join(path.resolve(config.datasetsDir), dataset, 'meta', 'info.json'))) {
       throw new HttpError(400, `dataset "${dataset}" is not under the datasets root and no dataset_content was sent`);
     }
     const job = await submitFineTune(deps, owner, jobBody);
     sendJson(r, 200, trainingJob(job, upload));
-  }));
+  };
 
   app.get('/training/job_progress', route(0, async (r) => {
     const job = await jobOf(await requireOwner(store, r), r.query.get('job_id'));

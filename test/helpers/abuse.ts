@@ -70,7 +70,7 @@ export interface SentBody {
 }
 
 /**
- * Sends `head` (request line and headers, no blank line) then `totalBytes` of body from
+ * Sends `head` (request line and headers; a trailing CRLF is dropped) then `totalBytes` of body from
  * `source` (zeros by default), chunked when `chunked`, else as given (`head` carries its own
  * Content-Length). Stops sending once an answer has arrived or the server closed; resolves
  * when the answer is complete, the server closed, or `waitMs` after the last byte went out.
@@ -110,7 +110,7 @@ export function sendBody(port: number, head: string, totalBytes: number, opts: {
     });
     const write = (b: Buffer) => (sock.destroyed || answer.length > 0 ? Promise.resolve(false) : new Promise<boolean>((res) => (sock.write(b) ? res(true) : sock.once('drain', () => res(true)))));
     (async () => {
-      await write(Buffer.from(`${head}\r\n${opts.chunked ? 'Transfer-Encoding: chunked\r\n' : ''}\r\n`, 'latin1'));
+      await write(Buffer.from(`${head.replace(/(\r\n)+$/, '')}\r\n${opts.chunked ? 'Transfer-Encoding: chunked\r\n' : ''}\r\n`, 'latin1'));
       const zeros = Buffer.alloc(256 * 1024);
       const chunks = opts.source ?? (async function* () {
         for (let left = totalBytes; left > 0; left -= zeros.length) yield left >= zeros.length ? zeros : zeros.subarray(0, left);
