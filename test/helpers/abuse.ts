@@ -63,8 +63,10 @@ export interface SentBody {
   status: number;
   /** The answer's body (text). */
   body: string;
-  /** Body bytes the socket took before the answer came or the server closed. */
+  /** Body bytes the socket took before the answer came (or, with `keepSending`, in all) or the server closed. */
   sentBytes: number;
+  /** Body bytes sent when the whole answer had arrived; null without an answer. */
+  answeredAfterBytes: number | null;
   /** The server closed the connection. */
   closed: boolean;
 }
@@ -72,16 +74,19 @@ export interface SentBody {
 /**
  * Sends `head` (request line and headers; a trailing CRLF is dropped) then `totalBytes` of body from
  * `source` (zeros by default), chunked when `chunked`, else as given (`head` carries its own
- * Content-Length). Stops sending once an answer has arrived or the server closed; resolves
- * when the answer is complete, the server closed, or `waitMs` after the last byte went out.
+ * Content-Length). Stops sending once an answer has arrived (unless `keepSending`: an attacker
+ * sends it all anyway) or the server closed; resolves when the answer is complete (and, with
+ * `keepSending`, all was sent), the server closed, or `waitMs` after the last byte went out.
  */
-export function sendBody(port: number, head: string, totalBytes: number, opts: { chunked?: boolean; source?: AsyncIterable<Buffer>; waitMs?: number } = {}): Promise<SentBody> {
+export function sendBody(port: number, head: string, totalBytes: number, opts: { chunked?: boolean; source?: AsyncIterable<Buffer>; waitMs?: number; keepSending?: boolean } = {}): Promise<SentBody> {
   return new Promise((resolve) => {
     const sock = net.connect(port, '127.0.0.1');
     let answer = Buffer.alloc(0);
     let sent = 0;
     let closed = false;
     let done = false;
+    let allSent = false;
+    let answeredAt: number | null = null;
     let timer: NodeJS.Timeout | undefined;
     const finish = () => {
       if (done) return;
@@ -90,7 +95,7 @@ export function sendBody(port: number, head: string, totalBytes: number, opts: {
       sock.destroy();
       const text = answer.toString('utf8');
       const end = text.indexOf('\r\n\r\n');
-      resolve({ status: Number(/^HTTP\/1\.1 (\d+)/.exec(text)?.[1] ?? 0), body: end >= 0 ? text.slice(end + 4) : '', sentBytes: sent, closed });
+      resolve({ status: Number(/^HTTP\/1\.1 (\d+)/.exec(text)?.[1] ?? 0), body: end >= 0 ? text.slice(end + 4) : '', sentBytes: sent, answeredAfterBytes: answeredAt, closed });
     };
     const complete = () => {
       const text = answer.toString('latin1');
@@ -101,14 +106,16 @@ export function sendBody(port: number, head: string, totalBytes: number, opts: {
     };
     sock.on('data', (c) => {
       answer = Buffer.concat([answer, c]);
-      if (complete()) finish();
+      if (!complete()) return;
+      answeredAt ??= sent;
+      if (!opts.keepSending || allSent) finish();
     });
     sock.on('error', () => undefined);
     sock.on('close', () => {
       closed = true;
       finish();
     });
-    const write = (b: Buffer) => (sock.destroyed || answer.length > 0 ? Promise.resolve(false) : new Promise<boolean>((res) => (sock.write(b) ? res(true) : sock.once('drain', () => res(true)))));
+    const write = (b: Buffer) => (sock.destroyed || (answer.length > 0 && !opts.keepSending) ? Promise.resolve(false) : new Promise<boolean>((res) => (sock.write(b) ? res(true) : sock.once('drain', () => res(true)))));
     (async () => {
       await write(Buffer.from(`${head.replace(/(\r\n)+$/, '')}\r\n${opts.chunked ? 'Transfer-Encoding: chunked\r\n' : ''}\r\n`, 'latin1'));
       const zeros = Buffer.alloc(256 * 1024);
@@ -121,6 +128,8 @@ export function sendBody(port: number, head: string, totalBytes: number, opts: {
         sent += c.length;
       }
       if (opts.chunked && !done) await write(Buffer.from('0\r\n\r\n'));
+      allSent = true;
+      if (answeredAt !== null) finish();
       if (!done) timer = setTimeout(finish, opts.waitMs ?? 30_000);
     })().catch(finish);
   });
