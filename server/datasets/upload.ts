@@ -22,6 +22,7 @@ import zlib from 'node:zlib';
 import * as tar from 'tar';
 import yauzl from 'yauzl';
 import { HttpError } from '../http.ts';
+import { log } from '../log.ts';
 
 /** A dataset name: one plain path segment. */
 export const DATASET_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
@@ -260,6 +261,8 @@ async function install(opts: InstallOptions, target: string): Promise<InstallRes
     if (old) fs.rmSync(old, { recursive: true, force: true });
     return { name: opts.name, dir: target, sha256, bytes, extracted_bytes: extracted, files, ...counts, reused: false };
   } finally {
-    fs.rmSync(tmp, { recursive: true, force: true });
+    // An extraction stopped midway may still be closing a file in `tmp`: retried, and a
+    // failure here is logged, never answered in place of the real outcome.
+    await fs.promises.rm(tmp, { recursive: true, force: true, maxRetries: 5, retryDelay: 100 }).catch((e: Error) => log.warn(`could not remove ${tmp}: ${e.message}`));
   }
 }
