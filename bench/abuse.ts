@@ -5,7 +5,7 @@
  * 1. idle: `/healthz` alone.
  * 2. at once: `PUT /v1/datasets/bomb` with a ~10 MB .tgz that inflates to 1 GiB (extracted in
  *    full: the default --max-dataset-bytes is 8 GiB; then refused, it holds no dataset) and an
- *    unauthenticated `POST /v1/fine-tunes` declaring a 900 MB body.
+ *    unauthenticated `POST /v1/fine-tunes` declaring a 900 MB body, sent in full whatever the answer.
  * 3. `POST /training/job_start` with 600 MB of base64 `dataset_content` (not an archive: a 400
  *    once decoded to disk).
  * Prints p50 / p99 / max of `/healthz` during each, the server's RSS growth (peak over before),
@@ -35,7 +35,7 @@ async function measure(server: NodeProc, what: string, work: () => Promise<SentB
   const peak = rss.stop();
   const f = (x: number) => x.toFixed(1);
   console.log(`${what}: ${(ms / 1000).toFixed(1)} s; /healthz x${times.length} p50 ${f(quantile(times, 0.5))} ms, p99 ${f(quantile(times, 0.99))} ms, max ${f(Math.max(...times))} ms; RSS ${f(before / MiB)} MiB -> peak ${f(peak / MiB)} MiB (+${f((peak - before) / MiB)} MiB)`);
-  for (const a of answers) console.log(`  -> ${a.status} ${a.body.slice(0, 160)} (${f(a.sentBytes / MiB)} MiB of body sent)`);
+  for (const a of answers) console.log(`  -> ${a.status} ${a.body.slice(0, 160)} (${f(a.sentBytes / MiB)} MiB of body sent; answered after ${a.answeredAfterBytes === null ? '-' : f(a.answeredAfterBytes / MiB)} MiB)`);
 }
 
 async function main(): Promise<void> {
@@ -49,7 +49,8 @@ async function main(): Promise<void> {
     await measure(server, 'idle 3 s', async () => (await new Promise((r) => setTimeout(r, 3000)), []));
     await measure(server, 'bomb .tgz + 900 MB unauthenticated body, at once', () => Promise.all([
       sendBody(port, `PUT /v1/datasets/bomb HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEY}\r\nContent-Length: ${bombBytes}`, bombBytes, { source: fileChunks(bomb), waitMs: 120_000 }),
-      sendBody(port, 'POST /v1/fine-tunes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 900000000', 900_000_000),
+      // An attacker sends it all, whatever the answer.
+      sendBody(port, 'POST /v1/fine-tunes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 900000000', 900_000_000, { keepSending: true }),
     ]));
     const content = 600_000_000; // base64 characters
     const head = '{"dataset": "big", "dataset_content": "';

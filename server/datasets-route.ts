@@ -28,7 +28,7 @@ export async function installArchive(config: ServerConfig, owner: string, name: 
   try {
     return await installDataset({ root: path.resolve(config.datasetsDir), name, archive, owner, maxBytes: config.maxDatasetBytes, validate: validateDataset });
   } finally {
-    fs.rmSync(archive, { force: true });
+    await fs.promises.rm(archive, { force: true }); // asynchronous: unlinking gigabytes takes a while
   }
 }
 

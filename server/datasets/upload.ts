@@ -258,7 +258,7 @@ async function install(opts: InstallOptions, target: string): Promise<InstallRes
     const old = fs.existsSync(target) ? path.join(opts.root, `.${opts.name}.old-${tag}`) : null;
     if (old) fs.renameSync(target, old);
     fs.renameSync(dir, target);
-    if (old) fs.rmSync(old, { recursive: true, force: true });
+    if (old) await fs.promises.rm(old, { recursive: true, force: true });
     return { name: opts.name, dir: target, sha256, bytes, extracted_bytes: extracted, files, ...counts, reused: false };
   } finally {
     // An extraction stopped midway may still be closing a file in `tmp`: retried, and a

@@ -99,11 +99,11 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
     try {
       await r.bodyToFile(raw, Math.ceil((config.maxDatasetBytes * 4) / 3) + JOB_START_FIELDS_BYTES);
       const split = await splitDatasetContent(raw, file, JOB_START_FIELDS_BYTES);
-      fs.rmSync(raw, { force: true });
+      await fs.promises.rm(raw, { force: true });
       await jobStart(r, owner, split.fields, file, split.contentBytes);
     } finally {
-      fs.rmSync(raw, { force: true });
-      fs.rmSync(file, { force: true });
+      // Asynchronous: unlinking a file of gigabytes takes a while.
+      await Promise.all([fs.promises.rm(raw, { force: true }), fs.promises.rm(file, { force: true })]);
     }
   }));
 
