@@ -86,6 +86,17 @@ describe('uploads', () => {
     expect(fs.readdirSync(path.join(tmp, 'datasets')).filter((f) => f.includes('bomb'))).toEqual([]); // nothing left behind
   });
 
+  it('stops reading a .tgz at its tar\'s end, whose gzip goes on for 2 GiB past it (node-tar would gather it in one buffer): judged at once, RSS flat, /healthz fast', async () => {
+    const bomb = path.join(tmp, 'after-end.tgz');
+    const bombBytes = writeBombTgz(bomb, 2048 * MiB, { afterEnd: true });
+    const { answers: [up], rssGrowth, healthMaxMs } = await watched(async () => [
+      await sendBody(port, `PUT /v1/datasets/after-end HTTP/1.1\r\nHost: x\r\n${auth}Content-Length: ${bombBytes}`, bombBytes, { source: fileChunks(bomb), waitMs: 240_000 }),
+    ]);
+    expect([up!.status, errorOf(up!)]).toEqual([400, 'the archive holds no LeRobot dataset: expected meta/info.json at its top, or in its one top folder']);
+    expect(rssGrowth).toBeLessThan(RSS_BOUND);
+    expect(healthMaxMs).toBeLessThan(HEALTH_BOUND_MS);
+  });
+
   it('job_start streams 300 MB of dataset_content to disk: the decoded bytes are judged (not an archive), RSS flat', async () => {
     const chars = 300_000_000;
     const head = Buffer.from('{"dataset": "big", "dataset_content": "');

@@ -147,16 +147,24 @@ function extractTar(file: string, dest: string, maxBytes: number, gzip: boolean)
     input.on('error', fail);
     source.on('error', fail);
     unpack.on('close', () => (problem ? fail(problem) : resolve([files, bytes])));
-    unpack.on('drain', () => source.resume());
+    unpack.on('drain', () => !atEnd && source.resume());
+    // At the tar's end the rest is not read: node-tar would keep appending it to one buffer.
+    let atEnd = false;
+    unpack.on('eof', () => {
+      atEnd = true;
+      input.destroy();
+      if (source !== input) source.destroy();
+      unpack.end();
+    });
     source.on('data', (chunk: Buffer) => {
-      if (problem) return;
+      if (problem || atEnd) return;
       // node-tar would inflate a gzip inside the gzip itself, on the main thread: refused.
       if (gzip && inflated === 0 && chunk[0] === 0x1f && chunk[1] === 0x8b) return stop('the archive is a gzip inside a gzip; send a tar, tar.gz or zip');
       inflated += chunk.length;
       if (inflated > maxBytes + TAR_SLACK_BYTES) return stop(`the archive extracts to more than ${maxBytes} bytes (--max-dataset-bytes)`);
       if (!unpack.write(chunk)) source.pause();
     });
-    source.on('end', () => !problem && unpack.end());
+    source.on('end', () => !problem && !atEnd && unpack.end());
   });
 }
 

@@ -139,21 +139,25 @@ export function sendBody(port: number, head: string, totalBytes: number, opts: {
  * Writes a .tgz of one file `bomb/zeros.bin` that inflates to `inflatedBytes` (a multiple of
  * 64 MiB): a gzip member with the tar header, then the same 64 MiB member again and again (1%
  * random bytes, the rest zeros: about 1/100 of its size compressed, under node-tar's own ratio
- * cap of 1000), as `cat a.gz b.gz` makes one gzip. @returns the archive's size in bytes.
+ * cap of 1000), as `cat a.gz b.gz` makes one gzip. With `afterEnd`, the tar instead holds a
+ * 1 KiB file and ends, and the members follow its end: a tar reader ignores them, but they
+ * still inflate. @returns the archive's size in bytes.
  */
-export function writeBombTgz(file: string, inflatedBytes: number): number {
+export function writeBombTgz(file: string, inflatedBytes: number, opts: { afterEnd?: boolean } = {}): number {
   const block = 64 * 1024 * 1024;
   if (inflatedBytes % block !== 0) throw new Error(`inflatedBytes must be a multiple of ${block}`);
-  const header = new tar.Header({ path: 'bomb/zeros.bin', mode: 0o644, size: inflatedBytes, type: 'File', mtime: new Date(0), uid: 0, gid: 0 });
+  const header = new tar.Header({ path: 'bomb/zeros.bin', mode: 0o644, size: opts.afterEnd ? 1024 : inflatedBytes, type: 'File', mtime: new Date(0), uid: 0, gid: 0 });
   header.encode();
   const data = Buffer.alloc(block);
   const random = crypto.randomBytes(block / 100);
   for (let i = 0; i < random.length; i += 4096) random.copy(data, i * 100, i, Math.min(i + 4096, random.length));
   const member = zlib.gzipSync(data, { level: 6 });
   const fd = fs.openSync(file, 'w');
-  fs.writeSync(fd, zlib.gzipSync(header.block!));
+  const end = Buffer.alloc(1024); // tar's two end blocks
+  if (opts.afterEnd) fs.writeSync(fd, zlib.gzipSync(Buffer.concat([header.block!, Buffer.alloc(1024), end])));
+  else fs.writeSync(fd, zlib.gzipSync(header.block!));
   for (let n = 0; n < inflatedBytes / block; n++) fs.writeSync(fd, member);
-  fs.writeSync(fd, zlib.gzipSync(Buffer.alloc(1024))); // tar's two end blocks
+  if (!opts.afterEnd) fs.writeSync(fd, zlib.gzipSync(end));
   fs.closeSync(fd);
   return fs.statSync(file).size;
 }
