@@ -4,7 +4,9 @@
  * `/v1/fine-tunes/{id}` too); every route needs the API key, like the rest of Vela.
  * - `POST /training/job_start` `{dataset, num_train_steps?, model_size?, dataset_content?}`:
  *   `dataset` names a LeRobot dataset folder under the datasets root; `dataset_content`, a
- *   base64 tar / tar.gz / zip of it, is installed there first (datasets/upload.ts);
+ *   base64 tar / tar.gz / zip of it, is installed there first (datasets/upload.ts); the body
+ *   is streamed to disk and dataset_content decoded from there (sidecar/content.ts), never
+ *   held in memory;
  *   `num_train_steps` (default 100) is the job's `steps`; `model_size` (default pi05-tiny) is a
  *   Vela preset (the document's 4b / 12b / 31b are not: a 400 lists the presets). Vela's other
  *   fine-tune fields (batch_size, learning_rate, ...) are taken too. Answers the TrainingJob.
