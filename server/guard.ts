@@ -243,15 +243,12 @@ export function createApp(): GuardedApp {
             const method = req.getMethod().toUpperCase();
             const allow = allowedMethods(req.getUrl());
             if (allow.length > 0 && !allow.includes(method)) {
-              // Answered before any body is read: the connection closes after the answer, so
-              // the body is neither read nor kept (uWS drops it; it would read it all otherwise).
-              const bodySent = (req.getHeader('content-length') || '0').trim() !== '0' || req.getHeader('transfer-encoding') !== '';
               res.cork(() => {
                 res.writeStatus(statusLine(405)).writeHeader('allow', allow.join(', ')).writeHeader('content-type', 'application/json');
                 // A HEAD answer has no body (uWS reports the length it would have had).
                 const body = JSON.stringify({ error: `${method} is not allowed on ${req.getUrl()}; it answers ${allow.join(', ')}` });
                 if (method === 'HEAD') res.writeHeader('content-length', String(Buffer.byteLength(body))).endWithoutBody();
-                else res.end(body, bodySent);
+                else res.end(body);
               });
               return;
             }
