@@ -53,6 +53,7 @@ describe('bodies answered before their end are not kept', () => {
   it.each([
     ['POST /v1/fine-tunes, no key, 256 MiB chunked', 'POST /v1/fine-tunes HTTP/1.1\r\nHost: x\r\n', 256 * MiB, true, 401, /^missing API key/],
     ['POST /v1/fine-tunes, no key, Content-Length 900 MB', 'POST /v1/fine-tunes HTTP/1.1\r\nHost: x\r\nContent-Length: 900000000\r\n', 900_000_000, false, 401, /^missing API key/],
+    ['PUT /healthz (405), 256 MiB chunked', 'PUT /healthz HTTP/1.1\r\nHost: x\r\n', 256 * MiB, true, 405, /^PUT is not allowed on \/healthz; it answers GET, HEAD$/],
     ['POST to an unknown path, 256 MiB chunked', 'POST /v1/nothing-here HTTP/1.1\r\nHost: x\r\n', 256 * MiB, true, 404, /^no route POST \/v1\/nothing-here/],
     ['POST /v1/fine-tunes with the key, 256 MiB chunked (the limit is 1 MiB)', `POST /v1/fine-tunes HTTP/1.1\r\nHost: x\r\n${auth}`, 256 * MiB, true, 413, /^body is over 1048576 bytes \(\d+ so far\); the limit is 1048576$/],
   ])('%s: answered, RSS flat, /healthz fast', async (_what, head, bytes, chunked, status, error) => {
