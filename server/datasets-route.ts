@@ -52,7 +52,7 @@ export async function installArchive(config: ServerConfig, owner: string, name: 
     });
   } finally {
     release();
-    fs.rmSync(archive, { force: true });
+    await fs.promises.rm(archive, { force: true }); // asynchronous: unlinking gigabytes takes a while
   }
 }
 

@@ -34,16 +34,26 @@ export interface Req {
   params: string[];
   res: HttpResponse;
   aborted: boolean;
+  /**
+   * Sends an answer: `write` runs corked and must end the response. When part of the body is
+   * still arriving, the rest is read and dropped (never kept), and the connection stays open:
+   * closing it with unread bytes would reset it, and a client still sending could lose the
+   * answer (a 401 or 413 it needs to see). No-op once the client left.
+   */
+  answer(write: () => void): void;
   /** The client went away (uWS onAborted): marks the request aborted and fails a body read in progress. */
   abort(): void;
-  /** Reads the whole body (at most `limitBytes`, else 413). */
+  /**
+   * Reads the whole body (at most `limitBytes`: 413 as soon as the declared or received size is
+   * past it, without reading the rest).
+   */
   body(limitBytes?: number): Promise<Buffer>;
   /** Reads and parses a JSON object body (400 when it is not one). */
   json<T = Record<string, unknown>>(limitBytes?: number): Promise<T>;
   /**
    * Streams the body into `file` (created; pausing the socket while the disk lags), never
-   * holding it in memory. Resolves with its size. @throws HttpError 413 past `limitBytes` (the
-   * partial file is removed), Error when the client went away.
+   * holding it in memory. Resolves with its size. @throws HttpError 413 as soon as the declared
+   * or received size is past `limitBytes` (the partial file is removed), 400 when the client went away.
    */
   bodyToFile(file: string, limitBytes: number): Promise<number>;
 }
@@ -69,32 +79,76 @@ export function decodeUrlPart(text: string, what = 'a URL path segment'): string
 }
 
 /**
+ * Bytes of a request body kept before its handler asks for it (handlers check the API key
+ * first): past them the socket is paused, so an unauthenticated or unrouted body costs at most
+ * this much memory (plus one chunk of uWS's, at most 512 KiB) until it is answered.
+ */
+export const UNCLAIMED_BODY_BYTES = 1024 * 1024;
+
+/** Does the request carry a body (a non-zero Content-Length, or a Transfer-Encoding)? */
+export function hasBody(headers: Record<string, string>): boolean {
+  const length = headers['content-length'];
+  return (length !== undefined && length.trim() !== '0') || headers['transfer-encoding'] !== undefined;
+}
+
+/**
  * Copy what a handler needs out of uWS's request (valid only synchronously) and start reading the body.
  * @throws HttpError 400 for a path parameter with a malformed %-escape.
  */
 export function copyRequest(res: HttpResponse, req: HttpRequest, paramCount: number): Req {
   const headers = requestHeaders(req);
+  if (/^\s*\d{10,}\s*$/.test(headers['content-length'] ?? '')) {
+    // uWS 20.30's parser closes such a request once this handler returns, before any answer can
+    // go out (even one written now): say so where the operator can see it.
+    log.warn(`${req.getMethod().toUpperCase()} ${req.getUrl()}: Content-Length ${headers['content-length']!.trim()} has 10 or more digits, which uWebSockets.js cannot read; the connection is closed without an answer. Send bodies of 1,000,000,000 bytes or more with Transfer-Encoding: chunked`);
+  }
   const params: string[] = [];
   for (let i = 0; i < paramCount; i++) params.push(decodeUrlPart(req.getParameter(i) ?? ''));
 
-  // onData must be attached synchronously; chunks past the limit are counted, not kept. Once a
-  // handler streams the body to a file, chunks go to `sink` instead.
+  // onData must be attached synchronously. Until a handler asks for the body (after its key
+  // check, say), at most UNCLAIMED_BODY_BYTES are kept and the socket is paused past them; once
+  // it asks, chunks are kept up to its limit and the read fails at once past it; once the
+  // request is answered (or the client left), the rest is dropped. A handler that streams the
+  // body to a file gets the chunks through `sink` instead.
   const chunks: Buffer[] = [];
   let size = 0;
   let limit = Infinity;
-  let done = false;
-  let wake: (() => void) | null = null;
+  let claimed = false;
+  let paused = false;
+  let done = !hasBody(headers);
+  let waiter: { resolve: () => void; reject: (e: Error) => void } | null = null;
   let cut: (() => void) | null = null;
   let sink: ((chunk: Buffer, isLast: boolean) => void) | null = null;
+  const tooLarge = () => new HttpError(413, `body is over ${limit} bytes (${size} so far); the limit is ${limit}`);
   res.onData((chunk, isLast) => {
     size += chunk.byteLength;
+    if (isLast) done = true;
     if (sink) return sink(Buffer.from(chunk.slice(0)), isLast);
-    if (size <= limit) chunks.push(Buffer.from(chunk.slice(0)));
+    if (r.aborted) return; // answered or gone: nothing more is kept
+    if (size > limit) {
+      waiter?.reject(tooLarge());
+      waiter = null;
+      return;
+    }
+    chunks.push(Buffer.from(chunk.slice(0)));
+    if (!claimed && size > UNCLAIMED_BODY_BYTES && !isLast && !paused) {
+      paused = true;
+      res.pause();
+    }
     if (isLast) {
-      done = true;
-      wake?.();
+      waiter?.resolve();
+      waiter = null;
     }
   });
+  /** The handler asks for the body: the socket reads again (unless the request is over). */
+  const claim = (limitBytes: number) => {
+    claimed = true;
+    limit = limitBytes;
+    if (paused && !r.aborted) {
+      paused = false;
+      res.resume();
+    }
+  };
 
   const r: Req = {
     method: req.getMethod().toUpperCase(),
@@ -104,6 +158,13 @@ export function copyRequest(res: HttpResponse, req: HttpRequest, paramCount: num
     params,
     res,
     aborted: false,
+    answer(write) {
+      if (paused) {
+        paused = false; // the rest is read, to be dropped
+        res.resume();
+      }
+      res.cork(write);
+    },
     abort() {
       r.aborted = true;
       if (!done) cut?.(); // a body cut short: its reader fails instead of waiting forever
@@ -111,23 +172,22 @@ export function copyRequest(res: HttpResponse, req: HttpRequest, paramCount: num
     async body(limitBytes = 1024 * 1024) {
       const declared = Number(headers['content-length'] ?? 0);
       if (declared > limitBytes) throw new HttpError(413, `body is ${declared} bytes; the limit is ${limitBytes}`);
-      limit = limitBytes;
+      if (size > limitBytes) throw new HttpError(413, `body is over ${limitBytes} bytes (${size} so far); the limit is ${limitBytes}`);
+      claim(limitBytes);
       if (!done && r.aborted) throw new HttpError(400, 'the client went away before its body was complete');
       if (!done) {
         await new Promise<void>((resolve, reject) => {
-          wake = resolve;
+          waiter = { resolve, reject };
           cut = () => reject(new HttpError(400, `the client went away after ${size} bytes of its body`));
         });
       }
-      if (size > limitBytes) throw new HttpError(413, `body is ${size} bytes; the limit is ${limitBytes}`);
-      return Buffer.concat(chunks);
+      return Buffer.concat(chunks.splice(0));
     },
     bodyToFile(file: string, limitBytes: number) {
       const declared = Number(headers['content-length'] ?? 0);
       if (declared > limitBytes) return Promise.reject(new HttpError(413, `body is ${declared} bytes; the limit is ${limitBytes}`));
       return new Promise<number>((resolve, reject) => {
         const out = fs.createWriteStream(file, { flags: 'wx' });
-        let over = false;
         let finished = false;
         const fail = (e: Error) => {
           if (finished) return;
@@ -136,21 +196,24 @@ export function copyRequest(res: HttpResponse, req: HttpRequest, paramCount: num
           fs.rm(file, { force: true }, () => reject(e));
         };
         out.on('error', fail);
-        out.on('drain', () => !r.aborted && res.resume());
+        out.on('drain', () => !r.aborted && !finished && res.resume());
         const take = (chunk: Buffer, isLast: boolean) => {
-          if (size > limitBytes) over = true; // keep reading (and dropping) to the end, then answer 413
-          else if (!out.write(chunk) && !isLast) res.pause();
+          if (finished) return; // failed already: the rest is dropped
+          // Past the limit the upload fails at once; the answer closes the connection.
+          if (size > limitBytes) return fail(new HttpError(413, `body is over ${limitBytes} bytes (${size} so far); the limit is ${limitBytes}`));
+          if (!out.write(chunk) && !isLast) res.pause();
           if (!isLast) return;
-          if (over) return fail(new HttpError(413, `body is ${size} bytes; the limit is ${limitBytes}`));
           out.end(() => {
             if (finished) return;
             finished = true;
             resolve(size);
           });
         };
+        if (size > limitBytes) return fail(new HttpError(413, `body is over ${limitBytes} bytes (${size} so far); the limit is ${limitBytes}`));
         for (const c of chunks.splice(0)) out.write(c);
+        sink = take;
+        claim(limitBytes);
         if (done) take(Buffer.alloc(0), true);
-        else sink = take;
         cut = () => fail(new HttpError(400, `the client went away after ${size} bytes of its upload`));
         if (r.aborted && !done) cut();
       });
@@ -171,22 +234,25 @@ export function copyRequest(res: HttpResponse, req: HttpRequest, paramCount: num
   return r;
 }
 
-/** Send a JSON answer (corked: safe after an await). No-op when the client went away. */
+/**
+ * Send a JSON answer (corked: safe after an await). No-op when the client went away. Sent
+ * before the whole body arrived (a 401, 404 or 413), the rest is read and dropped (Req.answer).
+ */
 export function sendJson(r: Req, status: number, body: unknown, headers: Record<string, string> = {}): void {
   if (r.aborted) return;
   r.aborted = true; // a response is ended once
-  r.res.cork(() => {
+  r.answer(() => {
     r.res.writeStatus(statusLine(status)).writeHeader('content-type', 'application/json');
     for (const [k, v] of Object.entries(headers)) r.res.writeHeader(k, v);
     r.res.end(JSON.stringify(body));
   });
 }
 
-/** Send a text answer (corked: safe after an await). No-op when the client went away. */
+/** Send a text answer (corked: safe after an await; see sendJson). No-op when the client went away. */
 export function sendText(r: Req, status: number, text: string, contentType = 'text/plain; charset=utf-8'): void {
   if (r.aborted) return;
   r.aborted = true;
-  r.res.cork(() => {
+  r.answer(() => {
     r.res.writeStatus(statusLine(status)).writeHeader('content-type', contentType).end(text);
   });
 }

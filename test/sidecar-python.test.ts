@@ -37,7 +37,7 @@ describe('a sidecar-API Python client', () => {
     expect(r.steps_zero[1].error).toBe('num_train_steps must be a positive integer, got 0');
     expect(r.no_dataset[1].error).toMatch(/^dataset is required/);
     expect(r.dataset_path[1].error).toMatch(/^dataset must be a plain name/);
-    expect(r.not_base64[1].error).toBe('dataset_content is not valid base64 (11 characters)');
+    expect(r.not_base64[1].error).toBe('dataset_content is not valid base64 (" " at character 3)');
     expect(r.empty_content[1].error).toMatch(/^dataset_content is empty/);
     expect(r.not_archive[1].error).toMatch(/^the archive is neither a tar \(optionally gzipped\) nor a zip file/);
     expect(r.escaping_archive[1].error).toBe('the archive holds an entry with an unsafe path: "../escaped.txt"');

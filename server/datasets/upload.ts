@@ -7,9 +7,11 @@
  *
  * Safety: only regular files and folders (no links, devices or fifos); every path relative, of
  * plain segments (no `..`, no absolute path, no backslash), resolved inside the temporary
- * folder; the archive and its extracted size are capped (`maxBytes`: tar headers and zip
- * central-directory sizes are summed before anything is written, and yauzl checks each entry's
- * real size against its declared one). A name under the root that was not uploaded (the
+ * folder; the archive and its extracted size are capped (`maxBytes`: a tar is extracted in
+ * one streaming pass that stops as soon as its headers' sizes or its inflated bytes pass the
+ * cap, with gzip inflated off the main thread; zip central-directory sizes are summed entry by
+ * entry, and yauzl checks each entry's real size against its declared one). Nothing of an
+ * archive is held in memory and nothing runs long on the event loop. A name under the root that was not uploaded (the
  * operator's own dataset) is never replaced; one uploaded by another key neither; the same
  * archive again (same SHA-256) is reused without rewriting.
  */
@@ -17,9 +19,11 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import { pipeline } from 'node:stream/promises';
+import zlib from 'node:zlib';
 import * as tar from 'tar';
 import yauzl from 'yauzl';
 import { HttpError } from '../http.ts';
+import { log } from '../log.ts';
 
 /** A dataset name: one plain path segment. */
 export const DATASET_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
@@ -92,30 +96,79 @@ function formatOf(file: string): 'zip' | 'tar' | 'tgz' {
   bad(`the archive is neither a tar (optionally gzipped) nor a zip file (${n} bytes; it starts with ${head.subarray(0, Math.min(n, 8)).toString('hex') || 'nothing'})`);
 }
 
-/** Extract a tar or tar.gz into `dest` after checking every entry. @returns [files, bytes]. */
-async function extractTar(file: string, dest: string, maxBytes: number): Promise<[number, number]> {
+/** Tar entry types that are taken: regular files and folders. */
+const TAKEN = new Set(['File', 'OldFile', 'ContiguousFile', 'Directory']);
+/** Tar's own bytes beyond the files' (headers, padding, end blocks) allowed past `maxBytes`. */
+const TAR_SLACK_BYTES = 1024 * 1024;
+
+/**
+ * Extract a tar, or a gzipped one (`gzip`), into `dest`, checking each entry as its header
+ * arrives: one streaming pass, never the whole archive in memory, and never a long stretch on
+ * the event loop. Inflating runs in Node's zlib on the libuv thread pool (node-tar's own
+ * minizlib would inflate on the main thread, a 16 MiB read at a time), with backpressure from
+ * the disk; it stops as soon as the entries' sizes, or the inflated bytes, pass `maxBytes`.
+ * @returns [files, bytes of the files].
+ * @throws HttpError 400 for an unsafe or unsupported entry, an archive past `maxBytes`
+ *   extracted, or one that is not a readable tar (the caller removes `dest`).
+ */
+function extractTar(file: string, dest: string, maxBytes: number, gzip: boolean): Promise<[number, number]> {
   let files = 0;
   let bytes = 0;
-  let problem: string | null = null;
-  await tar.t({
-    file,
-    onReadEntry: (e) => {
-      if (problem) return;
-      try {
-        checkEntryPath(e.path);
-      } catch (err) {
-        problem = (err as Error).message;
-      }
-      if (e.type !== 'File' && e.type !== 'OldFile' && e.type !== 'ContiguousFile' && e.type !== 'Directory') problem ??= `the archive holds ${e.path}, a ${e.type}; only files and folders are taken`;
-      if (e.type !== 'Directory') files++;
-      bytes += e.size ?? 0;
-      if (bytes > maxBytes) problem ??= `the archive extracts to more than ${maxBytes} bytes (--max-dataset-bytes)`;
-      if (files > MAX_ENTRIES) problem ??= `the archive holds more than ${MAX_ENTRIES} files`;
-    },
-  }).catch((e: Error) => bad(`the archive is not a readable tar: ${e.message}`));
-  if (problem) bad(problem);
-  await tar.x({ file, cwd: dest, strict: true, preservePaths: false, preserveOwner: false, filter: (_p, e) => 'type' in e && (e.type === 'File' || e.type === 'OldFile' || e.type === 'ContiguousFile' || e.type === 'Directory') });
-  return [files, bytes];
+  let inflated = 0;
+  let problem: HttpError | null = null;
+  return new Promise<[number, number]>((resolve, reject) => {
+    const stop = (message: string) => {
+      problem ??= new HttpError(400, message);
+      unpack.abort(problem);
+    };
+    const unpack = new tar.Unpack({
+      cwd: dest, strict: true, preservePaths: false, preserveOwner: false, brotli: false, zstd: false,
+      // Called as each header is read, before anything of the entry is written.
+      filter: (p, e) => {
+        if (problem) return false;
+        const type = 'type' in e ? e.type : '';
+        try {
+          checkEntryPath(p);
+        } catch (err) {
+          stop((err as Error).message);
+          return false;
+        }
+        if (!TAKEN.has(type)) stop(`the archive holds ${p}, a ${type}; only files and folders are taken`);
+        else if (type !== 'Directory' && ++files > MAX_ENTRIES) stop(`the archive holds more than ${MAX_ENTRIES} files`);
+        else if ((bytes += e.size ?? 0) > maxBytes) stop(`the archive extracts to more than ${maxBytes} bytes (--max-dataset-bytes)`);
+        return !problem;
+      },
+    });
+    const input = fs.createReadStream(file, { highWaterMark: 256 * 1024 });
+    const source = gzip ? input.pipe(zlib.createGunzip({ chunkSize: 256 * 1024 })) : input;
+    const fail = (e: Error) => {
+      input.destroy();
+      if (source !== input) source.destroy();
+      reject(problem ?? (e instanceof HttpError ? e : new HttpError(400, `the archive is not a readable tar: ${e.message}`)));
+    };
+    unpack.on('error', fail);
+    input.on('error', fail);
+    source.on('error', fail);
+    unpack.on('close', () => (problem ? fail(problem) : resolve([files, bytes])));
+    unpack.on('drain', () => !atEnd && source.resume());
+    // At the tar's end the rest is not read: node-tar would keep appending it to one buffer.
+    let atEnd = false;
+    unpack.on('eof', () => {
+      atEnd = true;
+      input.destroy();
+      if (source !== input) source.destroy();
+      unpack.end();
+    });
+    source.on('data', (chunk: Buffer) => {
+      if (problem || atEnd) return;
+      // node-tar would inflate a gzip inside the gzip itself, on the main thread: refused.
+      if (gzip && inflated === 0 && chunk[0] === 0x1f && chunk[1] === 0x8b) return stop('the archive is a gzip inside a gzip; send a tar, tar.gz or zip');
+      inflated += chunk.length;
+      if (inflated > maxBytes + TAR_SLACK_BYTES) return stop(`the archive extracts to more than ${maxBytes} bytes (--max-dataset-bytes)`);
+      if (!unpack.write(chunk)) source.pause();
+    });
+    source.on('end', () => !problem && !atEnd && unpack.end());
+  });
 }
 
 /** Extract a zip into `dest` after checking every entry. @returns [files, bytes]. */
@@ -204,7 +257,7 @@ async function install(opts: InstallOptions, target: string): Promise<InstallRes
   fs.mkdirSync(tmp);
   try {
     const format = formatOf(opts.archive);
-    const [files, extracted] = format === 'zip' ? await extractZip(opts.archive, tmp, opts.maxBytes) : await extractTar(opts.archive, tmp, opts.maxBytes);
+    const [files, extracted] = format === 'zip' ? await extractZip(opts.archive, tmp, opts.maxBytes) : await extractTar(opts.archive, tmp, opts.maxBytes, format === 'tgz');
     opts.admit?.(extracted);
     const dir = datasetRoot(tmp);
     let counts: { episodes: number; frames: number };
@@ -217,9 +270,11 @@ async function install(opts: InstallOptions, target: string): Promise<InstallRes
     const old = fs.existsSync(target) ? path.join(opts.root, `.${opts.name}.old-${tag}`) : null;
     if (old) fs.renameSync(target, old);
     fs.renameSync(dir, target);
-    if (old) fs.rmSync(old, { recursive: true, force: true });
+    if (old) await fs.promises.rm(old, { recursive: true, force: true });
     return { name: opts.name, dir: target, sha256, bytes, extracted_bytes: extracted, files, ...counts, reused: false };
   } finally {
-    fs.rmSync(tmp, { recursive: true, force: true });
+    // An extraction stopped midway may still be closing a file in `tmp`: retried, and a
+    // failure here is logged, never answered in place of the real outcome.
+    await fs.promises.rm(tmp, { recursive: true, force: true, maxRetries: 5, retryDelay: 100 }).catch((e: Error) => log.warn(`could not remove ${tmp}: ${e.message}`));
   }
 }

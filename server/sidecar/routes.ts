@@ -5,7 +5,8 @@
  * - `POST /training/job_start` `{dataset, num_train_steps?, model_size?, dataset_content?}`:
  *   `dataset` names one of the key's uploaded datasets or a shared one under the datasets root
  *   (datasets/owned.ts); `dataset_content`, a base64 tar / tar.gz / zip of it, is installed as
- *   the key's upload first (datasets/upload.ts);
+ *   the key's upload first (datasets/upload.ts); the body is streamed to disk and
+ *   dataset_content decoded from there (sidecar/content.ts), never held in memory;
  *   `num_train_steps` (default 100) is the job's `steps`; `model_size` (default pi05-tiny) is a
  *   Vela preset (the document's 4b / 12b / 31b are not: a 400 lists the presets). Vela's other
  *   fine-tune fields (batch_size, learning_rate, ...) are taken too. Answers the TrainingJob.
@@ -26,7 +27,7 @@ import path from 'node:path';
 import type { TemplatedApp } from 'uWebSockets.js';
 import { PRESETS, PRESET_ALIASES } from '../../kernels/config.ts';
 import { requireOwner } from '../auth.ts';
-import { HttpError, route, sendJson } from '../http.ts';
+import { HttpError, route, sendJson, type Req } from '../http.ts';
 import { streamFile } from '../stream.ts';
 import { archiveTemp, checkUploadable, installArchive } from '../datasets-route.ts';
 import { datasetDirFor } from '../datasets/owned.ts';
@@ -40,7 +41,10 @@ import { allEvents, sidecarEvent, sidecarStatus, type TrainedModel } from './eve
 import { jobEvents } from './stream.ts';
 import { mountEvals } from './evals.ts';
 import type { SidecarDeps } from './deps.ts';
+import { splitDatasetContent } from './content.ts';
 
+/** Bytes of job_start's body besides dataset_content (which is limited by --max-dataset-bytes, decoded). */
+const JOB_START_FIELDS_BYTES = 1024 * 1024;
 const PRESET_NAMES = [...Object.keys(PRESETS), ...Object.keys(PRESET_ALIASES)];
 const VELA_FIELDS = ['batch_size', 'learning_rate', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed', 'eval_every', 'checkpoint_every'];
 const JOB_ID = /^ft-[a-z0-9]{1,64}$/;
@@ -78,7 +82,23 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
 
   app.post('/training/job_start', route(0, async (r) => {
     const owner = await requireOwner(store, r);
-    const body = await r.json(Math.ceil((config.maxDatasetBytes * 4) / 3) + 1024 * 1024);
+    // The body goes to disk as it comes, and dataset_content from there to its own file, decoded:
+    // neither is ever held in memory (a 600 MB body cannot be one string anyway).
+    const raw = archiveTemp(config, owner, 'job_start-body');
+    const file = archiveTemp(config, owner, 'job_start-content');
+    try {
+      await r.bodyToFile(raw, Math.ceil((config.maxDatasetBytes * 4) / 3) + JOB_START_FIELDS_BYTES);
+      const split = await splitDatasetContent(raw, file, JOB_START_FIELDS_BYTES);
+      await fs.promises.rm(raw, { force: true });
+      await jobStart(r, owner, split.fields, file, split.contentBytes);
+    } finally {
+      // Asynchronous: unlinking a file of gigabytes takes a while.
+      await Promise.all([fs.promises.rm(raw, { force: true }), fs.promises.rm(file, { force: true })]);
+    }
+  }));
+
+  /** job_start once its body is read: `file` holds dataset_content decoded (`contentBytes`, or null when absent). */
+  const jobStart = async (r: Req, owner: string, body: Record<string, unknown>, file: string, contentBytes: number | null) => {
     for (const k of Object.keys(body)) {
       if (!['dataset', 'num_train_steps', 'model_size', 'dataset_content', ...VELA_FIELDS].includes(k)) throw new HttpError(400, `job_start has no field "${k}"; it takes dataset, num_train_steps, model_size, dataset_content and Vela's ${VELA_FIELDS.join(', ')}`);
     }
@@ -99,12 +119,9 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
     }
     let upload: InstallResult | null = null;
     if (body.dataset_content !== undefined) {
-      const b64 = body.dataset_content;
-      if (typeof b64 !== 'string' || b64.length === 0) throw new HttpError(400, 'dataset_content is empty: send the dataset folder as a base64 tar or zip');
-      if (b64.length % 4 !== 0 || !/^[A-Za-z0-9+/]*={0,2}$/.test(b64)) throw new HttpError(400, `dataset_content is not valid base64 (${b64.length} characters)`);
+      if (contentBytes === null) throw new HttpError(400, `dataset_content must be a string (the dataset folder as a base64 tar or zip), got ${JSON.stringify(body.dataset_content)}`);
+      if (contentBytes === 0) throw new HttpError(400, 'dataset_content is empty: send the dataset folder as a base64 tar or zip');
       checkUploadable(config, owner, dataset);
-      const file = archiveTemp(config, owner, dataset);
-      fs.writeFileSync(file, Buffer.from(b64, 'base64'), { flag: 'wx' });
       upload = await installArchive(config, owner, dataset, file);
     } else {
       // Another key's upload reads as absent, in the same words.
@@ -113,7 +130,7 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
     }
     const job = await submitFineTune(deps, owner, jobBody);
     sendJson(r, 200, trainingJob(job, upload));
-  }));
+  };
 
   app.get('/training/job_progress', route(0, async (r) => {
     const job = await jobOf(await requireOwner(store, r), r.query.get('job_id'));
