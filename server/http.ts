@@ -197,13 +197,19 @@ export function copyRequest(res: HttpResponse, req: HttpRequest, paramCount: num
         };
         out.on('error', fail);
         out.on('drain', () => !r.aborted && !finished && res.resume());
+        let ended = false;
         const take = (chunk: Buffer, isLast: boolean) => {
-          if (finished) return; // failed already: the rest is dropped
+          // Failed or ended already: the rest is dropped. A second end (the body's last chunk
+          // can be seen both here and by the `done` check below) would fail the stream before
+          // its file exists.
+          if (finished || ended) return;
           // Past the limit the upload fails at once; the answer closes the connection.
           if (size > limitBytes) return fail(new HttpError(413, `body is over ${limitBytes} bytes (${size} so far); the limit is ${limitBytes}`));
           if (!out.write(chunk) && !isLast) res.pause();
           if (!isLast) return;
-          out.end(() => {
+          ended = true;
+          out.end((err?: Error | null) => {
+            if (err) return fail(err);
             if (finished) return;
             finished = true;
             resolve(size);

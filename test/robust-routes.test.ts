@@ -5,6 +5,9 @@
  * jobs, websockets, dashboard) and of the standalone policy server, with and without a key. After
  * all of it `/healthz` and a live session on the real engine still answer.
  */
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient, type SessionConnection } from '../protocol/client.ts';
 import WebSocket from 'ws';
@@ -17,11 +20,14 @@ import { startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts'
 import { stubEngine } from './helpers/policy-stub.ts';
 
 let app: TestServer;
+// Its own folder: a fixed one was shared with every other run of this file on the machine, and a
+// server's start-up sweep of upload temporaries removed another run's.
+const DATASETS_ROOT = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-robust-datasets-'));
 let policy: PolicyServerHandle;
 let conn: SessionConnection;
 
 beforeAll(async () => {
-  app = await startTestServer({ env: { VELA_DATASETS_DIR: '/tmp/vela-robust-datasets-root' } });
+  app = await startTestServer({ env: { VELA_DATASETS_DIR: DATASETS_ROOT } });
   policy = await startPolicyServer({ engine: stubEngine(), checkpointDir: '/ckpt/run-1', policyId: 'pol-1', seed: 1, port: 0, apiKey: 'pk' });
   const client = new VelaClient(app.baseUrl, app.apiKey);
   conn = await client.connect(await client.waitReady((await client.createSession({ base_model: 'pi05-tiny' })).id));
@@ -30,6 +36,7 @@ afterAll(async () => {
   await conn?.close();
   await policy?.close();
   await app?.close();
+  fs.rmSync(DATASETS_ROOT, { recursive: true, force: true });
 });
 
 /** Path segments that break a naive decoder: the issue's input first. Raw bytes go out as latin1. */
@@ -118,7 +125,7 @@ describe('no request takes a server down', () => {
     for (const headers of [[`Authorization: Bearer ${live.token}`], [`Authorization: Bearer ${live.token}`, 'Upgrade: websocket', 'Connection: Upgrade'], [`Authorization: Bearer ${live.token}`, ...WS_HEADERS.filter((h) => !h.startsWith('Sec-WebSocket-Key'))], [`Authorization: Bearer ${live.token}`, 'Upgrade: websocket', 'Connection: Upgrade', 'Sec-WebSocket-Key: %%%', 'Sec-WebSocket-Version: 99']]) {
       answers.push({ sent: `GET ${wsPath} ${headers.join(' | ')}`, a: await rawHttp(app.port, request('GET', wsPath, headers)) });
     }
-    expectSane(answers, [app.dataDir, '/tmp/vela-robust-datasets-root', process.cwd()]);
+    expectSane(answers, [app.dataDir, DATASETS_ROOT, process.cwd()]);
     // Still up: healthz, and the live session answers on its open connection.
     expect((await fetch(`${app.baseUrl}/healthz`)).status).toBe(200);
     expect(await conn.request('heartbeat')).toEqual({});
@@ -188,20 +195,18 @@ describe('errors name what the client sent, never server paths', () => {
     expect(missing.status).toBe(400);
     const { error } = (await missing.json()) as { error: string };
     expect(error).toMatch(/^dataset_name "lerobot\/no_such_set" not found: no such dataset folder under this server's datasets root/);
-    expect(error).not.toContain('/tmp/vela-robust-datasets-root');
+    expect(error).not.toContain(DATASETS_ROOT);
     // A folder that exists but is not a dataset: the reader's message names files by full path.
-    const fs = await import('node:fs');
-    fs.mkdirSync('/tmp/vela-robust-datasets-root/empty_set/meta', { recursive: true });
+    fs.mkdirSync(`${DATASETS_ROOT}/empty_set/meta`, { recursive: true });
     const notDataset = await post('empty_set');
     expect(notDataset.status).toBe(400);
     const e2 = ((await notDataset.json()) as { error: string }).error;
     expect(e2).toMatch(/^dataset "empty_set": /);
-    expect(e2).not.toContain('/tmp/vela-robust-datasets-root');
-    fs.rmSync('/tmp/vela-robust-datasets-root', { recursive: true, force: true });
+    expect(e2).not.toContain(DATASETS_ROOT);
+    fs.rmSync(DATASETS_ROOT, { recursive: true, force: true });
   });
 
   it('a damaged saved state: the session error names no server folder', async () => {
-    const fs = await import('node:fs');
     const path = await import('node:path');
     expect(await conn.saveState('damaged')).toBe('damaged');
     const dir = (fs.readdirSync(app.dataDir, { recursive: true }) as string[]).find((p) => p.endsWith(path.join('states', 'damaged')))!;
