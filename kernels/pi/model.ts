@@ -17,7 +17,7 @@
 import * as tf from '@tensorflow/tfjs';
 import { ShapeError } from '../batch.ts';
 import { drawNoiseTime, eulerSample } from '../flow.ts';
-import { geluTanh, rmsNorm, rmsNormalize, swish } from '../layers.ts';
+import { embed, geluTanh, rmsNorm, rmsNormalize, swish } from '../layers.ts';
 import type { Rng } from '../rng.ts';
 import { tokensPerCamera, type GemmaDims, type RealPiConfig } from './config.ts';
 import { NAMES, type RealPiParams } from './params.ts';
@@ -138,8 +138,8 @@ export function ropeTables(positions: Int32Array, b: number, n: number, hd: numb
   return { cos: tf.tensor4d(cos, [b, n, 1, half]), sin: tf.tensor4d(sin, [b, n, 1, half]) };
 }
 
-/** Rotates halves (x_j, x_{j + hd/2}) of every head: x [b, n, h*hd], cos/sin [b, n, 1, hd/2]. */
-function rope(x: tf.Tensor, cos: tf.Tensor, sin: tf.Tensor, heads: number, hd: number): tf.Tensor {
+/** RoPE, half-split: (x_j, x_{j + hd/2}) of every head rotate by angle_j: x [b, n, h*hd], cos/sin [b, n, 1, hd/2]. */
+export function applyRope(x: tf.Tensor, cos: tf.Tensor, sin: tf.Tensor, heads: number, hd: number): tf.Tensor {
   const [b, n] = x.shape as [number, number, number];
   const [x1, x2] = tf.split(tf.reshape(x, [b, n, heads, hd]), 2, 3) as [tf.Tensor, tf.Tensor]; // [b, n, h, hd/2]
   const r1 = tf.sub(tf.mul(x1, cos), tf.mul(x2, sin));
@@ -233,11 +233,11 @@ function gemmaStack(P: RealPiParams, streams: Stream[], depth: number, cache: Kv
     streams.forEach((s, i) => {
       const layer = `${s.names}layers.${l}.`;
       const { y, gate } = gemmaNorm(P, `${layer}input_layernorm`, xs[i]!, s.cond);
-      ks.push(rope(linear(P, `${layer}self_attn.k_proj`, y, false), s.cos, s.sin, G, hd)); // [b, n_i, G*hd]
+      ks.push(applyRope(linear(P, `${layer}self_attn.k_proj`, y, false), s.cos, s.sin, G, hd)); // [b, n_i, G*hd]
       vs.push(linear(P, `${layer}self_attn.v_proj`, y, false));
       if (last && !s.output) return;
       active.push(i);
-      qs.push(rope(linear(P, `${layer}self_attn.q_proj`, y, false), s.cos, s.sin, H, hd)); // [b, n_i, H*hd]
+      qs.push(applyRope(linear(P, `${layer}self_attn.q_proj`, y, false), s.cos, s.sin, H, hd)); // [b, n_i, H*hd]
       gates.push(gate);
     });
     let k = ks.length === 1 ? ks[0]! : tf.concat(ks, 1); // [b, k, G*hd]
@@ -290,7 +290,11 @@ export function embedPrefix(model: RealPiModel, batch: RealPiBatch): { embs: tf.
   const L = batch.tokens.length / b;
   const siglipOut = siglip(model, tf.tensor4d(batch.images, [b * nc, 3, S, S])); // [b*nc, T, Wv]
   const img = tf.reshape(linear(P, NAMES.projector.slice(0, -1), siglipOut), [b, nc * T, D]);
-  const text = tf.mul(tf.reshape(tf.gather(param(P, NAMES.embedding), tf.tensor1d(batch.tokens, 'int32')), [b, L, D]), Math.fround(Math.sqrt(D)));
+  // Only gathered rows (FACTS 9): wasm lacks the kernel of gather's gradient, so there the
+  // one-hot-product gradient of layers.ts's embed stands in.
+  const table = param(P, NAMES.embedding);
+  const rows = tf.getBackend() === 'wasm' ? embed(table, batch.tokens) : tf.gather(table, tf.tensor1d(batch.tokens, 'int32'));
+  const text = tf.mul(tf.reshape(rows, [b, L, D]), Math.fround(Math.sqrt(D))); // [b, L, D]
   const p = nc * T + L;
   const valid = new Uint8Array(b * p);
   for (let i = 0; i < b; i++) {

@@ -1,0 +1,294 @@
+/**
+ * The real pi0 / pi0.5 on TF.js (kernels/pi/): the parameter table against LeRobot's state dict,
+ * the config checks, the block mask and positions, RoPE against a direct computation, the
+ * prefix KV cache against the joint pass, masked inputs that must not matter, gradients against
+ * finite differences, no leaked tensors; then parity with the PyTorch reference's vectors
+ * (test/vectors/real-pi/, contract item 3) when they are present.
+ */
+import * as tf from '@tensorflow/tfjs';
+import fs from 'node:fs';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { forEachBackend } from './helpers/tf.ts';
+import { realPiInitParams, realPiInitValues } from './helpers/real-pi-init.ts';
+import { ConfigError } from '../kernels/config.ts';
+import { ShapeError } from '../kernels/batch.ts';
+import { REAL_PI0, REAL_PI05, REAL_PI_TINY_PI0, REAL_PI_TINY_PI05, makeRealPiConfig, type RealPiConfig } from '../kernels/pi/config.ts';
+import { NAMES, contractInitValues, createRealPiParams, disposeRealPiParams, realPiParamCount, realPiParamSpecs, type RealPiParams } from '../kernels/pi/params.ts';
+import { applyRope, attentionLayout, computeLoss, embedPrefix, ropeTables, sample, timeEmbedding, velocity, type RealPiBatch, type RealPiModel } from '../kernels/pi/model.ts';
+
+const B = 2;
+const NC = 3;
+
+/** A small deterministic batch: camera 1 of datum 0 masked, datum 1's prompt padded. */
+function makeBatch(c: RealPiConfig, L = 12): RealPiBatch {
+  const S = c.vision.imageSize;
+  const ah = c.actionHorizon;
+  return {
+    size: B,
+    numCameras: NC,
+    images: new Float32Array(B * NC * 3 * S * S).map((_, i) => Math.sin(i * 0.37)),
+    imageMasks: [1, 0, 1, 1, 1, 1],
+    tokens: Int32Array.from({ length: B * L }, (_, i) => (i * 7919 + 2) % c.vlm.vocabSize),
+    tokenMasks: Array.from({ length: B * L }, (_, i) => (i < L || i % L < 7 ? 1 : 0)),
+    state: new Float32Array(B * c.stateDim).map((_, i) => Math.cos(i)),
+    actions: new Float32Array(B * ah * c.actionDim).map((_, i) => Math.sin(i * 0.1)),
+  };
+}
+
+const noiseOf = (c: RealPiConfig) => new Float32Array(B * c.actionHorizon * c.actionDim).map((_, i) => Math.cos(i * 0.3));
+
+function maxAbs(a: ArrayLike<number>): number {
+  let m = 0;
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]!));
+  return m;
+}
+
+function maxDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  expect(a.length).toBe(b.length);
+  let m = 0;
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]! - b[i]!));
+  return m;
+}
+
+describe('real pi config and parameter table', () => {
+  it('full-size tables equal LeRobot state dicts (minus the two LM heads) in names, shapes and order', () => {
+    for (const [c, file] of [[REAL_PI0, 'pi0'], [REAL_PI05, 'pi05']] as const) {
+      const lerobot = (JSON.parse(fs.readFileSync(`test/fixtures/real-pi/${file}_state_dict.json`, 'utf8')) as [string, number[], string][])
+        .filter(([name]) => !name.endsWith('lm_head.weight'))
+        .map(([name, shape]) => ({ name, shape }));
+      expect(realPiParamSpecs(c)).toEqual(lerobot);
+    }
+    // FACTS 2.4: parameters used in a forward pass.
+    expect(realPiParamCount(REAL_PI0)).toBe(3_238_048_528);
+    expect(realPiParamCount(REAL_PI05)).toBe(3_353_433_872);
+  });
+
+  it('tiny pi0.5 table: FACTS 5.2 LeRobot-style tiny module (16,758,912 used) plus the action/time projections', () => {
+    const tiny = (JSON.parse(fs.readFileSync('test/fixtures/real-pi/tiny_reference_shapes.json', 'utf8')) as Record<string, [string, number[]][]>)
+      .lerobot_pi_gemma_tiny_pi05!.filter(([name]) => !name.endsWith('lm_head.weight'));
+    const mine = new Map(realPiParamSpecs(REAL_PI_TINY_PI05).map((s) => [s.name, s.shape]));
+    for (const [name, shape] of tiny) expect(mine.get(`model.${name}`), name).toEqual(shape);
+    const extra = [...mine.keys()].filter((n) => !n.startsWith('model.paligemma_with_expert.'));
+    expect(extra).toEqual(['action_in_proj', 'action_out_proj', 'time_mlp_in', 'time_mlp_out'].flatMap((n) => [`model.${n}.weight`, `model.${n}.bias`]));
+    expect(mine.size).toBe(tiny.length + extra.length);
+    expect(realPiParamCount(REAL_PI_TINY_PI05)).toBe(16_758_912 + 4 * (32 * 32 + 32));
+    const names = realPiParamSpecs(REAL_PI_TINY_PI0).map((s) => s.name);
+    expect(names).toContain('model.state_proj.weight');
+    expect(names).not.toContain('model.time_mlp_in.weight');
+    expect(realPiParamSpecs(REAL_PI_TINY_PI0).find((s) => s.name === `${NAMES.expert}layers.0.self_attn.q_proj.weight`)!.shape).toEqual([128, 32]);
+  });
+
+  it('rejects configs the shared attention cannot run, naming the field and value', () => {
+    const base = { ...REAL_PI_TINY_PI0 };
+    expect(() => makeRealPiConfig({ ...base, expert: { ...base.expert, headDim: 8 } })).toThrow(/expert\.headDim is 8 but vlm\.headDim is 16/);
+    expect(() => makeRealPiConfig({ ...base, vision: { ...base.vision, patchSize: 15 } })).toThrow(ConfigError);
+    expect(() => makeRealPiConfig({ ...base, actionHorizon: 0 })).toThrow(/actionHorizon is 0/);
+    expect(() => makeRealPiConfig({ ...base, variant: 'pi1' as never })).toThrow(/variant is 'pi1'/);
+  });
+
+  it('the kernel init rule equals the contract helper', () => {
+    for (const name of [NAMES.embedding, 'model.action_in_proj.weight', `${NAMES.vision}post_layernorm.bias`]) {
+      expect(Array.from(contractInitValues(name, 1000))).toEqual(Array.from(realPiInitValues(name, 1000)));
+    }
+    const v = realPiInitValues('model.action_in_proj.weight', 10_000);
+    expect(maxAbs(v)).toBeLessThanOrEqual(0.05);
+    expect(maxAbs(v)).toBeGreaterThan(0.049);
+  });
+
+  it('createRealPiParams names every missing, unexpected and misshapen tensor at once', () => {
+    const specs = realPiParamSpecs(REAL_PI_TINY_PI05).filter((s) => s.name !== NAMES.embedding);
+    const values = realPiInitParams(specs);
+    values.set('model.action_in_proj.weight', new Float32Array(3));
+    values.set('model.state_proj.weight', new Float32Array(3));
+    expect(() => createRealPiParams(REAL_PI_TINY_PI05, values)).toThrow(
+      /missing model\.paligemma_with_expert\.paligemma\.model\.language_model\.embed_tokens\.weight \[257152, 64\].*model\.action_in_proj\.weight is 3 values; expected \[32, 32\].*unexpected model\.state_proj\.weight/,
+    );
+  });
+});
+
+describe('real pi mask and positions (FACTS 1.7)', () => {
+  it('prefix bidirectional among valid tokens, blocks for the suffix, positions over valid tokens', () => {
+    // prefix: 5 tokens, #2 and #4 invalid; pi0 suffix: state (flag 1), 2 actions (flags 1, 0).
+    const valid = Uint8Array.from([1, 1, 0, 1, 0, 1, 1, 1]);
+    const ar = Uint8Array.from([0, 0, 0, 0, 0, 1, 1, 0]);
+    const { mask, positions } = attentionLayout(valid, ar, 1);
+    expect(Array.from(positions)).toEqual([0, 1, 1, 2, 2, 3, 4, 5]);
+    const rows = Array.from({ length: 8 }, (_, i) => Array.from(mask.subarray(i * 8, i * 8 + 8)).join(''));
+    expect(rows).toEqual(['11010000', '11010000', '00000000', '11010000', '00000000', '11010100', '11010111', '11010111']);
+  });
+});
+
+forEachBackend('real pi blocks', () => {
+  it('RoPE rotates (x_j, x_{j+hd/2}) by pos / 10000^(2j/hd), as a direct computation', () => {
+    const b = 2, n = 3, heads = 2, hd = 8;
+    const x = new Float32Array(b * n * heads * hd).map((_, i) => Math.sin(i * 1.3) + 0.1);
+    const pos = Int32Array.from([0, 5, 17, 3, 41, 1000]);
+    const { cos, sin } = ropeTables(pos, b, n, hd);
+    const got = tf.tidy(() => applyRope(tf.tensor3d(x, [b, n, heads * hd]), cos, sin, heads, hd)).dataSync();
+    tf.dispose([cos, sin]);
+    const want = new Float64Array(x.length);
+    for (let t = 0; t < b * n; t++) {
+      for (let h = 0; h < heads; h++) {
+        const o = (t * heads + h) * hd;
+        for (let j = 0; j < hd / 2; j++) {
+          const a = pos[t]! / Math.pow(10000, (2 * j) / hd);
+          want[o + j] = x[o + j]! * Math.cos(a) - x[o + j + hd / 2]! * Math.sin(a);
+          want[o + j + hd / 2] = x[o + j + hd / 2]! * Math.cos(a) + x[o + j]! * Math.sin(a);
+        }
+      }
+    }
+    expect(maxDiff(got, want)).toBeLessThan(1e-4); // angles of up to 1000 rad are rounded to float32
+    expect(maxDiff(got.subarray(0, 3 * heads * hd), want.subarray(0, 3 * heads * hd))).toBeLessThan(2e-6);
+  });
+
+  it('time embedding: sines then cosines over periods 4e-3 .. 4', () => {
+    const e = timeEmbedding(new Float32Array([0, 1]), 8);
+    expect(Array.from(e.subarray(0, 8))).toEqual([0, 0, 0, 0, 1, 1, 1, 1]);
+    // Largest period 4: sin(2 pi / 4) = 1 at t = 1.
+    expect(e[8 + 3]).toBeCloseTo(1, 6);
+    expect(e[8 + 7]).toBeCloseTo(0, 6);
+  });
+});
+
+for (const [label, config] of [['pi0', REAL_PI_TINY_PI0], ['pi05', REAL_PI_TINY_PI05]] as const) {
+  forEachBackend(`real pi ${label} tiny model`, () => {
+    let params: RealPiParams;
+    let model: RealPiModel;
+    beforeAll(() => {
+      params = createRealPiParams(config, 'contract-init', { trainable: true });
+      model = { config, params };
+    });
+    afterAll(() => disposeRealPiParams(params));
+
+    it('shapes, and text embeddings are the table rows times sqrt(D)', async () => {
+      const batch = makeBatch(config);
+      const before = tf.memory().numTensors;
+      const v = velocity(model, batch, noiseOf(config), new Float32Array([0.3, 0.8]));
+      expect(v.shape).toEqual([B, config.actionHorizon, config.actionDim]);
+      expect(maxAbs(await v.data())).toBeGreaterThan(0);
+      v.dispose();
+      const { embs, rows } = tf.tidy(() => {
+        const p = embedPrefix(model, batch);
+        const T = 16;
+        return { embs: tf.slice(p.embs, [0, NC * T, 0], [B, 12, 64]), rows: tf.gather(params.get(NAMES.embedding)!, tf.tensor1d(batch.tokens, 'int32')) };
+      });
+      expect(embs.shape).toEqual([B, 12, 64]);
+      expect(Array.from(await embs.data())).toEqual(Array.from(await rows.data()).map((x) => Math.fround(x * 8)));
+      tf.dispose([embs, rows]);
+      expect(tf.memory().numTensors).toBe(before);
+    });
+
+    it('sample with one step equals noise - v(noise, 1) of the joint pass (the KV cache is exact)', async () => {
+      const batch = makeBatch(config);
+      const noise = noiseOf(config);
+      const v = await velocity(model, batch, noise, new Float32Array([1, 1])).array() as number[][][];
+      const s1 = sample(model, batch, noise, 1);
+      const got = await s1.data();
+      s1.dispose();
+      const want = v.flat(2).map((x, i) => noise[i]! - x);
+      expect(maxDiff(got, want)).toBeLessThan(1e-5);
+    });
+
+    it('a 10-step sample keeps its shape and leaks no tensors', async () => {
+      const batch = makeBatch(config);
+      const before = tf.memory().numTensors;
+      const s = sample(model, batch, noiseOf(config));
+      expect(s.shape).toEqual([B, config.actionHorizon, config.actionDim]);
+      const data = await s.data();
+      expect(data.every(Number.isFinite)).toBe(true);
+      s.dispose();
+      expect(tf.memory().numTensors).toBe(before);
+    });
+
+    it('masked camera pixels and padded token ids change nothing', async () => {
+      const batch = makeBatch(config);
+      const noise = noiseOf(config);
+      const time = new Float32Array([0.3, 0.8]);
+      const base = await velocity(model, batch, noise, time).data();
+      const S = config.vision.imageSize;
+      const images = batch.images.slice();
+      images.fill(0.9, 1 * 3 * S * S, 2 * 3 * S * S); // datum 0, camera 1 (masked)
+      const tokens = batch.tokens.slice();
+      for (let j = 7; j < 12; j++) tokens[12 + j] = 5 + j; // datum 1's padding
+      const changed = await velocity(model, { ...batch, images, tokens }, noise, time).data();
+      expect(maxDiff(changed, base)).toBeLessThan(1e-6);
+      // ...while a present camera's pixels do change the output.
+      const images2 = batch.images.slice();
+      images2.fill(0.9, 0, 3 * S * S);
+      expect(maxDiff(await velocity(model, { ...batch, images: images2 }, noise, time).data(), base)).toBeGreaterThan(1e-4);
+    });
+
+    it('gradients of the mean loss agree with central finite differences', () => {
+      // Weights 6x the contract's (±0.3), so that the vision tower's gradients stand clear of
+      // float32 rounding in the differences.
+      const scaled = new Map([...realPiInitParams(realPiParamSpecs(config))].map(([n, v]) => [n, v.map((x) => x * 6)]));
+      const params = createRealPiParams(config, scaled, { trainable: true });
+      const model = { config, params };
+      try {
+        checkGradients(model, params);
+      } finally {
+        disposeRealPiParams(params);
+      }
+    });
+
+    function checkGradients(model: RealPiModel, params: RealPiParams): void {
+      const batch = makeBatch(config);
+      const noise = noiseOf(config);
+      const time = new Float32Array([0.3, 0.8]);
+      const objective = () => tf.mean(computeLoss(model, batch, noise, time)) as tf.Scalar;
+      const names = [
+        'model.action_out_proj.weight',
+        'model.action_in_proj.weight',
+        `${NAMES.vision}embeddings.patch_embedding.weight`,
+        `${NAMES.vision}encoder.layers.0.layer_norm1.weight`,
+        `${NAMES.projector}weight`,
+        NAMES.embedding,
+        `${NAMES.vlm}layers.0.self_attn.k_proj.weight`,
+        `${NAMES.vlm}layers.1.input_layernorm.weight`,
+        `${NAMES.expert}layers.0.self_attn.q_proj.weight`,
+        `${NAMES.expert}layers.3.mlp.down_proj.weight`,
+        ...(config.variant === 'pi0'
+          ? ['model.state_proj.weight', 'model.action_time_mlp_in.weight', `${NAMES.expert}layers.2.post_attention_layernorm.weight`]
+          : ['model.time_mlp_in.weight', `${NAMES.expert}layers.2.input_layernorm.dense.weight`, `${NAMES.expert}norm.dense.bias`]),
+      ];
+      const vars = names.map((n) => params.get(n) as tf.Variable);
+      const before = tf.memory().numTensors;
+      const { value, grads } = tf.variableGrads(objective, vars);
+      const byName = new Map(names.map((n, i) => [n, grads[vars[i]!.name]!.dataSync()]));
+      tf.dispose([value, ...Object.values(grads)]);
+      expect(tf.memory().numTensors).toBe(before);
+      const h = 1e-2;
+      const lossAt = (): number => tf.tidy(() => objective().dataSync()[0]!);
+      for (const [i, name] of names.entries()) {
+        const g = byName.get(name)!;
+        let k = 0;
+        for (let j = 1; j < g.length; j++) if (Math.abs(g[j]!) > Math.abs(g[k]!)) k = j;
+        expect(Math.abs(g[k]!), name).toBeGreaterThan(1e-3);
+        const v = vars[i]!;
+        const orig = v.dataSync().slice();
+        const set = (delta: number) => {
+          const next = orig.slice();
+          next[k] = orig[k]! + delta;
+          tf.tidy(() => v.assign(tf.tensor(next, v.shape)));
+        };
+        set(h);
+        const up = lossAt();
+        set(-h);
+        const down = lossAt();
+        tf.tidy(() => v.assign(tf.tensor(orig, v.shape)));
+        const fd = (up - down) / (2 * h);
+        expect(Math.abs(fd - g[k]!), `${name}[${k}]: fd ${fd} vs ${g[k]}`).toBeLessThanOrEqual(2e-4 + 2e-2 * Math.abs(g[k]!));
+      }
+    }
+
+    it('refuses a batch that does not fit, naming the field', () => {
+      const batch = makeBatch(config);
+      expect(() => velocity(model, { ...batch, imageMasks: [1, 1] }, noiseOf(config), new Float32Array([0.5, 0.5]))).toThrow(/imageMasks has 2 values; expected 6/);
+      expect(() => computeLoss(model, { ...batch, actions: undefined }, noiseOf(config), new Float32Array([0.5, 0.5]))).toThrow(ShapeError);
+      expect(() => velocity(model, batch, noiseOf(config), new Float32Array([0.5]))).toThrow(/time has 1 values/);
+      const tokens = batch.tokens.slice();
+      tokens[0] = 257152;
+      expect(() => velocity(model, { ...batch, tokens }, noiseOf(config), new Float32Array([0.5, 0.5]))).toThrow(/token id 257152 is outside the vocabulary/);
+    });
+  });
+}
