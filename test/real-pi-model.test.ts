@@ -8,13 +8,14 @@
 import * as tf from '@tensorflow/tfjs';
 import fs from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { forEachBackend } from './helpers/tf.ts';
+import { forEachBackend, useBestBackend } from './helpers/tf.ts';
 import { realPiInitParams, realPiInitValues } from './helpers/real-pi-init.ts';
 import { ConfigError } from '../kernels/config.ts';
 import { ShapeError } from '../kernels/batch.ts';
 import { REAL_PI0, REAL_PI05, REAL_PI_TINY_PI0, REAL_PI_TINY_PI05, makeRealPiConfig, type RealPiConfig } from '../kernels/pi/config.ts';
 import { NAMES, contractInitValues, createRealPiParams, disposeRealPiParams, realPiParamCount, realPiParamSpecs, type RealPiParams } from '../kernels/pi/params.ts';
-import { applyRope, attentionLayout, computeLoss, embedPrefix, ropeTables, sample, timeEmbedding, velocity, type RealPiBatch, type RealPiModel } from '../kernels/pi/model.ts';
+import { applyRope, attentionLayout, computeLoss, embedPrefix, embedSuffix, ropeTables, sample, sequenceLayout, timeEmbedding, velocity, type RealPiBatch, type RealPiModel } from '../kernels/pi/model.ts';
+import { decodeSafetensors, type SafeTensor } from '../kernels/safetensors.ts';
 
 const B = 2;
 const NC = 3;
@@ -289,6 +290,161 @@ for (const [label, config] of [['pi0', REAL_PI_TINY_PI0], ['pi05', REAL_PI_TINY_
       const tokens = batch.tokens.slice();
       tokens[0] = 257152;
       expect(() => velocity(model, { ...batch, tokens }, noiseOf(config), new Float32Array([0.5, 0.5]))).toThrow(/token id 257152 is outside the vocabulary/);
+    });
+  });
+}
+
+// ---------------------------------------------------------------- parity with the PyTorch reference
+
+const VECTORS = 'test/vectors/real-pi';
+
+interface Vectors {
+  meta: Record<string, unknown>;
+  t: Record<string, SafeTensor>;
+}
+
+function readVectors(name: string): Vectors | null {
+  const file = `${VECTORS}/${name}.safetensors`;
+  if (!fs.existsSync(file)) return null;
+  return {
+    meta: JSON.parse(fs.readFileSync(`${VECTORS}/${name}.json`, 'utf8')) as Record<string, unknown>,
+    t: decodeSafetensors(new Uint8Array(fs.readFileSync(file))).tensors,
+  };
+}
+
+/** max |a - b| / max |b| (0 / 0 = 0). */
+function relErr(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  const d = maxDiff(a, b);
+  const scale = maxAbs(b);
+  return scale === 0 ? d : d / scale;
+}
+
+for (const [name, preset] of [['tiny_pi0', REAL_PI_TINY_PI0], ['tiny_pi05', REAL_PI_TINY_PI05]] as const) {
+  const vectors = readVectors(name);
+  if (!vectors) console.warn(`skipped: real pi parity ${name}: ${VECTORS}/${name}.safetensors is not there`);
+  describe.skipIf(!vectors)(`real pi parity with the PyTorch reference: ${name}`, () => {
+    const v = vectors!;
+    const f32 = (key: string): Float32Array => {
+      const t = v.t[key];
+      if (!t) throw new Error(`${name}: tensor ${key} is missing from the vectors`);
+      return t.data instanceof Float32Array ? t.data : Float32Array.from(t.data as Int32Array);
+    };
+    const i32 = (key: string): Int32Array => Int32Array.from(v.t[key]!.data as Int32Array);
+    let config: RealPiConfig;
+    let params: RealPiParams;
+    let model: RealPiModel;
+    let batch: RealPiBatch;
+    let xT: Float32Array;
+
+    beforeAll(async () => {
+      await useBestBackend();
+      const given = (v.meta.config ?? {}) as Partial<RealPiConfig>;
+      config = makeRealPiConfig({ ...preset, ...given, vlm: { ...preset.vlm, ...given.vlm }, expert: { ...preset.expert, ...given.expert }, vision: { ...preset.vision, ...given.vision } });
+      params = createRealPiParams(config, realPiInitParams(realPiParamSpecs(config)), { trainable: true });
+      model = { config, params };
+      const [b, nc] = v.t['in/images']!.shape as [number, number];
+      const time = f32('in/time');
+      batch = {
+        size: b,
+        numCameras: nc,
+        images: f32('in/images'),
+        imageMasks: i32('in/image_masks'),
+        tokens: i32('in/tokens'),
+        tokenMasks: i32('in/token_masks'),
+        ...(config.variant === 'pi0' ? { state: f32('in/state') } : {}),
+        actions: f32('in/actions'),
+      };
+      const noise = f32('in/noise');
+      const actions = batch.actions!;
+      const per = actions.length / b;
+      xT = new Float32Array(actions.length);
+      for (let i = 0; i < actions.length; i++) {
+        const t = time[Math.floor(i / per)]!;
+        xT[i] = Math.fround(Math.fround(t * noise[i]!) + Math.fround(Math.fround(1 - t) * actions[i]!));
+      }
+    });
+    afterAll(() => params && disposeRealPiParams(params));
+
+    it('the init rule gives the json init_check values', () => {
+      const checks = v.meta.init_check as Record<string, number[]> | { name: string; values: number[] }[] | undefined;
+      expect(checks, 'init_check in the json').toBeDefined();
+      const entries = Array.isArray(checks) ? checks.map((e) => [e.name, e.values] as const) : Object.entries(checks!);
+      expect(entries.length).toBeGreaterThan(0);
+      for (const [pname, values] of entries) {
+        expect(Array.from(contractInitValues(pname, values.length)), pname).toEqual(values.map((x) => Math.fround(x)));
+      }
+    });
+
+    it('mask and positions equal the reference exactly', () => {
+      const prefix = tf.tidy(() => embedPrefix(model, batch).valid);
+      const { mask, positions } = sequenceLayout(config, prefix, batch.size);
+      expect(Array.from(positions)).toEqual(Array.from(i32('dbg/positions')));
+      expect(Array.from(mask)).toEqual(Array.from(i32('dbg/att_mask')));
+    });
+
+    it('SigLIP output and prefix / suffix embeddings', async () => {
+      const { siglipOut, embs } = tf.tidy(() => {
+        const p = embedPrefix(model, batch);
+        return { siglipOut: p.siglipOut, embs: p.embs };
+      });
+      const ref = f32('dbg/siglip');
+      // The reference may dump the tower output or its projection; both are checked by size.
+      const got = ref.length === siglipOut.size ? await siglipOut.data() : await tf.tidy(() => tf.add(tf.matMul(tf.reshape(siglipOut, [-1, config.vision.width]), params.get(`${NAMES.projector}weight`)!, false, true), params.get(`${NAMES.projector}bias`)!)).data();
+      expect(relErr(got, ref), 'dbg/siglip').toBeLessThan(1e-5);
+      expect(relErr(await embs.data(), f32('dbg/prefix_embs')), 'dbg/prefix_embs').toBeLessThan(1e-5);
+      tf.dispose([siglipOut, embs]);
+      const suffix = tf.tidy(() => embedSuffix(model, batch.state, tf.tensor3d(xT, [batch.size, config.actionHorizon, config.actionDim]), f32('in/time')).embs);
+      expect(relErr(await suffix.data(), f32('dbg/suffix_embs')), 'dbg/suffix_embs').toBeLessThan(1e-5);
+      suffix.dispose();
+    });
+
+    it('velocity at (noise, t) within 1e-5 relative', async () => {
+      const out = velocity(model, batch, xT, f32('in/time'));
+      expect(relErr(await out.data(), f32('out/velocity'))).toBeLessThan(1e-5);
+      out.dispose();
+    });
+
+    it('per-datum loss, and every parameter gradient within 1e-4 of its scale', () => {
+      const specs = realPiParamSpecs(config);
+      const vars = specs.map((s) => params.get(s.name) as tf.Variable);
+      let lossData = new Float32Array();
+      const { value, grads } = tf.variableGrads(() => {
+        const loss = computeLoss(model, batch, f32('in/noise'), f32('in/time'));
+        lossData = Float32Array.from(loss.dataSync());
+        return tf.mean(loss) as tf.Scalar;
+      }, vars);
+      expect(relErr(lossData, f32('out/loss')), 'out/loss').toBeLessThan(1e-5);
+      const failures: string[] = [];
+      let checked = 0;
+      specs.forEach((s, i) => {
+        const g = grads[vars[i]!.name];
+        const mine = g ? g.dataSync() : new Float32Array(s.shape.reduce((a, b) => a * b, 1));
+        if (s.name === NAMES.embedding) {
+          const idx = i32('grad_rows_index');
+          const rows = f32(`grad_rows/${s.name}`);
+          const w = s.shape[1]!;
+          const picked = new Float32Array(idx.length * w);
+          idx.forEach((r, j) => picked.set(mine.subarray(r * w, (r + 1) * w), j * w));
+          const err = relErr(picked, rows);
+          if (!(err <= 1e-4)) failures.push(`${s.name} rows: ${err}`);
+          checked++;
+          return;
+        }
+        const ref = f32(`grad/${s.name}`);
+        const err = maxDiff(mine, ref);
+        const scale = maxAbs(ref);
+        if (!(err <= 1e-4 * scale || (scale === 0 && err < 1e-12))) failures.push(`${s.name}: max diff ${err.toExponential(3)}, scale ${scale.toExponential(3)}`);
+        checked++;
+      });
+      tf.dispose([value, ...Object.values(grads)]);
+      expect(checked).toBe(specs.length);
+      expect(failures).toEqual([]);
+    });
+
+    it('a 10-step sample from fixed noise within 1e-4', async () => {
+      const out = sample(model, batch, f32('in/sample_noise'), 10);
+      expect(maxDiff(await out.data(), f32('out/sample'))).toBeLessThan(1e-4);
+      out.dispose();
     });
   });
 }

@@ -395,6 +395,27 @@ function positionRows(positions: Int32Array, b: number, N: number, r0: number, r
 }
 
 /**
+ * The whole sequence's layout for a batch whose prefix has `p` tokens with validity `prefixValid`
+ * [b * p]: N = p + s tokens (s = 1 + ah for pi0, ah for pi0.5), all suffix tokens valid, flags 1 on
+ * pi0's state token and on the first action token. Returns the mask [b * N * N] and positions
+ * [b * N] of attentionLayout.
+ */
+export function sequenceLayout(c: RealPiConfig, prefixValid: Uint8Array, b: number): { mask: Uint8Array; positions: Int32Array; p: number; s: number; N: number } {
+  const p = prefixValid.length / b;
+  const s = c.variant === 'pi0' ? 1 + c.actionHorizon : c.actionHorizon;
+  const N = p + s;
+  const valid = new Uint8Array(b * N);
+  for (let i = 0; i < b; i++) {
+    valid.set(prefixValid.subarray(i * p, (i + 1) * p), i * N);
+    valid.fill(1, i * N + p, (i + 1) * N);
+  }
+  const ar = new Uint8Array(N);
+  ar[p] = 1;
+  if (c.variant === 'pi0') ar[p + 1] = 1;
+  return { ...attentionLayout(valid, ar, b), p, s, N };
+}
+
+/**
  * Checks a batch against the config. @throws ShapeError('shape_mismatch' / 'bad_value' /
  * 'empty_batch') naming the field, its size and the expected one.
  */
@@ -456,17 +477,7 @@ export function velocity(model: RealPiModel, batch: RealPiBatch, xT: tf.Tensor |
     const b = batch.size;
     const prefix = embedPrefix(model, batch);
     const suffix = embedSuffix(model, batch.state, asActions(c, b, xT, 'xT'), time);
-    const p = prefix.embs.shape[1]!;
-    const s = suffix.ar.length;
-    const N = p + s;
-    const valid = new Uint8Array(b * N);
-    for (let i = 0; i < b; i++) {
-      valid.set(prefix.valid.subarray(i * p, (i + 1) * p), i * N);
-      valid.fill(1, i * N + p, (i + 1) * N);
-    }
-    const ar = new Uint8Array(N);
-    ar.set(suffix.ar, p);
-    const { mask, positions } = attentionLayout(valid, ar, b);
+    const { mask, positions, p, s, N } = sequenceLayout(c, prefix.valid, b);
     const hd = c.vlm.headDim;
     const pre = ropeTables(positionRows(positions, b, N, 0, p), b, p, hd);
     const suf = ropeTables(positionRows(positions, b, N, p, N), b, s, hd);
@@ -535,22 +546,10 @@ export function sample(model: RealPiModel, batch: RealPiBatch, noise: tf.Tensor 
   checkBatch(c, batch);
   const b = batch.size;
   const hd = c.vlm.headDim;
-  const ah = c.actionHorizon;
-  const s = c.variant === 'pi0' ? 1 + ah : ah;
   // The prefix pass: everything the steps reuse (cache, suffix mask rows, suffix RoPE tables).
   const fixed = tf.tidy(() => {
     const prefix = embedPrefix(model, batch);
-    const p = prefix.embs.shape[1]!;
-    const N = p + s;
-    const valid = new Uint8Array(b * N);
-    for (let i = 0; i < b; i++) {
-      valid.set(prefix.valid.subarray(i * p, (i + 1) * p), i * N);
-      valid.fill(1, i * N + p, (i + 1) * N);
-    }
-    const ar = new Uint8Array(N);
-    ar[p] = 1;
-    if (c.variant === 'pi0') ar[p + 1] = 1;
-    const { mask, positions } = attentionLayout(valid, ar, b);
+    const { mask, positions, p, s, N } = sequenceLayout(c, prefix.valid, b);
     const pre = ropeTables(positionRows(positions, b, N, 0, p), b, p, hd);
     const cache: KvCache = { k: [], v: [] };
     gemmaStack(model.params, [{ x: prefix.embs, names: NAMES.vlm, dims: c.vlm, cond: null, ...pre, bias: maskBias(mask, b, N, 0, p, p), output: false }], c.vlm.depth, null, cache);
