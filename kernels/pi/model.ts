@@ -17,7 +17,7 @@
 import * as tf from '@tensorflow/tfjs';
 import { ShapeError } from '../batch.ts';
 import { drawNoiseTime, eulerSample } from '../flow.ts';
-import { embed, geluTanh, rmsNorm, rmsNormalize, swish } from '../layers.ts';
+import { geluTanh, rmsNorm, rmsNormalize, swish } from '../layers.ts';
 import type { Rng } from '../rng.ts';
 import { tokensPerCamera, type GemmaDims, type RealPiConfig } from './config.ts';
 import { NAMES, type RealPiParams } from './params.ts';
@@ -145,6 +145,30 @@ export function applyRope(x: tf.Tensor, cos: tf.Tensor, sin: tf.Tensor, heads: n
   const r1 = tf.sub(tf.mul(x1, cos), tf.mul(x2, sin));
   const r2 = tf.add(tf.mul(x2, cos), tf.mul(x1, sin));
   return tf.reshape(tf.concat([r1, r2], 3), [b, n, heads * hd]);
+}
+
+/**
+ * table[ids] -> [n, w], the token embedding lookup (only ever gathered: FACTS 9). The wasm
+ * backend has no kernel for gather's gradient (UnsortedSegmentSum), so there the gradient is a
+ * scatter-add of dy's rows in JS into a [V, w] array (a one-hot product would need V x n floats).
+ */
+function gatherRows(table: tf.Tensor, ids: Int32Array): tf.Tensor {
+  const idsT = tf.tensor1d(ids, 'int32');
+  if (tf.getBackend() !== 'wasm') return tf.gather(table, idsT);
+  const [V, w] = table.shape as [number, number];
+  const f = tf.customGrad(((t: tf.Tensor, save: tf.GradSaveFunc) => {
+    save([]);
+    return {
+      value: tf.gather(t, idsT),
+      gradFunc: (dy: tf.Tensor) => {
+        const d = dy.dataSync();
+        const g = new Float32Array(V * w);
+        for (let j = 0; j < ids.length; j++) for (let k = 0; k < w; k++) g[ids[j]! * w + k] += d[j * w + k]!;
+        return [tf.tensor2d(g, [V, w])];
+      },
+    };
+  }) as unknown as Parameters<typeof tf.customGrad>[0]) as unknown as (t: tf.Tensor) => tf.Tensor;
+  return f(table);
 }
 
 // ---------------------------------------------------------------- SigLIP vision tower
@@ -290,10 +314,7 @@ export function embedPrefix(model: RealPiModel, batch: RealPiBatch): { embs: tf.
   const L = batch.tokens.length / b;
   const siglipOut = siglip(model, tf.tensor4d(batch.images, [b * nc, 3, S, S])); // [b*nc, T, Wv]
   const img = tf.reshape(linear(P, NAMES.projector.slice(0, -1), siglipOut), [b, nc * T, D]);
-  // Only gathered rows (FACTS 9): wasm lacks the kernel of gather's gradient, so there the
-  // one-hot-product gradient of layers.ts's embed stands in.
-  const table = param(P, NAMES.embedding);
-  const rows = tf.getBackend() === 'wasm' ? embed(table, batch.tokens) : tf.gather(table, tf.tensor1d(batch.tokens, 'int32'));
+  const rows = gatherRows(param(P, NAMES.embedding), batch.tokens); // [b*L, D]
   const text = tf.mul(tf.reshape(rows, [b, L, D]), Math.fround(Math.sqrt(D))); // [b, L, D]
   const p = nc * T + L;
   const valid = new Uint8Array(b * p);
