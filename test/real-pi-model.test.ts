@@ -51,6 +51,13 @@ function maxDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
   return m;
 }
 
+/** max |a - b| / max |b| (0 / 0 = 0). */
+function relErr(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  const d = maxDiff(a, b);
+  const scale = maxAbs(b);
+  return scale === 0 ? d : d / scale;
+}
+
 describe('real pi config and parameter table', () => {
   it('full-size tables equal LeRobot state dicts (minus the two LM heads) in names, shapes and order', () => {
     for (const [c, file] of [[REAL_PI0, 'pi0'], [REAL_PI05, 'pi05']] as const) {
@@ -281,6 +288,29 @@ for (const [label, config] of [['pi0', REAL_PI_TINY_PI0], ['pi05', REAL_PI_TINY_
       }
     }
 
+    it('loss = mean of (v(x_t, t) - (noise - actions))^2, over all dims or LeRobot\'s leading real dims', async () => {
+      const batch = makeBatch(config);
+      const noise = noiseOf(config);
+      const time = new Float32Array([0.3, 0.8]);
+      const per = config.actionHorizon * config.actionDim;
+      const xT = noise.map((n, i) => time[Math.floor(i / per)]! * n + (1 - time[Math.floor(i / per)]!) * batch.actions![i]!);
+      const v = await velocity(model, batch, xT, time).data();
+      for (const dims of [config.actionDim, 7]) {
+        const want = [0, 1].map((i) => {
+          let sum = 0;
+          for (let h = 0; h < config.actionHorizon; h++) {
+            for (let a = 0; a < dims; a++) {
+              const k = i * per + h * config.actionDim + a;
+              sum += (v[k]! - (noise[k]! - batch.actions![k]!)) ** 2;
+            }
+          }
+          return sum / (config.actionHorizon * dims);
+        });
+        const got = await computeLoss(model, { ...batch, lossActionDims: dims }, noise, time).data();
+        expect(relErr(got, want), `lossActionDims ${dims}`).toBeLessThan(1e-5);
+      }
+    });
+
     it('refuses a batch that does not fit, naming the field', () => {
       const batch = makeBatch(config);
       expect(() => velocity(model, { ...batch, imageMasks: [1, 1] }, noiseOf(config), new Float32Array([0.5, 0.5]))).toThrow(/imageMasks has 2 values; expected 6/);
@@ -311,12 +341,6 @@ function readVectors(name: string): Vectors | null {
   };
 }
 
-/** max |a - b| / max |b| (0 / 0 = 0). */
-function relErr(a: ArrayLike<number>, b: ArrayLike<number>): number {
-  const d = maxDiff(a, b);
-  const scale = maxAbs(b);
-  return scale === 0 ? d : d / scale;
-}
 
 for (const [name, preset] of [['tiny_pi0', REAL_PI_TINY_PI0], ['tiny_pi05', REAL_PI_TINY_PI05]] as const) {
   const vectors = readVectors(name);
