@@ -1,46 +1,46 @@
 /**
- * Test helper: the parity vectors' parameter init rule (pi-common.md contract item 3), written
- * from the contract's text so tests can build the same weights as scripts/real_pi/make_vectors.py:
+ * The deterministic parameter init of the real pi0 / pi0.5 parity vectors (issue 23, contract 3),
+ * the TS twin of `init_values` in scripts/real_pi/reference.py. The vectors store no parameters:
+ * both sides generate every parameter from its name.
  *
- *   seed  = FNV-1a 32-bit of the UTF-8 bytes of the parameter name (offset 2166136261, prime 16777619)
- *   u_i   = mulberry32 stream from seed: state += 0x6D2B79F5; t = state; t = imul(t ^ t>>>15, t|1);
- *           t ^= t + imul(t ^ t>>>7, t|61); u = ((t ^ t>>>14) >>> 0) / 2^32
- *   value = float32((2 u_i - 1) * 0.05), row-major over the parameter's shape
+ * For parameter `name` with n elements (row-major over its PyTorch shape): seed = FNV-1a 32-bit of
+ * the UTF-8 bytes of `name`; u_i = the i-th draw of mulberry32(seed); value_i =
+ * fround((2 u_i - 1) * 0.05), so every value lies in [-0.05, 0.05).
+ *
+ *   const w = realPiInitValues('model.action_out_proj.weight', 32 * 32); // Float32Array(1024)
  */
 
-/** FNV-1a 32-bit hash of a string's UTF-8 bytes, as an unsigned integer. */
+/** FNV-1a 32-bit hash (offset 2166136261, prime 16777619) of the UTF-8 bytes of `text`, as uint32. */
 export function fnv1a32(text: string): number {
-  let hash = 2166136261;
-  for (const byte of Buffer.from(text, 'utf8')) {
-    hash ^= byte;
-    hash = Math.imul(hash, 16777619) >>> 0;
+  let h = 2166136261;
+  for (const byte of new TextEncoder().encode(text)) {
+    h ^= byte;
+    h = Math.imul(h, 16777619) >>> 0;
   }
-  return hash >>> 0;
+  return h >>> 0;
 }
 
-/** `n` uniforms in [0, 1) from mulberry32 seeded with `seed`. */
-export function mulberry32(seed: number, n: number): Float64Array {
+/** A mulberry32 stream: each call returns the next uniform draw in [0, 1) (multiples of 2^-32). */
+export function mulberry32(seed: number): () => number {
   let state = seed >>> 0;
-  const out = new Float64Array(n);
-  for (let i = 0; i < n; i++) {
+  return () => {
     state = (state + 0x6d2b79f5) >>> 0;
     let t = state;
     t = Math.imul(t ^ (t >>> 15), t | 1);
     t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    out[i] = ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  }
-  return out;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
 }
 
-/** The `size` values of parameter `name` by the rule, float32. */
-export function realPiInitValues(name: string, size: number): Float32Array {
-  const u = mulberry32(fnv1a32(name), size);
-  const out = new Float32Array(size);
-  for (let i = 0; i < size; i++) out[i] = (2 * u[i]! - 1) * 0.05;
+/**
+ * The n initial values of parameter `name`, row-major. n is the element count (the product of the
+ * parameter's shape); throws RangeError when n is not a non-negative integer. The 16.5 M-element
+ * token embedding of the tiny config takes about a second.
+ */
+export function realPiInitValues(name: string, n: number): Float32Array {
+  if (!Number.isInteger(n) || n < 0) throw new RangeError(`realPiInitValues: n is ${n}; expected a non-negative integer element count`);
+  const next = mulberry32(fnv1a32(name));
+  const out = new Float32Array(n);
+  for (let i = 0; i < n; i++) out[i] = (2 * next() - 1) * 0.05;
   return out;
-}
-
-/** Every parameter of a table by the rule: name -> values. */
-export function realPiInitParams(specs: readonly { name: string; shape: readonly number[] }[]): Map<string, Float32Array> {
-  return new Map(specs.map((s) => [s.name, realPiInitValues(s.name, s.shape.reduce((a, b) => a * b, 1))]));
 }
