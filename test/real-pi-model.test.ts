@@ -14,8 +14,9 @@ import { ConfigError } from '../kernels/config.ts';
 import { ShapeError } from '../kernels/batch.ts';
 import { REAL_PI0, REAL_PI05, REAL_PI_TINY_PI0, REAL_PI_TINY_PI05, makeRealPiConfig, type RealPiConfig } from '../kernels/pi/config.ts';
 import { NAMES, contractInitValues, createRealPiParams, disposeRealPiParams, realPiParamCount, realPiParamSpecs, type RealPiParams } from '../kernels/pi/params.ts';
-import { applyRope, attentionLayout, computeLoss, embedPrefix, embedSuffix, ropeTables, sample, sequenceLayout, timeEmbedding, velocity, type RealPiBatch, type RealPiModel } from '../kernels/pi/model.ts';
+import { applyRope, attentionLayout, computeLoss, drawRealPiNoiseTime, embedPrefix, embedSuffix, ropeTables, sample, sequenceLayout, timeEmbedding, velocity, type RealPiBatch, type RealPiModel } from '../kernels/pi/model.ts';
 import { decodeSafetensors, type SafeTensor } from '../kernels/safetensors.ts';
+import { Rng } from '../kernels/rng.ts';
 
 /** Every parameter of a table by the contract's init rule: name -> values. */
 function realPiInitParams(specs: readonly { name: string; shape: readonly number[] }[]): Map<string, Float32Array> {
@@ -116,6 +117,20 @@ describe('real pi config and parameter table', () => {
     expect(() => createRealPiParams(REAL_PI_TINY_PI05, values)).toThrow(
       /missing model\.paligemma_with_expert\.paligemma\.model\.language_model\.embed_tokens\.weight \[257152, 64\].*model\.action_in_proj\.weight is 3 values; expected \[32, 32\].*unexpected model\.state_proj\.weight/,
     );
+  });
+});
+
+describe('real pi training draws (FACTS 1.12)', () => {
+  it('t = 0.999 Beta(1.5, 1) + 0.001: inside [0.001, 1], mean 0.6004, biased to the noise end', () => {
+    const { noise, time } = drawRealPiNoiseTime(REAL_PI_TINY_PI0, new Rng(7), 20_000);
+    expect(noise.length).toBe(20_000 * 10 * 32);
+    expect(Math.min(...time)).toBeGreaterThanOrEqual(0.001);
+    expect(Math.max(...time)).toBeLessThanOrEqual(1);
+    const mean = time.reduce((a, b) => a + b, 0) / time.length;
+    expect(Math.abs(mean - (0.999 * 0.6 + 0.001))).toBeLessThan(0.01);
+    // P(t > 0.5) = 1 - ((0.5 - 0.001) / 0.999)^1.5 = 0.647 (uniform would give 0.5).
+    const upper = time.filter((t) => t > 0.5).length / time.length;
+    expect(Math.abs(upper - 0.647)).toBeLessThan(0.015);
   });
 });
 
