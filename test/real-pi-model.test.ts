@@ -177,6 +177,35 @@ forEachBackend('real pi blocks', () => {
   });
 });
 
+forEachBackend('real pi grouped-query attention', () => {
+  it('query head j uses key/value head floor(j / (H / G)): G = 2 equals G = 8 with each kv head repeated 4 times', async () => {
+    const small = { ...REAL_PI_TINY_PI05, vlm: { ...REAL_PI_TINY_PI05.vlm, vocabSize: 300 } };
+    const withKv = (G: number) => makeRealPiConfig({ ...small, vlm: { ...small.vlm, numKvHeads: G }, expert: { ...small.expert, numKvHeads: G } });
+    const [g2, g8] = [withKv(2), withKv(8)];
+    const values = realPiInitParams(realPiParamSpecs(g2));
+    const hd = 16;
+    const repeated = new Map([...values].map(([n, v]) => {
+      if (!/self_attn\.[kv]_proj\.weight$/.test(n) || n.includes('vision')) return [n, v];
+      const rowLen = v.length / (2 * hd);
+      const out = new Float32Array(8 * hd * rowLen);
+      for (let j = 0; j < 8; j++) out.set(v.subarray(Math.floor(j / 4) * hd * rowLen, (Math.floor(j / 4) + 1) * hd * rowLen), j * hd * rowLen);
+      return [n, out];
+    }));
+    const batch = makeBatch(g2);
+    const time = new Float32Array([0.3, 0.8]);
+    const out: Float32Array[] = [];
+    for (const [config, vals] of [[g2, values], [g8, repeated]] as const) {
+      const params = createRealPiParams(config, vals);
+      const v = velocity({ config, params }, batch, noiseOf(config), time);
+      out.push((await v.data()) as Float32Array);
+      v.dispose();
+      disposeRealPiParams(params);
+    }
+    expect(maxAbs(out[0]!)).toBeGreaterThan(1e-3);
+    expect(maxDiff(out[1]!, out[0]!)).toBeLessThan(1e-6);
+  });
+});
+
 for (const [label, config] of [['pi0', REAL_PI_TINY_PI0], ['pi05', REAL_PI_TINY_PI05]] as const) {
   forEachBackend(`real pi ${label} tiny model`, () => {
     let params: RealPiParams;
