@@ -205,12 +205,17 @@ export function siglip(model: RealPiModel, images: tf.Tensor): tf.Tensor {
   const hd = v.width / v.numHeads;
   for (let i = 0; i < v.depth; i++) {
     const l = `${V}encoder.layers.${i}.`;
-    const h = layerNorm(P, `${l}layer_norm1`, x);
-    const q = linear(P, `${l}self_attn.q_proj`, h);
-    const k = linear(P, `${l}self_attn.k_proj`, h);
-    const vv = linear(P, `${l}self_attn.v_proj`, h);
-    x = tf.add(x, linear(P, `${l}self_attn.out_proj`, attention(q, k, vv, null, v.numHeads, v.numHeads, hd)));
-    x = tf.add(x, linear(P, `${l}mlp.fc2`, geluTanh(linear(P, `${l}mlp.fc1`, layerNorm(P, `${l}layer_norm2`, x)))));
+    // One tidy per block, as in gemmaStack: its temporaries go when it ends.
+    const next = tf.tidy(() => {
+      const h = layerNorm(P, `${l}layer_norm1`, x);
+      const q = linear(P, `${l}self_attn.q_proj`, h);
+      const k = linear(P, `${l}self_attn.k_proj`, h);
+      const vv = linear(P, `${l}self_attn.v_proj`, h);
+      const y = tf.add(x, linear(P, `${l}self_attn.out_proj`, attention(q, k, vv, null, v.numHeads, v.numHeads, hd)));
+      return tf.add(y, linear(P, `${l}mlp.fc2`, geluTanh(linear(P, `${l}mlp.fc1`, layerNorm(P, `${l}layer_norm2`, y)))));
+    });
+    x.dispose();
+    x = next;
   }
   return layerNorm(P, `${V}post_layernorm`, x);
 }
@@ -247,52 +252,59 @@ export interface KvCache {
  */
 function gemmaStack(P: RealPiParams, streams: Stream[], depth: number, cache: KvCache | null, fill: KvCache | null): (tf.Tensor | null)[] {
   const { numHeads: H, numKvHeads: G, headDim: hd } = streams[0]!.dims;
-  const xs = streams.map((s) => s.x);
+  let xs = streams.map((s) => s.x);
   for (let l = 0; l < depth; l++) {
     const last = l === depth - 1;
-    const ks: tf.Tensor[] = [];
-    const vs: tf.Tensor[] = [];
-    const qs: tf.Tensor[] = [];
-    const gates: (tf.Tensor | null)[] = [];
-    const active: number[] = []; // streams whose queries run in this layer
-    streams.forEach((s, i) => {
-      const layer = `${s.names}layers.${l}.`;
-      const { y, gate } = gemmaNorm(P, `${layer}input_layernorm`, xs[i]!, s.cond);
-      ks.push(applyRope(linear(P, `${layer}self_attn.k_proj`, y, false), s.cos, s.sin, G, hd)); // [b, n_i, G*hd]
-      vs.push(linear(P, `${layer}self_attn.v_proj`, y, false));
-      if (last && !s.output) return;
-      active.push(i);
-      qs.push(applyRope(linear(P, `${layer}self_attn.q_proj`, y, false), s.cos, s.sin, H, hd)); // [b, n_i, H*hd]
-      gates.push(gate);
+    const active = streams.flatMap((s, i) => (last && !s.output ? [] : [i])); // streams whose queries run
+    // One tidy per layer keeps a layer's temporaries from piling up over the stack (the prefix's
+    // GeGLU alone is [b, p, F] x 4 per layer); a taped gradient keeps what it needs by itself.
+    const out = tf.tidy(() => {
+      const ks: tf.Tensor[] = [];
+      const vs: tf.Tensor[] = [];
+      const qs: tf.Tensor[] = [];
+      const gates: (tf.Tensor | null)[] = [];
+      streams.forEach((s, i) => {
+        const layer = `${s.names}layers.${l}.`;
+        const { y, gate } = gemmaNorm(P, `${layer}input_layernorm`, xs[i]!, s.cond);
+        ks.push(applyRope(linear(P, `${layer}self_attn.k_proj`, y, false), s.cos, s.sin, G, hd)); // [b, n_i, G*hd]
+        vs.push(linear(P, `${layer}self_attn.v_proj`, y, false));
+        if (!active.includes(i)) return;
+        qs.push(applyRope(linear(P, `${layer}self_attn.q_proj`, y, false), s.cos, s.sin, H, hd)); // [b, n_i, H*hd]
+        gates.push(gate);
+      });
+      const kNew = ks.length === 1 ? ks[0]! : tf.concat(ks, 1); // [b, k, G*hd]
+      const vNew = vs.length === 1 ? vs[0]! : tf.concat(vs, 1);
+      const next = xs.slice();
+      if (active.length > 0) {
+        const k = cache ? tf.concat([cache.k[l]!, kNew], 1) : kNew;
+        const v = cache ? tf.concat([cache.v[l]!, vNew], 1) : vNew;
+        const q = qs.length === 1 ? qs[0]! : tf.concat(qs, 1); // [b, n, H*hd]
+        const bias = active.length === 1 ? streams[active[0]!]!.bias : tf.concat(active.map((i) => streams[i]!.bias), 2);
+        const att = attention(q, k, v, bias, H, G, hd); // [b, n, H*hd]
+        let row0 = 0;
+        active.forEach((i, j) => {
+          const s = streams[i]!;
+          const layer = `${s.names}layers.${l}.`;
+          const [b, n] = xs[i]!.shape as [number, number, number];
+          const rows = active.length === 1 ? att : tf.slice(att, [0, row0, 0], [b, n, -1]); // [b, n_i, H*hd]
+          row0 += n;
+          const o = linear(P, `${layer}self_attn.o_proj`, rows, false); // [b, n_i, width]
+          const x = tf.add(xs[i]!, gates[j] ? tf.mul(o, gates[j]!) : o);
+          const { y, gate } = gemmaNorm(P, `${layer}post_attention_layernorm`, x, s.cond);
+          const m = geglu(P, layer, y);
+          next[i] = tf.add(x, gate ? tf.mul(m, gate) : m);
+        });
+      }
+      return { next, kv: fill ? [kNew, vNew] : [] };
     });
-    let k = ks.length === 1 ? ks[0]! : tf.concat(ks, 1); // [b, k, G*hd]
-    let v = vs.length === 1 ? vs[0]! : tf.concat(vs, 1);
     if (fill) {
-      fill.k.push(k);
-      fill.v.push(v);
+      fill.k.push(out.kv[0]!);
+      fill.v.push(out.kv[1]!);
     }
-    if (cache) {
-      k = tf.concat([cache.k[l]!, k], 1);
-      v = tf.concat([cache.v[l]!, v], 1);
-    }
+    // The previous layer's outputs are no longer read (the stream inputs belong to the caller).
+    xs.forEach((x, i) => x !== out.next[i] && x !== streams[i]!.x && x.dispose());
+    xs = out.next;
     if (active.length === 0) break;
-    const q = qs.length === 1 ? qs[0]! : tf.concat(qs, 1); // [b, n, H*hd]
-    const bias = active.length === 1 ? streams[active[0]!]!.bias : tf.concat(active.map((i) => streams[i]!.bias), 2);
-    const att = attention(q, k, v, bias, H, G, hd); // [b, n, H*hd]
-    let row0 = 0;
-    active.forEach((i, j) => {
-      const s = streams[i]!;
-      const layer = `${s.names}layers.${l}.`;
-      const [b, n] = xs[i]!.shape as [number, number, number];
-      const rows = active.length === 1 ? att : tf.slice(att, [0, row0, 0], [b, n, -1]); // [b, n_i, H*hd]
-      row0 += n;
-      const o = linear(P, `${layer}self_attn.o_proj`, rows, false); // [b, n_i, width]
-      let x = tf.add(xs[i]!, gates[j] ? tf.mul(o, gates[j]!) : o);
-      const { y, gate } = gemmaNorm(P, `${layer}post_attention_layernorm`, x, s.cond);
-      const m = geglu(P, layer, y);
-      x = tf.add(x, gate ? tf.mul(m, gate) : m);
-      xs[i] = x;
-    });
   }
   // The final norm's adaRMS gate (pi0.5) is discarded.
   return streams.map((s, i) => (s.output ? gemmaNorm(P, `${s.names}norm`, xs[i]!, s.cond).y : null));
