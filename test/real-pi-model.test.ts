@@ -111,12 +111,14 @@ describe('real pi config and parameter table', () => {
 
   it('createRealPiParams names every missing, unexpected and misshapen tensor at once', () => {
     const specs = realPiParamSpecs(REAL_PI_TINY_PI05).filter((s) => s.name !== NAMES.embedding);
-    const values = realPiInitParams(specs);
+    const values = new Map<string, Float32Array | tf.Tensor>(realPiInitParams(specs));
     values.set('model.action_in_proj.weight', new Float32Array(3));
+    values.set('model.action_out_proj.weight', tf.zeros([31, 32]));
     values.set('model.state_proj.weight', new Float32Array(3));
     expect(() => createRealPiParams(REAL_PI_TINY_PI05, values)).toThrow(
-      /missing model\.paligemma_with_expert\.paligemma\.model\.language_model\.embed_tokens\.weight \[257152, 64\].*model\.action_in_proj\.weight is 3 values; expected \[32, 32\].*unexpected model\.state_proj\.weight/,
+      /missing model\.paligemma_with_expert\.paligemma\.model\.language_model\.embed_tokens\.weight \[257152, 64\].*model\.action_in_proj\.weight is 3 values; expected \[32, 32\].*model\.action_out_proj\.weight is \[31, 32\]; expected \[32, 32\].*unexpected model\.state_proj\.weight/,
     );
+    (values.get('model.action_out_proj.weight') as tf.Tensor).dispose();
   });
 });
 
