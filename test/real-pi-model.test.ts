@@ -451,6 +451,15 @@ for (const [name, preset] of [['tiny_pi0', REAL_PI_TINY_PI0], ['tiny_pi05', REAL
       }
     });
 
+    it('the reference has exactly this parameter table (names and shapes)', () => {
+      const list = v.meta.params as [string, number[]][] | undefined;
+      expect(list, 'params in the json').toBeDefined();
+      // Order aside: this table keeps LeRobot's state-dict order (SigLIP k, v, q, out), the
+      // reference its own module order.
+      const byName = (a: { name: string }, b: { name: string }) => (a.name < b.name ? -1 : 1);
+      expect(realPiParamSpecs(config).slice().sort(byName)).toEqual(list!.map(([pname, shape]) => ({ name: pname, shape })).sort(byName));
+    });
+
     it('mask and positions equal the reference exactly', () => {
       const prefix = tf.tidy(() => embedPrefix(model, batch).valid);
       const { mask, positions } = sequenceLayout(config, prefix, batch.size);
