@@ -4,79 +4,69 @@
  * (`--allow-endpoint`, parsed here so that config.ts can check it at start).
  */
 import net from 'node:net';
+import ipaddr from 'ipaddr.js';
 
-/** An IPv4 range refused by default: [first address as a 32-bit number, prefix length, what it is]. */
-const V4_REFUSED: [number, number, string][] = [
-  [v4('0.0.0.0'), 8, 'an unspecified ("this network") address'],
-  [v4('10.0.0.0'), 8, 'a private address (10.0.0.0/8)'],
-  [v4('100.64.0.0'), 10, 'a carrier-grade NAT address (100.64.0.0/10)'],
-  [v4('127.0.0.0'), 8, 'a loopback address (127.0.0.0/8)'],
-  [v4('169.254.0.0'), 16, 'a link-local address (169.254.0.0/16, where cloud metadata services answer)'],
-  [v4('172.16.0.0'), 12, 'a private address (172.16.0.0/12)'],
-  [v4('192.0.0.0'), 24, 'an IETF protocol address (192.0.0.0/24)'],
-  [v4('192.168.0.0'), 16, 'a private address (192.168.0.0/16)'],
-  [v4('198.18.0.0'), 15, 'a benchmarking address (198.18.0.0/15)'],
-  [v4('224.0.0.0'), 4, 'a multicast address (224.0.0.0/4)'],
-  [v4('240.0.0.0'), 4, 'a reserved address (240.0.0.0/4)'],
-];
+/**
+ * The words a refusal uses for ipaddr.js's named ranges (its tables follow IANA's special-purpose
+ * registries), for IPv4 and IPv6; every range but `unicast` is refused by default.
+ */
+const RANGE_WORDS: Record<'ipv4' | 'ipv6', Record<string, string>> = {
+  ipv4: {
+    unspecified: 'an unspecified ("this network") address (0.0.0.0/8)',
+    broadcast: 'the broadcast address',
+    multicast: 'a multicast address (224.0.0.0/4)',
+    linkLocal: 'a link-local address (169.254.0.0/16, where cloud metadata services answer)',
+    loopback: 'a loopback address (127.0.0.0/8)',
+    carrierGradeNat: 'a carrier-grade NAT address (100.64.0.0/10)',
+    reserved: 'a reserved address',
+  },
+  ipv6: {
+    unspecified: 'the unspecified address (::)',
+    loopback: 'a loopback address (::1)',
+    linkLocal: 'a link-local address (fe80::/10)',
+    multicast: 'a multicast address (ff00::/8)',
+    uniqueLocal: 'a unique-local (private) address (fc00::/7)',
+    deprecatedSiteLocal: 'a site-local address (fec0::/10)',
+    reserved: 'a reserved address',
+  },
+};
 
-function v4(s: string): number {
-  return s.split('.').reduce((n, part) => n * 256 + Number(part), 0);
-}
-
-/** 16 bytes of an IPv6 literal (as net.isIPv6 accepts it, a trailing dotted quad included). */
-function v6Bytes(s: string): number[] {
-  let text = s.split('%')[0]!;
-  const quad = /(\d+\.\d+\.\d+\.\d+)$/.exec(text);
-  if (quad) {
-    const n = v4(quad[1]!);
-    text = `${text.slice(0, quad.index)}${(n >>> 16).toString(16)}:${(n & 0xffff).toString(16)}`;
-  }
-  const [head, tail] = text.includes('::') ? text.split('::') : [text, undefined];
-  const words = (x: string | undefined) => (x ? x.split(':').map((w) => parseInt(w, 16)) : []);
-  const h = words(head);
-  const t = words(tail);
-  const all = tail === undefined ? h : [...h, ...new Array(8 - h.length - t.length).fill(0), ...t];
-  return all.flatMap((w) => [w >> 8, w & 0xff]);
+/** The IPv4 address in the low 32 bits of IPv6 words `w` (as ipaddr.js gives them), dotted. */
+function low32(w: number[]): string {
+  return [w[6]! >> 8, w[6]! & 0xff, w[7]! >> 8, w[7]! & 0xff].join('.');
 }
 
 /**
  * An address in the form the checks use: IPv4 dotted, or IPv6 whose embedded IPv4 address (if
- * any: ::ffff:a.b.c.d, ::a.b.c.d, 64:ff9b::a.b.c.d, 2002:AABB:CCDD::) comes out as IPv4.
+ * any: ::ffff:a.b.c.d, ::a.b.c.d, 64:ff9b::a.b.c.d, 2002:AABB:CCDD::) comes out as IPv4, since
+ * those reach the IPv4 host. Anything that is not an address comes back as given.
  */
 export function canonicalAddress(address: string): string {
-  const ip = address.replace(/^\[|\]$/g, '');
-  if (net.isIPv4(ip)) return ip;
-  if (!net.isIPv6(ip)) return ip;
-  const b = v6Bytes(ip);
-  const dotted = (at: number) => b.slice(at, at + 4).join('.');
-  const zero = (from: number, to: number) => b.slice(from, to).every((x) => x === 0);
-  if (zero(0, 10) && b[10] === 0xff && b[11] === 0xff) return dotted(12); // IPv4-mapped
-  if (zero(0, 12) && !zero(12, 14)) return dotted(12); // IPv4-compatible (deprecated); not :: or ::1
-  if (b[0] === 0x00 && b[1] === 0x64 && b[2] === 0xff && b[3] === 0x9b && zero(4, 12)) return dotted(12); // NAT64
-  if (b[0] === 0x20 && b[1] === 0x02) return dotted(2); // 6to4
-  return ip.toLowerCase();
+  const ip = address.replace(/^\[|\]$/g, '').split('%')[0]!;
+  if (!ipaddr.isValid(ip) || !net.isIP(ip)) return address.replace(/^\[|\]$/g, '');
+  const parsed = ipaddr.parse(ip);
+  if (parsed.kind() === 'ipv4') return parsed.toString();
+  const v6 = parsed as ipaddr.IPv6;
+  const w = v6.parts;
+  const range = v6.range();
+  if (range === 'ipv4Mapped' || range === 'rfc6052') return low32(w); // mapped; NAT64 (64:ff9b::/96)
+  if (range === '6to4') return [w[1]! >> 8, w[1]! & 0xff, w[2]! >> 8, w[2]! & 0xff].join('.');
+  if (w.slice(0, 6).every((x) => x === 0) && (w[6] !== 0 || w[7]! > 1)) return low32(w); // IPv4-compatible (deprecated), not :: or ::1
+  return v6.toString(); // RFC 5952's compact form
 }
 
-/** Why an address is refused by default, or null when it is a public address. */
+/** Why an address is refused by default, or null when it is a public (unicast) address. */
 export function categoryOf(address: string): string | null {
   const ip = canonicalAddress(address);
-  if (net.isIPv4(ip)) {
-    const n = v4(ip);
-    for (const [first, prefix, what] of V4_REFUSED) {
-      if (prefix === 0 || Math.floor(n / 2 ** (32 - prefix)) === Math.floor(first / 2 ** (32 - prefix))) return what;
-    }
-    if (n === 0xffffffff) return 'the broadcast address';
-    return null;
+  if (!net.isIP(ip)) return null;
+  const parsed = ipaddr.parse(ip);
+  const range = parsed.range();
+  if (range === 'unicast') return null;
+  if (range === 'private') {
+    const block = ['10.0.0.0/8', '172.16.0.0/12', '192.168.0.0/16'].find((cidr) => (parsed as ipaddr.IPv4).match(ipaddr.IPv4.parseCIDR(cidr)));
+    return `a private address (${block})`;
   }
-  const b = v6Bytes(ip);
-  if (b.every((x) => x === 0)) return 'the unspecified address (::)';
-  if (b.slice(0, 15).every((x) => x === 0) && b[15] === 1) return 'a loopback address (::1)';
-  if ((b[0]! & 0xfe) === 0xfc) return 'a unique-local (private) address (fc00::/7)';
-  if (b[0] === 0xfe && (b[1]! & 0xc0) === 0x80) return 'a link-local address (fe80::/10)';
-  if (b[0] === 0xfe && (b[1]! & 0xc0) === 0xc0) return 'a site-local address (fec0::/10)';
-  if (b[0] === 0xff) return 'a multicast address (ff00::/8)';
-  return null;
+  return RANGE_WORDS[parsed.kind()][range] ?? `a special-purpose address (${range})`;
 }
 
 /** A host name as an allowlist compares it: lower case, no trailing dot, no brackets. */
