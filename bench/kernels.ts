@@ -8,9 +8,9 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
-import { initBackend } from '../kernels/backend.ts';
-import { countParams, makeConfig } from '../kernels/config.ts';
-import { fakeBatch } from '../kernels/batch.ts';
+import { initBackend } from '../kernels/backend/backend.ts';
+import { countParams, makeConfig } from '../kernels/small/config.ts';
+import { fakeBatch } from '../kernels/small/batch.ts';
 import { BaseWeights, TrainingState } from '../kernels/trainer.ts';
 
 const USAGE = `Usage: npm run bench:kernels -- [options]

@@ -7,9 +7,9 @@
  */
 import { parseArgs } from 'node:util';
 import * as tf from '@tensorflow/tfjs';
-import { initBackend } from '../kernels/backend.ts';
-import { makeConfig } from '../kernels/config.ts';
-import { fakeBatch } from '../kernels/batch.ts';
+import { initBackend } from '../kernels/backend/backend.ts';
+import { makeConfig } from '../kernels/small/config.ts';
+import { fakeBatch } from '../kernels/small/batch.ts';
 import { BaseWeights, TrainingState } from '../kernels/trainer.ts';
 
 const { values } = parseArgs({

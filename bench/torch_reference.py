@@ -1,7 +1,7 @@
 """PyTorch reference of Vela's pi0 and pi0.5 policies (docs/MODEL.md), for the bench's speed ratio, the
 recipe table's same-budget comparison (bench/torch_finetune.py) and a parity check against Vela.
 
-Builds `pi05-tiny`, `pi0-tiny` (or the small presets) exactly as MODEL.md and kernels/policy.ts
+Builds `pi05-tiny`, `pi0-tiny` (or the small presets) exactly as MODEL.md and kernels/small/model.ts
 describe them: the same parameter table (2,202,272 parameters for pi05-tiny, 1,790,752 for pi0-tiny,
 checked), the same token layout (only the image slots that hold a frame are computed, D13), the
 same last prefix layer that computes only keys and values; pi0.5: state bins in the prefix and
@@ -190,7 +190,7 @@ class Pi05(Policy):
 
 
 class Pi0(Policy):
-    """pi0 (MODEL.md, kernels/policy.ts's pi0 variant): no state bins in the prefix; the normalised state
+    """pi0 (MODEL.md, kernels/small/model.ts's pi0 variant): no state bins in the prefix; the normalised state
     is one suffix token, Linear(state_dim, w) with no position embedding (D7), ahead of the action tokens
     (D8); it sees the prefix and itself, the action tokens see the prefix, the state token and each
     other. Time: the action embedding (Linear(action_dim, w) + horizon embedding) concatenated with
@@ -307,7 +307,7 @@ def read_safetensors(path):
 
 
 def vela_name(name):
-    """This module's parameter name -> Vela's (kernels/policy.ts paramSpecs)."""
+    """This module's parameter name -> Vela's (kernels/small/model.ts paramSpecs)."""
     parts = name.split(".")
     if parts[0] in ("prefix", "action"):
         rest = parts[2:]

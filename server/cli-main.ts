@@ -100,7 +100,7 @@ async function presets(argv: string[]): Promise<void> {
   if (wantsHelp(argv)) return void process.stdout.write(PRESETS_USAGE);
   splitArgs(argv, {}, 'vela presets --help');
   if (argv.length > 0) throw new UsageError(`unexpected argument ${shown(argv[0]!)} (see vela presets --help)`);
-  const { describePresets } = await import('../kernels/config.ts');
+  const { describePresets } = await import('../kernels/small/config.ts');
   process.stdout.write(describePresets() + '\n');
 }
 

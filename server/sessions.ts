@@ -5,11 +5,11 @@
  */
 import { jsonId, type RequestId } from '../protocol/messages.ts';
 import type { RawMsgpack } from '../protocol/msgpack.ts';
-import { PRESETS, PRESET_ALIASES, makeConfig, resolvePreset } from '../kernels/config.ts';
+import { PRESETS, PRESET_ALIASES, makeConfig, resolvePreset } from '../kernels/small/config.ts';
 import { zeroGateRule } from '../kernels/lora.ts';
 import { Engine, PriorityGate, type EngineLike, type EngineOptions } from './engine/host.ts';
 import type { BackendInfo } from './engine/messages.ts';
-import type { NativeThreads } from '../kernels/native.ts';
+import type { NativeThreads } from '../kernels/backend/native.ts';
 import { HttpError } from './http.ts';
 import { meant } from './resemble.ts';
 import { log } from './log.ts';

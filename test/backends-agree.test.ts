@@ -12,12 +12,12 @@
  *   sampled actions (10 Euler steps, errors compound): 1e-5 absolute (measured: 5e-7).
  */
 import { describe, expect, it } from 'vitest';
-import { makeConfig } from '../kernels/config.ts';
-import { fakeBatch } from '../kernels/batch.ts';
+import { makeConfig } from '../kernels/small/config.ts';
+import { fakeBatch } from '../kernels/small/batch.ts';
 import { drawNoiseTime } from '../kernels/flow.ts';
 import { Rng } from '../kernels/rng.ts';
 import { BaseWeights, TrainingState } from '../kernels/trainer.ts';
-import type { BackendKind } from '../kernels/backend.ts';
+import type { BackendKind } from '../kernels/backend/backend.ts';
 import { NATIVE_PRESENT, TEST_BACKENDS, useBackend } from './helpers/tf.ts';
 
 interface Outcome {

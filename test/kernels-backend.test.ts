@@ -1,11 +1,11 @@
 import * as tf from '@tensorflow/tfjs';
 import { createRequire } from 'node:module';
 import { expect, it } from 'vitest';
-import { initBackend, backendReport } from '../kernels/backend.ts';
-import { visibleGpus } from '../kernels/native.ts';
+import { initBackend, backendReport } from '../kernels/backend/backend.ts';
+import { visibleGpus } from '../kernels/backend/native.ts';
 import { useBackend, TEST_BACKENDS } from './helpers/tf.ts';
-import { makeConfig } from '../kernels/config.ts';
-import { fakeBatch, makeBatch } from '../kernels/batch.ts';
+import { makeConfig } from '../kernels/small/config.ts';
+import { fakeBatch, makeBatch } from '../kernels/small/batch.ts';
 import { BaseWeights, TrainingState } from '../kernels/trainer.ts';
 import { drawNoiseTime } from '../kernels/flow.ts';
 import { Rng } from '../kernels/rng.ts';
@@ -58,7 +58,7 @@ it.each(TEST_BACKENDS)('skips an image slot that is empty in every datum without
 });
 
 it('the fast wasm Slice/SplitV/Unpack kernels cut exactly the stock pieces', async () => {
-  await useBackend('wasm'); // wasm's own kernels (kernels/wasm-fast.ts)
+  await useBackend('wasm'); // wasm's own kernels (kernels/backend/wasm-fast.ts)
   const shape = [3, 4, 5, 6];
   const data = Float32Array.from({ length: 360 }, (_, i) => i);
   const x = tf.tensor(data, shape);

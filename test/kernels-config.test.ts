@@ -1,10 +1,10 @@
 import { describe, expect, it } from 'vitest';
-import { ConfigError, countParams, describePresets, makeConfig, resolvePreset, type PolicyConfig } from '../kernels/config.ts';
-import { tableParamCount, paramSpecs, timeEmbedding, stateBins } from '../kernels/policy.ts';
-import { ShapeError, fakeBatch, makeBatch, tokenizePrompt } from '../kernels/batch.ts';
+import { ConfigError, countParams, describePresets, makeConfig, resolvePreset, type PolicyConfig } from '../kernels/small/config.ts';
+import { tableParamCount, paramSpecs, timeEmbedding, stateBins } from '../kernels/small/model.ts';
+import { ShapeError, fakeBatch, makeBatch, tokenizePrompt } from '../kernels/small/batch.ts';
 import { Rng } from '../kernels/rng.ts';
 
-/** MODEL.md's table, counted by hand, term by term (independent of kernels/config.ts). */
+/** MODEL.md's table, counted by hand, term by term (independent of kernels/small/config.ts). */
 function handCount(c: PolicyConfig): number {
   const w = c.width, hd = c.heads * c.headDim;
   const lin = (i: number, o: number) => i * o + o;

@@ -8,9 +8,9 @@
 import * as tf from '@tensorflow/tfjs';
 import { describe, expect, it } from 'vitest';
 import { forEachBackend } from './helpers/tf.ts';
-import { makeConfig, type PolicyConfig } from '../kernels/config.ts';
-import { fakeBatch, type ModelBatch } from '../kernels/batch.ts';
-import { paramSpecs, velocity, type WeightsView } from '../kernels/policy.ts';
+import { makeConfig, type PolicyConfig } from '../kernels/small/config.ts';
+import { fakeBatch, type ModelBatch } from '../kernels/small/batch.ts';
+import { paramSpecs, velocity, type WeightsView } from '../kernels/small/model.ts';
 import { drawNoiseTime, lossPerDatum, noisyActions } from '../kernels/flow.ts';
 import { selectTargets } from '../kernels/lora.ts';
 import type { LoraFactors } from '../kernels/layers.ts';

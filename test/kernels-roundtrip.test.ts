@@ -5,8 +5,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, expect, it } from 'vitest';
 import { forEachBackend } from './helpers/tf.ts';
-import { makeConfig } from '../kernels/config.ts';
-import { fakeBatch } from '../kernels/batch.ts';
+import { makeConfig } from '../kernels/small/config.ts';
+import { fakeBatch } from '../kernels/small/batch.ts';
 import { BaseWeights, TrainingState, type ExportedState } from '../kernels/trainer.ts';
 import { loadCheckpoint, saveCheckpoint, type CheckpointContent } from '../kernels/checkpoint.ts';
 

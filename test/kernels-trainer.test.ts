@@ -1,8 +1,8 @@
 import * as tf from '@tensorflow/tfjs';
 import { describe, expect, it } from 'vitest';
 import { forEachBackend } from './helpers/tf.ts';
-import { makeConfig } from '../kernels/config.ts';
-import { fakeBatch, sliceBatch } from '../kernels/batch.ts';
+import { makeConfig } from '../kernels/small/config.ts';
+import { fakeBatch, sliceBatch } from '../kernels/small/batch.ts';
 import { mseVelocityGrad, drawNoiseTime } from '../kernels/flow.ts';
 import { BaseWeights, TrainerError, TrainingState } from '../kernels/trainer.ts';
 import { Rng } from '../kernels/rng.ts';

@@ -10,7 +10,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { PRESETS, PRESET_ALIASES } from '../kernels/config.ts';
+import { PRESETS, PRESET_ALIASES } from '../kernels/small/config.ts';
 import { runPythonJson } from './helpers/python.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 import { ownerUploadsDir } from '../server/datasets/owned.ts';

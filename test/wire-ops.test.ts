@@ -10,8 +10,8 @@ import { VelaClient, type Datum, type SessionConnection } from '../protocol/clie
 import { decodeFrameResized } from '../protocol/frames.ts';
 import { ndarray, NDArray } from '../protocol/ndarray.ts';
 import { useBestBackend } from './helpers/tf.ts';
-import { makeBatch, type ModelBatch } from '../kernels/batch.ts';
-import { makeConfig } from '../kernels/config.ts';
+import { makeBatch, type ModelBatch } from '../kernels/small/batch.ts';
+import { makeConfig } from '../kernels/small/config.ts';
 import { mseVelocityGrad } from '../kernels/flow.ts';
 import { BaseWeights, TrainingState } from '../kernels/trainer.ts';
 import { loadCheckpoint } from '../kernels/checkpoint.ts';

@@ -3,7 +3,7 @@
  * naming the field, defaults filled in, and the dataset name resolved under the data root.
  */
 import path from 'node:path';
-import { PRESETS, PRESET_ALIASES, makeConfig, resolvePreset } from '../../kernels/config.ts';
+import { PRESETS, PRESET_ALIASES, makeConfig, resolvePreset } from '../../kernels/small/config.ts';
 import { zeroGateRule } from '../../kernels/lora.ts';
 import { validateAdamWOptions, type AdamWOptions } from '../../kernels/optim.ts';
 import { HttpError } from '../http.ts';

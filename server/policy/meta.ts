@@ -15,7 +15,7 @@
  *   action dimension), else the mask from `state_names` / `action_names` (MODEL.md).
  * - `num_steps`: Euler steps of sampling (default 10).
  */
-import { makeConfig, resolvePreset, type PolicyConfig } from '../../kernels/config.ts';
+import { makeConfig, resolvePreset, type PolicyConfig } from '../../kernels/small/config.ts';
 import { deltaMaskFromNames, normalizerFor, parseNormStats, type NormStatsSet, type Normalizer } from '../../kernels/normalize.ts';
 import type { EngineInfo } from '../engine/messages.ts';
 

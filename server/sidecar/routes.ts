@@ -25,7 +25,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import type { TemplatedApp } from 'uWebSockets.js';
-import { PRESETS, PRESET_ALIASES } from '../../kernels/config.ts';
+import { PRESETS, PRESET_ALIASES } from '../../kernels/small/config.ts';
 import { requireOwner } from '../auth.ts';
 import { HttpError, route, sendJson, type Req } from '../http.ts';
 import { streamFile } from '../stream.ts';

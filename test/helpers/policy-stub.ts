@@ -6,7 +6,7 @@
 import WebSocket from 'ws';
 import type { EngineLike } from '../../server/engine/host.ts';
 import type { EngineInfo } from '../../server/engine/messages.ts';
-import type { ModelBatch } from '../../kernels/batch.ts';
+import type { ModelBatch } from '../../kernels/small/batch.ts';
 import { packNumpy, unpackNumpy } from '../../protocol/ndarray.ts';
 
 /** The stub model's sizes: pi0-tiny with 32-pixel images, 8 state and action dims, horizon 6. */

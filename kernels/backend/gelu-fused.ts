@@ -8,7 +8,7 @@
  * As TF.js ops these were 4 and 9 elementwise kernels over [b, t, mlp] (the backward recomputed
  * the sigmoid too): ~11 ms of every pi05-tiny prefix MLP's forward + backward on wasm, memory
  * traffic and kernel dispatch. On wasm each is one SIMD loop on the backend's heap
- * (kernels/wasm-asm.ts), on the cpu backend one JavaScript loop, elsewhere the TF.js ops; all
+ * (kernels/backend/wasm-asm.ts), on the cpu backend one JavaScript loop, elsewhere the TF.js ops; all
  * three do the same float32 operations in the same order, so they agree bit for bit
  * (test/wasm-fast.test.ts).
  */

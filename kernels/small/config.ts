@@ -1,23 +1,15 @@
 /**
  * The policy's configuration: the presets of MODEL.md's table, validated and frozen. The model
- * (kernels/policy.ts) is built from a PolicyConfig and nothing else.
+ * (kernels/small/model.ts) is built from a PolicyConfig and nothing else.
  *
  * Axis legend used in shape comments across kernels/: `b` batch, `ah` action horizon, `ad`
  * action dim, `s` state dim, `p` prefix tokens, `t` tokens, `w` width, `h` heads, `hd` head
  * dim, `n` rows (b * tokens), `m` mlp width.
  */
 
-export type ConfigErrorCode = 'unknown_preset' | 'bad_config';
+import { ConfigError } from '../errors.ts';
 
-/** The kernels' configuration error: an unknown preset or a field out of range. */
-export class ConfigError extends Error {
-  readonly code: ConfigErrorCode;
-  constructor(code: ConfigErrorCode, message: string) {
-    super(message);
-    this.name = 'ConfigError';
-    this.code = code;
-  }
-}
+export { ConfigError, type ConfigErrorCode } from '../errors.ts';
 
 /** pi0: the state is one suffix token, time enters the action tokens by an MLP.
  * pi05: the state is discretised into prefix tokens, time conditions adaptive RMSNorm. */
@@ -115,7 +107,7 @@ export function makeConfig(preset: string, overrides: Partial<ConfigFields> = {}
 
 /**
  * The parameter count of a config by MODEL.md's closed form (pure arithmetic, no tensors);
- * kernels/policy.ts's parameter table must agree (a test checks both against the presets).
+ * kernels/small/model.ts's parameter table must agree (a test checks both against the presets).
  * pi0-tiny 1,790,752; pi05-tiny 2,202,272; pi0-small 29,368,352; pi05-small 36,408,992.
  */
 export function countParams(c: PolicyConfig): number {
