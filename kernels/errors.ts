@@ -3,9 +3,10 @@
  * training machinery: a configuration out of range, an input that does not fit the model.
  */
 
-export type ConfigErrorCode = 'unknown_preset' | 'bad_config';
+export type ConfigErrorCode = 'unknown_preset' | 'real_model' | 'bad_config';
 
-/** The kernels' configuration error: an unknown preset or a field out of range. */
+/** The kernels' configuration error: an unknown preset, a real model's name where a preset is
+ * wanted (`pi0`, `pi05`), or a field out of range. */
 export class ConfigError extends Error {
   readonly code: ConfigErrorCode;
   constructor(code: ConfigErrorCode, message: string) {

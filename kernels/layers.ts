@@ -280,7 +280,7 @@ function unstackT(x: tf.Tensor): tf.Tensor[] {
  * kT [n, hd, tk], v [n, tk, hd] with n = b * h (datum-major), bias [b, 1, tq or 1, tk]
  * (constant) -> [n, tq, hd]. The products run per head as 2-D matMuls, while the bias, the
  * softmax and the softmax gradient run once over all heads: a third of the kernels of one op per
- * head (each wasm kernel costs ~20 us of overhead; pi05-tiny b8 went from ~9,400 kernels per
+ * head (each wasm kernel costs ~20 us of overhead; flow05-tiny b8 went from ~9,400 kernels per
  * training step to ~6,000). Only q, kT, v and the probabilities p [n, tq, tk] are kept for the
  * backward pass, which frees its temporaries when it ends (TF.js keeps a taped op's gradients
  * until the whole backward pass ends): dp = do · vᵀ, ds = p (dp - rowsum(dp p)), dq = ds · k,

@@ -52,7 +52,7 @@ or the cluster's PostgreSQL with --database-url (VELA_DATABASE_URL). Any other s
 vela serve --help is taken and ignored.
 `;
 
-const PRESETS_USAGE = 'Usage: vela presets\n\nPrints each model preset with its parameter count (MODEL.md).\n';
+const PRESETS_USAGE = 'Usage: vela presets\n\nPrints each model preset with its parameter count and deprecated alias (MODEL.md).\n';
 
 function wantsHelp(args: string[]): boolean {
   return args.includes('--help') || args.includes('-h');

@@ -28,7 +28,7 @@ interface Outcome {
   actions: Float32Array;
 }
 
-const config = makeConfig('pi05-tiny', { imageSize: 32, patch: 16, slots: 2, width: 32, depth: 2, heads: 2, headDim: 16, mlpDim: 64, maxTokenLen: 8, stateDim: 6, actionDim: 4, horizon: 5 });
+const config = makeConfig('flow05-tiny', { imageSize: 32, patch: 16, slots: 2, width: 32, depth: 2, heads: 2, headDim: 16, mlpDim: 64, maxTokenLen: 8, stateDim: 6, actionDim: 4, horizon: 5 });
 const batch = fakeBatch(config, 3, 11);
 const { noise, time } = drawNoiseTime(new Rng(5), 3, config.horizon, config.actionDim);
 

@@ -36,7 +36,7 @@ it('selects a backend once, reports every faster one not used with its reason, a
 
 it.each(TEST_BACKENDS)('skips an image slot that is empty in every datum without changing the outputs (D13) [%s]', async (kind) => {
   await useBackend(kind);
-  const c = makeConfig('pi0-tiny', { imageSize: 32, width: 32, depth: 2, heads: 2, headDim: 16, mlpDim: 64, maxTokenLen: 8, stateDim: 4, actionDim: 3, horizon: 3 });
+  const c = makeConfig('flow0-tiny', { imageSize: 32, width: 32, depth: 2, heads: 2, headDim: 16, mlpDim: 64, maxTokenLen: 8, stateDim: 4, actionDim: 3, horizon: 3 });
   const src = fakeBatch(c, 3, 2);
   const frame = (i: number, k: number) => src.images.slice((i * 3 + k) * 32 * 32 * 3, (i * 3 + k + 1) * 32 * 32 * 3);
   const datum = (i: number, slot2: boolean) => ({

@@ -1,7 +1,7 @@
 /**
  * AdamW on tfjs-node running on the CPU, where JavaScript cannot reach tensor memory and every
  * TensorFlow eager op costs 15-40 us of dispatch through the addon. As TF.js ops a step ran ~15
- * kernels per parameter plus a finite check (77 ms of a 390 ms pi05-tiny full step); a plain
+ * kernels per parameter plus a finite check (77 ms of a 390 ms flow05-tiny full step); a plain
  * JavaScript loop over copies was slower still (every operation rounded with Math.fround).
  * Here each parameter's p, g, m, v are copied into a WebAssembly.Memory of this module's own,
  * updated there by kernels/backend/adamw-simd.ts's SIMD loop (bit-identical to the TF.js ops, so to the
