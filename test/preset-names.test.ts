@@ -14,6 +14,7 @@ import { checkCompatible, loadCheckpoint, saveCheckpoint } from '../kernels/chec
 import { parseFineTuneConfig } from '../server/jobs/config.ts';
 import { parseSessionConfig } from '../server/sessions.ts';
 import { policyMeta } from '../server/policy/meta.ts';
+import { readCheckpointConfig } from '../server/policy/cli.ts';
 import { runCli } from '../server/cli-main.ts';
 import { log } from '../server/log.ts';
 import { G1_DIR } from './helpers/g1.ts';
@@ -128,6 +129,15 @@ describe('stored records', () => {
     expect(() => checkCompatible({ preset: 'pi05-tiny' }, { preset: 'flow0-tiny' })).toThrow(/checkpoint is for preset pi05-tiny/);
   });
 
+  it('vela policy reads an old or bare stored preset as the small preset it named', () => {
+    for (const [stored, now] of [['pi05-tiny', 'flow05-tiny'], ['pi0', 'flow0-small'], ['flow0-tiny', 'flow0-tiny']] as const) {
+      const ck = path.join(dir, `policy-${stored}`);
+      fs.mkdirSync(ck, { recursive: true });
+      fs.writeFileSync(path.join(ck, 'config.json'), JSON.stringify({ preset: stored, base_seed: 3 }));
+      expect(readCheckpointConfig(ck)).toEqual({ preset: now, baseSeed: 3 });
+    }
+  });
+
   it("a policy checkpoint's old preset name is served by the engine of the new name", () => {
     expect(STUB_INFO.preset).toBe('flow0-tiny');
     expect(policyMeta(STUB_INFO, { ...STUB_CONFIG, preset: 'pi0-tiny' }, STUB_STATS).actionHorizon).toBe(STUB_CONFIG.action_horizon);
@@ -187,6 +197,11 @@ describe('new requests', () => {
       expect(spy.mock.calls.map((c) => String(c[0])).filter((l) => l.includes('deprecated'))).toEqual([
         "session: preset name 'pi0-tiny' is deprecated; it is now 'flow0-tiny' (the same model)",
       ]);
+    });
+
+    it('an old name and its new one share one engine (a checkpoint stored as pi0-tiny runs on flow0-tiny)', async () => {
+      expect(await server.sessions.engineFor('pi0-tiny')).toBe(await server.sessions.engineFor('flow0-tiny'));
+      expect(await server.sessions.policyEngineFor('pi0')).toBe(await server.sessions.policyEngineFor('flow0-small'));
     });
 
     it("the sidecar's job_start: model_size pi05 is a 400 with the line", async () => {
