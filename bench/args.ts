@@ -34,7 +34,7 @@ concurrent sessions and policy clients, and a PyTorch reference of the same mode
 python3 can import torch). Writes a table on stdout, bench/results/<name>.json and .svg.
 
 Options:
-  --preset NAME          model preset (default pi05-tiny)
+  --preset NAME          model preset (default flow05-tiny)
   --batch N              datums per training request (default 8)
   --cameras N            JPEG cameras per datum, 1..3 (default 1)
   --codec NAME           frame codec of session requests: JPEG, LOSSLESS, PNG, RAW (default JPEG)
@@ -68,7 +68,7 @@ export function parseBenchArgs(argv: string[]): BenchOptions | null {
     args: argv,
     strict: true,
     options: {
-      preset: { type: 'string', default: 'pi05-tiny' },
+      preset: { type: 'string', default: 'flow05-tiny' },
       batch: { type: 'string' },
       cameras: { type: 'string', default: '1' },
       codec: { type: 'string', default: 'JPEG' },

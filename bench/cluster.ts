@@ -40,7 +40,7 @@ const COUNTS = values.nodes!.split(',').map((n) => int('nodes', n));
 const KEY = 'vela-bench-cluster-key-0123';
 
 const subset = g1Subset(3);
-const job = (seed: number) => ({ model: 'pi05-tiny', dataset_name: subset.name, steps: STEPS, batch_size: BATCH, learning_rate: 3e-3, eval_every: 0, checkpoint_every: 10, seed });
+const job = (seed: number) => ({ model: 'flow05-tiny', dataset_name: subset.name, steps: STEPS, batch_size: BATCH, learning_rate: 3e-3, eval_every: 0, checkpoint_every: 10, seed });
 
 async function call(base: string, method: string, url: string, body?: unknown): Promise<any> {
   const res = await fetch(base + url, { method, headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' }, body: body === undefined ? undefined : JSON.stringify(body) });
@@ -112,7 +112,7 @@ try {
 }
 
 const base = rows[0]!;
-process.stdout.write(`\n${os.cpus().length} cores\n\n| nodes | jobs (${STEPS} steps, batch ${BATCH}, pi05-tiny LoRA) | wall time | jobs / min | vs 1 node | jobs per node | cores used per node | host load (1 min) |\n| - | - | - | - | - | - | - | - |\n`);
+process.stdout.write(`\n${os.cpus().length} cores\n\n| nodes | jobs (${STEPS} steps, batch ${BATCH}, flow05-tiny LoRA) | wall time | jobs / min | vs 1 node | jobs per node | cores used per node | host load (1 min) |\n| - | - | - | - | - | - | - | - |\n`);
 for (const r of rows) {
   const cores = r.coresPerNode.map((c) => (c === null ? '?' : c.toFixed(2))).join(', ');
   process.stdout.write(`| ${r.nodes} | ${r.jobs} | ${r.seconds.toFixed(1)} s | ${r.jobsPerMin.toFixed(2)} | ${(r.jobsPerMin / base.jobsPerMin).toFixed(2)}x | ${Object.entries(r.byNode).map(([n, c]) => `${n}: ${c}`).join(', ')} | ${cores} | ${r.loadAvg[0]!.toFixed(1)} |\n`);

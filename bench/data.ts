@@ -10,8 +10,8 @@ import { fileURLToPath } from 'node:url';
 import { decodeFrame, encodeFrame, resizeWithPad } from '../protocol/frames.ts';
 import { ndarray } from '../protocol/ndarray.ts';
 import type { Datum } from '../protocol/client.ts';
-import { makeBatch, type DatumInput, type ModelBatch } from '../kernels/batch.ts';
-import type { PolicyConfig } from '../kernels/config.ts';
+import { makeBatch, type DatumInput, type ModelBatch } from '../kernels/small/batch.ts';
+import type { PolicyConfig } from '../kernels/small/config.ts';
 import { openDataset, type Dataset, type Frame } from '../server/datasets/index.ts';
 
 export const G1_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../datasets/g1_pick_bottle_sample');

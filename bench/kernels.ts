@@ -3,14 +3,14 @@
  * active backend (VELA_BACKEND to force one), with burn-in, median ms per step; optional
  * sample() time. Prints a table and writes bench/results/kernels.json.
  *
- *   npm run bench:kernels -- --presets pi0-tiny,pi05-tiny --batch 1,8 --steps 5
+ *   npm run bench:kernels -- --presets flow0-tiny,flow05-tiny --batch 1,8 --steps 5
  */
 import fs from 'node:fs';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
-import { initBackend } from '../kernels/backend.ts';
-import { countParams, makeConfig } from '../kernels/config.ts';
-import { fakeBatch } from '../kernels/batch.ts';
+import { initBackend } from '../kernels/backend/backend.ts';
+import { countParams, makeConfig } from '../kernels/small/config.ts';
+import { fakeBatch } from '../kernels/small/batch.ts';
 import { BaseWeights, TrainingState } from '../kernels/trainer.ts';
 
 const USAGE = `Usage: npm run bench:kernels -- [options]
@@ -18,7 +18,7 @@ const USAGE = `Usage: npm run bench:kernels -- [options]
 Times forward_backward + optim_step (one training step) per preset and batch size.
 
 Options:
-  --presets LIST     comma-separated presets (default pi0-tiny,pi05-tiny)
+  --presets LIST     comma-separated presets (default flow0-tiny,flow05-tiny)
   --batch LIST       comma-separated batch sizes (default 1,8)
   --steps N          timed steps per row after burn-in (default 5)
   --burn-in N        untimed steps first (default 2)
@@ -55,7 +55,7 @@ function positiveList(name: string, value: string): number[] {
 async function main(): Promise<void> {
   const { values } = parseArgs({
     options: {
-      presets: { type: 'string', default: 'pi0-tiny,pi05-tiny' },
+      presets: { type: 'string', default: 'flow0-tiny,flow05-tiny' },
       batch: { type: 'string', default: '1,8' },
       steps: { type: 'string', default: '5' },
       'burn-in': { type: 'string', default: '2' },

@@ -5,16 +5,16 @@
  * lands on both alike; then optionally native vs PyTorch (bench/torch_reference.py) in turns at
  * TensorFlow's intra-op thread count. Prints a table and writes bench/results/native.json.
  *
- *   VELA_TF_INTRA_OP_THREADS=1 npm run bench:native -- --rows pi05-tiny:full:1,pi05-tiny:lora:3 --steps 12 --torch
+ *   VELA_TF_INTRA_OP_THREADS=1 npm run bench:native -- --rows flow05-tiny:full:1,flow05-tiny:lora:3 --steps 12 --torch
  */
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
-import { activateBackend, type BackendKind } from '../kernels/backend.ts';
-import { applyNativeEnv } from '../kernels/native.ts';
-import { makeConfig } from '../kernels/config.ts';
-import { fakeBatch } from '../kernels/batch.ts';
+import { activateBackend, type BackendKind } from '../kernels/backend/backend.ts';
+import { applyNativeEnv } from '../kernels/backend/native.ts';
+import { makeConfig } from '../kernels/small/config.ts';
+import { fakeBatch } from '../kernels/small/batch.ts';
 import { BaseWeights, TrainingState } from '../kernels/trainer.ts';
 import { summarize } from './stats.ts';
 import { runTorch, torchUnavailable } from './torch.ts';
@@ -22,7 +22,7 @@ import { runTorch, torchUnavailable } from './torch.ts';
 const USAGE = `Usage: npm run bench:native -- [options]
 
 Options:
-  --rows LIST      preset:finetune:cameras,... (default pi05-tiny:full:1,pi05-tiny:lora:1,pi05-tiny:full:3,pi05-tiny:lora:3)
+  --rows LIST      preset:finetune:cameras,... (default flow05-tiny:full:1,flow05-tiny:lora:1,flow05-tiny:full:3,flow05-tiny:lora:3)
   --batch N        datums per step (default 8)
   --steps N        timed steps per backend and row (default 12)
   --block N        steps per turn (default 3)
@@ -76,7 +76,7 @@ async function timeBlock(s: Side, n: number, wall: number[], cpu: number[]): Pro
 async function main(): Promise<void> {
   const { values } = parseArgs({
     options: {
-      rows: { type: 'string', default: 'pi05-tiny:full:1,pi05-tiny:lora:1,pi05-tiny:full:3,pi05-tiny:lora:3' },
+      rows: { type: 'string', default: 'flow05-tiny:full:1,flow05-tiny:lora:1,flow05-tiny:full:3,flow05-tiny:lora:3' },
       batch: { type: 'string', default: '8' },
       steps: { type: 'string', default: '12' },
       block: { type: 'string', default: '3' },

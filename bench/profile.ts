@@ -3,18 +3,18 @@
  * optim_step under tf.profile on the main thread and sums kernel time by kernel name (and by
  * name + input shapes for the top rows). Wasm kernels are timed by wall clock each.
  *
- *   npx tsx bench/profile.ts --preset pi05-tiny --batch 8 --cameras 1 [--finetune full] [--top 25]
+ *   npx tsx bench/profile.ts --preset flow05-tiny --batch 8 --cameras 1 [--finetune full] [--top 25]
  */
 import { parseArgs } from 'node:util';
 import * as tf from '@tensorflow/tfjs';
-import { initBackend } from '../kernels/backend.ts';
-import { makeConfig } from '../kernels/config.ts';
-import { fakeBatch } from '../kernels/batch.ts';
+import { initBackend } from '../kernels/backend/backend.ts';
+import { makeConfig } from '../kernels/small/config.ts';
+import { fakeBatch } from '../kernels/small/batch.ts';
 import { BaseWeights, TrainingState } from '../kernels/trainer.ts';
 
 const { values } = parseArgs({
   options: {
-    preset: { type: 'string', default: 'pi05-tiny' },
+    preset: { type: 'string', default: 'flow05-tiny' },
     batch: { type: 'string', default: '8' },
     cameras: { type: 'string', default: '1' },
     finetune: { type: 'string', default: 'full' },

@@ -6,7 +6,7 @@
  *   npx tsx bench/real-pi-sample.ts [--cameras 1] [--runs 10] [--variant pi0|pi05|both]
  */
 import { parseArgs } from 'node:util';
-import { initBackend } from '../kernels/backend.ts';
+import { initBackend } from '../kernels/backend/backend.ts';
 import { REAL_PI_TINY_PI0, REAL_PI_TINY_PI05, createRealPiParams, disposeRealPiParams, sample, type RealPiBatch } from '../kernels/pi/index.ts';
 
 const { values } = parseArgs({ options: { cameras: { type: 'string', default: '1' }, runs: { type: 'string', default: '10' }, variant: { type: 'string', default: 'both' } } });

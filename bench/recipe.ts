@@ -17,8 +17,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
-import { tokenizePrompt } from '../kernels/batch.ts';
-import { makeConfig, resolvePreset } from '../kernels/config.ts';
+import { tokenizePrompt } from '../kernels/small/batch.ts';
+import { makeConfig, resolvePreset, resolveStoredPreset } from '../kernels/small/config.ts';
 import { normalizerFor } from '../kernels/normalize.ts';
 import { openDataset, pairsFor, type Dataset } from '../server/datasets/index.ts';
 import { buildEvalSet, evalFields, scorePredictions } from '../server/jobs/evaluate.ts';
@@ -36,7 +36,7 @@ Runs one fine-tune recipe on g1_pick_bottle, held-out episodes ${HELD_OUT.join('
 appends its held-out score to bench/results/recipe.jsonl / recipe.md. --table only rewrites
 recipe.md from recipe.jsonl. --torch trains bench/torch_reference.py's model with
 bench/torch_finetune.py instead (its flags after --; --model PRESET among them picks the model,
-pi05-tiny by default) and scores its chunks with the job's scorer; --export only writes that
+flow05-tiny by default) and scores its chunks with the job's scorer; --export only writes that
 script's copy of the data (for the --model after --).
 `;
 
@@ -60,15 +60,18 @@ interface Row {
   curve: [number, number][]; // [step, ratio to hold-state] of every evaluation
 }
 
-/** pi0 or pi05: the row's model family. */
-const familyOf = (r: Row) => r.model.split('-')[0]!;
+/** pi0 or pi05: the design the row's preset follows (rows before issue 23 name it pi0-tiny / pi05-tiny). */
+const familyOf = (r: Row) => makeConfig(resolveStoredPreset(r.model)).variant;
+
+/** The row's preset by its current name, with the name it ran under when that was another. */
+const modelCell = (r: Row) => (resolveStoredPreset(r.model) === r.model ? r.model : `${resolveStoredPreset(r.model)} (run as ${r.model})`);
 
 function table(rows: Row[]): string {
   const groupNames = [...new Set(rows.flatMap((r) => Object.keys(r.groups)))];
   const head = ['recipe', 'model', 'MSE', '/ hold-state', '/ hold-state, raw units', ...groupNames.map((g) => `${g} / hold`), 'steps', 'train wall', 'total wall', 'backend', 'curve (step: ratio)', 'flags'];
   const mmss = (s: number) => `${Math.floor(s / 60)}:${String(Math.round(s % 60)).padStart(2, '0')}`;
   const lines = rows.map((r) => [
-    r.note ? `${r.name} (${r.note})` : r.name, r.model, r.mse.toFixed(4), r.ratio_hold_state.toFixed(3), r.ratio_hold_state_raw?.toFixed(3) ?? '', ...groupNames.map((g) => (r.groups[g] === undefined ? '' : r.groups[g]!.toFixed(2))),
+    r.note ? `${r.name} (${r.note})` : r.name, modelCell(r), r.mse.toFixed(4), r.ratio_hold_state.toFixed(3), r.ratio_hold_state_raw?.toFixed(3) ?? '', ...groupNames.map((g) => (r.groups[g] === undefined ? '' : r.groups[g]!.toFixed(2))),
     String(r.steps), mmss(r.train_s), mmss(r.total_s), r.backend, r.curve.map(([s, x]) => `${s}: ${x.toFixed(2)}`).join(', '), `\`${r.flags.join(' ')}\``,
   ]);
   const baselines = (family: string) => {
@@ -131,16 +134,16 @@ async function exportForTorch(ds: Dataset, dir: string, preset: string): Promise
 
 /**
  * The preset named by `--model X` / `--model=X` (or `--preset`) among torch_finetune's flags
- * (default pi05-tiny; an alias resolves as in vela finetune), and the other flags: the script is
+ * (default flow05-tiny; an alias resolves as in vela finetune), and the other flags: the script is
  * given `--preset` itself. Throws ConfigError for an unknown preset.
  */
 function torchPreset(flags: string[]): { preset: string; rest: string[] } {
-  let preset = 'pi05-tiny';
+  let preset = 'flow05-tiny';
   const rest: string[] = [];
   for (let i = 0; i < flags.length; i++) {
     const f = flags[i]!;
     if (f === '--model' || f === '--preset') {
-      if (flags[i + 1] === undefined) throw new Error(`${f} needs a preset name (e.g. ${f} pi0-tiny)`);
+      if (flags[i + 1] === undefined) throw new Error(`${f} needs a preset name (e.g. ${f} flow0-tiny)`);
       preset = flags[++i]!;
     } else if (f.startsWith('--model=') || f.startsWith('--preset=')) preset = f.slice(f.indexOf('=') + 1);
     else rest.push(f);
@@ -234,7 +237,7 @@ async function main(): Promise<void> {
   const evals = progress.filter((e) => typeof e.eval_mse === 'number');
   const last = evals.at(-1);
   if (!last) throw new Error('the run made no held-out evaluation');
-  // `engine: pi0-tiny, backend tensorflow (tfjs-node) on CPU, ...`: tensorflow is the native (node) backend.
+  // `engine: flow0-tiny, backend tensorflow (tfjs-node) on CPU, ...`: tensorflow is the native (node) backend.
   const engineBackend = /^engine: .*?backend (\S+)/m.exec(stderr)?.[1];
   const backend = engineBackend === 'tensorflow' ? 'node' : engineBackend;
   // Training time: elapsed_seconds is taken before a step's evaluation, so it holds every evaluation but the last.

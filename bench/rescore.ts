@@ -13,9 +13,9 @@
  */
 import path from 'node:path';
 import { parseArgs } from 'node:util';
-import { initBackend } from '../kernels/backend.ts';
+import { initBackend } from '../kernels/backend/backend.ts';
 import { loadCheckpoint } from '../kernels/checkpoint.ts';
-import { makeConfig } from '../kernels/config.ts';
+import { makeConfig } from '../kernels/small/config.ts';
 import { normalizerFor } from '../kernels/normalize.ts';
 import { Rng } from '../kernels/rng.ts';
 import { BaseWeights, TrainingState } from '../kernels/trainer.ts';

@@ -8,7 +8,7 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { makeConfig } from '../kernels/config.ts';
+import { makeConfig } from '../kernels/small/config.ts';
 import { Engine } from '../server/engine/host.ts';
 import { log } from '../server/log.ts';
 import { parseBenchArgs, USAGE, type BenchOptions, type Part } from './args.ts';

@@ -18,7 +18,7 @@ import { log } from '../server/log.ts';
 import { engineOptions } from '../server/sessions.ts';
 
 const API_KEY = 'vela-bench-key-0123456789';
-const preset = process.env.VELA_BENCH_PRESET ?? 'pi05-tiny';
+const preset = process.env.VELA_BENCH_PRESET ?? 'flow05-tiny';
 const backend = process.env.VELA_BACKEND ?? 'auto';
 
 async function main(): Promise<void> {

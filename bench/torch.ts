@@ -1,12 +1,12 @@
 /**
  * The PyTorch reference (bench/torch_reference.py): runs it with python3 when torch imports,
- * checks its parameter count against MODEL.md (kernels/config.ts countParams), and times it in
+ * checks its parameter count against MODEL.md (kernels/small/config.ts countParams), and times it in
  * turns with Vela's in-process step on the same preset, batch and cameras (full fine-tune, AdamW).
  */
 import { spawn, spawnSync, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import os from 'node:os';
 import { fileURLToPath } from 'node:url';
-import { countParams, makeConfig } from '../kernels/config.ts';
+import { countParams, makeConfig } from '../kernels/small/config.ts';
 import { summarize, timeCalls } from './stats.ts';
 import type { TorchResult } from './schema.ts';
 

@@ -3,7 +3,7 @@ the G1 data that `npx tsx bench/recipe.ts --torch` exports, the way Vela's job t
 sampled chunks for the held-out frames; recipe.ts scores them with Vela's own scorer.
 
     python3 bench/torch_finetune.py --data DIR --steps 1500 --batch-size 16 --learning-rate 1e-4
-    python3 bench/torch_finetune.py --data DIR --preset pi0-tiny --batch-size 32 --learning-rate 3e-4 --ema-decay 0.99
+    python3 bench/torch_finetune.py --data DIR --preset flow0-tiny --batch-size 32 --learning-rate 3e-4 --ema-decay 0.99
 
 The export (DIR/meta.json, frames.u8 [N, S, S, 3], state.f32 [N, sd], action.f32 [N, ad]) holds
 every frame of the dataset at the model's image size (Vela's own resize), the prompt's tokens, the
@@ -48,7 +48,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", default="torch_pred")
-    ap.add_argument("--preset", "--model", dest="preset", default="pi05-tiny", choices=sorted(PRESETS),
+    ap.add_argument("--preset", "--model", dest="preset", default="flow05-tiny", choices=sorted(PRESETS),
                     help="the model (--model is the same flag, as `vela finetune` names it); the export must be for it")
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--batch-size", type=int, default=16)
@@ -70,7 +70,7 @@ def main():
     if meta["preset"] != args.preset:
         raise SystemExit(f"{args.data} was exported for {meta['preset']}; --preset is {args.preset} (export it for that preset: recipe.ts --export --model {args.preset})")
     c = PRESETS[args.preset]
-    pi0 = args.preset.startswith("pi0-")
+    pi0 = args.preset.startswith(("flow0-", "pi0-"))  # pi0-* are the names before issue 23
     normalize = zscore_norm if pi0 else quantile_norm
     S, H, A, SD = c["image_size"], c["horizon"], c["action_dim"], c["state_dim"]
     ad, sd = meta["ad"], meta["sd"]

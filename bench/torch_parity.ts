@@ -7,7 +7,7 @@
  * `torch_reference.py --parity DIR` loads the same weights into the torch model, repeats both
  * and prints the largest differences. Float32 on both sides: agreement to ~1e-5 is parity.
  *
- *   npx tsx bench/torch_parity.ts [--presets pi0-tiny,pi05-tiny] [--backend cpu]
+ *   npx tsx bench/torch_parity.ts [--presets flow0-tiny,flow05-tiny] [--backend cpu]
  *
  * Prints one JSON line per preset: {preset, params, velocity_max_abs, velocity_scale,
  * loss_max_abs, grad_max_abs, grad_worst, grad_max_rel, grads_compared, missing}; exits 1 when
@@ -19,15 +19,15 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
-import { initBackend } from '../kernels/backend.ts';
-import { makeBatch, type DatumInput } from '../kernels/batch.ts';
-import { makeConfig } from '../kernels/config.ts';
+import { initBackend } from '../kernels/backend/backend.ts';
+import { makeBatch, type DatumInput } from '../kernels/small/batch.ts';
+import { makeConfig } from '../kernels/small/config.ts';
 import { Rng } from '../kernels/rng.ts';
 import { encodeSafetensors, type SafeTensor } from '../kernels/safetensors.ts';
 import { BaseWeights, TrainingState } from '../kernels/trainer.ts';
 
 const SCRIPT = fileURLToPath(new URL('./torch_reference.py', import.meta.url));
-const USAGE = `Usage: npx tsx bench/torch_parity.ts [--presets pi0-tiny,pi05-tiny] [--backend cpu] [--tolerance 1e-5] [--keep]
+const USAGE = `Usage: npx tsx bench/torch_parity.ts [--presets flow0-tiny,flow05-tiny] [--backend cpu] [--tolerance 1e-5] [--keep]
 
 Compares bench/torch_reference.py's forward and gradients with Vela's on the same weights and inputs.
 `;
@@ -103,7 +103,7 @@ function writeCase(preset: string, dir: string): number {
 
 async function main(): Promise<void> {
   const { values } = parseArgs({ options: {
-    presets: { type: 'string', default: 'pi0-tiny,pi05-tiny' }, backend: { type: 'string', default: 'cpu' },
+    presets: { type: 'string', default: 'flow0-tiny,flow05-tiny' }, backend: { type: 'string', default: 'cpu' },
     tolerance: { type: 'string', default: '1e-5' }, keep: { type: 'boolean' }, help: { type: 'boolean' },
   } });
   if (values.help) return void process.stdout.write(USAGE);

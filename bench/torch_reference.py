@@ -1,8 +1,8 @@
 """PyTorch reference of Vela's pi0 and pi0.5 policies (docs/MODEL.md), for the bench's speed ratio, the
 recipe table's same-budget comparison (bench/torch_finetune.py) and a parity check against Vela.
 
-Builds `pi05-tiny`, `pi0-tiny` (or the small presets) exactly as MODEL.md and kernels/policy.ts
-describe them: the same parameter table (2,202,272 parameters for pi05-tiny, 1,790,752 for pi0-tiny,
+Builds `flow05-tiny`, `flow0-tiny` (or the small presets) exactly as MODEL.md and kernels/small/model.ts
+describe them: the same parameter table (2,202,272 parameters for flow05-tiny, 1,790,752 for flow0-tiny,
 checked), the same token layout (only the image slots that hold a frame are computed, D13), the
 same last prefix layer that computes only keys and values; pi0.5: state bins in the prefix and
 adaptive RMSNorm in the action expert; pi0: the state as one suffix token and the time mixed into
@@ -10,7 +10,7 @@ the action tokens; GELU (tanh), masked MSE flow-matching loss per datum, then Ad
 (torch.optim.AdamW, betas 0.9 / 0.95, eps 1e-12, no weight decay) after the global gradient norm, as
 Vela's optim_step. It times that training step on the CPU.
 
-    python3 bench/torch_reference.py --batch 8 --cameras 1 --threads 1,2 --steps 20 [--preset pi0-tiny]
+    python3 bench/torch_reference.py --batch 8 --cameras 1 --threads 1,2 --steps 20 [--preset flow0-tiny]
 
 Prints one JSON object on stdout: {"torch_version", "params", "rows": [{"threads", "batch",
 "cameras", "step_ms": [...]}]}. Needs torch and numpy (CPU is enough); nothing else of the project.
@@ -35,13 +35,13 @@ import torch
 import torch.nn.functional as F
 
 PRESETS = {
-    "pi05-tiny": dict(image_size=96, patch=16, slots=3, width=128, depth=4, heads=4, head_dim=32, mlp=512,
+    "flow05-tiny": dict(image_size=96, patch=16, slots=3, width=128, depth=4, heads=4, head_dim=32, mlp=512,
                       max_token_len=48, state_dim=32, action_dim=32, horizon=16, params=2_202_272),
-    "pi05-small": dict(image_size=224, patch=16, slots=3, width=384, depth=8, heads=6, head_dim=64, mlp=1536,
+    "flow05-small": dict(image_size=224, patch=16, slots=3, width=384, depth=8, heads=6, head_dim=64, mlp=1536,
                        max_token_len=48, state_dim=32, action_dim=32, horizon=50, params=36_408_992),
-    "pi0-tiny": dict(image_size=96, patch=16, slots=3, width=128, depth=4, heads=4, head_dim=32, mlp=512,
+    "flow0-tiny": dict(image_size=96, patch=16, slots=3, width=128, depth=4, heads=4, head_dim=32, mlp=512,
                      max_token_len=48, state_dim=32, action_dim=32, horizon=16, params=1_790_752),
-    "pi0-small": dict(image_size=224, patch=16, slots=3, width=384, depth=8, heads=6, head_dim=64, mlp=1536,
+    "flow0-small": dict(image_size=224, patch=16, slots=3, width=384, depth=8, heads=6, head_dim=64, mlp=1536,
                       max_token_len=48, state_dim=32, action_dim=32, horizon=50, params=29_368_352),
 }
 
@@ -190,7 +190,7 @@ class Pi05(Policy):
 
 
 class Pi0(Policy):
-    """pi0 (MODEL.md, kernels/policy.ts's pi0 variant): no state bins in the prefix; the normalised state
+    """pi0 (MODEL.md, kernels/small/model.ts's pi0 variant): no state bins in the prefix; the normalised state
     is one suffix token, Linear(state_dim, w) with no position embedding (D7), ahead of the action tokens
     (D8); it sees the prefix and itself, the action tokens see the prefix, the state token and each
     other. Time: the action embedding (Linear(action_dim, w) + horizon embedding) concatenated with
@@ -243,7 +243,7 @@ class Pi0(Policy):
 def build(preset):
     """The torch model of a preset, its parameter count checked against MODEL.md's (SystemExit if not)."""
     c = PRESETS[preset]
-    model = (Pi0 if preset.startswith("pi0-") else Pi05)(c)
+    model = (Pi0 if preset.startswith(("flow0-", "pi0-")) else Pi05)(c)  # pi0-*: the names before issue 23
     params = sum(q.numel() for q in model.parameters())
     if params != c["params"]:
         raise SystemExit(f"{preset} has {params} parameters here; MODEL.md says {c['params']}")
@@ -307,7 +307,7 @@ def read_safetensors(path):
 
 
 def vela_name(name):
-    """This module's parameter name -> Vela's (kernels/policy.ts paramSpecs)."""
+    """This module's parameter name -> Vela's (kernels/small/model.ts paramSpecs)."""
     parts = name.split(".")
     if parts[0] in ("prefix", "action"):
         rest = parts[2:]
@@ -386,7 +386,7 @@ def parity(preset, d, tolerance):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--preset", default="pi05-tiny", choices=sorted(PRESETS))
+    ap.add_argument("--preset", default="flow05-tiny", choices=sorted(PRESETS))
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--cameras", type=int, default=1)
     ap.add_argument("--threads", default="1")

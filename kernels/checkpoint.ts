@@ -194,14 +194,27 @@ function parseConfig(bytes: Uint8Array, dir: string): CheckpointConfig {
   return config;
 }
 
-const PRESET_ALIASES: Record<string, string> = { pi0: 'pi0-small', pi05: 'pi05-small' };
-const canonicalPreset = (p: string): string => PRESET_ALIASES[p] ?? p;
+/**
+ * Preset names a stored config.json may hold from before issue 23, as the presets they named
+ * (kernels/small/config.ts PRESET_ALIASES and LEGACY_BARE_NAMES; kept here as data so the shared
+ * checkpoint code does not import a model family). `+custom` marks overridden sizes and is kept.
+ */
+const STORED_PRESET_NAMES: Record<string, string> = {
+  pi0: 'flow0-small', pi05: 'flow05-small',
+  'pi0-tiny': 'flow0-tiny', 'pi05-tiny': 'flow05-tiny', 'pi0-small': 'flow0-small', 'pi05-small': 'flow05-small',
+};
+const canonicalPreset = (p: string): string => {
+  const custom = p.endsWith('+custom') ? '+custom' : '';
+  const bare = custom ? p.slice(0, -custom.length) : p;
+  return (STORED_PRESET_NAMES[bare] ?? bare) + custom;
+};
 
 /**
- * Refuses a checkpoint made for another model. The preset is compared first (aliases `pi0`,
- * `pi05` equal `pi0-small`, `pi05-small`): CheckpointError('wrong_preset', "checkpoint is for
- * preset pi0-tiny; this session runs pi05-tiny"). Every other key of `expected` must equal the
- * config's (JSON equality): CheckpointError('bad_config') naming the key and both values.
+ * Refuses a checkpoint made for another model. The preset is compared first, old names as the
+ * presets they named (`pi0-tiny` equals `flow0-tiny`, a stored bare `pi05` equals `flow05-small`):
+ * CheckpointError('wrong_preset', "checkpoint is for preset flow0-tiny; this session runs
+ * flow05-tiny"). Every other key of `expected` must equal the config's (JSON equality):
+ * CheckpointError('bad_config') naming the key and both values.
  */
 export function checkCompatible(config: CheckpointConfig, expected: { preset: string; [key: string]: unknown }): void {
   if (canonicalPreset(config.preset) !== canonicalPreset(expected.preset)) {

@@ -3,12 +3,12 @@
  * XNNPACK path only covers matMuls without transposed operands (MODEL.md "Backends"), so every
  * matMul here has a custom gradient that transposes explicitly, then multiplies plainly:
  * dA = dY · transpose(B), dB = transpose(A) · dY. Heads use 4-D transposes only.
- * Axis legend: see kernels/config.ts.
+ * Axis legend: see kernels/small/config.ts.
  */
 import * as tf from '@tensorflow/tfjs';
-import { geluArgument, geluGradient } from './gelu-fused.ts';
-import { softmaxGrad } from './softmax-grad.ts';
-import { rmsBackward, rmsForward } from './rms-fused.ts';
+import { geluArgument, geluGradient } from './backend/gelu-fused.ts';
+import { softmaxGrad } from './backend/softmax-grad.ts';
+import { rmsBackward, rmsForward } from './backend/rms-fused.ts';
 
 function swapLast(x: tf.Tensor): tf.Tensor {
   const r = x.rank;
@@ -130,7 +130,7 @@ export function linearParts(x: tf.Tensor, p: LinearParams, parts: number): tf.Te
  * x / sqrt(mean(x^2) + 1e-6) * weight over the last axis (D3), with a fused gradient (TF.js
  * would otherwise keep every elementwise temporary until the backward pass ends):
  * with r = rsqrt(mean(x^2) + eps) and g = dy * weight, dx = r g - x r^3 mean(g x),
- * dweight = sum over rows of dy x r; both directions are row passes (kernels/rms-fused.ts).
+ * dweight = sum over rows of dy x r; both directions are row passes (kernels/backend/rms-fused.ts).
  * x [..., w], weight [w] (or none: the adaptive norm).
  */
 function rmsCore(x: tf.Tensor, weight: tf.Tensor | null): tf.Tensor {
@@ -183,7 +183,7 @@ export function adaRmsNorm(x: tf.Tensor, mod: tf.Tensor): { y: tf.Tensor; gate: 
  * x * sigmoid(2 u), the same function (0.5 (1 + tanh u) = sigmoid(2 u)); the wasm backend's
  * Sigmoid is about 4x faster than its Tanh. The sigmoid's argument and the gradient
  * d/dx = s (1 + x (1 - s) 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2)), s = sigmoid(2 u), are single
- * passes over memory (kernels/gelu-fused.ts); x and s are kept for the backward pass.
+ * passes over memory (kernels/backend/gelu-fused.ts); x and s are kept for the backward pass.
  */
 export function geluTanh(x: tf.Tensor): tf.Tensor {
   const f = tf.customGrad(((xx: tf.Tensor, save: tf.GradSaveFunc) => {
@@ -280,7 +280,7 @@ function unstackT(x: tf.Tensor): tf.Tensor[] {
  * kT [n, hd, tk], v [n, tk, hd] with n = b * h (datum-major), bias [b, 1, tq or 1, tk]
  * (constant) -> [n, tq, hd]. The products run per head as 2-D matMuls, while the bias, the
  * softmax and the softmax gradient run once over all heads: a third of the kernels of one op per
- * head (each wasm kernel costs ~20 us of overhead; pi05-tiny b8 went from ~9,400 kernels per
+ * head (each wasm kernel costs ~20 us of overhead; flow05-tiny b8 went from ~9,400 kernels per
  * training step to ~6,000). Only q, kT, v and the probabilities p [n, tq, tk] are kept for the
  * backward pass, which frees its temporaries when it ends (TF.js keeps a taped op's gradients
  * until the whole backward pass ends): dp = do · vᵀ, ds = p (dp - rowsum(dp p)), dq = ds · k,

@@ -4,8 +4,8 @@
  * i.e. ±1/sqrt(in)), B zero, so a new adapter changes nothing until trained. Stored [in, r]
  * (`<linear>.lora_a`) and [r, out] (`<linear>.lora_b`), matching the [in, out] weights.
  */
-import type { PolicyConfig } from './config.ts';
-import { linearSpecs, type LinearSpec } from './policy.ts';
+import type { PolicyConfig } from './small/config.ts';
+import { linearSpecs, type LinearSpec } from './small/model.ts';
 import type { Rng } from './rng.ts';
 
 export type LoraTarget = 'attn' | 'mlp' | 'action_expert' | 'prefix_expert' | 'all';

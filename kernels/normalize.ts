@@ -178,14 +178,15 @@ const NORMALIZERS: Record<NormMode, Normalizer> = {
 };
 
 /**
- * The transform of a preset family: `pi0` (and `pi0-tiny`, `pi0-small`) z-score, `pi05` (and
- * `pi05-tiny`, `pi05-small`) quantile. Throws NormError('bad_input') for anything else.
+ * The transform of a preset family or variant: pi0's design (`pi0`, `flow0-tiny`, `flow0-small`,
+ * and the deprecated `pi0-tiny`, `pi0-small`) z-score, pi0.5's (`pi05`, `flow05-*`, `pi05-*`)
+ * quantile. Throws NormError('bad_input') for anything else.
  */
 export function normalizerFor(presetOrFamily: string): Normalizer {
   const family = presetOrFamily.split('-')[0];
-  if (family === 'pi0') return NORMALIZERS.zscore;
-  if (family === 'pi05') return NORMALIZERS.quantile;
-  throw new NormError('bad_input', `preset family of '${presetOrFamily}' is not pi0 or pi05`);
+  if (family === 'pi0' || family === 'flow0') return NORMALIZERS.zscore;
+  if (family === 'pi05' || family === 'flow05') return NORMALIZERS.quantile;
+  throw new NormError('bad_input', `preset family of '${presetOrFamily}' is not pi0's (pi0, flow0) or pi0.5's (pi05, flow05)`);
 }
 
 /**

@@ -16,9 +16,9 @@
  * a gradient at every step here, so torch's per-parameter counters would all be equal).
  */
 import * as tf from '@tensorflow/tfjs';
-import { adamwFused, sumOfSquares, type AdamWScalars } from './adamw-fused.ts';
-import { adamwStaged, readFloat32, stagedAdamWApplies } from './adamw-staged.ts';
-import { hostMemory } from './host-memory.ts';
+import { adamwFused, sumOfSquares, type AdamWScalars } from './backend/adamw-fused.ts';
+import { adamwStaged, readFloat32, stagedAdamWApplies } from './backend/adamw-staged.ts';
+import { hostMemory } from './backend/host-memory.ts';
 
 export type OptimErrorCode =
   | 'bad_option' // an AdamW option outside its range
@@ -208,7 +208,7 @@ export class AdamWMoments {
 /**
  * Global L2 norm over all tensors: float32 values squared and summed in float64, in order
  * (exact squares; one float32 sum over millions of elements drifts: 1.4e-3 relative at 4M on
- * wasm). Reads each tensor once (dataSync); the fused path (kernels/adamw-fused.ts) sums the same
+ * wasm). Reads each tensor once (dataSync); the fused path (kernels/backend/adamw-fused.ts) sums the same
  * values in the same order, so both paths clip by the same factor.
  */
 export function globalNorm(tensors: Iterable<tf.Tensor>): number {
@@ -231,8 +231,8 @@ export function globalNorm(tensors: Iterable<tf.Tensor>): number {
  * With `gradClipNorm` > 0 and gradNorm > gradClipNorm every gradient is scaled by clip / gradNorm
  * (exactly that factor; torch's clip_grad_norm_ would use clip / (norm + 1e-6)).
  *
- * On the wasm and cpu backends the update runs as one loop per parameter (kernels/adamw-fused.ts),
- * on tfjs-node (CPU) as the same SIMD loop over copies (kernels/adamw-staged.ts); both are
+ * On the wasm and cpu backends the update runs as one loop per parameter (kernels/backend/adamw-fused.ts),
+ * on tfjs-node (CPU) as the same SIMD loop over copies (kernels/backend/adamw-staged.ts); both are
  * bit-identical to the TF.js ops below, which other backends (tfjs-node-gpu) run.
  */
 export function adamwStep(

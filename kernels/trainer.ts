@@ -5,10 +5,10 @@
  * without copying it (MODEL.md "LoRA and targets").
  */
 import * as tf from '@tensorflow/tfjs';
-import type { PolicyConfig } from './config.ts';
-import { ShapeError, type ModelBatch } from './batch.ts';
+import type { PolicyConfig } from './small/config.ts';
+import { ShapeError, type ModelBatch } from './small/batch.ts';
 import { Rng, type RngState } from './rng.ts';
-import { decodeSuffix, encodePrefix, initialValues, paramSpecs, velocity, disposeCache, type WeightsView } from './policy.ts';
+import { decodeSuffix, encodePrefix, initialValues, paramSpecs, velocity, disposeCache, type WeightsView } from './small/model.ts';
 import { drawNoiseTime, eulerSample, lossPerDatum, noisyActions, type LossFn, type TimeSampling } from './flow.ts';
 import { LoraError, initialAdapters, selectTargets, validateLora, zeroGateRule, type LoraTarget } from './lora.ts';
 import { AdamWMoments, adamwStep, resolveAdamWOptions, type AdamWOptions, type ExportedTensor } from './optim.ts';

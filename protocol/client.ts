@@ -4,7 +4,7 @@
  * Requests are pipelined: send many, answers come back in request order.
  *
  *   const vela = new VelaClient('http://127.0.0.1:8080', apiKey);
- *   const s = await vela.waitReady((await vela.createSession({ base_model: 'pi05-tiny' })).id);
+ *   const s = await vela.waitReady((await vela.createSession({ base_model: 'flow05-tiny' })).id);
  *   const conn = await vela.connect(s);
  *   const { loss } = await conn.forwardBackward(data, { codec: 'JPEG' });
  *   await conn.optimStep({ learning_rate: 1e-3 });

@@ -18,7 +18,7 @@
  *      compiler);
  *   4. none: the wasm backend.
  * Settings: VELA_NATIVE_SETUP=off skips it all; VELA_NATIVE_SOURCE=prebuilt|wheel tries one path.
- * What happened is written to node_modules/.vela-native.json, which kernels/backend.ts reads to
+ * What happened is written to node_modules/.vela-native.json, which kernels/backend/backend.ts reads to
  * say why the native backend is not in use.
  */
 import { spawnSync } from 'node:child_process';

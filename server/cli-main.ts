@@ -52,7 +52,7 @@ or the cluster's PostgreSQL with --database-url (VELA_DATABASE_URL). Any other s
 vela serve --help is taken and ignored.
 `;
 
-const PRESETS_USAGE = 'Usage: vela presets\n\nPrints each model preset with its parameter count (MODEL.md).\n';
+const PRESETS_USAGE = 'Usage: vela presets\n\nPrints each model preset with its parameter count and deprecated alias (MODEL.md).\n';
 
 function wantsHelp(args: string[]): boolean {
   return args.includes('--help') || args.includes('-h');
@@ -100,7 +100,7 @@ async function presets(argv: string[]): Promise<void> {
   if (wantsHelp(argv)) return void process.stdout.write(PRESETS_USAGE);
   splitArgs(argv, {}, 'vela presets --help');
   if (argv.length > 0) throw new UsageError(`unexpected argument ${shown(argv[0]!)} (see vela presets --help)`);
-  const { describePresets } = await import('../kernels/config.ts');
+  const { describePresets } = await import('../kernels/small/config.ts');
   process.stdout.write(describePresets() + '\n');
 }
 

@@ -4,9 +4,9 @@
  */
 import os from 'node:os';
 import path from 'node:path';
-import type { BackendChoice } from '../kernels/backend.ts';
+import type { BackendChoice } from '../kernels/backend/backend.ts';
 import { shown, UsageError } from './cli-args.ts';
-import { defaultThreads } from '../kernels/native.ts';
+import { defaultThreads } from '../kernels/backend/native.ts';
 import { parseAllowlist } from './inference/addresses.ts';
 
 /** A setting with a bad value, or an unknown one: `vela` prints it as one line and exits 2. */
@@ -19,7 +19,7 @@ export class ConfigError extends UsageError {
 
 const MiB = 1024 * 1024;
 
-/** Every TF.js backend name `--backend` takes (checked against kernels/backend.ts's type). */
+/** Every TF.js backend name `--backend` takes (checked against kernels/backend/backend.ts's type). */
 const BACKEND_NAMES = { auto: 1, 'node-gpu': 1, node: 1, wasm: 1, cpu: 1 } satisfies Record<BackendChoice, 1>;
 export const BACKEND_CHOICES = Object.keys(BACKEND_NAMES) as BackendChoice[];
 export const LOG_LEVELS = ['error', 'warn', 'info', 'debug'] as const;

@@ -5,21 +5,21 @@
  */
 import { jsonId, type RequestId } from '../protocol/messages.ts';
 import type { RawMsgpack } from '../protocol/msgpack.ts';
-import { PRESETS, PRESET_ALIASES, makeConfig, resolvePreset } from '../kernels/config.ts';
+import { LEGACY_BARE_NAMES, PRESET_NAMES, makeConfig, realModelMessage, resolvePreset } from '../kernels/small/config.ts';
 import { zeroGateRule } from '../kernels/lora.ts';
 import { Engine, PriorityGate, type EngineLike, type EngineOptions } from './engine/host.ts';
 import type { BackendInfo } from './engine/messages.ts';
-import type { NativeThreads } from '../kernels/native.ts';
+import type { NativeThreads } from '../kernels/backend/native.ts';
 import { HttpError } from './http.ts';
 import { meant } from './resemble.ts';
 import { log } from './log.ts';
+import { storedPreset } from './presets.ts';
 import { newToken } from './auth.ts';
 import { nowS, randomId, type SessionRow, type Store } from './store.ts';
 import { isUniqueViolation } from './db/index.ts';
 import type { ServerConfig } from './config.ts';
 import { storageOf } from './storage.ts';
 
-const PRESET_NAMES = [...Object.keys(PRESETS), ...Object.keys(PRESET_ALIASES)];
 const TARGETS = ['attn', 'mlp', 'action_expert', 'prefix_expert', 'all'];
 
 /** The validated body of `POST /v1/training_sessions`, defaults filled in. */
@@ -41,6 +41,8 @@ export function parseSessionConfig(body: Record<string, unknown>): SessionConfig
   const known = ['base_model', 'finetune', 'rank', 'alpha', 'targets', 'action_horizon', 'seed'];
   for (const k of Object.keys(body)) if (!known.includes(k)) throw new HttpError(400, `unknown field "${k}"${meant(k, known, SESSION_NAMES)}; known fields: ${known.join(', ')}`);
   const base = body.base_model;
+  // Bare pi0 / pi05 name the real models now (kernels/pi), which sessions do not serve yet.
+  if (typeof base === 'string' && base in LEGACY_BARE_NAMES) throw new HttpError(400, `base_model: ${realModelMessage(base)}`);
   if (typeof base !== 'string' || !PRESET_NAMES.includes(base)) {
     throw new HttpError(400, `base_model must be one of ${PRESET_NAMES.join(', ')}, got ${JSON.stringify(base)}`);
   }
@@ -62,12 +64,13 @@ export function parseSessionConfig(body: Record<string, unknown>): SessionConfig
     throw new HttpError(400, `targets must be a non-empty list of ${TARGETS.join(', ')}, got ${JSON.stringify(targets)}`);
   }
   // Sessions start from the engine's seeded base, whose pi0.5 gates are shut (kernels/lora.ts).
-  const gateRule = finetune === 'lora' ? zeroGateRule(makeConfig(base), targets as string[]) : null;
+  const preset = resolvePreset(base, (line) => log.warn(`session: ${line}`));
+  const gateRule = finetune === 'lora' ? zeroGateRule(makeConfig(preset), targets as string[]) : null;
   if (gateRule) throw new HttpError(400, `targets ${gateRule}, got ${JSON.stringify(targets)}`);
   const ah = body.action_horizon ?? null;
   if (ah !== null && (typeof ah !== 'number' || !Number.isInteger(ah) || ah < 1)) throw new HttpError(400, `action_horizon must be a positive integer, got ${JSON.stringify(ah)}`);
   const seed = int('seed', 0, 0, 2 ** 31 - 1);
-  return { base_model: resolvePreset(base), finetune, rank, alpha, targets: targets as string[], action_horizon: ah as number | null, seed };
+  return { base_model: preset, finetune, rank, alpha, targets: targets as string[], action_horizon: ah as number | null, seed };
 }
 
 /** A session that is open in an engine. */
@@ -170,7 +173,10 @@ export class SessionManager {
     return this.laneEngine(this.policyEngines, preset, 'policy');
   }
 
-  private laneEngine(map: Map<string, Promise<EngineLike>>, preset: string, role: EngineLane['role']): Promise<EngineLike> {
+  private laneEngine(map: Map<string, Promise<EngineLike>>, name: string, role: EngineLane['role']): Promise<EngineLike> {
+    // A checkpoint or job stored before issue 23 names its preset by an old name (pi05-tiny, or a
+    // bare pi05 for flow05-small): the same model, so the same engine as the new name.
+    const preset = storedPreset(name);
     let e = map.get(preset);
     if (!e) {
       e = this.engineFactory(preset, { role, gate: this.gate });

@@ -12,12 +12,12 @@
  *   sampled actions (10 Euler steps, errors compound): 1e-5 absolute (measured: 5e-7).
  */
 import { describe, expect, it } from 'vitest';
-import { makeConfig } from '../kernels/config.ts';
-import { fakeBatch } from '../kernels/batch.ts';
+import { makeConfig } from '../kernels/small/config.ts';
+import { fakeBatch } from '../kernels/small/batch.ts';
 import { drawNoiseTime } from '../kernels/flow.ts';
 import { Rng } from '../kernels/rng.ts';
 import { BaseWeights, TrainingState } from '../kernels/trainer.ts';
-import type { BackendKind } from '../kernels/backend.ts';
+import type { BackendKind } from '../kernels/backend/backend.ts';
 import { NATIVE_PRESENT, TEST_BACKENDS, useBackend } from './helpers/tf.ts';
 
 interface Outcome {
@@ -28,7 +28,7 @@ interface Outcome {
   actions: Float32Array;
 }
 
-const config = makeConfig('pi05-tiny', { imageSize: 32, patch: 16, slots: 2, width: 32, depth: 2, heads: 2, headDim: 16, mlpDim: 64, maxTokenLen: 8, stateDim: 6, actionDim: 4, horizon: 5 });
+const config = makeConfig('flow05-tiny', { imageSize: 32, patch: 16, slots: 2, width: 32, depth: 2, heads: 2, headDim: 16, mlpDim: 64, maxTokenLen: 8, stateDim: 6, actionDim: 4, horizon: 5 });
 const batch = fakeBatch(config, 3, 11);
 const { noise, time } = drawNoiseTime(new Rng(5), 3, config.horizon, config.actionDim);
 

@@ -47,7 +47,7 @@ function validResult(): BenchResult {
     schema: SCHEMA, name: 't', date: '2026-01-01T00:00:00.000Z', wallS: 1,
     machine: { node: 'v20', platform: 'linux-x64', cpus: 2, cpuModel: 'x', backend: 'wasm' },
     options: {},
-    step: { preset: 'pi05-tiny', batch: 8, cameras: 1, codec: 'JPEG', finetune: 'full', inproc: s, ws: summarize([10.5, 11.5, 12.5]), overhead: 0.5 / 11, overheadPaired: 0.04, pipelined: { inprocMsPerStep: 11, wsMsPerStep: 11.2, overhead: 0.2 / 11 }, requestBytes: 1000, samplesMs: { inproc: [10, 11, 12], ws: [10.5, 11.5, 12.5] } },
+    step: { preset: 'flow05-tiny', batch: 8, cameras: 1, codec: 'JPEG', finetune: 'full', inproc: s, ws: summarize([10.5, 11.5, 12.5]), overhead: 0.5 / 11, overheadPaired: 0.04, pipelined: { inprocMsPerStep: 11, wsMsPerStep: 11.2, overhead: 0.2 / 11 }, requestBytes: 1000, samplesMs: { inproc: [10, 11, 12], ws: [10.5, 11.5, 12.5] } },
     codecs: null, policy: null,
     load: {
       sessions: 8, policyClients: 2, durationS: 60, warmupS: 15, steps: 100, stepsPerS: 1.7, stepLatency: s, inferences: 50, inferencesPerS: 0.8, inferLatency: s,
@@ -108,7 +108,7 @@ describe('result schema', () => {
 
 describe('parseBenchArgs', () => {
   it('gives the defaults, --quick settings, and rejects bad values by name', () => {
-    expect(parseBenchArgs([])).toMatchObject({ preset: 'pi05-tiny', batch: 8, cameras: 1, codec: 'JPEG', clients: 8, durationS: 60, steps: 50, parts: ['step', 'codecs', 'policy', 'load', 'torch'], name: 'latest' });
+    expect(parseBenchArgs([])).toMatchObject({ preset: 'flow05-tiny', batch: 8, cameras: 1, codec: 'JPEG', clients: 8, durationS: 60, steps: 50, parts: ['step', 'codecs', 'policy', 'load', 'torch'], name: 'latest' });
     expect(parseBenchArgs(['--quick'])).toMatchObject({ batch: 2, steps: 3, durationS: 10, clients: 2, quick: true });
     expect(parseBenchArgs(['--quick', '--batch', '4', '--only', 'step,torch'])).toMatchObject({ batch: 4, parts: ['step', 'torch'] });
     expect(parseBenchArgs(['--help'])).toBeNull();

@@ -26,7 +26,7 @@ const stats = { mean: [0.5, -1], std: [2, 0.25], q01: [-3, -1.5], q99: [4, -0.5]
 
 function fullContent(): CheckpointContent {
   return {
-    config: { preset: 'pi0-tiny', action_horizon: 16, action_dim: 32, camera_slots: ['cam_high'], finetune: 'full' },
+    config: { preset: 'flow0-tiny', action_horizon: 16, action_dim: 32, camera_slots: ['cam_high'], finetune: 'full' },
     weights: { 'layer.w': { shape: [2, 2], data: f32(1, -2, 3.5, 1e-20) }, 'layer.b': { shape: [2], data: f32(0, -0) } },
     optimizer: {
       'layer.w.exp_avg': { shape: [2, 2], data: f32(0.1, 0.2, 0.3, 0.4) },
@@ -68,26 +68,26 @@ describe('saveCheckpoint / loadCheckpoint', () => {
   it('round-trips a LoRA adapter with adapter_config.json', async () => {
     const dir = fresh();
     const content: CheckpointContent = {
-      config: { preset: 'pi05-tiny', finetune: 'lora', lora: { rank: 4, alpha: 8, targets: ['attn'] } },
+      config: { preset: 'flow05-tiny', finetune: 'lora', lora: { rank: 4, alpha: 8, targets: ['attn'] } },
       adapter: { tensors: { 'q.lora_A': { shape: [1, 3], data: f32(1, 2, 3) } }, config: { r: 4, lora_alpha: 8, target_modules: ['q'] } },
     };
     await saveCheckpoint(dir, content);
     expect(readdirSync(dir).sort()).toEqual(['adapter_config.json', 'adapter_model.safetensors', 'config.json']);
-    expect(await loadCheckpoint(dir, { preset: 'pi05-tiny' })).toEqual(content);
+    expect(await loadCheckpoint(dir, { preset: 'flow05-tiny' })).toEqual(content);
   });
 
   it('refuses a checkpoint of another preset with a clear error', async () => {
     const dir = fresh();
     await saveCheckpoint(dir, fullContent());
-    expect(await codeOf(loadCheckpoint(dir, { preset: 'pi05-tiny' }))).toBe(
-      'wrong_preset: checkpoint is for preset pi0-tiny; this session runs pi05-tiny',
+    expect(await codeOf(loadCheckpoint(dir, { preset: 'flow05-tiny' }))).toBe(
+      'wrong_preset: checkpoint is for preset flow0-tiny; this session runs flow05-tiny',
     );
-    expect(() => checkCompatible({ preset: 'pi0' }, { preset: 'pi0-small' })).not.toThrow();
-    expect(() => checkCompatible({ preset: 'pi05' }, { preset: 'pi0-small' })).toThrow(/checkpoint is for preset pi05; this session runs pi0-small/);
-    expect(await codeOf(loadCheckpoint(dir, { preset: 'pi0-tiny', action_horizon: 50 }))).toBe(
+    expect(() => checkCompatible({ preset: 'pi0' }, { preset: 'flow0-small' })).not.toThrow();
+    expect(() => checkCompatible({ preset: 'pi05' }, { preset: 'flow0-small' })).toThrow(/checkpoint is for preset pi05; this session runs flow0-small/);
+    expect(await codeOf(loadCheckpoint(dir, { preset: 'flow0-tiny', action_horizon: 50 }))).toBe(
       'bad_config: checkpoint has action_horizon 16; this session has 50',
     );
-    expect(await codeOf(loadCheckpoint(dir, { preset: 'pi0-tiny', camera_slots: ['cam_high'] }))).toBe('ok');
+    expect(await codeOf(loadCheckpoint(dir, { preset: 'flow0-tiny', camera_slots: ['cam_high'] }))).toBe('ok');
   });
 
   it('refuses incomplete or malformed folders with codes', async () => {
@@ -124,7 +124,7 @@ describe('atomic writes', () => {
     let release!: (err: Error) => void;
     let reached!: () => void;
     const midWrite = new Promise<void>((r) => (reached = r));
-    const writing = writeCheckpointDir(dir, { 'config.json': '{"preset":"pi0-tiny"}', 'model.safetensors': new Uint8Array(1000) }, {
+    const writing = writeCheckpointDir(dir, { 'config.json': '{"preset":"flow0-tiny"}', 'model.safetensors': new Uint8Array(1000) }, {
       writeFile: async (file, data) => {
         writeFileSync(file, data.subarray(0, data.length >> 1)); // half of the file is on disk
         if (file.endsWith('model.safetensors')) {
@@ -149,7 +149,7 @@ describe('atomic writes', () => {
     await saveCheckpoint(dir, fullContent());
     const before = readFileSync(path.join(dir, 'model.safetensors'));
     const lora: CheckpointContent = {
-      config: { preset: 'pi0-tiny', finetune: 'lora' },
+      config: { preset: 'flow0-tiny', finetune: 'lora' },
       adapter: { tensors: { a: { shape: [1], data: f32(9) } }, config: { r: 1 } },
     };
     expect(await codeOf(saveCheckpoint(dir, lora))).toMatch(/^exists: checkpoint .* exists; pass overwrite to replace it/);
@@ -187,9 +187,9 @@ forEachBackend('optimizer state through a checkpoint', () => {
     const exported = moments.export();
     const weights = Object.fromEntries([...params].map(([k, p]) => [k, { shape: p.shape, data: p.dataSync() as Float32Array }]));
     const dir = fresh();
-    await saveCheckpoint(dir, { config: { preset: 'pi05-tiny' }, weights, optimizer: exported.tensors, trainerState: { step: exported.step } });
+    await saveCheckpoint(dir, { config: { preset: 'flow05-tiny' }, weights, optimizer: exported.tensors, trainerState: { step: exported.step } });
 
-    const loaded = await loadCheckpoint(dir, { preset: 'pi05-tiny' });
+    const loaded = await loadCheckpoint(dir, { preset: 'flow05-tiny' });
     const params2 = new Map(Object.entries(loaded.weights!).map(([k, t]) => [k, tf.variable(tf.tensor(t.data, t.shape))]));
     const moments2 = AdamWMoments.import(params2, { step: loaded.trainerState!.step, tensors: loaded.optimizer! });
     const g = grads(3);

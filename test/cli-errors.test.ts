@@ -17,7 +17,7 @@ import { G1_DIR } from './helpers/g1.ts';
 
 const REPO = path.resolve(import.meta.dirname, '..');
 const rel = path.relative(REPO, G1_DIR); // datasets/g1_pick_bottle_sample
-const MODELS = 'pi0-tiny, pi05-tiny, pi0-small, pi05-small, pi0, pi05';
+const MODELS = 'flow0-tiny, flow05-tiny, flow0-small, flow05-small, pi0-tiny, pi05-tiny, pi0-small, pi05-small';
 
 async function cli(argv: string[], env: Record<string, string> = {}): Promise<{ code: number; text: string }> {
   const saved = { ...process.env };
@@ -48,7 +48,7 @@ const USAGE_CASES: [string[], string][] = [
   [ft('--finetune', 'lora', '--lora-rank', '0'), 'vela finetune: --lora-rank 0: must be an integer in 1..256'],
   [ft('--finetune', 'lora', '--lora-alpha', '-1'), 'vela finetune: --lora-alpha -1: must be a number > 0'],
   [ft('--lora-rank', '8'), 'vela finetune: --lora-rank 8: applies to --finetune "lora" only: this fine-tune is "full" (the default on seeded base weights), which trains every weight; leave --lora-rank out, or add --finetune "lora"'],
-  [ft('--model', 'pi05-tiny', '--finetune', 'lora', '--targets', 'attn'), 'vela finetune: --targets attn: must include action_expert or all for LoRA on pi0.5 with seeded base weights: its adaptive-norm gates (the action expert\'s ada1/ada2 Linears) start at zero (adaLN-Zero), so adapters anywhere else get exactly zero gradient; or train in full'],
+  [ft('--model', 'flow05-tiny', '--finetune', 'lora', '--targets', 'attn'), 'vela finetune: --targets attn: must include action_expert or all for LoRA on pi0.5 with seeded base weights: its adaptive-norm gates (the action expert\'s ada1/ada2 Linears) start at zero (adaLN-Zero), so adapters anywhere else get exactly zero gradient; or train in full'],
   [ft('--finetune', 'lora', '--targets', 'attn,ffn'), 'vela finetune: --targets attn,ffn: must be a non-empty list of attn, mlp, action_expert, prefix_expert, all'],
   [ft('--cameras', 'wrist'), 'vela finetune: --cameras wrist: camera "wrist" is not in the dataset; its cameras are cam_high'],
   [ft('--action-space', 'sideways'), 'vela finetune: --action-space sideways: must be "delta" or "absolute"'],

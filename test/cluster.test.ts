@@ -10,7 +10,7 @@
  *   websocket; futures requests sent to the node that does not hold the model are answered; a
  *   killed node's sessions become `lost` within the heartbeat setting; a new session loads a
  *   lost session's last checkpoint and takes exactly the step the old one would have.
- * Tiny steps (pi05-tiny, batch 2) keep it to about two minutes on two cores.
+ * Tiny steps (flow05-tiny, batch 2) keep it to about two minutes on two cores.
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -89,7 +89,7 @@ afterAll(async () => {
 
 // No held-out evaluation: scoring ~100 held-out frames was half of each job's time here, and
 // evaluation has its own tests (finetune-settings, jobs); on a loaded 2-core CI host it made this test slow.
-const job = { model: 'pi05-tiny', dataset_name: SUBSET.name, steps: 12, batch_size: 2, learning_rate: 3e-3, eval_fraction: 0, checkpoint_every: 3 };
+const job = { model: 'flow05-tiny', dataset_name: SUBSET.name, steps: 12, batch_size: 2, learning_rate: 3e-3, eval_fraction: 0, checkpoint_every: 3 };
 
 describe('two nodes, one PostgreSQL, one shared folder', () => {
   it('lists both nodes as up', async (ctx) => {
@@ -186,11 +186,11 @@ describe('two nodes, one PostgreSQL, one shared folder', () => {
     const created: SessionJson[] = [];
     for (let i = 0; i < 8; i++) {
       if (i !== 1) {
-        created.push(await clientA.createSession({ base_model: 'pi05-tiny', rank: 4, seed: i }));
+        created.push(await clientA.createSession({ base_model: 'flow05-tiny', rank: 4, seed: i }));
         continue;
       }
       // The second through the futures API: A holds one session now, so placement picks B and A forwards.
-      const m = await post('a', 'create_model', { base_model: 'pi05-tiny', rank: 4, seed: i });
+      const m = await post('a', 'create_model', { base_model: 'flow05-tiny', rank: 4, seed: i });
       expect(m.status, JSON.stringify(m.json)).toBe(200);
       expect(m.json.request_id).toMatch(/^req-b~/);
       created.push(await clientA.getSession(m.json.model_id));
@@ -241,7 +241,7 @@ describe('two nodes, one PostgreSQL, one shared folder', () => {
     expect((await post('a', 'forward', { model_id: onB.id, ...wire })).json.error).toMatch(/is lost: node b was lost/);
 
     // A new session (on A, the node left) continues from the lost session's checkpoint.
-    const successor = await clientA.createSession({ base_model: 'pi05-tiny', rank: 4, seed: 99 });
+    const successor = await clientA.createSession({ base_model: 'flow05-tiny', rank: 4, seed: 99 });
     expect(successor.node).toBe('a');
     const conn = await clientA.connect(await clientA.waitReady(successor.id));
     await conn.loadCheckpoint(`${onB.id}/states/ck1`);

@@ -46,7 +46,7 @@ async function secondKey(server: TestServer): Promise<{ key: string; owner: stri
   return { key, owner: row.id };
 }
 
-const fineTune = (over: Record<string, unknown>) => ({ model: 'pi0-tiny', steps: 2, batch_size: 2, ...over });
+const fineTune = (over: Record<string, unknown>) => ({ model: 'flow0-tiny', steps: 2, batch_size: 2, ...over });
 
 describe('datasets belong to the key that uploaded them', () => {
   let server: TestServer;
@@ -77,7 +77,7 @@ describe('datasets belong to the key that uploaded them', () => {
     expect([evalTheirs.status, evalTheirs.json.error]).toEqual([400, evalMissing.json.error.replace('nothing_here', 'pick')]);
     expect(evalTheirs.json.error).toMatch(/^eval_dataset "pick" not found/);
 
-    const start = (dataset: string) => api(server, 'POST', '/training/job_start', { dataset, model_size: 'pi0-tiny', num_train_steps: 2 }, other.key);
+    const start = (dataset: string) => api(server, 'POST', '/training/job_start', { dataset, model_size: 'flow0-tiny', num_train_steps: 2 }, other.key);
     expect(await start('pick')).toEqual({ status: 400, json: { error: 'dataset "pick" is not under the datasets root and no dataset_content was sent' } });
     expect(await start('nothing_here')).toEqual({ status: 400, json: { error: 'dataset "nothing_here" is not under the datasets root and no dataset_content was sent' } });
     // No path leads into the uploads: a hidden segment, or an upload's folder by its path.
@@ -99,7 +99,7 @@ describe('datasets belong to the key that uploaded them', () => {
     const ownerA = (await server.store.findApiKey(TEST_KEY))!;
     expect(fs.existsSync(path.join(ownerUploadsDir(datasets, ownerA), 'pick', 'NOTE.txt'))).toBe(false); // the first key's stays as it was
     expect(fs.readFileSync(path.join(ownerUploadsDir(datasets, other.owner), 'pick', 'NOTE.txt'), 'utf8')).toBe('the second key\'s');
-    expect((await api(server, 'POST', '/training/job_start', { dataset: 'pick', model_size: 'pi0-tiny', num_train_steps: 2 }, other.key)).status).toBe(200);
+    expect((await api(server, 'POST', '/training/job_start', { dataset: 'pick', model_size: 'flow0-tiny', num_train_steps: 2 }, other.key)).status).toBe(200);
     const shared = await put(server, 'shared_set', await fixtureTarGz(), other.key);
     expect(shared).toEqual({ status: 409, json: { error: 'dataset "shared_set" is a shared dataset of this server (the operator\'s datasets folder); it is never replaced: pick another name' } });
   });
@@ -130,7 +130,7 @@ describe('datasets belong to the key that uploaded them', () => {
     const owner = (await server.store.findApiKey(TEST_KEY))!;
     for (const j of await server.store.listJobs(owner)) await server.store.updateJob(j.id, { status: 'failed' }); // the stub engine's jobs
     const id = 'ft-usespick1';
-    await server.store.insertJob({ id, owner, status: 'queued', created_at: nowS(), config: { model: 'pi0-tiny', dataset_name: 'shared_set', eval_dataset: 'pick', steps: 10 }, step: 0, loss: null, eval_loss: null, error: null, output_dir: '/nowhere', started_at: null, finished_at: null, cancel_requested: false });
+    await server.store.insertJob({ id, owner, status: 'queued', created_at: nowS(), config: { model: 'flow0-tiny', dataset_name: 'shared_set', eval_dataset: 'pick', steps: 10 }, step: 0, loss: null, eval_loss: null, error: null, output_dir: '/nowhere', started_at: null, finished_at: null, cancel_requested: false });
     expect(await api(server, 'DELETE', '/v1/datasets/pick')).toEqual({ status: 409, json: { error: `dataset "pick" is used by fine-tune ${id} (queued); cancel it or wait for it to end, then delete` } });
     await server.store.updateJob(id, { status: 'running' });
     expect((await api(server, 'DELETE', '/v1/datasets/pick')).json.error).toContain(`${id} (running)`);
@@ -182,7 +182,7 @@ describe('the per-key byte quota of uploads', () => {
     const refusal = { status: 413, json: { error: `dataset "b" cannot be stored; this key's uploads use ${limit} of its ${limit} bytes (--datasets-per-key-bytes): delete one (DELETE /v1/datasets/{name}) first` } };
     expect(await put(server, 'b', await fixtureTarGz(), key)).toEqual(refusal);
     const b64 = (await fixtureTarGz()).toString('base64');
-    expect(await api(server, 'POST', '/training/job_start', { dataset: 'b', model_size: 'pi0-tiny', num_train_steps: 2, dataset_content: b64 }, key)).toEqual(refusal);
+    expect(await api(server, 'POST', '/training/job_start', { dataset: 'b', model_size: 'flow0-tiny', num_train_steps: 2, dataset_content: b64 }, key)).toEqual(refusal);
     expect(fs.readdirSync(own)).toEqual(['filler']); // no archive was written
   });
 });

@@ -120,9 +120,9 @@ describe('the sidecar job_events stream', () => {
     const store = server.store;
     const owner = (await store.findApiKey(TEST_KEY))!;
     const id = 'ft-lostjob1';
-    await store.insertJob({ id, owner, status: 'queued', created_at: nowS(), config: { model: 'pi0-tiny', dataset_name: 'pick', steps: 10 }, step: 0, loss: null, eval_loss: null, error: null, output_dir: '/nowhere', started_at: null, finished_at: null, cancel_requested: false });
+    await store.insertJob({ id, owner, status: 'queued', created_at: nowS(), config: { model: 'flow0-tiny', dataset_name: 'pick', steps: 10 }, step: 0, loss: null, eval_loss: null, error: null, output_dir: '/nowhere', started_at: null, finished_at: null, cancel_requested: false });
     await store.updateJob(id, { status: 'running' });
-    await store.appendEvent(id, 'status', { status: 'running', model: 'pi0-tiny', steps: 10 });
+    await store.appendEvent(id, 'status', { status: 'running', model: 'flow0-tiny', steps: 10 });
     const t0 = Date.now();
     const res = await fetch(`${server.baseUrl}/training/job_events?job_id=${id}`, { headers: { authorization: `Bearer ${TEST_KEY}` } });
     const text = await res.text(); // ends after the failed event
@@ -137,7 +137,7 @@ describe('the sidecar job_events stream', () => {
     try {
       const owner = (await capped.store.findApiKey(TEST_KEY))!;
       const id = 'ft-waiting1';
-      await capped.store.insertJob({ id, owner, status: 'queued', created_at: nowS(), config: { model: 'pi0-tiny', dataset_name: 'pick', steps: 10 }, step: 0, loss: null, eval_loss: null, error: null, output_dir: '/nowhere', started_at: null, finished_at: null, cancel_requested: false });
+      await capped.store.insertJob({ id, owner, status: 'queued', created_at: nowS(), config: { model: 'flow0-tiny', dataset_name: 'pick', steps: 10 }, step: 0, loss: null, eval_loss: null, error: null, output_dir: '/nowhere', started_at: null, finished_at: null, cancel_requested: false });
       await capped.store.appendEvent(id, 'status', { status: 'queued' });
       const t0 = Date.now();
       const text = await (await fetch(`${capped.baseUrl}/training/job_events?job_id=${id}`, { headers: { authorization: `Bearer ${TEST_KEY}` } })).text();

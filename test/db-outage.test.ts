@@ -57,7 +57,7 @@ async function waitFor<T>(what: string, fn: () => Promise<T | null | undefined |
 const OUTAGE_MS = 20_000;
 const STEPS = 40;
 const CHECKPOINT_EVERY = 4;
-const job = { model: 'pi05-tiny', dataset_name: SUBSET.name, steps: STEPS, batch_size: 2, learning_rate: 3e-3, eval_fraction: 0, checkpoint_every: CHECKPOINT_EVERY };
+const job = { model: 'flow05-tiny', dataset_name: SUBSET.name, steps: STEPS, batch_size: 2, learning_rate: 3e-3, eval_fraction: 0, checkpoint_every: CHECKPOINT_EVERY };
 
 describe('a PostgreSQL outage during a job', () => {
   it('loses no record: events contiguous, every progress and checkpoint record stored, the job succeeds; the held records stay bounded', async (ctx) => {

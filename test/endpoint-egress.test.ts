@@ -7,7 +7,7 @@
  * point at loopback anyway (stored before, or a name that resolved elsewhere when registered) are
  * refused again when sync_inference_weights connects. With the operator's allowlist a loopback
  * endpoint works, its answers' bodies are never echoed, redirects are not followed, and a key
- * has at most --endpoints-per-key endpoints. Real server and engine (pi05-tiny); the only
+ * has at most --endpoints-per-key endpoints. Real server and engine (flow05-tiny); the only
  * sockets opened are on 127.0.0.1: private and link-local addresses are refused before any
  * connection.
  */
@@ -59,7 +59,7 @@ async function post(s: TestServer, route: string, body: unknown): Promise<{ stat
 /** A LoRA model whose camera is bound, so that sync_inference_weights has weights to push. */
 async function modelWithCamera(s: TestServer, id: string): Promise<FuturesClient> {
   const c = new FuturesClient(s.baseUrl, s.apiKey);
-  await c.createModel({ model_id: id, base_model: 'pi05-tiny', lora_config: { rank: 4, alpha: 8 } });
+  await c.createModel({ model_id: id, base_model: 'flow05-tiny', lora_config: { rank: 4, alpha: 8 } });
   await c.run('sample', { model_id: id, data: [{ observation: syntheticDatum(0).observation }], codec: 'RAW', seed: 1 });
   return c;
 }

@@ -45,7 +45,7 @@ function recordingEngine(): EngineLike & { calls: Call[] } {
   const calls: Call[] = [];
   return {
     calls,
-    info: { preset: 'pi05-tiny', backend: 'stub', backendKind: 'stub', backendDevice: 'none', backendLine: 'backend stub', backendFallbacks: [], imageSize: 96, imageSlots: 3, stateDim: 32, actionDim: 32, actionHorizon: 16, maxTokenLen: 48, baseParams: 0 },
+    info: { preset: 'flow05-tiny', backend: 'stub', backendKind: 'stub', backendDevice: 'none', backendLine: 'backend stub', backendFallbacks: [], imageSize: 96, imageSlots: 3, stateDim: 32, actionDim: 32, actionHorizon: 16, maxTokenLen: 48, baseParams: 0 },
     async call<T>(_session: string, op: string, args: Record<string, any> = {}): Promise<T> {
       calls.push({ op, args });
       const n = args.batch ? args.batch.actions.length : 0;
@@ -66,7 +66,7 @@ function recordingEngine(): EngineLike & { calls: Call[] } {
 }
 
 async function run(body: Record<string, unknown>, extra: Partial<RunContext> = {}) {
-  const cfg = parseFineTuneConfig({ model: 'pi05-tiny', steps: 6, batch_size: 2, ...body });
+  const cfg = parseFineTuneConfig({ model: 'flow05-tiny', steps: 6, batch_size: 2, ...body });
   const engine = recordingEngine();
   const events: { type: string; data: Record<string, any> }[] = [];
   const workDir = fs.mkdtempSync(path.join(tmp, 'job-'));
@@ -78,7 +78,7 @@ async function run(body: Record<string, unknown>, extra: Partial<RunContext> = {
 
 describe('fine-tune config (POST /v1/fine-tunes and vela finetune)', () => {
   it('fills the recipe defaults: full fine-tune on the seeded base, 10% held out, warm-up a tenth of the run', () => {
-    const cfg = parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd' });
+    const cfg = parseFineTuneConfig({ model: 'flow05-tiny', dataset_name: 'd' });
     expect(cfg).toMatchObject({
       finetune: 'full', steps: RECIPE.steps, batch_size: RECIPE.batch_size, learning_rate: RECIPE.learning_rate, eval_fraction: 0.1, eval_episodes: null,
       eval_dataset: null, eval_stride: 4, warmup_steps: defaultWarmupSteps(RECIPE.steps), lr_floor: RECIPE.lr_floor, adam_eps: RECIPE.adam_eps, weight_decay: RECIPE.weight_decay,
@@ -86,12 +86,12 @@ describe('fine-tune config (POST /v1/fine-tunes and vela finetune)', () => {
     });
     // The recipe's model when none is named (vela finetune and POST /v1/fine-tunes alike).
     expect(parseFineTuneConfig({ dataset_name: 'd' })).toMatchObject({ model: RECIPE.model, finetune: 'full', ema_decay: 0.99, steps: 1500, batch_size: 32, learning_rate: 3e-4 });
-    expect(parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd' }, { trainedBase: true }).finetune).toBe('lora');
-    expect(parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd', finetune: 'lora' }).finetune).toBe('lora');
+    expect(parseFineTuneConfig({ model: 'flow05-tiny', dataset_name: 'd' }, { trainedBase: true }).finetune).toBe('lora');
+    expect(parseFineTuneConfig({ model: 'flow05-tiny', dataset_name: 'd', finetune: 'lora' }).finetune).toBe('lora');
     expect(defaultWarmupSteps(300)).toBe(30);
     // A second dataset to evaluate on, or named held-out episodes: nothing else is held out by default.
-    expect(parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd', eval_dataset: 'e' }).eval_fraction).toBe(0);
-    expect(parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd', eval_episodes: [3, 1] }).eval_fraction).toBe(0);
+    expect(parseFineTuneConfig({ model: 'flow05-tiny', dataset_name: 'd', eval_dataset: 'e' }).eval_fraction).toBe(0);
+    expect(parseFineTuneConfig({ model: 'flow05-tiny', dataset_name: 'd', eval_episodes: [3, 1] }).eval_fraction).toBe(0);
   });
 
   it('refuses bad values with a 400 that names the field and the value', () => {
@@ -122,7 +122,7 @@ describe('fine-tune config (POST /v1/fine-tunes and vela finetune)', () => {
       [{ time_sampling: 'logit' }, /time_sampling must be "beta" or "uniform", got "logit"/],
       // An unknown field names the one it resembles, or the fine-tune name of a session's field.
       [{ step: 5 }, /^unknown field "step" \(did you mean "steps"\?\); known fields: model, /],
-      [{ base_model: 'pi05-tiny' }, /^unknown field "base_model" \(did you mean "model"\?\)/],
+      [{ base_model: 'flow05-tiny' }, /^unknown field "base_model" \(did you mean "model"\?\)/],
       [{ colour: 'red' }, /^unknown field "colour"; known fields: /],
       // A LoRA setting on a full fine-tune (here the seeded base's default) would be ignored: refused by name.
       [{ lora_rank: 4 }, /^lora_rank applies to finetune "lora" only, got 4: this fine-tune is "full" \(the default on seeded base weights\), which trains every weight; leave lora_rank out, or add finetune "lora"$/],
@@ -131,15 +131,15 @@ describe('fine-tune config (POST /v1/fine-tunes and vela finetune)', () => {
       // LoRA on pi0.5's seeded base must reach its zero adaptive-norm gates, or it learns nothing.
       [{ finetune: 'lora', targets: ['attn', 'mlp'] }, /^targets must include action_expert or all for LoRA on pi0\.5 with seeded base weights: .*; or train in full, got \["attn","mlp"\]$/],
     ];
-    for (const [over, re] of cases) expect(() => parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd', ...over }), JSON.stringify(over)).toThrow(re);
+    for (const [over, re] of cases) expect(() => parseFineTuneConfig({ model: 'flow05-tiny', dataset_name: 'd', ...over }), JSON.stringify(over)).toThrow(re);
     // With LoRA they are taken; a stored full config (its LoRA fields filled in) re-validates as it was.
-    expect(parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd', finetune: 'lora', lora_rank: 4 }).lora_rank).toBe(4);
-    expect(parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd', lora_rank: 4 }, { trainedBase: true })).toMatchObject({ finetune: 'lora', lora_rank: 4 });
+    expect(parseFineTuneConfig({ model: 'flow05-tiny', dataset_name: 'd', finetune: 'lora', lora_rank: 4 }).lora_rank).toBe(4);
+    expect(parseFineTuneConfig({ model: 'flow05-tiny', dataset_name: 'd', lora_rank: 4 }, { trainedBase: true })).toMatchObject({ finetune: 'lora', lora_rank: 4 });
     // attn alone: on a trained pi0.5 (open gates) and on pi0 (no gates).
-    expect(parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd', targets: ['attn'] }, { trainedBase: true }).targets).toEqual(['attn']);
-    expect(parseFineTuneConfig({ model: 'pi0-tiny', dataset_name: 'd', finetune: 'lora', targets: ['attn'] }).targets).toEqual(['attn']);
-    expect(parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd', finetune: 'lora', targets: ['attn', 'action_expert'] }).targets).toEqual(['attn', 'action_expert']);
-    const stored = parseFineTuneConfig({ model: 'pi05-tiny', dataset_name: 'd' });
+    expect(parseFineTuneConfig({ model: 'flow05-tiny', dataset_name: 'd', targets: ['attn'] }, { trainedBase: true }).targets).toEqual(['attn']);
+    expect(parseFineTuneConfig({ model: 'flow0-tiny', dataset_name: 'd', finetune: 'lora', targets: ['attn'] }).targets).toEqual(['attn']);
+    expect(parseFineTuneConfig({ model: 'flow05-tiny', dataset_name: 'd', finetune: 'lora', targets: ['attn', 'action_expert'] }).targets).toEqual(['attn', 'action_expert']);
+    const stored = parseFineTuneConfig({ model: 'flow05-tiny', dataset_name: 'd' });
     expect(parseFineTuneConfig(stored as unknown as Record<string, unknown>, { stored: true })).toEqual(stored);
   });
 
@@ -294,8 +294,8 @@ describe('vela finetune on the real engine', () => {
     expect(() => parseFinetuneArgs(args('--batch-size', '8'))).toThrow(`--output ${out}: holds checkpoints of another run but nothing to resume: give a new --output`);
     fs.writeFileSync(path.join(out, 'resume.json'), '{}');
     expect(parseFinetuneArgs(args('--batch-size', '8')).cfg).toEqual(cfg);
-    expect(() => parseFinetuneArgs(args('--batch-size', '4', '--model', 'pi05-tiny'))).toThrow(
-      `--output ${out}: holds an interrupted run started with --model "pi0-tiny" (now "pi05-tiny"), --batch-size 8 (now 4): give the same settings to resume it, or a new --output`,
+    expect(() => parseFinetuneArgs(args('--batch-size', '4', '--model', 'flow05-tiny'))).toThrow(
+      `--output ${out}: holds an interrupted run started with --model "flow0-tiny" (now "flow05-tiny"), --batch-size 8 (now 4): give the same settings to resume it, or a new --output`,
     );
   });
 });

@@ -132,7 +132,7 @@ describe('futures server with a stub engine', () => {
   afterAll(() => server.close());
 
   it('answers 410 for a result past its TTL and 404 for an id it never gave', async () => {
-    const { model_id } = await client.createModel({ base_model: 'pi0-tiny' });
+    const { model_id } = await client.createModel({ base_model: 'flow0-tiny' });
     const id = await client.submit('abort_gradient_epoch', { model_id });
     expect(await client.retrieve(id)).toEqual({ discarded: 0 });
     await new Promise((r) => setTimeout(r, 1100));
@@ -145,7 +145,7 @@ describe('futures server with a stub engine', () => {
   });
 
   it('fails requests held past a seq_id gap, then refuses the late seq_id as behind (409)', async () => {
-    const { model_id } = await client.createModel({ base_model: 'pi0-tiny' });
+    const { model_id } = await client.createModel({ base_model: 'flow0-tiny' });
     expect(await client.run('abort_gradient_epoch', { model_id, seq_id: 10 })).toEqual({ discarded: 0 });
     const held = await client.submit('abort_gradient_epoch', { model_id, seq_id: 12 });
     const err = await client.retrieve(held).catch((e) => e);
@@ -159,7 +159,7 @@ describe('futures server with a stub engine', () => {
   });
 
   it('passes sleep and wake_up to the engine in the model\'s order, with the engine\'s errors', async () => {
-    const { model_id } = await client.createModel({ base_model: 'pi0-tiny' });
+    const { model_id } = await client.createModel({ base_model: 'flow0-tiny' });
     expect(await client.call('sleep', { model_id })).toEqual({ model_id, sleeping: true });
     expect(await client.call('wake_up', { model_id })).toEqual({ model_id, sleeping: false });
     expect(await client.raw('POST', 'wake_up', { model_id })).toEqual({ status: 409, body: { error: `session ${model_id} is not asleep`, code: 'conflict' } });
@@ -183,7 +183,7 @@ describe('futures server with a stub engine', () => {
     await new Promise<void>((r) => proxy.listen(0, '127.0.0.1', r));
     try {
       const via = new FuturesClient(`http://127.0.0.1:${(proxy.address() as { port: number }).port}`, server.apiKey, 'msgpack');
-      const { model_id } = await client.createModel({ base_model: 'pi0-tiny' });
+      const { model_id } = await client.createModel({ base_model: 'flow0-tiny' });
       expect(await via.run('abort_gradient_epoch', { model_id })).toEqual({ discarded: 0 });
       expect(via.stats.retried).toBe(2);
       failures = [404];
@@ -198,7 +198,7 @@ describe('futures server with a stub engine', () => {
   });
 
   it('refuses a request past --read-ahead pending requests of a model with 429', async () => {
-    const { model_id } = await client.createModel({ base_model: 'pi0-tiny' });
+    const { model_id } = await client.createModel({ base_model: 'flow0-tiny' });
     let release!: () => void;
     stall = new Promise((r) => (release = r));
     const ids = [];

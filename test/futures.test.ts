@@ -1,5 +1,5 @@
 /**
- * The futures API (PROTOCOL.md section 7) on the real engine: pi05-tiny LoRA models trained
+ * The futures API (PROTOCOL.md section 7) on the real engine: flow05-tiny LoRA models trained
  * over `/api/v1/...` by a client that follows Tinker's polling rules, on real G1 JPEG frames,
  * compared number for number with a websocket session of the same seed. retrieve_future waits
  * only 0.2 s here, so the polls go through try_again answers as a slow op would make them.
@@ -26,16 +26,16 @@ beforeAll(async () => {
 });
 afterAll(() => server.close());
 
-const MODEL = { base_model: 'pi05-tiny', rank: 4, alpha: 8, seed: 11 };
+const MODEL = { base_model: 'flow05-tiny', rank: 4, alpha: 8, seed: 11 };
 
-describe('the futures API on pi05-tiny', () => {
+describe('the futures API on flow05-tiny', () => {
   it('gives the websocket session\'s losses, in JSON and in msgpack, through forward_backward + optim_step + save_weights', async () => {
     const vela = new VelaClient(server.baseUrl, server.apiKey);
     const s = await vela.waitReady((await vela.createSession(MODEL)).id);
     const ws = await vela.connect(s);
     const a = await json.createModel(MODEL);
-    const b = await msgpack.createModel({ base_model: 'pi05-tiny', lora_config: { rank: 4, alpha: 8 }, seed: 11 });
-    expect(a).toMatchObject({ status: 'ready', base_model: 'pi05-tiny', finetune: 'lora', rank: 4, alpha: 8, action_horizon: 16 });
+    const b = await msgpack.createModel({ base_model: 'flow05-tiny', lora_config: { rank: 4, alpha: 8 }, seed: 11 });
+    expect(a).toMatchObject({ status: 'ready', base_model: 'flow05-tiny', finetune: 'lora', rank: 4, alpha: 8, action_horizon: 16 });
     expect(a.trainable_params).toBe(ws.info.trainable_params);
 
     const losses: number[][] = [];
@@ -172,7 +172,7 @@ describe('the futures API on pi05-tiny', () => {
     // session management
     const info = await json.call('session_info', undefined, 'GET');
     expect(info.sessions.map((x: any) => x.model_id)).toContain(model_id);
-    expect(info.sessions.find((x: any) => x.model_id === model_id)).toMatchObject({ status: 'ready', base_model: 'pi05-tiny', pending_futures: 0, cameras: ['cam_high'] }); // bound by the junk frame, as the websocket binds
+    expect(info.sessions.find((x: any) => x.model_id === model_id)).toMatchObject({ status: 'ready', base_model: 'flow05-tiny', pending_futures: 0, cameras: ['cam_high'] }); // bound by the junk frame, as the websocket binds
     expect(await json.call('session_heartbeat', { model_id })).toMatchObject({ model_id, status: 'ready' });
     expect((await post('session_heartbeat', { model_id: 'ts-nosuchmodel' })).status).toBe(404);
     await json.call('kill_session', { model_id });

@@ -1,13 +1,13 @@
 /**
- * kernels/gelu-fused.ts: the SIMD loop (wasm), the JavaScript loop (cpu backend, and the wasm
+ * kernels/backend/gelu-fused.ts: the SIMD loop (wasm), the JavaScript loop (cpu backend, and the wasm
  * path's last n % 4 elements) and the TF.js ops agree bit for bit, since they do the same float32
  * operations in the same order; the gradient agrees with the float64 derivative of GELU (tanh)
  * and with finite differences of geluTanh; nothing leaks.
  */
 import * as tf from '@tensorflow/tfjs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { initBackend } from '../kernels/backend.ts';
-import { geluArgument, geluArgumentOps, geluGradient, geluGradientOps } from '../kernels/gelu-fused.ts';
+import { initBackend } from '../kernels/backend/backend.ts';
+import { geluArgument, geluArgumentOps, geluGradient, geluGradientOps } from '../kernels/backend/gelu-fused.ts';
 import { geluTanh } from '../kernels/layers.ts';
 
 beforeAll(async () => {

@@ -37,7 +37,7 @@ const finished = (base: { baseUrl: string }, id: string) =>
     return ['succeeded', 'failed', 'cancelled'].includes(json.status) ? json : null;
   });
 
-const job = (over: Record<string, unknown> = {}) => ({ model: 'pi05-tiny', dataset_name: SUBSET.name, steps: 60, batch_size: 8, learning_rate: 3e-3, eval_every: 30, checkpoint_every: 20, ...over });
+const job = (over: Record<string, unknown> = {}) => ({ model: 'flow05-tiny', dataset_name: SUBSET.name, steps: 60, batch_size: 8, learning_rate: 3e-3, eval_every: 30, checkpoint_every: 20, ...over });
 
 // Not datasets: an empty folder and a file, beside the subset (eval_dataset's errors).
 const NOT_DATASETS = ['empty-eval', 'file-eval'];
@@ -86,7 +86,7 @@ describe('fine-tunes on g1_pick_bottle', () => {
     const { status, json: created } = await api(server, 'POST', '/v1/fine-tunes', job());
     expect(status).toBe(200);
     // The default on the seeded base is a full fine-tune; the schedule and split settings are echoed.
-    expect(created).toMatchObject({ model: 'pi05-tiny', finetune: 'full', steps: 60, eval_fraction: 0.1, eval_stride: 4, warmup_steps: 6, lr_floor: 0.1 });
+    expect(created).toMatchObject({ model: 'flow05-tiny', finetune: 'full', steps: 60, eval_fraction: 0.1, eval_stride: 4, warmup_steps: 6, lr_floor: 0.1 });
     // Read part of the stream live, drop it, then resume from the next index.
     const head = await readSse(server, created.id, '', 12);
     const tail = await readSse(server, created.id, `?from=${head.at(-1).index + 1}`);
@@ -176,7 +176,7 @@ describe('fine-tunes on g1_pick_bottle', () => {
       const about = (id: string) => lines.filter((l) => l.includes(`job ${id}`)).map((l) => l.replace(/^\S+ /, '').trimEnd());
       expect(about(b.id)).toEqual([`info  job ${b.id} queued`, `info  job ${b.id} cancelled before it started`]);
       const ofA = about(a.id);
-      expect(ofA.slice(0, 2)).toEqual([`info  job ${a.id} queued`, `info  job ${a.id} running (pi05-tiny, 1000 steps on ${SUBSET.name})`]);
+      expect(ofA.slice(0, 2)).toEqual([`info  job ${a.id} queued`, `info  job ${a.id} running (flow05-tiny, 1000 steps on ${SUBSET.name})`]);
       expect(ofA[2]).toMatch(new RegExp(`^info  job ${a.id}: step 1/1000 loss \\d+\\.\\d{4}$`));
       expect(ofA.at(-1)).toBe(`info  job ${a.id} cancelled at step ${done.step}`);
       expect(ofA.filter((l) => l.includes(': step ')).length).toBeLessThanOrEqual(1 + Math.floor((performance.now() - t0) / 30_000));

@@ -3,7 +3,7 @@
  * state given as `{"data", "dtype": "int64" | "uint64" | ..., "shape"}` with 1.5, -1 for a uint,
  * or a value past the range is a 400 naming the element and its value, before any policy sees
  * it (it was a 500 for 1.5 as int64, and -1 as uint64 wrapped to 1.8e19 and came back as actions
- * of 1.8e19). Real server, a sampling session of a saved pi05-tiny checkpoint, its HTTP infer.
+ * of 1.8e19). Real server, a sampling session of a saved flow05-tiny checkpoint, its HTTP infer.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestServer, type TestServer } from './helpers/server.ts';
@@ -18,7 +18,7 @@ const STATE = [1, -2, 3, 0, 5, -6, 7, 1]; // integral, within every int dtype (t
 beforeAll(async () => {
   server = await startTestServer();
   const c = new FuturesClient(server.baseUrl, server.apiKey);
-  await c.createModel({ model_id: 'arm', base_model: 'pi05-tiny', lora_config: { rank: 4, alpha: 8 } });
+  await c.createModel({ model_id: 'arm', base_model: 'flow05-tiny', lora_config: { rank: 4, alpha: 8 } });
   await c.run('sample', { model_id: 'arm', data: [{ observation: datum }], codec: 'RAW', seed: 1 }); // binds the camera
   const saved = await c.run('save_weights_for_sampler', { model_id: 'arm', name: 'ints' });
   inferUrl = (await c.call('create_sampling_session', { checkpoint_id: saved.checkpoint_id })).infer_url;

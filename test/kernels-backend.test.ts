@@ -1,11 +1,11 @@
 import * as tf from '@tensorflow/tfjs';
 import { createRequire } from 'node:module';
 import { expect, it } from 'vitest';
-import { initBackend, backendReport } from '../kernels/backend.ts';
-import { visibleGpus } from '../kernels/native.ts';
+import { initBackend, backendReport } from '../kernels/backend/backend.ts';
+import { visibleGpus } from '../kernels/backend/native.ts';
 import { useBackend, TEST_BACKENDS } from './helpers/tf.ts';
-import { makeConfig } from '../kernels/config.ts';
-import { fakeBatch, makeBatch } from '../kernels/batch.ts';
+import { makeConfig } from '../kernels/small/config.ts';
+import { fakeBatch, makeBatch } from '../kernels/small/batch.ts';
 import { BaseWeights, TrainingState } from '../kernels/trainer.ts';
 import { drawNoiseTime } from '../kernels/flow.ts';
 import { Rng } from '../kernels/rng.ts';
@@ -36,7 +36,7 @@ it('selects a backend once, reports every faster one not used with its reason, a
 
 it.each(TEST_BACKENDS)('skips an image slot that is empty in every datum without changing the outputs (D13) [%s]', async (kind) => {
   await useBackend(kind);
-  const c = makeConfig('pi0-tiny', { imageSize: 32, width: 32, depth: 2, heads: 2, headDim: 16, mlpDim: 64, maxTokenLen: 8, stateDim: 4, actionDim: 3, horizon: 3 });
+  const c = makeConfig('flow0-tiny', { imageSize: 32, width: 32, depth: 2, heads: 2, headDim: 16, mlpDim: 64, maxTokenLen: 8, stateDim: 4, actionDim: 3, horizon: 3 });
   const src = fakeBatch(c, 3, 2);
   const frame = (i: number, k: number) => src.images.slice((i * 3 + k) * 32 * 32 * 3, (i * 3 + k + 1) * 32 * 32 * 3);
   const datum = (i: number, slot2: boolean) => ({
@@ -58,7 +58,7 @@ it.each(TEST_BACKENDS)('skips an image slot that is empty in every datum without
 });
 
 it('the fast wasm Slice/SplitV/Unpack kernels cut exactly the stock pieces', async () => {
-  await useBackend('wasm'); // wasm's own kernels (kernels/wasm-fast.ts)
+  await useBackend('wasm'); // wasm's own kernels (kernels/backend/wasm-fast.ts)
   const shape = [3, 4, 5, 6];
   const data = Float32Array.from({ length: 360 }, (_, i) => i);
   const x = tf.tensor(data, shape);

@@ -1,10 +1,10 @@
 import { describe, expect, it } from 'vitest';
-import { ConfigError, countParams, describePresets, makeConfig, resolvePreset, type PolicyConfig } from '../kernels/config.ts';
-import { tableParamCount, paramSpecs, timeEmbedding, stateBins } from '../kernels/policy.ts';
-import { ShapeError, fakeBatch, makeBatch, tokenizePrompt } from '../kernels/batch.ts';
+import { ConfigError, countParams, describePresets, makeConfig, resolvePreset, type PolicyConfig } from '../kernels/small/config.ts';
+import { tableParamCount, paramSpecs, timeEmbedding, stateBins } from '../kernels/small/model.ts';
+import { ShapeError, fakeBatch, makeBatch, tokenizePrompt } from '../kernels/small/batch.ts';
 import { Rng } from '../kernels/rng.ts';
 
-/** MODEL.md's table, counted by hand, term by term (independent of kernels/config.ts). */
+/** MODEL.md's table, counted by hand, term by term (independent of kernels/small/config.ts). */
 function handCount(c: PolicyConfig): number {
   const w = c.width, hd = c.heads * c.headDim;
   const lin = (i: number, o: number) => i * o + o;
@@ -25,7 +25,7 @@ function handCount(c: PolicyConfig): number {
 }
 
 describe('presets', () => {
-  const expected: Record<string, number> = { 'pi0-tiny': 1_790_752, 'pi05-tiny': 2_202_272, 'pi0-small': 29_368_352, 'pi05-small': 36_408_992 };
+  const expected: Record<string, number> = { 'flow0-tiny': 1_790_752, 'flow05-tiny': 2_202_272, 'flow0-small': 29_368_352, 'flow05-small': 36_408_992 };
   for (const [name, count] of Object.entries(expected)) {
     it(`${name} has ${count} parameters by hand, by formula and by the table`, () => {
       const c = makeConfig(name);
@@ -35,30 +35,31 @@ describe('presets', () => {
       expect(new Set(paramSpecs(c).map((s) => s.name)).size).toBe(paramSpecs(c).length);
     });
   }
-  it('aliases resolve to the small presets and describePresets prints every count', () => {
-    expect(resolvePreset('pi0')).toBe('pi0-small');
-    expect(makeConfig('pi05').preset).toBe('pi05-small');
+  it('deprecated names resolve to the presets, bare pi0 / pi05 are refused, describePresets prints every count', () => {
+    expect(resolvePreset('pi0-small')).toBe('flow0-small');
+    expect(makeConfig('pi05-tiny').preset).toBe('flow05-tiny');
+    expect(() => makeConfig('pi05')).toThrow(/pi05 is the real pi0.5/);
     const text = describePresets();
     expect(text).toContain('1,790,752');
     expect(text).toContain('36,408,992');
-    expect(text.split('\n')).toHaveLength(4);
+    expect(text.split('\n')).toHaveLength(5);
   });
   it('rejects unknown presets and bad sizes with ConfigError codes', () => {
     expect(() => makeConfig('pi1')).toThrow(ConfigError);
     try {
-      makeConfig('pi0-tiny', { patch: 7 });
+      makeConfig('flow0-tiny', { patch: 7 });
     } catch (e) {
       expect((e as ConfigError).code).toBe('bad_config');
       expect((e as Error).message).toContain('patch 7 does not divide image_size 96');
     }
-    expect(() => makeConfig('pi0-tiny', { width: 0 })).toThrow(/width is 0/);
-    expect(Object.isFrozen(makeConfig('pi0-tiny'))).toBe(true);
-    expect(makeConfig('pi0-tiny', { width: 16 }).preset).toBe('pi0-tiny+custom');
+    expect(() => makeConfig('flow0-tiny', { width: 0 })).toThrow(/width is 0/);
+    expect(Object.isFrozen(makeConfig('flow0-tiny'))).toBe(true);
+    expect(makeConfig('flow0-tiny', { width: 16 }).preset).toBe('flow0-tiny+custom');
   });
 });
 
 describe('inputs', () => {
-  const c = makeConfig('pi0-tiny', { imageSize: 32, maxTokenLen: 8, stateDim: 4, actionDim: 3, horizon: 2 });
+  const c = makeConfig('flow0-tiny', { imageSize: 32, maxTokenLen: 8, stateDim: 4, actionDim: 3, horizon: 2 });
   it('tokenizes UTF-8 bytes, truncates to max_token_len and pads with 256 (D5)', () => {
     const { tokens, mask } = tokenizePrompt(c, 'hé');
     expect([...tokens]).toEqual([104, 0xc3, 0xa9, 256, 256, 256, 256, 256]);

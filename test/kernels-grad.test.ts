@@ -8,9 +8,9 @@
 import * as tf from '@tensorflow/tfjs';
 import { describe, expect, it } from 'vitest';
 import { forEachBackend } from './helpers/tf.ts';
-import { makeConfig, type PolicyConfig } from '../kernels/config.ts';
-import { fakeBatch, type ModelBatch } from '../kernels/batch.ts';
-import { paramSpecs, velocity, type WeightsView } from '../kernels/policy.ts';
+import { makeConfig, type PolicyConfig } from '../kernels/small/config.ts';
+import { fakeBatch, type ModelBatch } from '../kernels/small/batch.ts';
+import { paramSpecs, velocity, type WeightsView } from '../kernels/small/model.ts';
 import { drawNoiseTime, lossPerDatum, noisyActions } from '../kernels/flow.ts';
 import { selectTargets } from '../kernels/lora.ts';
 import type { LoraFactors } from '../kernels/layers.ts';
@@ -117,7 +117,7 @@ function fdCheck(s: Setup, picks: { name: string; index: number }[], trainable: 
 forEachBackend('kernels: gradients', () => {
   describe('gradients vs central finite differences (float32, h = 1e-2)', () => {
     it('pi0 micro config: one entry of every kind of parameter', () => {
-      const s = setup('pi0-tiny', false);
+      const s = setup('flow0-tiny', false);
       const tokens = s.batch.tokens;
       const picks = [
         { name: 'img.patch.weight', index: 5 },
@@ -146,7 +146,7 @@ forEachBackend('kernels: gradients', () => {
       fdCheck(s, picks, () => true);
     });
     it('pi0.5 micro config: state bins, time MLP, adaptive RMSNorm', () => {
-      const s = setup('pi05-tiny', false);
+      const s = setup('flow05-tiny', false);
       const c = s.c;
       const bins = Math.min(255, Math.floor(((Math.max(-1, Math.min(1, s.batch.state[1]!)) + 1) / 2) * 256));
       const picks = [
@@ -164,7 +164,7 @@ forEachBackend('kernels: gradients', () => {
       fdCheck(s, picks, () => true);
     });
     it('LoRA factors on a frozen base (attn + action_expert targets)', () => {
-      const s = setup('pi05-tiny', true);
+      const s = setup('flow05-tiny', true);
       const picks = [
         { name: 'layers.0.prefix.qkv.lora_a', index: 3 },
         { name: 'layers.0.prefix.qkv.lora_b', index: 17 },

@@ -1,6 +1,6 @@
 /**
  * Overfits one small real batch: 8 frames of episode 0 of the shipped G1 sample (AV1 video decoded
- * by server/datasets, 96x96 with padding, z-scored state/actions, pi0-tiny with depth 2 and
+ * by server/datasets, 96x96 with padding, z-scored state/actions, flow0-tiny with depth 2 and
  * width 64 to keep the test fast). Noise and time are one fixed draw, so the objective is a
  * fixed regression problem and its loss can fall to ~0; with fresh noise every step the flow-
  * matching loss keeps an irreducible part and falls far more slowly.
@@ -9,8 +9,8 @@ import { expect, it } from 'vitest';
 import { forEachBackend } from './helpers/tf.ts';
 import { openDataset, makeDatum } from '../server/datasets/index.ts';
 import { computeNormStats, zscore } from '../kernels/normalize.ts';
-import { makeConfig } from '../kernels/config.ts';
-import { makeBatch } from '../kernels/batch.ts';
+import { makeConfig } from '../kernels/small/config.ts';
+import { makeBatch } from '../kernels/small/batch.ts';
 import { BaseWeights, TrainingState } from '../kernels/trainer.ts';
 import { drawNoiseTime } from '../kernels/flow.ts';
 import { Rng } from '../kernels/rng.ts';
@@ -27,7 +27,7 @@ forEachBackend('kernels: overfit', () => {
     const ad = ds.meta.actionDim;
     const sStats = computeNormStats({ data: Float32Array.from(datums.flatMap((d) => [...d.state])), dim: sd });
     const aStats = computeNormStats({ data: Float32Array.from(datums.flatMap((d) => [...d.actions])), dim: ad });
-    const cfg = makeConfig('pi0-tiny', { depth: 2, width: 64, heads: 2, headDim: 32, mlpDim: 256 });
+    const cfg = makeConfig('flow0-tiny', { depth: 2, width: 64, heads: 2, headDim: 32, mlpDim: 256 });
     const batch = makeBatch(
       cfg,
       datums.map((d) => ({

@@ -5,8 +5,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, expect, it } from 'vitest';
 import { forEachBackend } from './helpers/tf.ts';
-import { makeConfig } from '../kernels/config.ts';
-import { fakeBatch } from '../kernels/batch.ts';
+import { makeConfig } from '../kernels/small/config.ts';
+import { fakeBatch } from '../kernels/small/batch.ts';
 import { BaseWeights, TrainingState, type ExportedState } from '../kernels/trainer.ts';
 import { loadCheckpoint, saveCheckpoint, type CheckpointContent } from '../kernels/checkpoint.ts';
 
@@ -24,7 +24,7 @@ function toContent(ex: ExportedState): CheckpointContent {
 
 forEachBackend('kernels: checkpoint round trip', (kind) => {
   it.each(['lora', 'full'] as const)('save_state -> load_state (%s) gives identical outputs and the same next step', async (finetune) => {
-    const c = makeConfig('pi05-tiny', { imageSize: 32, width: 32, depth: 2, heads: 2, headDim: 16, mlpDim: 64, maxTokenLen: 8, stateDim: 4, actionDim: 3, horizon: 3 });
+    const c = makeConfig('flow05-tiny', { imageSize: 32, width: 32, depth: 2, heads: 2, headDim: 16, mlpDim: 64, maxTokenLen: 8, stateDim: 4, actionDim: 3, horizon: 3 });
     const b = fakeBatch(c, 2, 1);
     const base = BaseWeights.create(c, 5);
     const s1 = new TrainingState(base, { finetune, rank: 4, targets: ['attn', 'action_expert'], seed: 2 });
@@ -43,7 +43,7 @@ forEachBackend('kernels: checkpoint round trip', (kind) => {
     expect(s2.optimStep({ learningRate: 1e-2, weightDecay: 0.1 })).toEqual(s1.optimStep({ learningRate: 1e-2, weightDecay: 0.1 }));
     const w1 = s1.trainableTensors();
     for (const [n, t] of Object.entries(s2.trainableTensors())) expect(t.data, n).toEqual(w1[n]!.data);
-    await expect(loadCheckpoint(dir, { preset: 'pi0-tiny' })).rejects.toThrow(/preset/);
+    await expect(loadCheckpoint(dir, { preset: 'flow0-tiny' })).rejects.toThrow(/preset/);
     s1.dispose();
     s2.dispose();
     base.dispose();

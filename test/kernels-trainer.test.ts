@@ -1,8 +1,8 @@
 import * as tf from '@tensorflow/tfjs';
 import { describe, expect, it } from 'vitest';
 import { forEachBackend } from './helpers/tf.ts';
-import { makeConfig } from '../kernels/config.ts';
-import { fakeBatch, sliceBatch } from '../kernels/batch.ts';
+import { makeConfig } from '../kernels/small/config.ts';
+import { fakeBatch, sliceBatch } from '../kernels/small/batch.ts';
 import { mseVelocityGrad, drawNoiseTime } from '../kernels/flow.ts';
 import { BaseWeights, TrainerError, TrainingState } from '../kernels/trainer.ts';
 import { Rng } from '../kernels/rng.ts';
@@ -30,7 +30,7 @@ function batchOf(preset: string, size: number, seed: number) {
 }
 
 forEachBackend('kernels: training state', () => {
-  describe.each(['pi0-tiny', 'pi05-tiny'])('training state (%s micro)', (preset) => {
+  describe.each(['flow0-tiny', 'flow05-tiny'])('training state (%s micro)', (preset) => {
     it('forward(keep) + backward(2 w (v - u) mask / n) gives the G and D of forward_backward', () => {
       const { c, b } = batchOf(preset, 3, 1);
       const base = BaseWeights.create(c, 7);
@@ -98,7 +98,7 @@ forEachBackend('kernels: training state', () => {
 
   describe('LoRA on a shared base', () => {
     it('a fresh adapter leaves outputs bit-identical; training changes only adapter tensors; adapters are independent', () => {
-      const { c, b } = batchOf('pi05-tiny', 2, 3);
+      const { c, b } = batchOf('flow05-tiny', 2, 3);
       const base = BaseWeights.create(c, 9);
       const baseBefore = base.exportWeights();
       const plain = new TrainingState(base, { finetune: 'full', seed: 4 });
@@ -131,7 +131,7 @@ forEachBackend('kernels: training state', () => {
 
   describe('pi0.5 adaptive-norm gates (adaLN-Zero) on a seeded base', () => {
     it('refuses LoRA that leaves the zero gates frozen (it could never learn); with open gates attn alone trains', () => {
-      const { c, b } = batchOf('pi05-tiny', 2, 14);
+      const { c, b } = batchOf('flow05-tiny', 2, 14);
       const base = BaseWeights.create(c, 14);
       // Why: with the gates at zero no attention or MLP weight of either expert gets a gradient.
       const full = new TrainingState(base, { finetune: 'full', seed: 1 });
@@ -162,7 +162,7 @@ forEachBackend('kernels: training state', () => {
 
   describe('sampling, errors, leaks, export/import', () => {
     it('sampling with a fixed seed repeats, and the prefix cache equals re-encoding the prefix', () => {
-      for (const preset of ['pi0-tiny', 'pi05-tiny']) {
+      for (const preset of ['flow0-tiny', 'flow05-tiny']) {
         const { c, b } = batchOf(preset, 2, 4);
         const base = BaseWeights.create(c, 10);
         const s = new TrainingState(base, { finetune: 'full', seed: 1 });
@@ -178,7 +178,7 @@ forEachBackend('kernels: training state', () => {
     });
 
     it('keeps tf.memory().numTensors stable across steps', () => {
-      const { c, b } = batchOf('pi05-tiny', 2, 5);
+      const { c, b } = batchOf('flow05-tiny', 2, 5);
       const base = BaseWeights.create(c, 11);
       const s = new TrainingState(base, { finetune: 'lora', rank: 4, seed: 1 });
       const count = () => tf.memory().numTensors;
@@ -203,7 +203,7 @@ forEachBackend('kernels: training state', () => {
     });
 
     it('optim_step with D == 0 is a hard error that changes nothing; abort is idempotent', () => {
-      const { c, b } = batchOf('pi0-tiny', 2, 6);
+      const { c, b } = batchOf('flow0-tiny', 2, 6);
       const base = BaseWeights.create(c, 12);
       const s = new TrainingState(base, { finetune: 'lora', rank: 2, seed: 1 });
       expect(() => s.optimStep()).toThrow(/D is 0 after 0 calls/);
@@ -221,7 +221,7 @@ forEachBackend('kernels: training state', () => {
     });
 
     it('a non-finite gradient norm skips the step and clears G and D', () => {
-      const { c, b } = batchOf('pi0-tiny', 2, 7);
+      const { c, b } = batchOf('flow0-tiny', 2, 7);
       const base = BaseWeights.create(c, 13);
       const s = new TrainingState(base, { finetune: 'full', seed: 1 });
       const w = s.exportWeights();
@@ -241,7 +241,7 @@ forEachBackend('kernels: training state', () => {
     });
 
     it('exportState -> importState gives identical outputs and an identical next optimizer step', () => {
-      const { c, b } = batchOf('pi05-tiny', 2, 8);
+      const { c, b } = batchOf('flow05-tiny', 2, 8);
       const base = BaseWeights.create(c, 14);
       const s1 = new TrainingState(base, { finetune: 'lora', rank: 4, targets: ['action_expert'], seed: 1 });
       for (let i = 0; i < 2; i++) {
@@ -269,7 +269,7 @@ forEachBackend('kernels: training state', () => {
 
   describe('gradient checkpointing of the prefix layers', () => {
     it('gives the same G as the plain backward pass, for full and LoRA sessions', () => {
-      const { c, b } = batchOf('pi05-tiny', 2, 9);
+      const { c, b } = batchOf('flow05-tiny', 2, 9);
       const base = BaseWeights.create(c, 15);
       const before = process.env.VELA_CHECKPOINT;
       try {
@@ -301,7 +301,7 @@ forEachBackend('kernels: training state', () => {
 
 describe('moving average of the weights (ema_decay, issue 16)', () => {
   it('follows ema = d ema + (1 - d) p with the warm-up d = min(decay, (1 + n) / (10 + n)), samples and exports it, and round-trips it in a state', () => {
-    const { c, b } = batchOf('pi05-tiny', 2, 10);
+    const { c, b } = batchOf('flow05-tiny', 2, 10);
     const base = BaseWeights.create(c, 16);
     const decay = 0.5;
     const s1 = new TrainingState(base, { finetune: 'full', seed: 2, emaDecay: decay });
@@ -346,7 +346,7 @@ describe('moving average of the weights (ema_decay, issue 16)', () => {
 
 describe('training time distribution (time_sampling, issue 16)', () => {
   it('beta draws t = 0.999 u^(2/3) + 0.001, uniform t = 0.999 u + 0.001, from the same generator draws', () => {
-    const { c, b } = batchOf('pi05-tiny', 3, 11);
+    const { c, b } = batchOf('flow05-tiny', 3, 11);
     const base = BaseWeights.create(c, 17);
     const n = 3 * c.horizon * c.actionDim;
     const draws = () => {

@@ -1,5 +1,5 @@
 /**
- * GET /metrics (PROTOCOL.md section 12): scraped through the real server while a pi05-tiny
+ * GET /metrics (PROTOCOL.md section 12): scraped through the real server while a flow05-tiny
  * session trains over its websocket (real engine) and a robot runs the session's live policy over
  * OpenPI's websocket protocol; the exposition text is parsed and its values asserted. Then the
  * standalone `vela policy` server's /metrics, and who may scrape (key, --metrics-public).
@@ -73,7 +73,7 @@ describe('GET /metrics on the main server', () => {
   });
 
   it('shows training, policy, engine, job, database and process series that move while a session trains and a robot is served', async () => {
-    const s = await client.waitReady((await client.createSession({ base_model: 'pi05-tiny' })).id);
+    const s = await client.waitReady((await client.createSession({ base_model: 'flow05-tiny' })).id);
     const conn = await client.connect(s);
     const train = async (steps: number) => {
       for (let i = 0; i < steps; i++) {
@@ -140,10 +140,10 @@ describe('GET /metrics on the main server', () => {
     expect(b.value('vela_policy_connections')).toBe(1);
 
     // The training engine's memory, pushed by its worker with every answer.
-    const mem = b.all('vela_engine_memory_bytes', { preset: 'pi05-tiny', lane: 'training' });
+    const mem = b.all('vela_engine_memory_bytes', { preset: 'flow05-tiny', lane: 'training' });
     expect(mem).toHaveLength(1);
     expect(mem[0]!.value).toBeGreaterThan(1e6);
-    expect(b.value('vela_engine_tensors', { preset: 'pi05-tiny', lane: 'training' })!).toBeGreaterThan(10);
+    expect(b.value('vela_engine_tensors', { preset: 'flow05-tiny', lane: 'training' })!).toBeGreaterThan(10);
 
     // Jobs by state, every state present; the db gauges.
     for (const state of ['queued', 'running', 'succeeded', 'cancelled']) expect(b.value('vela_jobs', { state })).toBe(0);
@@ -175,7 +175,7 @@ describe('GET /metrics on the main server', () => {
 
   it('counts a fine-tune\'s steps and its state as it runs to the end', async () => {
     const a = await metrics(server.baseUrl, server.apiKey);
-    const { status, json } = await api(server, 'POST', '/v1/fine-tunes', { model: 'pi05-tiny', dataset_name: SUBSET.name, steps: 3, batch_size: 2, eval_every: 0, checkpoint_every: 100 });
+    const { status, json } = await api(server, 'POST', '/v1/fine-tunes', { model: 'flow05-tiny', dataset_name: SUBSET.name, steps: 3, batch_size: 2, eval_every: 0, checkpoint_every: 100 });
     expect(status, JSON.stringify(json)).toBe(200);
     let job = json;
     for (let i = 0; i < 1500 && !['succeeded', 'failed', 'cancelled'].includes(job.status); i++) {

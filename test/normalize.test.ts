@@ -102,9 +102,9 @@ describe('transforms', () => {
   });
 
   it('normalizerFor: pi0 presets z-score, pi0.5 presets quantile', () => {
-    for (const p of ['pi0', 'pi0-tiny', 'pi0-small']) expect(normalizerFor(p).mode).toBe('zscore');
-    for (const p of ['pi05', 'pi05-tiny', 'pi05-small']) expect(normalizerFor(p).mode).toBe('quantile');
-    expect(normalizerFor('pi05-tiny').normalize(head, ref.d, s)).toEqual(quantileNormalize(head, ref.d, s));
+    for (const p of ['pi0', 'flow0-tiny', 'flow0-small']) expect(normalizerFor(p).mode).toBe('zscore');
+    for (const p of ['pi05', 'flow05-tiny', 'flow05-small']) expect(normalizerFor(p).mode).toBe('quantile');
+    expect(normalizerFor('flow05-tiny').normalize(head, ref.d, s)).toEqual(quantileNormalize(head, ref.d, s));
     expect(() => normalizerFor('gpt2')).toThrow(/preset family of 'gpt2'/);
   });
 });

@@ -54,7 +54,7 @@ describe.skipIf(missing('the Python test environment', PY.reason))('an OpenPI-st
   afterAll(() => server?.close());
 
   it('gets the metadata first', () => {
-    expect(seen.metadata).toMatchObject({ model: 'pi0-tiny', action_horizon: 5, action_dim: 6, cameras: STUB_CONFIG.cameras, state_dim: 7 });
+    expect(seen.metadata).toMatchObject({ model: 'flow0-tiny', action_horizon: 5, action_dim: 6, cameras: STUB_CONFIG.cameras, state_dim: 7 });
     expect(seen.metadata.zstd_dictionary_id).toBe(dictionaryId(loadObservationDictionary()));
     expect(seen.dict_id).toBe(seen.metadata.zstd_dictionary_id);
   });

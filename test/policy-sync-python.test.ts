@@ -49,7 +49,7 @@ beforeAll(async () => {
   // The policy server listens on 127.0.0.1: loopback endpoints need the operator's allowlist.
   server = await startTestServer({ env: { VELA_FUTURE_WAIT_S: '1', VELA_BACKEND: 'wasm', VELA_ALLOW_ENDPOINT: '127.0.0.0/8' } });
   const c = new FuturesClient(server.baseUrl, server.apiKey);
-  await c.createModel({ model_id: 'arm', base_model: 'pi05-tiny', lora_config: { rank: 4, alpha: 8 } });
+  await c.createModel({ model_id: 'arm', base_model: 'flow05-tiny', lora_config: { rank: 4, alpha: 8 } });
   await c.run('sample', { model_id: 'arm', data: [{ observation: syntheticDatum(0).observation }], codec: 'RAW', seed: 1 }); // binds the camera
   const first = await c.run('save_weights_for_sampler', { model_id: 'arm', name: 'v0' });
   policyUrl = await startPolicy(first.path);

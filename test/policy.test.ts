@@ -90,7 +90,7 @@ describe('policy server: handshake and HTTP routes', () => {
     expect(engine.loads).toEqual([{ session: 'pol-1', dir: '/ckpt/run-1' }]);
     const c = await PolicyClient.connect(server.wsUrl);
     expect(c.metadata).toMatchObject({
-      server: 'vela', model: 'pi0-tiny', action_horizon: 5, action_dim: 6, action_space: 'delta',
+      server: 'vela', model: 'flow0-tiny', action_horizon: 5, action_dim: 6, action_space: 'delta',
       cameras: STUB_CONFIG.cameras, state_dim: 7, image_size: 32, zstd_dictionary_id: dictionaryId(loadObservationDictionary()),
       max_message_bytes: 16 * 1024 * 1024, seeded: true,
     });
@@ -401,7 +401,7 @@ describe('policy meta: what a checkpoint must say', () => {
   it('refuses a checkpoint it cannot serve, naming the field', () => {
     expect(() => meta({ cameras: undefined })).toThrow(/cameras is missing/);
     expect(() => meta({ cameras: ['a', 'b', 'c', 'd'] })).toThrow(/cameras has 4 names; the model has 3 image slots/);
-    expect(() => meta({ preset: 'pi05-tiny' })).toThrow(/preset is pi05-tiny but the engine runs pi0-tiny/);
+    expect(() => meta({ preset: 'flow05-tiny' })).toThrow(/preset is flow05-tiny but the engine runs flow0-tiny/);
     expect(() => meta({ delta_mask: undefined })).toThrow(/neither delta_mask nor state_names and action_names/);
     expect(() => meta({ action_dim: 9 })).toThrow(/action_dim is 9; expected an integer in 1..8/);
     expect(() => meta({ action_space: 'relative' })).toThrow(/action_space is "relative"/);
@@ -494,8 +494,8 @@ describe('batcher', () => {
 
 describe('actions back to robot units', () => {
   it('pi0.5 checkpoints use quantiles; absolute actions are not shifted', () => {
-    const info = { ...STUB_INFO, preset: 'pi05-tiny' };
-    const m = policyMeta(info, { ...STUB_CONFIG, preset: 'pi05-tiny', action_space: 'absolute', delta_mask: undefined }, STUB_STATS);
+    const info = { ...STUB_INFO, preset: 'flow05-tiny' };
+    const m = policyMeta(info, { ...STUB_CONFIG, preset: 'flow05-tiny', action_space: 'absolute', delta_mask: undefined }, STUB_STATS);
     const row = new Float32Array(6 * 8).map((_, i) => (i % 5) / 4 - 0.5);
     const got = toRobotActions(row, m, STATE);
     const { q01, q99 } = STUB_STATS.norm_stats.actions;

@@ -47,7 +47,7 @@ describe('a training engine yields to policy calls', () => {
   let engine: Engine;
   const gate = new PriorityGate(1500, 10);
   beforeAll(async () => {
-    engine = await Engine.start({ preset: 'pi0-tiny', backend: TEST_BACKENDS[0]!, priority: { gate, role: 'yield' } });
+    engine = await Engine.start({ preset: 'flow0-tiny', backend: TEST_BACKENDS[0]!, priority: { gate, role: 'yield' } });
   });
   afterAll(() => engine?.close());
 
@@ -85,10 +85,10 @@ describe('the server', () => {
   afterAll(() => server?.close());
 
   it('serves policies from their own engine, apart from the training engine', async () => {
-    const training = await server.sessions.engineFor('pi0-tiny');
-    const policy = await server.sessions.policyEngineFor('pi0-tiny');
+    const training = await server.sessions.engineFor('flow0-tiny');
+    const policy = await server.sessions.policyEngineFor('flow0-tiny');
     expect(policy).not.toBe(training);
-    expect(await server.sessions.policyEngineFor('pi0-tiny')).toBe(policy);
+    expect(await server.sessions.policyEngineFor('flow0-tiny')).toBe(policy);
     expect(policy.info.backend).toBe(training.info.backend);
   });
 });

@@ -18,7 +18,7 @@ let session: SessionJson;
 beforeAll(async () => {
   server = await startTestServer();
   client = new VelaClient(server.baseUrl, server.apiKey);
-  session = await client.waitReady((await client.createSession({ base_model: 'pi05-tiny' })).id);
+  session = await client.waitReady((await client.createSession({ base_model: 'flow05-tiny' })).id);
 });
 afterAll(() => server?.close());
 
@@ -131,7 +131,7 @@ describe('futures API: seq_id compared and echoed exactly', () => {
   };
 
   it('JSON: seq_ids past 2^53 stay distinct, run in order and come back with the same digits', async () => {
-    const created = JSON.parse((await post('create_model', '{"base_model": "pi05-tiny"}', 'application/json')).bytes.toString());
+    const created = JSON.parse((await post('create_model', '{"base_model": "flow05-tiny"}', 'application/json')).bytes.toString());
     const model = created.model_id as string;
     const a = await post('abort_gradient_epoch', `{"model_id": "${model}", "seq_id": 9007199254740993}`, 'application/json');
     expect(a.status).toBe(200);
@@ -157,7 +157,7 @@ describe('futures API: seq_id compared and echoed exactly', () => {
   });
 
   it('msgpack: a uint64 seq_id comes back as the same uint64 bytes', async () => {
-    const created = unpack((await post('create_model', pack(new Map([['base_model', 'pi05-tiny']])), 'application/msgpack')).bytes) as Map<string, any>;
+    const created = unpack((await post('create_model', pack(new Map([['base_model', 'flow05-tiny']])), 'application/msgpack')).bytes) as Map<string, any>;
     const model = created.get('model_id') as string;
     for (const seq of [u64(2n ** 64n - 2n), u64(2n ** 64n - 1n)]) {
       const body = pack(new Map<string, unknown>([['model_id', model], ['seq_id', new RawMsgpack(seq)]]));

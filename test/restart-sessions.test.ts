@@ -4,7 +4,7 @@
  * server is stopped and started again on the same data folder the client session still takes
  * heartbeats and new models, and the sampling session serves its checkpoint's policy again
  * (loaded on first use), with the same actions. Another key still cannot use either.
- * Real engine (pi05-tiny), synthetic RAW frames.
+ * Real engine (flow05-tiny), synthetic RAW frames.
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -17,7 +17,7 @@ import { FuturesClient, toJsonBody } from './helpers/futures-client.ts';
 import { postgresSkipReason, startPostgres, type TestPostgres } from './helpers/postgres.ts';
 import { missing } from './helpers/requires.ts';
 
-const LORA = { base_model: 'pi05-tiny', lora_config: { rank: 4, alpha: 8 } };
+const LORA = { base_model: 'flow05-tiny', lora_config: { rank: 4, alpha: 8 } };
 const servers: TestServer[] = [];
 const noPostgres = missing('PostgreSQL (sessions across a restart on PostgreSQL)', postgresSkipReason);
 let pg: TestPostgres | null = null;

@@ -1,12 +1,12 @@
 /**
- * kernels/rms-fused.ts: RMSNorm forward and backward as row passes. The wasm SIMD loop and the
+ * kernels/backend/rms-fused.ts: RMSNorm forward and backward as row passes. The wasm SIMD loop and the
  * JavaScript loop (cpu backend) agree bit for bit, with and without a weight; both agree with the
  * TF.js ops to float32 precision; bad operands are refused; nothing leaks.
  */
 import * as tf from '@tensorflow/tfjs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { initBackend } from '../kernels/backend.ts';
-import { rmsBackward, rmsForward } from '../kernels/rms-fused.ts';
+import { initBackend } from '../kernels/backend/backend.ts';
+import { rmsBackward, rmsForward } from '../kernels/backend/rms-fused.ts';
 
 beforeAll(async () => {
   await initBackend('wasm', () => {});

@@ -30,7 +30,7 @@ beforeAll(async () => {
   app = await startTestServer({ env: { VELA_DATASETS_DIR: DATASETS_ROOT } });
   policy = await startPolicyServer({ engine: stubEngine(), checkpointDir: '/ckpt/run-1', policyId: 'pol-1', seed: 1, port: 0, apiKey: 'pk' });
   const client = new VelaClient(app.baseUrl, app.apiKey);
-  conn = await client.connect(await client.waitReady((await client.createSession({ base_model: 'pi05-tiny' })).id));
+  conn = await client.connect(await client.waitReady((await client.createSession({ base_model: 'flow05-tiny' })).id));
 });
 afterAll(async () => {
   await conn?.close();
@@ -189,7 +189,7 @@ describe('errors name what the client sent, never server paths', () => {
     const post = (dataset_name: string) =>
       fetch(`${app.baseUrl}/v1/fine-tunes`, {
         method: 'POST', headers: { authorization: `Bearer ${TEST_KEY}`, 'content-type': 'application/json' },
-        body: JSON.stringify({ model: 'pi05-tiny', dataset_name }),
+        body: JSON.stringify({ model: 'flow05-tiny', dataset_name }),
       });
     const missing = await post('lerobot/no_such_set');
     expect(missing.status).toBe(400);

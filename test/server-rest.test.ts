@@ -6,7 +6,7 @@ import { loadConfig } from '../server/config.ts';
 /** An engine that answers instantly: these tests are about REST, auth and the store. */
 function stubEngine(): EngineLike {
   return {
-    info: { preset: 'pi05-tiny', backend: 'stub', backendKind: 'stub', backendDevice: 'none', backendLine: 'backend stub', backendFallbacks: [], imageSize: 96, imageSlots: 3, stateDim: 32, actionDim: 32, actionHorizon: 16, maxTokenLen: 48, baseParams: 1 },
+    info: { preset: 'flow05-tiny', backend: 'stub', backendKind: 'stub', backendDevice: 'none', backendLine: 'backend stub', backendFallbacks: [], imageSize: 96, imageSlots: 3, stateDim: 32, actionDim: 32, actionHorizon: 16, maxTokenLen: 48, baseParams: 1 },
     call: async (_s, op) => ({ result: op === 'create_session' ? { trainableParams: 42 } : {}, pending_gradients: 0 }) as any,
     stats: () => ({ queued: 0, sessions: 0, calls: 0 }),
     close: async () => {},
@@ -34,10 +34,10 @@ describe('REST training sessions', () => {
   });
 
   it('creates a session with defaults filled, then it becomes ready', async () => {
-    const { status, json } = await api(server, 'POST', '/v1/training_sessions', { base_model: 'pi05-tiny' });
+    const { status, json } = await api(server, 'POST', '/v1/training_sessions', { base_model: 'flow05-tiny' });
     expect(status).toBe(200);
     expect(json.id).toMatch(/^ts-/);
-    expect(json).toMatchObject({ base_model: 'pi05-tiny', finetune: 'lora', rank: 16, alpha: 32, targets: ['all'], status: 'starting' });
+    expect(json).toMatchObject({ base_model: 'flow05-tiny', finetune: 'lora', rank: 16, alpha: 32, targets: ['all'], status: 'starting' });
     expect(json.url).toBe(`${server.baseUrl.replace('http', 'ws')}/v1/training_sessions/${json.id}/ws`);
     expect(json.token).toMatch(/^tok-/);
     await new Promise((r) => setTimeout(r, 50));
@@ -53,14 +53,14 @@ describe('REST training sessions', () => {
   it('validates the body with 400s that name the field', async () => {
     const cases: [unknown, RegExp][] = [
       [{ base_model: 'gpt-5' }, /base_model must be one of/],
-      [{ base_model: 'pi0-tiny', rank: 0 }, /rank must be an integer in 1..256/],
-      [{ base_model: 'pi0-tiny', targets: ['attn', 'nope'] }, /targets must be/],
-      [{ base_model: 'pi0-tiny', finetune: 'qlora' }, /finetune must be/],
-      [{ base_model: 'pi0-tiny', finetune: 'full', rank: 8 }, /^rank applies to finetune "lora" only, got 8: this session is "full", which trains every weight; leave rank out, or use finetune "lora" \(the default\)$/],
-      [{ base_model: 'pi05-tiny', targets: ['attn'] }, /^targets must include action_expert or all for LoRA on pi0\.5 with seeded base weights: .*, got \["attn"\]$/],
-      [{ base_model: 'pi0-tiny', colour: 'red' }, /unknown field "colour"; known fields: base_model, /],
-      [{ base_model: 'pi0-tiny', lora_rank: 8 }, /^unknown field "lora_rank" \(did you mean "rank"\?\); known fields: /],
-      [{ base_model: 'pi0-tiny', rnak: 8 }, /^unknown field "rnak" \(did you mean "rank"\?\)/],
+      [{ base_model: 'flow0-tiny', rank: 0 }, /rank must be an integer in 1..256/],
+      [{ base_model: 'flow0-tiny', targets: ['attn', 'nope'] }, /targets must be/],
+      [{ base_model: 'flow0-tiny', finetune: 'qlora' }, /finetune must be/],
+      [{ base_model: 'flow0-tiny', finetune: 'full', rank: 8 }, /^rank applies to finetune "lora" only, got 8: this session is "full", which trains every weight; leave rank out, or use finetune "lora" \(the default\)$/],
+      [{ base_model: 'flow05-tiny', targets: ['attn'] }, /^targets must include action_expert or all for LoRA on pi0\.5 with seeded base weights: .*, got \["attn"\]$/],
+      [{ base_model: 'flow0-tiny', colour: 'red' }, /unknown field "colour"; known fields: base_model, /],
+      [{ base_model: 'flow0-tiny', lora_rank: 8 }, /^unknown field "lora_rank" \(did you mean "rank"\?\); known fields: /],
+      [{ base_model: 'flow0-tiny', rnak: 8 }, /^unknown field "rnak" \(did you mean "rank"\?\)/],
       ['{"base_model":', /body is not valid JSON/],
     ];
     for (const [body, re] of cases) {
@@ -72,7 +72,7 @@ describe('REST training sessions', () => {
 
   it('hides a session from another key (404) and refuses a wrong session token', async () => {
     const other = (await server.store.createApiKey('other')).key;
-    const { json } = await api(server, 'POST', '/v1/training_sessions', { base_model: 'pi0-tiny' });
+    const { json } = await api(server, 'POST', '/v1/training_sessions', { base_model: 'flow0-tiny' });
     expect((await api(server, 'GET', `/v1/training_sessions/${json.id}`, undefined, other)).status).toBe(404);
     expect((await api(server, 'POST', `/v1/training_sessions/${json.id}/close`, undefined, other)).status).toBe(404);
     const list = await api(server, 'GET', '/v1/training_sessions', undefined, other);
@@ -92,7 +92,7 @@ describe('REST training sessions', () => {
     const made: string[] = [];
     let last = 0;
     for (let i = 0; i < 6; i++) {
-      const r = await api(server, 'POST', '/v1/training_sessions', { base_model: 'pi0-tiny' });
+      const r = await api(server, 'POST', '/v1/training_sessions', { base_model: 'flow0-tiny' });
       last = r.status;
       if (r.status === 200) made.push(r.json.id);
       else expect(r.json.error).toMatch(/limit is 4/);

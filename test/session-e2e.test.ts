@@ -1,5 +1,5 @@
 /**
- * The training session end to end over real sockets (issue 4): a pi05-tiny LoRA session on one
+ * The training session end to end over real sockets (issue 4): a flow05-tiny LoRA session on one
  * real engine worker, driven by the TypeScript client with JPEG frames of the G1 dataset.
  */
 import fs from 'node:fs';
@@ -19,7 +19,7 @@ let client: VelaClient;
 let batches: Datum[][];
 
 async function openSession(body: Record<string, unknown> = {}): Promise<{ s: SessionJson; conn: SessionConnection }> {
-  const s = await client.waitReady((await client.createSession({ base_model: 'pi05-tiny', ...body })).id);
+  const s = await client.waitReady((await client.createSession({ base_model: 'flow05-tiny', ...body })).id);
   return { s, conn: await client.connect(s) };
 }
 
@@ -30,10 +30,10 @@ beforeAll(async () => {
 });
 afterAll(() => server.close());
 
-describe('a pi05-tiny LoRA session on real G1 frames', () => {
+describe('a flow05-tiny LoRA session on real G1 frames', () => {
   it('trains 30 steps with a falling loss, samples, saves and restores state exactly', async () => {
     const { s, conn } = await openSession({ rank: 8, alpha: 16 });
-    expect(conn.info).toMatchObject({ model: 'pi05-tiny', action_horizon: 16, action_dim: 32, image_size: 96, backend: BEST_BACKEND_NAME, pending_gradients: 0 });
+    expect(conn.info).toMatchObject({ model: 'flow05-tiny', action_horizon: 16, action_dim: 32, image_size: 96, backend: BEST_BACKEND_NAME, pending_gradients: 0 });
     expect(conn.info.trainable_params).toBeGreaterThan(0);
     const losses: number[] = [];
     for (let step = 0; step < 30; step++) {
@@ -67,7 +67,7 @@ describe('a pi05-tiny LoRA session on real G1 frames', () => {
     const weightsPath = await conn.saveWeights('final');
     expect(fs.readdirSync(weightsPath).sort()).toEqual(['adapter_config.json', 'adapter_model.safetensors', 'config.json']);
     const cfg = JSON.parse(fs.readFileSync(path.join(weightsPath, 'config.json'), 'utf8'));
-    expect(cfg).toMatchObject({ preset: 'pi05-tiny', finetune: 'lora', lora_rank: 8, lora_alpha: 16, cameras: ['cam_high'], action_horizon: 16 });
+    expect(cfg).toMatchObject({ preset: 'flow05-tiny', finetune: 'lora', lora_rank: 8, lora_alpha: 16, cameras: ['cam_high'], action_horizon: 16 });
     const st = decodeSafetensors(fs.readFileSync(path.join(weightsPath, 'adapter_model.safetensors')));
     expect(Object.keys(st.tensors).length).toBeGreaterThan(0);
     // Saving under a taken name is a conflict unless overwrite is set.
@@ -84,7 +84,7 @@ describe('a pi05-tiny LoRA session on real G1 frames', () => {
   });
 
   it('answers 16 pipelined requests in order with their ids', async () => {
-    const s = await client.waitReady((await client.createSession({ base_model: 'pi05-tiny' })).id);
+    const s = await client.waitReady((await client.createSession({ base_model: 'flow05-tiny' })).id);
     const ws = new WebSocket(s.url, { headers: { authorization: `Bearer ${s.token}` } });
     const answers: number[] = [];
     const done = new Promise<void>((resolve) => {
@@ -194,7 +194,7 @@ describe('message size limit', () => {
   it('closes with 1009 and a reason naming the limit, not a bare 1006', async () => {
     const small = await startTestServer({ env: { VELA_MAX_SESSION_MESSAGE_BYTES: String(64 * 1024) } });
     const c = new VelaClient(small.baseUrl, small.apiKey);
-    const s = await c.waitReady((await c.createSession({ base_model: 'pi05-tiny' })).id);
+    const s = await c.waitReady((await c.createSession({ base_model: 'flow05-tiny' })).id);
     const conn = await c.connect(s);
     const pending = conn.request('forward_backward', { data: [{ observation: { image: { cam: new Uint8Array(100 * 1024) } } }], codec: 'JPEG' });
     await expect(pending).rejects.toBeInstanceOf(VelaError);
@@ -210,7 +210,7 @@ describe('storage limit per key', () => {
   it('refuses a save past the limit with a clear error and keeps the session', async () => {
     const small = await startTestServer({ env: { VELA_STORAGE_PER_KEY_BYTES: '1000' } });
     const c = new VelaClient(small.baseUrl, small.apiKey);
-    const s = await c.waitReady((await c.createSession({ base_model: 'pi05-tiny', rank: 2 })).id);
+    const s = await c.waitReady((await c.createSession({ base_model: 'flow05-tiny', rank: 2 })).id);
     const conn = await c.connect(s);
     await conn.saveState('first'); // the folder was empty: allowed, and now over 1000 bytes
     const err = await conn.saveState('second').catch((e) => e);
@@ -227,7 +227,7 @@ describe('graceful shutdown', () => {
   it('answers the request in flight before closing the connection, and stops accepting', async () => {
     const srv = await startTestServer();
     const c = new VelaClient(srv.baseUrl, srv.apiKey);
-    const s = await c.waitReady((await c.createSession({ base_model: 'pi05-tiny' })).id);
+    const s = await c.waitReady((await c.createSession({ base_model: 'flow05-tiny' })).id);
     const conn = await c.connect(s);
     const inFlight = conn.forwardBackward(batches[0]!, { codec: 'JPEG' });
     await new Promise((r) => setTimeout(r, 50));
@@ -246,7 +246,7 @@ describe('bounded read-ahead', () => {
   it('answers requests past the read-ahead with busy, in order, and serves the rest', async () => {
     const srv = await startTestServer({ env: { VELA_READ_AHEAD: '2' } });
     const c = new VelaClient(srv.baseUrl, srv.apiKey);
-    const s = await c.waitReady((await c.createSession({ base_model: 'pi05-tiny' })).id);
+    const s = await c.waitReady((await c.createSession({ base_model: 'flow05-tiny' })).id);
     const conn = await c.connect(s);
     const order: number[] = [];
     const results = await Promise.allSettled(

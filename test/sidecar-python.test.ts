@@ -10,7 +10,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { PRESETS, PRESET_ALIASES } from '../kernels/config.ts';
+import { PRESETS, PRESET_ALIASES } from '../kernels/small/config.ts';
 import { runPythonJson } from './helpers/python.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 import { ownerUploadsDir } from '../server/datasets/owned.ts';
@@ -51,7 +51,7 @@ describe('a sidecar-API Python client', () => {
 
   it('starts a job whose dataset came in the request, stored under the datasets root', () => {
     expect(seen.job_start.status).toBe(200);
-    expect(seen.job_start.job).toMatchObject({ job_id: expect.stringMatching(/^ft-/), dataset: 'pick', model_size: 'pi05-tiny', num_train_steps: 6, dataset_upload: { reused: false, episodes: 2, frames: 7 } });
+    expect(seen.job_start.job).toMatchObject({ job_id: expect.stringMatching(/^ft-/), dataset: 'pick', model_size: 'flow05-tiny', num_train_steps: 6, dataset_upload: { reused: false, episodes: 2, frames: 7 } });
     expect(fs.existsSync(path.join(ownerUploadsDir(datasets, owner), 'pick', 'meta', 'info.json'))).toBe(true); // the key's own folder
     expect(seen.second_start.job.dataset_upload.reused).toBe(true);
   });
@@ -62,7 +62,7 @@ describe('a sidecar-API Python client', () => {
     for (const e of seen.events) expect(e.event).toBe(e.data.type);
     const statuses = data.filter((d: any) => d.type === 'status').map((d: any) => d.status);
     expect(statuses).toEqual(['running', 'training', 'completed']);
-    expect(data.find((d: any) => d.status === 'running')).toMatchObject({ model_size: 'pi05-tiny', num_train_steps: 6 });
+    expect(data.find((d: any) => d.status === 'running')).toMatchObject({ model_size: 'flow05-tiny', num_train_steps: 6 });
     expect(data.find((d: any) => d.status === 'training')).toMatchObject({ max_steps: 6 });
     const progress = data.filter((d: any) => d.type === 'progress');
     expect(progress.map((p: any) => p.step)).toEqual([1, 2, 3, 4, 5, 6]);
@@ -100,7 +100,7 @@ describe('a sidecar-API Python client', () => {
     const [a, b] = seen.infer;
     expect(a[0]).toBe(200);
     expect(a[1].actions.shape).toEqual([16, 3]);
-    expect(a[1]).toMatchObject({ cold_start: true, model: 'pi05-tiny', seed: 3, weights_version: 'final' });
+    expect(a[1]).toMatchObject({ cold_start: true, model: 'flow05-tiny', seed: 3, weights_version: 'final' });
     expect(a[1].load_seconds).toBeGreaterThan(0);
     expect(b[1]).toMatchObject({ cold_start: false, load_seconds: 0 });
     expect(b[1].actions.data).toEqual(a[1].actions.data); // same seed, same weights

@@ -1,12 +1,12 @@
 /**
- * kernels/softmax-grad.ts: ds = p (dp - rowsum(dp p)). The wasm SIMD loop and the JavaScript
+ * kernels/backend/softmax-grad.ts: ds = p (dp - rowsum(dp p)). The wasm SIMD loop and the JavaScript
  * loop (cpu backend) agree bit for bit; both agree with the TF.js ops to float32 precision and
  * with a float64 reference; bad operands are refused.
  */
 import * as tf from '@tensorflow/tfjs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { initBackend } from '../kernels/backend.ts';
-import { softmaxGrad, softmaxGradOps } from '../kernels/softmax-grad.ts';
+import { initBackend } from '../kernels/backend/backend.ts';
+import { softmaxGrad, softmaxGradOps } from '../kernels/backend/softmax-grad.ts';
 
 beforeAll(async () => {
   await initBackend('wasm', () => {});

@@ -23,7 +23,7 @@ let jobs = 0;
 async function runningJob(n: number): Promise<string> {
   const id = `ft-cursor${++jobs}`;
   const row: JobRow = {
-    id, owner, status: 'running', created_at: nowS(), config: { model: 'pi05-tiny', dataset_name: 'x', steps: 10 }, step: 0, loss: null, eval_loss: null,
+    id, owner, status: 'running', created_at: nowS(), config: { model: 'flow05-tiny', dataset_name: 'x', steps: 10 }, step: 0, loss: null, eval_loss: null,
     error: null, output_dir: '', started_at: nowS(), finished_at: null, cancel_requested: false,
   };
   await server.store.insertJob(row);

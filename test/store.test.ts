@@ -27,10 +27,10 @@ const backends: Record<string, () => Promise<{ dataDir: string; databaseUrl?: st
 };
 
 const session = (id: string, owner: string, created_at: number, node_id: string | null = null): SessionRow => ({
-  id, owner, status: 'starting', created_at, config: { base_model: 'pi05-tiny', rank: 4 }, token: `tok-${id}`, error: null, closed_at: null, node_id, model_name: null,
+  id, owner, status: 'starting', created_at, config: { base_model: 'flow05-tiny', rank: 4 }, token: `tok-${id}`, error: null, closed_at: null, node_id, model_name: null,
 });
 const job = (id: string, owner: string, created_at: number): JobRow => ({
-  id, owner, status: 'queued', created_at, config: { model: 'pi05-tiny', steps: 10, learning_rate: 0.003 }, step: 0, loss: null, eval_loss: null,
+  id, owner, status: 'queued', created_at, config: { model: 'flow05-tiny', steps: 10, learning_rate: 0.003 }, step: 0, loss: null, eval_loss: null,
   error: null, output_dir: `/data/jobs/${id}/weights/final`, started_at: null, finished_at: null, cancel_requested: false,
 });
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -143,11 +143,11 @@ for (const [name, location] of Object.entries(backends)) {
 
     it('nodes: register, heartbeat, lost exactly once, re-register', async (ctx) => {
       if (skip()) return ctx.skip();
-      const load = { sessions: 1, jobs: 0, resident_presets: ['pi05-tiny'] };
-      await store.registerNode({ id: 'n-a', url: 'http://127.0.0.1:1', presets: ['pi05-tiny'], capacity: 8, load });
-      await store.registerNode({ id: 'n-b', url: 'http://127.0.0.1:2', presets: ['pi05-tiny'], capacity: 4, load });
+      const load = { sessions: 1, jobs: 0, resident_presets: ['flow05-tiny'] };
+      await store.registerNode({ id: 'n-a', url: 'http://127.0.0.1:1', presets: ['flow05-tiny'], capacity: 8, load });
+      await store.registerNode({ id: 'n-b', url: 'http://127.0.0.1:2', presets: ['flow05-tiny'], capacity: 4, load });
       const a = (await store.getNode('n-a'))!;
-      expect(a).toMatchObject({ id: 'n-a', url: 'http://127.0.0.1:1', status: 'up', presets: ['pi05-tiny'], capacity: 8, load, lost_at: null });
+      expect(a).toMatchObject({ id: 'n-a', url: 'http://127.0.0.1:1', status: 'up', presets: ['flow05-tiny'], capacity: 8, load, lost_at: null });
       expect(Math.abs(a.heartbeat_at - Date.now())).toBeLessThan(60_000);
       expect(await store.markLostNodes(60_000)).toEqual([]);
       expect(await store.heartbeatNode('n-a', { ...load, sessions: 2 })).toBe(true);
@@ -161,7 +161,7 @@ for (const [name, location] of Object.entries(backends)) {
       expect((await store.getNode('n-a'))!.load.sessions).toBe(2);
       expect(await store.heartbeatNode('n-b', load)).toBe(false); // n-b learns it was declared lost
       expect((await store.listNodes()).map((n) => `${n.id}:${n.status}`)).toEqual(['n-a:up', 'n-b:lost']);
-      await store.registerNode({ id: 'n-b', url: 'http://127.0.0.1:3', presets: ['pi05-tiny'], capacity: 4, load });
+      await store.registerNode({ id: 'n-b', url: 'http://127.0.0.1:3', presets: ['flow05-tiny'], capacity: 4, load });
       expect((await store.getNode('n-b'))!).toMatchObject({ status: 'up', url: 'http://127.0.0.1:3', lost_at: null });
       const ages = await store.heartbeatAges();
       expect(ages.get('n-b')!).toBeGreaterThanOrEqual(0);
@@ -170,7 +170,7 @@ for (const [name, location] of Object.entries(backends)) {
 
     it('sampling and client sessions: stored, read back after reopening, idle ones without an open model pruned', async (ctx) => {
       if (skip()) return ctx.skip();
-      const samp = { id: 'samp-1', owner, checkpoint_dir: '/data/checkpoints/x/ts-a/weights/p', checkpoint_id: 'ts-a/weights/p', preset: 'pi05-tiny', created_at: 1_700_000_000 };
+      const samp = { id: 'samp-1', owner, checkpoint_dir: '/data/checkpoints/x/ts-a/weights/p', checkpoint_id: 'ts-a/weights/p', preset: 'flow05-tiny', created_at: 1_700_000_000 };
       await store.insertSamplingSession(samp);
       await store.insertClientSession({ id: 'sess-old', owner, created_at: 100, last_seen_at: 100, tags: ['arm'], user_metadata: { lab: 'b' } });
       await store.insertClientSession({ id: 'sess-busy', owner, created_at: 100, last_seen_at: 100, tags: [], user_metadata: null });

@@ -6,13 +6,13 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { fakeBatch, type ModelBatch } from '../kernels/batch.ts';
-import { makeConfig } from '../kernels/config.ts';
+import { fakeBatch, type ModelBatch } from '../kernels/small/batch.ts';
+import { makeConfig } from '../kernels/small/config.ts';
 import { Engine } from '../server/engine/host.ts';
 import { EngineError } from '../server/engine/messages.ts';
 import { TEST_BACKENDS } from './helpers/tf.ts';
 
-const cfg = makeConfig('pi05-tiny');
+const cfg = makeConfig('flow05-tiny');
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-tenants-'));
 // Action-expert LoRA: it has gradients from the first step (pi0.5's gated blocks start at zero,
 // so attention-only adapters would see none until the adaptive norms move).
@@ -34,7 +34,7 @@ const step = async (id: string, b: number) => {
 const probe = async (id: string) => Array.from(await call<{ actions: Float32Array }>(id, 'sample', { batch: batch(99), numSteps: 3, seed: 5 }).then((r) => r.actions));
 
 beforeAll(async () => {
-  engine = await Engine.start({ preset: 'pi05-tiny', backend: TEST_BACKENDS[0]!, maxResident: 2 });
+  engine = await Engine.start({ preset: 'flow05-tiny', backend: TEST_BACKENDS[0]!, maxResident: 2 });
 });
 afterAll(() => engine.close());
 
@@ -46,7 +46,7 @@ describe('multi-tenant LoRA on one engine', () => {
     const one = (await call('-', 'stats')).numBytes;
     await call('solo', 'close_session');
     // Residency cap 2 would evict: raise it for this test by keeping 8 resident through a second engine.
-    const wide = await Engine.start({ preset: 'pi05-tiny', backend: TEST_BACKENDS[0]!, maxResident: 16 });
+    const wide = await Engine.start({ preset: 'flow05-tiny', backend: TEST_BACKENDS[0]!, maxResident: 16 });
     try {
       const wcall = async (id: string, op: string, args: Record<string, unknown> = {}) => (await wide.call<{ result: any }>(id, op, args)).result;
       const base = (await wcall('-', 'stats')).numBytes;
@@ -135,7 +135,7 @@ describe('multi-tenant LoRA on one engine', () => {
   it('refuses abort after an optimizer step failed midway, until load_state', async () => {
     // The fault hook needs VELA_FAULT_INJECTION=1 in the worker's environment.
     process.env.VELA_FAULT_INJECTION = '1';
-    const e2 = await Engine.start({ preset: 'pi05-tiny', backend: TEST_BACKENDS[0]! });
+    const e2 = await Engine.start({ preset: 'flow05-tiny', backend: TEST_BACKENDS[0]! });
     delete process.env.VELA_FAULT_INJECTION;
     try {
       const c = async (op: string, args: Record<string, unknown> = {}) => (await e2.call<{ result: any }>('f', op, args)).result;

@@ -1,6 +1,6 @@
 /**
  * The dashboard end to end, in Debian's headless Chromium driven by playwright-core: a wrong key
- * is refused in words; a signed-in user starts a 12-step pi05-tiny fine-tune on
+ * is refused in words; a signed-in user starts a 12-step flow05-tiny fine-tune on
  * the shipped datasets/g1_pick_bottle_sample, sees the loss chart gain points while the job runs, cancels
  * a second job, downloads an output file (sha256 checked), and closes a training session. The
  * key never appears in a request URL. Screenshots land in test/ui/*.png (gitignored).
@@ -183,7 +183,7 @@ describe.skipIf(missing('Chromium', CHROMIUM.reason))('dashboard in headless Chr
     expect(await page.locator('#banner').isHidden(), (await page.locator('#banner').textContent()) ?? '').toBe(true);
 
     // Sessions: one opened through the API shows with its status, and closes from the page.
-    const created = await api(server, 'POST', '/v1/training_sessions', { base_model: 'pi05-tiny' });
+    const created = await api(server, 'POST', '/v1/training_sessions', { base_model: 'flow05-tiny' });
     expect(created.status).toBe(200);
     await page.getByRole('link', { name: 'Sessions' }).click();
     const row = page.locator(`tr[data-session="${created.json.id}"]`);

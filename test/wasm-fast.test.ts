@@ -1,12 +1,12 @@
 /**
- * kernels/wasm-fast.ts's replacement kernels against plain references on the wasm backend:
+ * kernels/backend/wasm-fast.ts's replacement kernels against plain references on the wasm backend:
  * Pack (tf.stack) on every axis equals concat of expanded inputs, Identity (tf.clone) shares
  * data safely (the clone outlives its source, a variable's assign leaves earlier clones alone),
  * and neither leaks tensors.
  */
 import * as tf from '@tensorflow/tfjs';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { initBackend } from '../kernels/backend.ts';
+import { initBackend } from '../kernels/backend/backend.ts';
 
 beforeAll(async () => {
   await initBackend('wasm', () => {});

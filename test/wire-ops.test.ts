@@ -10,16 +10,16 @@ import { VelaClient, type Datum, type SessionConnection } from '../protocol/clie
 import { decodeFrameResized } from '../protocol/frames.ts';
 import { ndarray, NDArray } from '../protocol/ndarray.ts';
 import { useBestBackend } from './helpers/tf.ts';
-import { makeBatch, type ModelBatch } from '../kernels/batch.ts';
-import { makeConfig } from '../kernels/config.ts';
+import { makeBatch, type ModelBatch } from '../kernels/small/batch.ts';
+import { makeConfig } from '../kernels/small/config.ts';
 import { mseVelocityGrad } from '../kernels/flow.ts';
 import { BaseWeights, TrainingState } from '../kernels/trainer.ts';
 import { loadCheckpoint } from '../kernels/checkpoint.ts';
 import { FuturesClient } from './helpers/futures-client.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 
-const cfg = makeConfig('pi05-tiny');
-const SESSION = { base_model: 'pi05-tiny', rank: 4, alpha: 8, seed: 3 };
+const cfg = makeConfig('flow05-tiny');
+const SESSION = { base_model: 'flow05-tiny', rank: 4, alpha: 8, seed: 3 };
 const OPTIM = { learning_rate: 3e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.01, grad_clip_norm: 1 };
 
 let server: TestServer;
@@ -171,7 +171,7 @@ describe('every session op over the real websocket equals the in-process op', ()
     // save_state / save_weights / load_state / sample from saved weights.
     expect(await conn.saveState('st-1')).toBe('st-1');
     const wPath = await conn.saveWeights('w-1');
-    const saved = (await loadCheckpoint(wPath, { preset: 'pi05-tiny' })).adapter!.tensors;
+    const saved = (await loadCheckpoint(wPath, { preset: 'flow05-tiny' })).adapter!.tensors;
     const mine = ref.trainableTensors();
     expect(Object.keys(saved).sort()).toEqual(Object.keys(mine).sort());
     for (const [name, t] of Object.entries(mine)) expectClose(saved[name]!.data, t.data);
@@ -197,7 +197,7 @@ describe('every futures op over real HTTP equals the in-process op', () => {
       const ref = local();
       const A = datums(2, 4, [1, 3]);
       const bA = await batchOf(A);
-      const created = await fc.createModel({ base_model: 'pi05-tiny', lora_config: { rank: SESSION.rank, alpha: SESSION.alpha }, seed: SESSION.seed });
+      const created = await fc.createModel({ base_model: 'flow05-tiny', lora_config: { rank: SESSION.rank, alpha: SESSION.alpha }, seed: SESSION.seed });
       const model_id = created.model_id;
       expect(created).toMatchObject({ status: 'ready', rank: SESSION.rank, alpha: SESSION.alpha, trainable_params: ref.trainableParamCount });
 
@@ -293,11 +293,11 @@ describe('optim_step refuses what would break the weights, before anything chang
 
   it('the futures optim_step and the fine-tune config follow the same rules', async () => {
     const fc = new FuturesClient(server.baseUrl, server.apiKey, 'json');
-    const { model_id } = await fc.createModel({ base_model: 'pi05-tiny' });
+    const { model_id } = await fc.createModel({ base_model: 'flow05-tiny' });
     await expect(fc.submit('optim_step', { model_id, adam_params: { eps: 0 } })).rejects.toThrow(/HTTP 400: eps must be > 0/);
     const job = await fetch(`${server.baseUrl}/v1/fine-tunes`, {
       method: 'POST', headers: { authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/json' },
-      body: JSON.stringify({ model: 'pi05-tiny', dataset_name: 'x', learning_rate: 0 }),
+      body: JSON.stringify({ model: 'flow05-tiny', dataset_name: 'x', learning_rate: 0 }),
     });
     expect(job.status).toBe(400);
     expect(((await job.json()) as { error: string }).error).toBe('learning_rate must be > 0 and <= 1, got 0');
@@ -320,7 +320,7 @@ describe('ops that train refuse a datum without actions, naming it (item 8)', ()
     expect((await conn.forward([noActions], { codec: 'RAW' })).velocity.shape).toEqual([1, cfg.horizon, cfg.actionDim]);
     expect((await conn.sample([noActions], { codec: 'RAW', seed: 0, num_steps: 1 })).actions.shape).toEqual([1, cfg.horizon, cfg.actionDim]);
     const fc = new FuturesClient(server.baseUrl, server.apiKey, 'msgpack');
-    const { model_id } = await fc.createModel({ base_model: 'pi05-tiny' });
+    const { model_id } = await fc.createModel({ base_model: 'flow05-tiny' });
     await expect(fc.submit('forward_backward', { model_id, data: [noActions] })).rejects.toThrow(/HTTP 400: data\[0\] has no "actions"/);
     await fc.call('kill_session', { model_id });
     await conn.close();

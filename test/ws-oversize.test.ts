@@ -74,7 +74,7 @@ describe('the session websocket', () => {
 
   it('a 130 MB request (above the old 128 MiB ceiling): an error answer with its id, then 1009', async () => {
     const client = new VelaClient(server.baseUrl, server.apiKey);
-    const s = await client.waitReady((await client.createSession({ base_model: 'pi05-tiny' })).id);
+    const s = await client.waitReady((await client.createSession({ base_model: 'flow05-tiny' })).id);
     const big = new Uint8Array(130_000_002); // a multiple of 3
     const message = packNumpy({ id: 77, op: 'forward_backward', data: [{ observation: { image: { cam_high: ndarray(big, [big.length / 3, 1, 3]) } } }], codec: 'RAW' });
     const { frames, code, reason } = await sendBig(s.url, { authorization: `Bearer ${s.token}` }, message);

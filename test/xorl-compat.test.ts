@@ -3,7 +3,7 @@
  * load_weights across a server restart (weights and optimizer state: the next step equals the
  * one the old model would have taken), by checkpoint_id into another model of the key, the
  * reserved full-weight model "default", weights-only checkpoints refused, `GET /` by Accept, and
- * another key's checkpoints out of reach. Real engine (pi05-tiny), synthetic RAW frames.
+ * another key's checkpoints out of reach. Real engine (flow05-tiny), synthetic RAW frames.
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -15,7 +15,7 @@ import { startTestServer, type TestServer } from './helpers/server.ts';
 import { FuturesClient, toJsonBody } from './helpers/futures-client.ts';
 import { PolicyClient } from './helpers/policy-stub.ts';
 
-const LORA = { base_model: 'pi05-tiny', lora_config: { rank: 4, alpha: 8 } };
+const LORA = { base_model: 'flow05-tiny', lora_config: { rank: 4, alpha: 8 } };
 const servers: TestServer[] = [];
 afterAll(async () => {
   for (const s of servers) await s.close();
@@ -71,21 +71,21 @@ describe('xorl recovery and model ids', () => {
   it('reserves "default" for the full-weight model and checks client ids', async () => {
     const s = servers[1]!;
     const c = new FuturesClient(s.baseUrl, s.apiKey);
-    const d = await c.createModel({ base_model: 'pi05-tiny', model_id: 'default' });
+    const d = await c.createModel({ base_model: 'flow05-tiny', model_id: 'default' });
     expect(d).toMatchObject({ model_id: 'default', finetune: 'full' });
     expect((await c.raw('POST', 'create_model', { ...LORA, model_id: 'default' })).body.error).toBe(
       'model_id "default" is reserved for the full-weight model (xorl): leave out lora_config, or name the LoRA model otherwise',
     );
     // The same for LoRA settings at the top level, and lora_config on a model that asks for full.
-    expect((await c.raw('POST', 'create_model', { base_model: 'pi05-tiny', model_id: 'default', rank: 8 })).body.error).toBe(
+    expect((await c.raw('POST', 'create_model', { base_model: 'flow05-tiny', model_id: 'default', rank: 8 })).body.error).toBe(
       'model_id "default" is reserved for the full-weight model (xorl): leave out rank, or name the LoRA model otherwise',
     );
     expect((await c.raw('POST', 'create_model', { ...LORA, model_id: 'arm2', finetune: 'full' })).body.error).toBe(
       'lora_config applies to LoRA models, and this one is finetune "full", which trains every weight: leave lora_config out, or finetune out (LoRA is the default)',
     );
-    expect((await c.raw('POST', 'create_model', { base_model: 'pi05-tiny', model_id: 'ts-mine' })).status).toBe(400);
-    expect((await c.raw('POST', 'create_model', { base_model: 'pi05-tiny', model_id: '../x' })).status).toBe(400);
-    expect(await c.call('weights_info', { model_id: 'default' })).toMatchObject({ model_id: 'default', is_lora: false, lora_rank: null, base_model: 'pi05-tiny' });
+    expect((await c.raw('POST', 'create_model', { base_model: 'flow05-tiny', model_id: 'ts-mine' })).status).toBe(400);
+    expect((await c.raw('POST', 'create_model', { base_model: 'flow05-tiny', model_id: '../x' })).status).toBe(400);
+    expect(await c.call('weights_info', { model_id: 'default' })).toMatchObject({ model_id: 'default', is_lora: false, lora_rank: null, base_model: 'flow05-tiny' });
     await c.call('kill_session', { model_id: 'default' });
   }, 120_000);
 
@@ -110,9 +110,9 @@ describe('xorl recovery and model ids', () => {
     // A sampling session of a saved checkpoint: OpenPI websocket and HTTP, unloaded when idle.
     const saved = await c.run('save_weights_for_sampler', { model_id: 'fresh', name: 'for-robots' });
     const samp = await c.call('create_sampling_session', { checkpoint_id: saved.checkpoint_id, sampling_session_seq_id: 0 });
-    expect(samp).toMatchObject({ model: 'pi05-tiny', checkpoint_id: saved.checkpoint_id, url: expect.stringMatching(/^ws:\/\/.*\/v1\/sampling_sessions\/samp-\w+\/policy$/) });
+    expect(samp).toMatchObject({ model: 'flow05-tiny', checkpoint_id: saved.checkpoint_id, url: expect.stringMatching(/^ws:\/\/.*\/v1\/sampling_sessions\/samp-\w+\/policy$/) });
     const ws = await PolicyClient.connect(samp.url, { authorization: `Api-Key ${s.apiKey}` });
-    expect(ws.metadata).toMatchObject({ model: 'pi05-tiny', cameras: ['cam_high'], weights_version: saved.checkpoint_id });
+    expect(ws.metadata).toMatchObject({ model: 'flow05-tiny', cameras: ['cam_high'], weights_version: saved.checkpoint_id });
     const datum = syntheticBatch(0)[0]!.observation;
     const wsAnswer = await ws.infer({ images: datum.image, state: datum.state, prompt: datum.prompt });
     expect(wsAnswer.actions.shape).toEqual([16, 32]);
@@ -140,6 +140,6 @@ describe('xorl recovery and model ids', () => {
     const browser = await fetch(s.baseUrl + '/', { headers: { accept: 'text/html,application/xhtml+xml' }, redirect: 'manual' });
     expect([browser.status, browser.headers.get('location')]).toEqual([302, '/ui/']);
     const health = await (await fetch(s.baseUrl + '/health')).json();
-    expect(health).toMatchObject({ status: 'healthy', engine_running: true, engines: ['pi05-tiny'] });
+    expect(health).toMatchObject({ status: 'healthy', engine_running: true, engines: ['flow05-tiny'] });
   });
 });

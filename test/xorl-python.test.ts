@@ -27,7 +27,7 @@ describe('an xorl-style Python client', () => {
 
   it('names its models, and a taken name is a 409', () => {
     expect(seen.created.policy.ack_model_id).toBe('policy');
-    expect(seen.created.policy.ready).toMatchObject({ model_id: 'policy', status: 'ready', base_model: 'pi05-tiny', finetune: 'lora', rank: 4, alpha: 8 });
+    expect(seen.created.policy.ready).toMatchObject({ model_id: 'policy', status: 'ready', base_model: 'flow05-tiny', finetune: 'lora', rank: 4, alpha: 8 });
     expect(seen.created.policy.ready.training_session_id).toMatch(/^ts-/);
     expect(seen.duplicate.error).toBe('model_id "policy" is taken by an open model of this key; kill_session or unload_model it first, or pick another name');
     expect(seen.heartbeat.models.sort()).toEqual(['policy', 'twin']);
@@ -46,7 +46,7 @@ describe('an xorl-style Python client', () => {
     const id = seen.created.policy.ready.training_session_id;
     expect(seen.saved.checkpoint_id).toMatch(new RegExp(`^${id}/states/ckpt-\\d{8}T\\d{6}Z-[0-9a-f]{6}$`));
     expect(seen.list_checkpoints.checkpoints.map((c: any) => c.checkpoint_id)).toEqual([seen.saved.checkpoint_id]);
-    expect(seen.weights_info).toMatchObject({ checkpoint_id: seen.saved.checkpoint_id, base_model: 'pi05-tiny', is_lora: true, lora_rank: 4, lora_alpha: 8, has_optimizer_state: true });
+    expect(seen.weights_info).toMatchObject({ checkpoint_id: seen.saved.checkpoint_id, base_model: 'flow05-tiny', is_lora: true, lora_rank: 4, lora_alpha: 8, has_optimizer_state: true });
     expect(seen.killed).toEqual({ model_id: 'policy', status: 'closed' });
     expect(seen.recreated.training_session_id).not.toBe(id);
     expect(seen.loaded).toMatchObject({ path: seen.saved.path, checkpoint_id: seen.saved.checkpoint_id });

@@ -10,7 +10,7 @@
  *   horizon, `ad` action dim, `sd` state dim, `D` VLM width, `E` expert width, `Wv` vision
  *   width, `H` query heads, `G` key/value heads, `hd` head dim, `F` MLP width, `V` vocabulary.
  */
-import { ConfigError } from '../config.ts';
+import { ConfigError } from '../errors.ts';
 
 export { ConfigError };
 

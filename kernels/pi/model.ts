@@ -15,7 +15,7 @@
  * Axis legend: see kernels/pi/config.ts.
  */
 import * as tf from '@tensorflow/tfjs';
-import { ShapeError } from '../batch.ts';
+import { ShapeError } from '../errors.ts';
 import { drawNoiseTime, eulerSample } from '../flow.ts';
 import { geluTanh, rmsNorm, rmsNormalize, swish } from '../layers.ts';
 import type { Rng } from '../rng.ts';

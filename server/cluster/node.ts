@@ -10,7 +10,7 @@
  * fenced: its work already belongs to others, so it stops its job without writing more, closes
  * its sessions, and registers again once the job has stopped.
  */
-import { PRESETS } from '../../kernels/config.ts';
+import { PRESETS } from '../../kernels/small/config.ts';
 import { log } from '../log.ts';
 import type { NodeLoad, NodeRow, Store } from '../store.ts';
 

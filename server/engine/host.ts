@@ -9,7 +9,7 @@ import { Worker } from 'node:worker_threads';
 import { EngineError, type BackendInfo, type EngineInfo, type EngineMemory, type FromWorker, type ToWorker } from './messages.ts';
 import { log } from '../log.ts';
 import { unwatchEngine, watchEngine, type MetricsEngine } from '../metrics/sources.ts';
-import { applyNativeEnv, pinNativeLibrary, type NativeThreads } from '../../kernels/native.ts';
+import { applyNativeEnv, pinNativeLibrary, type NativeThreads } from '../../kernels/backend/native.ts';
 
 interface Pending {
   callId: number;

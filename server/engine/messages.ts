@@ -25,7 +25,7 @@ export type FromWorker =
   | { kind: 'error'; callId: number; error: string; code: string; internal: boolean; stack?: string; memory?: EngineMemory }
   | { kind: 'log'; level: 'info' | 'warn' | 'error' | 'debug'; message: string };
 
-/** The TF.js backend an engine runs on (kernels/backend.ts BackendReport, as sent between threads). */
+/** The TF.js backend an engine runs on (kernels/backend/backend.ts BackendReport, as sent between threads). */
 export interface BackendInfo {
   /** `tensorflow`, `wasm` or `cpu`: what session info and /health call `backend`. */
   name: string;

@@ -7,14 +7,14 @@ import { parentPort } from 'node:worker_threads';
 import fs from 'node:fs';
 import path from 'node:path';
 import * as tf from '@tensorflow/tfjs';
-import { initBackend, type BackendReport } from '../../kernels/backend.ts';
-import { makeConfig, type PolicyConfig } from '../../kernels/config.ts';
+import { initBackend, type BackendReport } from '../../kernels/backend/backend.ts';
+import { makeConfig, type PolicyConfig } from '../../kernels/small/config.ts';
 import { BaseWeights, TrainingState } from '../../kernels/trainer.ts';
 import { checkpointFiles, loadCheckpoint, saveCheckpoint, type CheckpointContent } from '../../kernels/checkpoint.ts';
 import { parseNormStats } from '../../kernels/normalize.ts';
 import { drawNoiseTime } from '../../kernels/flow.ts';
 import { Rng } from '../../kernels/rng.ts';
-import type { ModelBatch } from '../../kernels/batch.ts';
+import type { ModelBatch } from '../../kernels/small/batch.ts';
 import { EngineError, type BackendInfo, type EngineMemory, type FromWorker, type ToWorker } from './messages.ts';
 import { TenantPool, toExported, type Tenant } from './tenants.ts';
 

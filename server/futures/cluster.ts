@@ -10,6 +10,7 @@ import type { Req } from '../http.ts';
 import type { SessionManager } from '../sessions.ts';
 import type { Store } from '../store.ts';
 import { HttpError } from '../http.ts';
+import { storedPreset } from '../presets.ts';
 
 /** Request-id prefix of a node's futures. */
 export function futureIdPrefix(nodeId: string | null | undefined): string | undefined {
@@ -35,7 +36,8 @@ export async function remoteTarget(
 ): Promise<string | null> {
   const elsewhere = (nodeId: string | null | undefined) => (nodeId && nodeId !== cluster.id ? cluster.urlOf(nodeId) : null);
   if (r.url.endsWith('/create_model')) {
-    const preset = typeof value.base_model === 'string' ? value.base_model : '';
+    // Residency is by canonical name (a deprecated alias is the same engine); create_model validates it.
+    const preset = typeof value.base_model === 'string' ? storedPreset(value.base_model) : '';
     const target = await cluster.place(preset);
     if (!target) throw new HttpError(503, 'every node is at its session capacity (--node-sessions); unload a model or add a node');
     return elsewhere(target.id);

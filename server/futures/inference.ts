@@ -22,6 +22,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { randomId, type EndpointRow } from '../store.ts';
 import { HttpError } from '../http.ts';
+import { requestPreset, storedPreset } from '../presets.ts';
 import { encodeWeightsPush } from '../policy/index.ts';
 import { targetOf, type InferenceDeps } from '../inference/routes.ts';
 import { EgressPolicy } from '../inference/egress.ts';
@@ -142,7 +143,8 @@ export function mountInferenceIntegration(ctx: FuturesContext, inference: Infere
       throw new HttpError(404, `checkpoint ${id} has no readable config.json`);
     }
     if (typeof preset !== 'string') throw new HttpError(400, `checkpoint ${id} has no preset in config.json`);
-    if (v.base_model !== undefined && v.base_model !== preset) throw new HttpError(400, `checkpoint ${id} is for ${preset}, not ${JSON.stringify(v.base_model)}`);
+    // Old names equal the presets they name: a checkpoint written as flow0-tiny is for flow0-tiny.
+    if (v.base_model !== undefined && requestPreset('base_model', v.base_model) !== storedPreset(preset)) throw new HttpError(400, `checkpoint ${id} is for ${preset}, not ${JSON.stringify(v.base_model)}`);
     const s = { id: randomId('samp-'), owner, checkpointDir: dir, checkpointId: id, preset, createdAt: Math.floor(Date.now() / 1000) };
     inference.sampling.set(s.id, s);
     // Load it now: a checkpoint that cannot be served is this request's 400, not a robot's.

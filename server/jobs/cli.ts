@@ -32,8 +32,9 @@ started with other settings, is refused rather than mixed.
 
 Options (defaults in brackets: the recipe measured in bench/results/recipe.md):
   --dataset DIR            LeRobot dataset folder (v2.x or v3.0)       [required]
-  --model NAME             pi0-tiny, pi05-tiny, pi0-small, pi05-small  [${RECIPE.model}]
-                           (pi0 and pi05 mean the small ones; see vela presets)
+  --model NAME             flow0-tiny, flow05-tiny, flow0-small, flow05-small  [${RECIPE.model}]
+                           (old names pi0-tiny ... still work; pi0 and pi05 are the
+                           real models, not trainable here yet; see vela presets)
   --steps N                optimizer steps                              [${RECIPE.steps}]
   --batch-size N           datums per step                              [${RECIPE.batch_size}]
   --learning-rate X        peak learning rate                           [${RECIPE.learning_rate}]

@@ -3,10 +3,11 @@
  * naming the field, defaults filled in, and the dataset name resolved under the data root.
  */
 import path from 'node:path';
-import { PRESETS, PRESET_ALIASES, makeConfig, resolvePreset } from '../../kernels/config.ts';
+import { LEGACY_BARE_NAMES, PRESET_NAMES, makeConfig, realModelMessage, resolvePreset, resolveStoredPreset } from '../../kernels/small/config.ts';
 import { zeroGateRule } from '../../kernels/lora.ts';
 import { validateAdamWOptions, type AdamWOptions } from '../../kernels/optim.ts';
 import { HttpError } from '../http.ts';
+import { log } from '../log.ts';
 import { meant } from '../resemble.ts';
 
 export interface FineTuneConfig {
@@ -51,13 +52,13 @@ const FIELDS = [
 
 /**
  * The default recipe, the best row of bench/results/recipe.md (issue 16: held-out G1 episodes,
- * ~21 minutes of training on 2 CPU cores): pi0-tiny, full fine-tune, batch 32, lr 3e-4, EMA 0.99,
+ * ~21 minutes of training on 2 CPU cores): flow0-tiny (then named pi0-tiny), full fine-tune, batch 32, lr 3e-4, EMA 0.99,
  * 1500 steps scored 0.69x and 0.62x the hold-state baseline with seeds 0 and 1 (0.70x / 0.61x in
- * raw units; PyTorch's twin 0.66x / 0.69x), where the same recipe on pi05-tiny scored 0.98x. A
+ * raw units; PyTorch's twin 0.66x / 0.69x), where the same recipe on flow05-tiny (pi05-tiny) scored 0.98x. A
  * field the request leaves out takes this value.
  */
 export const RECIPE = {
-  model: 'pi0-tiny',
+  model: 'flow0-tiny',
   steps: 1500,
   batch_size: 32,
   learning_rate: 3e-4,
@@ -155,9 +156,12 @@ function real(body: Record<string, unknown>, k: string, def: number, lo: number,
  */
 export function parseFineTuneConfig(body: Record<string, unknown>, opts: { trainedBase?: boolean; stored?: boolean } = {}): FineTuneConfig {
   for (const k of Object.keys(body)) if (!FIELDS.includes(k)) bad(`unknown field "${k}"${meant(k, FIELDS, FIELD_ALIASES)}; known fields: ${FIELDS.join(', ')}`);
-  const names = [...Object.keys(PRESETS), ...Object.keys(PRESET_ALIASES)];
   const modelName = body.model ?? RECIPE.model;
-  if (typeof modelName !== 'string' || !names.includes(modelName)) badField('model', `must be one of ${names.join(', ')}`, modelName);
+  // Bare pi0 / pi05 name the real models now; a stored config keeps the small preset they meant.
+  const legacy = typeof modelName === 'string' && modelName in LEGACY_BARE_NAMES;
+  if (legacy && !opts.stored) bad(`model: ${realModelMessage(modelName)}`);
+  if (typeof modelName !== 'string' || !(PRESET_NAMES.includes(modelName) || legacy)) badField('model', `must be one of ${PRESET_NAMES.join(', ')}`, modelName);
+  const model = opts.stored ? resolveStoredPreset(modelName) : resolvePreset(modelName, (line) => log.warn(`fine-tune: ${line}`));
   const ds = body.dataset_name;
   if (typeof ds !== 'string' || ds.length === 0 || ds.length > 512) bad('dataset_name is required: a LeRobot dataset folder under the datasets root, e.g. "lerobot/pusht_image"');
   const lr = body.learning_rate ?? RECIPE.learning_rate;
@@ -175,7 +179,7 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
   const targets = body.targets ?? ['all'];
   if (!Array.isArray(targets) || targets.length === 0 || !targets.every((t) => TARGETS.includes(t as string))) badField('targets', `must be a non-empty list of ${TARGETS.join(', ')}`, targets);
   // The engines' base weights are seeded unless trained ones are configured: pi0.5's gates are shut.
-  const gateRule = finetune === 'lora' && !opts.trainedBase && !opts.stored ? zeroGateRule(makeConfig(modelName as string), targets as string[]) : null;
+  const gateRule = finetune === 'lora' && !opts.trainedBase && !opts.stored ? zeroGateRule(makeConfig(model), targets as string[]) : null;
   if (gateRule) badField('targets', gateRule, targets);
   const cameras = body.cameras ?? null;
   if (cameras !== null && (!Array.isArray(cameras) || cameras.length === 0 || !cameras.every((c) => typeof c === 'string' && c.length > 0))) badField('cameras', 'must be a non-empty list of camera names', cameras);
@@ -208,7 +212,7 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
     bad((e as Error).message);
   }
   return {
-    model: resolvePreset(modelName),
+    model,
     dataset_name: ds,
     batch_size: int(body, 'batch_size', RECIPE.batch_size, 1, 1024),
     learning_rate: lr,

@@ -2,8 +2,8 @@
  * Dataset datums -> the model's batch, normalised (kernels/normalize.ts order: raw -> delta ->
  * normalise -> model). Used by training and by the held-out evaluation alike.
  */
-import { makeBatch, type DatumInput, type ModelBatch } from '../../kernels/batch.ts';
-import type { PolicyConfig } from '../../kernels/config.ts';
+import { makeBatch, type DatumInput, type ModelBatch } from '../../kernels/small/batch.ts';
+import type { PolicyConfig } from '../../kernels/small/config.ts';
 import type { Normalizer, NormStatsSet } from '../../kernels/normalize.ts';
 import type { TrainingDatum } from '../datasets/index.ts';
 

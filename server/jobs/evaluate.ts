@@ -7,9 +7,9 @@
  * normaliser with the training chunk entries' absolute statistics: one scale whatever the
  * training action space) and in raw units, overall and per action group.
  */
-import type { PolicyConfig } from '../../kernels/config.ts';
+import type { PolicyConfig } from '../../kernels/small/config.ts';
 import type { Normalizer, NormStats, NormStatsSet } from '../../kernels/normalize.ts';
-import { batchBuffers } from '../../kernels/batch.ts';
+import { batchBuffers } from '../../kernels/small/batch.ts';
 import { makeDatum, type ActionGroup, type Dataset, type TrainingDatum } from '../datasets/index.ts';
 import { toBatch } from './datums.ts';
 

@@ -6,8 +6,8 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { batchBuffers } from '../../kernels/batch.ts';
-import { makeConfig } from '../../kernels/config.ts';
+import { batchBuffers } from '../../kernels/small/batch.ts';
+import { makeConfig } from '../../kernels/small/config.ts';
 import { computeNormStats, normalizerFor, normStatsToJson, type NormStats, type NormStatsSet } from '../../kernels/normalize.ts';
 import { augmentFrame, drawAugment } from '../datasets/augment.ts';
 import { actionGroups, defaultActionSpace, deltaPairs, gatherNormRows, openDataset, pairsFor, sampleBatch, seededRng, splitEpisodes, type ActionSpace, type Dataset, type EpisodeSplit } from '../datasets/index.ts';

@@ -12,7 +12,7 @@
  * so a request's answer does not depend on what it was batched with.
  */
 import { performance } from 'node:perf_hooks';
-import type { DatumInput } from '../../kernels/batch.ts';
+import type { DatumInput } from '../../kernels/small/batch.ts';
 import { recordPolicyBatch } from '../metrics/policy.ts';
 
 /** Runs one batch: rows[i] is datum i's answer. `tags[i]` is what datum i was submitted with (its weights version). */

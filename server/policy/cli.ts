@@ -9,6 +9,7 @@ import { BACKEND_CHOICES, LOG_LEVELS } from '../config.ts';
 import { log } from '../log.ts';
 import { stopOnSignals } from '../signals.ts';
 import { DEFAULT_POLICY_LIMITS } from './observation.ts';
+import { storedPreset } from '../presets.ts';
 
 const HELP = 'vela policy --help';
 
@@ -112,7 +113,8 @@ export function readCheckpointConfig(checkpoint: string): { preset: string; base
   const preset = ckConfig.preset;
   if (typeof preset !== 'string') throw new Error(`${configPath} has no "preset"`);
   // LoRA adapters only make sense on the base weights they were trained on: the same init seed.
-  return { preset, baseSeed: typeof ckConfig.base_seed === 'number' ? ckConfig.base_seed : 0 };
+  // A checkpoint written before issue 23 may name pi05-tiny, or a bare pi05 (then flow05-small).
+  return { preset: storedPreset(preset), baseSeed: typeof ckConfig.base_seed === 'number' ? ckConfig.base_seed : 0 };
 }
 
 /** The `vela policy` command: starts an engine for the checkpoint's preset and serves it until SIGINT/SIGTERM. */

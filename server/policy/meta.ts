@@ -15,7 +15,7 @@
  *   action dimension), else the mask from `state_names` / `action_names` (MODEL.md).
  * - `num_steps`: Euler steps of sampling (default 10).
  */
-import { makeConfig, resolvePreset, type PolicyConfig } from '../../kernels/config.ts';
+import { makeConfig, resolveStoredPreset, type PolicyConfig } from '../../kernels/small/config.ts';
 import { deltaMaskFromNames, normalizerFor, parseNormStats, type NormStatsSet, type Normalizer } from '../../kernels/normalize.ts';
 import type { EngineInfo } from '../engine/messages.ts';
 
@@ -63,9 +63,13 @@ function names(cfg: Record<string, unknown>, key: string): string[] | undefined 
   return v as string[];
 }
 
-/** The base preset of an engine's or checkpoint's preset name (`pi0-tiny+custom` -> `pi0-tiny`). */
+/**
+ * The base preset of an engine's or checkpoint's preset name (`flow0-tiny+custom` -> `flow0-tiny`);
+ * a checkpoint written before issue 23 names the preset by its old name (`flow0-tiny`, or bare `pi0`
+ * for flow0-small), which resolves as it did then.
+ */
 function basePreset(name: string): string {
-  return resolvePreset(name.replace(/\+custom$/, ''));
+  return resolveStoredPreset(name.replace(/\+custom$/, ''));
 }
 
 /**

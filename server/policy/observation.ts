@@ -22,7 +22,7 @@ import { decodeFrameResized, parseCodec } from '../../protocol/frames.ts';
 import { NDArray, unpackNumpy } from '../../protocol/ndarray.ts';
 import { isZstdFrame, zstdDecompress } from '../../protocol/zstd.ts';
 import { toAbsoluteActions } from '../../kernels/normalize.ts';
-import type { DatumInput } from '../../kernels/batch.ts';
+import type { DatumInput } from '../../kernels/small/batch.ts';
 import { shortCamera, type PolicyMeta } from './meta.ts';
 
 /** Size limits of the policy server (PROTOCOL.md section 8). */

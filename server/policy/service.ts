@@ -15,7 +15,7 @@
 import { performance } from 'node:perf_hooks';
 import { ndarray, type NDArray } from '../../protocol/ndarray.ts';
 import { dictionaryId, initZstd, loadObservationDictionary } from '../../protocol/zstd.ts';
-import { batchBuffers, makeBatch } from '../../kernels/batch.ts';
+import { batchBuffers, makeBatch } from '../../kernels/small/batch.ts';
 import type { EngineLike } from '../engine/host.ts';
 import { log } from '../log.ts';
 import { Batcher, type BatchStats } from './batcher.ts';

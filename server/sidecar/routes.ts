@@ -7,7 +7,7 @@
  *   (datasets/owned.ts); `dataset_content`, a base64 tar / tar.gz / zip of it, is installed as
  *   the key's upload first (datasets/upload.ts); the body is streamed to disk and
  *   dataset_content decoded from there (sidecar/content.ts), never held in memory;
- *   `num_train_steps` (default 100) is the job's `steps`; `model_size` (default pi05-tiny) is a
+ *   `num_train_steps` (default 100) is the job's `steps`; `model_size` (default flow05-tiny) is a
  *   Vela preset (the document's 4b / 12b / 31b are not: a 400 lists the presets). Vela's other
  *   fine-tune fields (batch_size, learning_rate, ...) are taken too. Answers the TrainingJob.
  * - `GET /training/job_progress?job_id=`: `{"progress": [events]}` (sidecar/events.ts).
@@ -25,9 +25,10 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import type { TemplatedApp } from 'uWebSockets.js';
-import { PRESETS, PRESET_ALIASES } from '../../kernels/config.ts';
 import { requireOwner } from '../auth.ts';
+import { LEGACY_BARE_NAMES, PRESET_NAMES } from '../../kernels/small/config.ts';
 import { HttpError, route, sendJson, type Req } from '../http.ts';
+import { requestPreset, storedPreset } from '../presets.ts';
 import { streamFile } from '../stream.ts';
 import { archiveTemp, checkUploadable, installArchive } from '../datasets-route.ts';
 import { datasetDirFor } from '../datasets/owned.ts';
@@ -45,7 +46,6 @@ import { splitDatasetContent } from './content.ts';
 
 /** Bytes of job_start's body besides dataset_content (which is limited by --max-dataset-bytes, decoded). */
 const JOB_START_FIELDS_BYTES = 1024 * 1024;
-const PRESET_NAMES = [...Object.keys(PRESETS), ...Object.keys(PRESET_ALIASES)];
 const VELA_FIELDS = ['batch_size', 'learning_rate', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed', 'eval_every', 'checkpoint_every'];
 const JOB_ID = /^ft-[a-z0-9]{1,64}$/;
 /** Vela's config fields under the names job_start gives them, for its errors. */
@@ -102,8 +102,9 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
     for (const k of Object.keys(body)) {
       if (!['dataset', 'num_train_steps', 'model_size', 'dataset_content', ...VELA_FIELDS].includes(k)) throw new HttpError(400, `job_start has no field "${k}"; it takes dataset, num_train_steps, model_size, dataset_content and Vela's ${VELA_FIELDS.join(', ')}`);
     }
-    const size = body.model_size ?? 'pi05-tiny';
-    if (typeof size !== 'string' || !PRESET_NAMES.includes(size)) throw new HttpError(400, `model_size must be a Vela preset: ${PRESET_NAMES.join(', ')}; got ${JSON.stringify(size)} (the sidecar's 4b, 12b and 31b are not Vela models)`);
+    const sizeName = body.model_size ?? 'flow05-tiny';
+    if (typeof sizeName !== 'string' || !(PRESET_NAMES.includes(sizeName) || sizeName in LEGACY_BARE_NAMES)) throw new HttpError(400, `model_size must be a Vela preset: ${PRESET_NAMES.join(', ')}; got ${JSON.stringify(sizeName)} (the sidecar's 4b, 12b and 31b are not Vela models)`);
+    const size = requestPreset('model_size', sizeName); // the job stores the canonical name
     const steps = body.num_train_steps ?? 100;
     if (typeof steps !== 'number' || !Number.isInteger(steps) || steps < 1) throw new HttpError(400, `num_train_steps must be a positive integer, got ${JSON.stringify(steps)}`);
     if (body.dataset === undefined) throw new HttpError(400, 'dataset is required: the name of a LeRobot dataset folder (there is no default dataset)');
@@ -168,7 +169,8 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
     if (!m) throw new HttpError(400, `model_path must be "trained/<job id>" (Vela keeps no per-size default adapter), got ${JSON.stringify(modelPath ?? null)}`);
     const t = await targetOf(deps.inference, 'fine-tunes', m[1]!, r.headers);
     const job = (await store.getJob(m[1]!))!;
-    if (size !== undefined && size !== job.config.model) throw new HttpError(400, `model_size ${JSON.stringify(size)} is not the size ${m[1]} was trained for (${job.config.model})`);
+    // A job stored before issue 23 holds the old name; both sides compare as the preset they name.
+    if (size !== undefined && (typeof size !== 'string' || storedPreset(size) !== storedPreset(String(job.config.model)))) throw new HttpError(400, `model_size ${JSON.stringify(size)} is not the size ${m[1]} was trained for (${job.config.model})`);
     await answerInfer(deps.inference, r, t, obs, body.format);
   }));
 

@@ -6,18 +6,18 @@
 import WebSocket from 'ws';
 import type { EngineLike } from '../../server/engine/host.ts';
 import type { EngineInfo } from '../../server/engine/messages.ts';
-import type { ModelBatch } from '../../kernels/batch.ts';
+import type { ModelBatch } from '../../kernels/small/batch.ts';
 import { packNumpy, unpackNumpy } from '../../protocol/ndarray.ts';
 
-/** The stub model's sizes: pi0-tiny with 32-pixel images, 8 state and action dims, horizon 6. */
+/** The stub model's sizes: flow0-tiny with 32-pixel images, 8 state and action dims, horizon 6. */
 export const STUB_INFO: EngineInfo = {
-  preset: 'pi0-tiny', backend: 'stub', backendKind: 'stub', backendDevice: 'none', backendLine: 'backend stub', backendFallbacks: [], imageSize: 32, imageSlots: 3, stateDim: 8, actionDim: 8,
+  preset: 'flow0-tiny', backend: 'stub', backendKind: 'stub', backendDevice: 'none', backendLine: 'backend stub', backendFallbacks: [], imageSize: 32, imageSlots: 3, stateDim: 8, actionDim: 8,
   actionHorizon: 6, maxTokenLen: 48, baseParams: 1,
 };
 
 /** A checkpoint of a 7-dim-state, 6-dim-action dataset, delta on dims 0..2, z-score stats. */
 export const STUB_CONFIG = {
-  preset: 'pi0-tiny',
+  preset: 'flow0-tiny',
   cameras: ['observation.images.cam_high', 'observation.images.cam_wrist'],
   action_horizon: 5,
   action_dim: 6,

@@ -7,8 +7,8 @@
  *   forEachBackend('training state', (kind) => { it(...) });   // describe per backend, activated in beforeAll
  */
 import { beforeAll, describe } from 'vitest';
-import { activateBackend, type BackendKind } from '../../kernels/backend.ts';
-import { applyNativeEnv, pinNativeLibrary } from '../../kernels/native.ts';
+import { activateBackend, type BackendKind } from '../../kernels/backend/backend.ts';
+import { applyNativeEnv, pinNativeLibrary } from '../../kernels/backend/native.ts';
 
 // Known at collection time (describe.each needs the list): loading the package is synchronous.
 applyNativeEnv();

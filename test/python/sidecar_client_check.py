@@ -105,22 +105,22 @@ def main():
     # Refusals, each a 400 with {"error"}.
     bad = {
         "size_4b": {"dataset": "pick", "model_size": "4b", "dataset_content": content},
-        "steps_zero": {"dataset": "pick", "num_train_steps": 0, "model_size": "pi05-tiny", "dataset_content": content},
-        "no_dataset": {"model_size": "pi05-tiny"},
-        "dataset_path": {"dataset": "../pick", "model_size": "pi05-tiny", "dataset_content": content},
-        "not_base64": {"dataset": "pick", "model_size": "pi05-tiny", "dataset_content": "not base64!"},
-        "empty_content": {"dataset": "pick", "model_size": "pi05-tiny", "dataset_content": ""},
-        "not_archive": {"dataset": "pick", "model_size": "pi05-tiny", "dataset_content": base64.b64encode(b"hello, not a tar").decode()},
-        "escaping_archive": {"dataset": "pick", "model_size": "pi05-tiny", "dataset_content": evil_archive()},
-        "unknown_dataset": {"dataset": "nowhere", "model_size": "pi05-tiny"},
+        "steps_zero": {"dataset": "pick", "num_train_steps": 0, "model_size": "flow05-tiny", "dataset_content": content},
+        "no_dataset": {"model_size": "flow05-tiny"},
+        "dataset_path": {"dataset": "../pick", "model_size": "flow05-tiny", "dataset_content": content},
+        "not_base64": {"dataset": "pick", "model_size": "flow05-tiny", "dataset_content": "not base64!"},
+        "empty_content": {"dataset": "pick", "model_size": "flow05-tiny", "dataset_content": ""},
+        "not_archive": {"dataset": "pick", "model_size": "flow05-tiny", "dataset_content": base64.b64encode(b"hello, not a tar").decode()},
+        "escaping_archive": {"dataset": "pick", "model_size": "flow05-tiny", "dataset_content": evil_archive()},
+        "unknown_dataset": {"dataset": "nowhere", "model_size": "flow05-tiny"},
         # Refused by the job config, before the upload is installed.
-        "lora_on_full": {"dataset": "refused_up", "model_size": "pi05-tiny", "lora_rank": 8, "dataset_content": content},
-        "steps_huge": {"dataset": "refused_up", "model_size": "pi05-tiny", "num_train_steps": 2000000, "dataset_content": content},
+        "lora_on_full": {"dataset": "refused_up", "model_size": "flow05-tiny", "lora_rank": 8, "dataset_content": content},
+        "steps_huge": {"dataset": "refused_up", "model_size": "flow05-tiny", "num_train_steps": 2000000, "dataset_content": content},
     }
     out["refused"] = {k: s.json("POST", "/training/job_start", body) for k, body in bad.items()}
 
     # A job with its dataset, followed to the end.
-    status, job = s.json("POST", "/training/job_start", {"dataset": "pick", "num_train_steps": 6, "model_size": "pi05-tiny", "dataset_content": content})
+    status, job = s.json("POST", "/training/job_start", {"dataset": "pick", "num_train_steps": 6, "model_size": "flow05-tiny", "dataset_content": content})
     out["job_start"] = {"status": status, "job": job}
     events, streams = s.follow(job["job_id"])
     out["events"] = events
@@ -146,7 +146,7 @@ def main():
     out["cancel_over"] = s.json("POST", "/training/job_cancel", {"job_id": job["job_id"]})
     out["cancel_bad"] = s.json("POST", "/training/job_cancel", {"job_id": 7})[0]
     out["cancel_unknown"] = s.json("POST", "/training/job_cancel", {"job_id": "ft-doesnotexist"})[0]
-    status, second = s.json("POST", "/training/job_start", {"dataset": "pick", "num_train_steps": 500, "model_size": "pi05-tiny", "dataset_content": content})
+    status, second = s.json("POST", "/training/job_start", {"dataset": "pick", "num_train_steps": 500, "model_size": "flow05-tiny", "dataset_content": content})
     out["second_start"] = {"status": status, "job": second}
     out["cancel"] = s.json("POST", "/training/job_cancel", {"job_id": second["job_id"]})
     second_events, _ = s.follow(second["job_id"])

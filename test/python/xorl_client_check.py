@@ -118,10 +118,10 @@ def main():
     lora = {"rank": 4, "alpha": 8}
     created = {}
     for name in ("policy", "twin"):
-        ack = c.post("create_model", {"model_id": name, "base_model": "pi05-tiny", "lora_config": lora, "session_id": session_id})
+        ack = c.post("create_model", {"model_id": name, "base_model": "flow05-tiny", "lora_config": lora, "session_id": session_id})
         created[name] = {"ack_model_id": ack["model_id"], "ready": c.retrieve(ack["request_id"])}
     out["created"] = created
-    out["duplicate"] = expect_http(lambda: c.post("create_model", {"model_id": "policy", "base_model": "pi05-tiny", "lora_config": lora}), 409)
+    out["duplicate"] = expect_http(lambda: c.post("create_model", {"model_id": "policy", "base_model": "flow05-tiny", "lora_config": lora}), 409)
     out["heartbeat"] = c.post("session_heartbeat", {"session_id": session_id})
 
     # Two steps on both, then a checkpoint of "policy" (path null: auto-timestamped).
@@ -141,7 +141,7 @@ def main():
 
     # "Restart from the last checkpoint": kill, create the same model id again, load by the path.
     out["killed"] = c.post("kill_session", {"model_id": "policy"})
-    ack = c.post("create_model", {"model_id": "policy", "base_model": "pi05-tiny", "lora_config": lora})
+    ack = c.post("create_model", {"model_id": "policy", "base_model": "flow05-tiny", "lora_config": lora})
     out["recreated"] = c.retrieve(ack["request_id"])
     out["loaded"] = c.op("load_weights", {"model_id": "policy", "path": saved["path"], "seq_id": 0})
 

@@ -7,7 +7,7 @@ import { badge, errorLine, h, replace } from './dom.ts';
 import { clock, dateTime, num } from './format.ts';
 import { poll, type View } from './view.ts';
 
-const PRESETS = ['pi05-tiny', 'pi0-tiny', 'pi05-small', 'pi0-small'];
+const PRESETS = ['flow05-tiny', 'flow0-tiny', 'flow05-small', 'flow0-small'];
 const REFRESH_MS = 2000;
 
 function field(id: string, label: string, input: HTMLElement, help?: string): HTMLElement {
@@ -16,7 +16,7 @@ function field(id: string, label: string, input: HTMLElement, help?: string): HT
 }
 
 function createForm(navigate: (hash: string) => void): HTMLElement {
-  const model = h('input', { id: 'ft-model', name: 'model', required: true, value: 'pi05-tiny', list: 'ft-presets' });
+  const model = h('input', { id: 'ft-model', name: 'model', required: true, value: 'flow05-tiny', list: 'ft-presets' });
   const dataset = h('input', { id: 'ft-dataset', name: 'dataset_name', required: true, placeholder: 'lerobot/pusht_image' });
   // Blank numbers take the server's default recipe (PROTOCOL.md section 1).
   const steps = h('input', { id: 'ft-steps', name: 'steps', type: 'number', min: 1, max: 1_000_000, placeholder: 'recipe default' });

@@ -1,10 +1,10 @@
 /**
  * AdamW on tfjs-node running on the CPU, where JavaScript cannot reach tensor memory and every
  * TensorFlow eager op costs 15-40 us of dispatch through the addon. As TF.js ops a step ran ~15
- * kernels per parameter plus a finite check (77 ms of a 390 ms pi05-tiny full step); a plain
+ * kernels per parameter plus a finite check (77 ms of a 390 ms flow05-tiny full step); a plain
  * JavaScript loop over copies was slower still (every operation rounded with Math.fround).
  * Here each parameter's p, g, m, v are copied into a WebAssembly.Memory of this module's own,
- * updated there by kernels/adamw-simd.ts's SIMD loop (bit-identical to the TF.js ops, so to the
+ * updated there by kernels/backend/adamw-simd.ts's SIMD loop (bit-identical to the TF.js ops, so to the
  * wasm backend's update), and the new p, m, v copied out into fresh tensors. Copies are plain
  * memcpys: ~7 per value, against ~15 kernel launches.
  */
@@ -32,7 +32,7 @@ function memoryOf(bytes: number): ReturnType<typeof newWasmMemory> {
 
 /**
  * Whether the active backend is tfjs-node on the CPU, the one this path serves (the wasm and cpu
- * backends update in place, kernels/adamw-fused.ts; tfjs-node-gpu's tensors live on the device).
+ * backends update in place, kernels/backend/adamw-fused.ts; tfjs-node-gpu's tensors live on the device).
  */
 export function stagedAdamWApplies(): boolean {
   return tf.getBackend() === 'tensorflow' && !(tf.backend() as unknown as NativeBackend).isUsingGpuDevice;

@@ -3,7 +3,7 @@
  * every Add, Sub, Mul and Div gradient ends with a reshape to its input's shape, most often the
  * shape it already has, and some ops cast to the dtype their input already has. tfjs-node runs
  * each as a TensorFlow op (a Reshape also makes a shape tensor first): ~60 us of dispatch, 330+
- * times in a pi05-tiny training step. These versions share the input's data (refcounted, as the
+ * times in a flow05-tiny training step. These versions share the input's data (refcounted, as the
  * cpu and wasm backends' Reshape and Identity do) when nothing changes, and otherwise run the
  * package's kernel, except that a Reshape reuses one int32 shape tensor per shape instead of
  * making and freeing one each time. Same outputs. Installed once by initBackend when tfjs-node is

@@ -6,9 +6,9 @@
  *
  * with c = 2 sqrt(2/pi), a = 0.044715 (MODEL.md: GELU, tanh approximation, as x sigmoid(2 z)).
  * As TF.js ops these were 4 and 9 elementwise kernels over [b, t, mlp] (the backward recomputed
- * the sigmoid too): ~11 ms of every pi05-tiny prefix MLP's forward + backward on wasm, memory
+ * the sigmoid too): ~11 ms of every flow05-tiny prefix MLP's forward + backward on wasm, memory
  * traffic and kernel dispatch. On wasm each is one SIMD loop on the backend's heap
- * (kernels/wasm-asm.ts), on the cpu backend one JavaScript loop, elsewhere the TF.js ops; all
+ * (kernels/backend/wasm-asm.ts), on the cpu backend one JavaScript loop, elsewhere the TF.js ops; all
  * three do the same float32 operations in the same order, so they agree bit for bit
  * (test/wasm-fast.test.ts).
  */

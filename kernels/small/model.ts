@@ -4,13 +4,13 @@
  * action tokens, velocity head) of the mixture of transformers. The prefix never attends to the
  * suffix, so it runs first, layer by layer, leaving its keys/values in a cache; training and the
  * sampler both decode the suffix against that cache (training differentiates through it).
- * Axis legend: see kernels/config.ts. Linear weights are stored [in, out] (y = x · W + b).
+ * Axis legend: see kernels/small/config.ts. Linear weights are stored [in, out] (y = x · W + b).
  */
 import * as tf from '@tensorflow/tfjs';
 import type { PolicyConfig } from './config.ts';
 import type { ModelBatch } from './batch.ts';
-import { Rng } from './rng.ts';
-import { adaRmsNorm, attention, checkpoint, embed, linear, linearParts, mergeHeads, mlp, rmsNorm, splitHeads, splitHeadsT, swish, type LinearParams, type LoraFactors } from './layers.ts';
+import { Rng } from '../rng.ts';
+import { adaRmsNorm, attention, checkpoint, embed, linear, linearParts, mergeHeads, mlp, rmsNorm, splitHeads, splitHeadsT, swish, type LinearParams, type LoraFactors } from '../layers.ts';
 
 // ---------------------------------------------------------------- parameter table
 

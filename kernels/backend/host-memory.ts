@@ -1,9 +1,9 @@
 /**
  * Zero-copy access to float32 tensor memory on the backends whose memory JavaScript can reach:
  * the wasm backend (a view of the wasm heap) and the cpu backend (the backing typed array). Used
- * by loops that TF.js would run as many small kernels (the fused AdamW of kernels/adamw-fused.ts).
+ * by loops that TF.js would run as many small kernels (the fused AdamW of kernels/backend/adamw-fused.ts).
  * On other backends (tfjs-node, tfjs-node-gpu) `hostMemory()` is null: callers use TF.js ops, or
- * copies (kernels/adamw-staged.ts).
+ * copies (kernels/backend/adamw-staged.ts).
  */
 import * as tf from '@tensorflow/tfjs';
 import { isWasmMemory } from './wasm-asm.ts';

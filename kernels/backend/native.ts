@@ -90,7 +90,7 @@ export interface InstallStatus {
 }
 
 /** Reads node_modules/.vela-native.json, or null when the set-up never ran (npm ci --ignore-scripts). */
-export function installStatus(file = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../node_modules/.vela-native.json')): InstallStatus | null {
+export function installStatus(file = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../node_modules/.vela-native.json')): InstallStatus | null {
   try {
     return JSON.parse(fs.readFileSync(file, 'utf8')) as InstallStatus;
   } catch {

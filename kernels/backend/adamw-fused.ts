@@ -1,7 +1,7 @@
 /**
- * AdamW as one JavaScript loop per parameter over host memory (kernels/host-memory.ts), for the
+ * AdamW as one JavaScript loop per parameter over host memory (kernels/backend/host-memory.ts), for the
  * wasm and cpu backends. The TF.js-op version in kernels/optim.ts runs ~13 kernels per parameter
- * plus ~5 for the norm; on wasm each kernel costs ~20 us of dispatch, so pi05-tiny's 106
+ * plus ~5 for the norm; on wasm each kernel costs ~20 us of dispatch, so flow05-tiny's 106
  * parameters spent ~28 ms per step there, mostly outside arithmetic. Here every float32 operation
  * of that version is kept, in the same order, each rounded with Math.fround (float64 +, -, *, /
  * and sqrt of float32 operands rounded once to float32 give the float32 result exactly), so both
@@ -82,7 +82,7 @@ export function adamwFused(host: HostMemory, p: tf.Tensor, g: tf.Tensor, m: tf.T
 }
 
 /**
- * kernels/adamw-simd.ts's loop over `bytes` of the seven runs at byte offsets `at` of `memory`
+ * kernels/backend/adamw-simd.ts's loop over `bytes` of the seven runs at byte offsets `at` of `memory`
  * (p, g, m, v, p', m', v'), leaving its finite flag at byte offset `flag`.
  */
 export function runSimd(memory: object, at: readonly [number, number, number, number, number, number, number], bytes: number, flag: number, s: AdamWScalars): void {

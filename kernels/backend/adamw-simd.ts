@@ -3,8 +3,8 @@
  * imports the backend's WebAssembly.Memory), so parameters, gradients and moments are read and
  * written where they live, four float32 lanes at a time, with no copy and no kernel dispatch.
  *
- * The module is assembled at first use from the instruction list below (kernels/wasm-asm.ts; about
- * 200 bytes, no toolchain, nothing binary in the repository). Its arithmetic is kernels/adamw-fused.ts's
+ * The module is assembled at first use from the instruction list below (kernels/backend/wasm-asm.ts; about
+ * 200 bytes, no toolchain, nothing binary in the repository). Its arithmetic is kernels/backend/adamw-fused.ts's
  * float32 sequence: wasm's f32x4 add, sub, mul, div and sqrt are IEEE-754 single precision with
  * round-to-nearest, and no operation is fused (no FMA), so the results are bit-identical to the
  * TF.js ops and to the JavaScript loop. Spec: WebAssembly core 2.0, section 5 (binary format).

@@ -6,7 +6,7 @@
  *
  * As TF.js ops these were ~6 kernels forward and ~12 backward per norm, each a pass over
  * [rows, w]. On wasm, when w is a multiple of 4, each direction is one SIMD loop per row on the
- * backend's heap (kernels/wasm-asm.ts); on the cpu backend (and for other w) a JavaScript loop
+ * backend's heap (kernels/backend/wasm-asm.ts); on the cpu backend (and for other w) a JavaScript loop
  * that does the same float32 operations in the same order (sums over four lanes j mod 4, then
  * (l0 + l1) + (l2 + l3)), so the two agree bit for bit (test/rms-fused.test.ts); elsewhere the
  * TF.js ops, whose sums and power may round differently in the last bits.

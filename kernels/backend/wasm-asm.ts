@@ -1,6 +1,6 @@
 /**
  * A minimal WebAssembly assembler for the float32 SIMD loops that run on the TF.js wasm backend's
- * own heap (kernels/adamw-simd.ts, kernels/gelu-simd.ts): modules import the backend's
+ * own heap (kernels/backend/adamw-simd.ts, kernels/gelu-simd.ts): modules import the backend's
  * WebAssembly.Memory and export functions of i32 byte offsets and f32 scalars. Only the
  * instructions those loops need; encodings from the WebAssembly core spec 2.0, section 5 (binary
  * format). Every f32x4 operation here is IEEE-754 single precision with round-to-nearest and

@@ -4,19 +4,10 @@
  * resizes frames (D12) before calling makeBatch; here every image is already image_size square.
  */
 import type { PolicyConfig } from './config.ts';
-import { Rng } from './rng.ts';
+import { Rng } from '../rng.ts';
+import { ShapeError } from '../errors.ts';
 
-export type ShapeErrorCode = 'shape_mismatch' | 'too_large' | 'bad_value' | 'empty_batch';
-
-/** Input whose shape or values do not fit the model; messages quote the real values. */
-export class ShapeError extends Error {
-  readonly code: ShapeErrorCode;
-  constructor(code: ShapeErrorCode, message: string) {
-    super(message);
-    this.name = 'ShapeError';
-    this.code = code;
-  }
-}
+export { ShapeError, type ShapeErrorCode } from '../errors.ts';
 
 /** A batch in the model's layout. All arrays are C order. */
 export interface ModelBatch {

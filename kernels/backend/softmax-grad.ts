@@ -2,7 +2,7 @@
  * The softmax's backward pass over the last axis, ds = p (dp - sum_j dp_j p_j) per row, as one
  * pass per row instead of four TF.js kernels over the whole [heads, tq, tk] tensor (attention's
  * backward, kernels/layers.ts). On wasm, when tk is a multiple of 4, it is a SIMD loop on the
- * backend's heap (kernels/wasm-asm.ts); on the cpu backend (and for other tk) a JavaScript loop
+ * backend's heap (kernels/backend/wasm-asm.ts); on the cpu backend (and for other tk) a JavaScript loop
  * that sums in the same order (four lanes j mod 4, then (l0 + l1) + (l2 + l3)), so the two agree
  * bit for bit; elsewhere the TF.js ops, whose sum may round differently in the last bits.
  */
