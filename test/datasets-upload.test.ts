@@ -108,6 +108,17 @@ describe('PUT /v1/datasets/{name}', () => {
     expect([big.status, big.json.error]).toEqual([413, 'body is 300000 bytes; the limit is 200000']);
     const bomb = await put('bomb', zipOf({ fixture: true, entries: { 'zeros.bin': '0'.repeat(400_000) } }));
     expect([bomb.status, bomb.json.error]).toEqual([400, 'the archive extracts to more than 200000 bytes (--max-dataset-bytes)']);
+    // Folders cost disk too (a 1.4 MB .tgz of 300,000 empty folders passed every cap): 60 empty
+    // ones beside the fixture are 60 x 4096 bytes, past this server's 200,000.
+    const folderBomb = path.join(tmp, 'folders');
+    fs.cpSync(FIXTURE, folderBomb, { recursive: true });
+    for (let i = 0; i < 60; i++) fs.mkdirSync(path.join(folderBomb, 'empty', `d${i}`), { recursive: true });
+    const folderTgz = path.join(tmp, 'folders.tgz');
+    await tar.c({ gzip: true, file: folderTgz, cwd: folderBomb }, ['.']);
+    const folders = await put('folders', fs.readFileSync(folderTgz));
+    expect([folders.status, folders.json.error]).toEqual([400, 'the archive extracts to more than 200000 bytes (--max-dataset-bytes)']);
+    const folderZip = await put('folders', zipOf({ fixture: true, entries: Object.fromEntries(Array.from({ length: 60 }, (_, i) => [`empty/d${i}/`, ''])) }));
+    expect([folderZip.status, folderZip.json.error]).toEqual([400, 'the archive extracts to more than 200000 bytes (--max-dataset-bytes)']);
     const ops = await put('operators', await fixtureTarGz());
     expect([ops.status, ops.json.error]).toEqual([409, 'dataset "operators" is a shared dataset of this server (the operator\'s datasets folder); it is never replaced: pick another name']);
     expect(fs.readdirSync(datasets).sort()).toEqual(['.uploads', 'operators']);

@@ -30,6 +30,35 @@ export const DATASET_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 /** The marker written into an uploaded dataset: who uploaded which archive, when. */
 export const UPLOAD_MARKER = '.vela-upload.json';
 const MAX_ENTRIES = 200_000;
+/**
+ * Folders an archive may make, listed or implied by its files' paths. A LeRobot dataset has a
+ * few dozen (meta, data/chunk-NNN, videos/chunk-NNN/CAMERA); a 1.4 MB .tgz of 300,000 empty folders
+ * used to pass every other cap, take 1.2 GB of disk and half a GB of the server's memory.
+ */
+const MAX_FOLDERS = 10_000;
+/** What a folder costs on disk (one block), counted with the files' bytes against the caps. */
+const FOLDER_BYTES = 4096;
+
+/** The folders an archive makes so far, each counted once. */
+class Folders {
+  private readonly seen = new Set<string>();
+  /**
+   * Count `rel`'s folders: itself when it is one, and every ancestor.
+   * @throws HttpError 400 past MAX_FOLDERS.
+   */
+  add(rel: string, isFolder: boolean): void {
+    let dir = isFolder ? rel : path.posix.dirname(rel);
+    while (dir !== '.' && dir !== '' && !this.seen.has(dir)) {
+      this.seen.add(dir);
+      if (this.seen.size > MAX_FOLDERS) bad(`the archive makes more than ${MAX_FOLDERS} folders; a LeRobot dataset has a few dozen`);
+      dir = path.posix.dirname(dir);
+    }
+  }
+  /** Bytes of disk the folders take. */
+  get bytes(): number {
+    return this.seen.size * FOLDER_BYTES;
+  }
+}
 
 export interface InstallOptions {
   /** The folder it is installed in: the key's uploads folder (datasets/owned.ts ownerUploadsDir). */
@@ -107,7 +136,7 @@ const TAR_SLACK_BYTES = 1024 * 1024;
  * the event loop. Inflating runs in Node's zlib on the libuv thread pool (node-tar's own
  * minizlib would inflate on the main thread, a 16 MiB read at a time), with backpressure from
  * the disk; it stops as soon as the entries' sizes, or the inflated bytes, pass `maxBytes`.
- * @returns [files, bytes of the files].
+ * @returns [files, bytes of the files and of the folders (FOLDER_BYTES each)].
  * @throws HttpError 400 for an unsafe or unsupported entry, an archive past `maxBytes`
  *   extracted, or one that is not a readable tar (the caller removes `dest`).
  */
@@ -115,6 +144,7 @@ function extractTar(file: string, dest: string, maxBytes: number, gzip: boolean)
   let files = 0;
   let bytes = 0;
   let inflated = 0;
+  const folders = new Folders();
   let problem: HttpError | null = null;
   return new Promise<[number, number]>((resolve, reject) => {
     const stop = (message: string) => {
@@ -128,14 +158,15 @@ function extractTar(file: string, dest: string, maxBytes: number, gzip: boolean)
         if (problem) return false;
         const type = 'type' in e ? e.type : '';
         try {
-          checkEntryPath(p);
+          const rel = checkEntryPath(p);
+          if (rel !== '') folders.add(rel, type === 'Directory');
         } catch (err) {
           stop((err as Error).message);
           return false;
         }
         if (!TAKEN.has(type)) stop(`the archive holds ${p}, a ${type}; only files and folders are taken`);
         else if (type !== 'Directory' && ++files > MAX_ENTRIES) stop(`the archive holds more than ${MAX_ENTRIES} files`);
-        else if ((bytes += e.size ?? 0) > maxBytes) stop(`the archive extracts to more than ${maxBytes} bytes (--max-dataset-bytes)`);
+        else if ((bytes += e.size ?? 0) + folders.bytes > maxBytes) stop(`the archive extracts to more than ${maxBytes} bytes (--max-dataset-bytes)`);
         return !problem;
       },
     });
@@ -149,7 +180,7 @@ function extractTar(file: string, dest: string, maxBytes: number, gzip: boolean)
     unpack.on('error', fail);
     input.on('error', fail);
     source.on('error', fail);
-    unpack.on('close', () => (problem ? fail(problem) : resolve([files, bytes])));
+    unpack.on('close', () => (problem ? fail(problem) : resolve([files, bytes + folders.bytes])));
     unpack.on('drain', () => !atEnd && source.resume());
     // At the tar's end the rest is not read: node-tar would keep appending it to one buffer.
     let atEnd = false;
@@ -171,7 +202,7 @@ function extractTar(file: string, dest: string, maxBytes: number, gzip: boolean)
   });
 }
 
-/** Extract a zip into `dest` after checking every entry. @returns [files, bytes]. */
+/** Extract a zip into `dest` after checking every entry. @returns [files, bytes of the files and folders]. */
 async function extractZip(file: string, dest: string, maxBytes: number): Promise<[number, number]> {
   let zip: yauzl.ZipFile;
   try {
@@ -182,6 +213,7 @@ async function extractZip(file: string, dest: string, maxBytes: number): Promise
   }
   let files = 0;
   let bytes = 0;
+  const folders = new Folders();
   try {
     for await (const entry of zip.eachEntry()) {
       const rel = checkEntryPath(entry.fileName);
@@ -190,13 +222,16 @@ async function extractZip(file: string, dest: string, maxBytes: number): Promise
       if (entry.isEncrypted()) bad(`the archive holds ${entry.fileName} encrypted`);
       const target = path.resolve(dest, rel);
       if (target !== dest && !target.startsWith(dest + path.sep)) bad(`the archive holds an entry with an unsafe path: ${JSON.stringify(entry.fileName)}`);
-      if (entry.fileName.endsWith('/')) {
+      const isFolder = entry.fileName.endsWith('/');
+      if (rel !== '') folders.add(rel, isFolder);
+      if (folders.bytes + bytes > maxBytes) bad(`the archive extracts to more than ${maxBytes} bytes (--max-dataset-bytes)`);
+      if (isFolder) {
         fs.mkdirSync(target, { recursive: true });
         continue;
       }
       bytes += entry.uncompressedSize;
       if (++files > MAX_ENTRIES) bad(`the archive holds more than ${MAX_ENTRIES} files`);
-      if (bytes > maxBytes) bad(`the archive extracts to more than ${maxBytes} bytes (--max-dataset-bytes)`);
+      if (bytes + folders.bytes > maxBytes) bad(`the archive extracts to more than ${maxBytes} bytes (--max-dataset-bytes)`);
       fs.mkdirSync(path.dirname(target), { recursive: true });
       await pipeline(await zip.openReadStreamPromise(entry), fs.createWriteStream(target, { flags: 'wx' }));
     }
@@ -206,7 +241,7 @@ async function extractZip(file: string, dest: string, maxBytes: number): Promise
   } finally {
     zip.close();
   }
-  return [files, bytes];
+  return [files, bytes + folders.bytes];
 }
 
 /** The dataset folder of an extracted archive: its top, or its one top folder. */
