@@ -41,14 +41,29 @@ export function checkUploadable(config: ServerConfig, owner: string, name: strin
   if (used >= config.datasetsPerKeyBytes) throw quotaError(name, used, config.datasetsPerKeyBytes, null);
 }
 
-/** Install `archive` (a file; removed afterwards) as dataset `name` of `owner`, in its own folder. */
-export async function installArchive(config: ServerConfig, owner: string, name: string, archive: string): Promise<InstallResult> {
+/**
+ * Refuse to remove or replace dataset `name` of `owner` while a queued or running job of that
+ * key names it (as its dataset or held-out dataset): the job would read another dataset midway.
+ * @throws HttpError 409 naming the jobs.
+ */
+export async function refuseWhileUsed(store: Store, owner: string, name: string, action: 'delete' | 'replace'): Promise<void> {
+  const users = (await store.listJobs(owner, ['queued', 'running'])).filter((j) => j.config.dataset_name === name || j.config.eval_dataset === name);
+  if (users.length > 0) throw new HttpError(409, `dataset "${name}" is used by fine-tune ${users.map((j) => `${j.id} (${j.status})`).join(', ')}; cancel it or wait for it to end, then ${action === 'delete' ? 'delete' : 'upload the new version (or upload it under another name)'}`);
+}
+
+/**
+ * Install `archive` (a file; removed afterwards) as dataset `name` of `owner`, in its own folder.
+ * @throws HttpError 400 (bad archive), 409 (a shared name; a different archive under a name that a
+ *   queued or running job uses), 413 (size, quota).
+ */
+export async function installArchive(store: Store, config: ServerConfig, owner: string, name: string, archive: string): Promise<InstallResult> {
   let release = () => {};
   try {
     checkUploadable(config, owner, name);
     return await installDataset({
       root: ownerUploadsDir(config.datasetsDir, owner), name, archive, owner, maxBytes: config.maxDatasetBytes, validate: validateDataset,
       admit: (bytes) => (release = admitUpload(config.datasetsDir, owner, name, bytes, config.datasetsPerKeyBytes)),
+      beforeReplace: () => refuseWhileUsed(store, owner, name, 'replace'),
     });
   } finally {
     release();
@@ -84,7 +99,7 @@ export function mountDatasetUpload(app: TemplatedApp, deps: { store: Store; conf
     checkUploadable(config, owner, name);
     const file = archiveTemp(config, owner, name);
     await r.bodyToFile(file, config.maxDatasetBytes);
-    const result = await installArchive(config, owner, name, file);
+    const result = await installArchive(store, config, owner, name, file);
     sendJson(r, 200, { name, dataset_name: name, episodes: result.episodes, frames: result.frames, bytes: result.bytes, extracted_bytes: result.extracted_bytes, files: result.files, sha256: result.sha256, reused: result.reused });
   }));
 
@@ -102,8 +117,7 @@ export function mountDatasetUpload(app: TemplatedApp, deps: { store: Store; conf
       const shared = isSharedName(config.datasetsDir, name) ? ` ("${name}" is a shared dataset: only the operator removes it)` : '';
       throw new HttpError(404, `no dataset "${name}" among this key's uploads${shared}`);
     }
-    const users = (await store.listJobs(owner, ['queued', 'running'])).filter((j) => j.config.dataset_name === name || j.config.eval_dataset === name);
-    if (users.length > 0) throw new HttpError(409, `dataset "${name}" is used by fine-tune ${users.map((j) => `${j.id} (${j.status})`).join(', ')}; cancel it or wait for it to end, then delete`);
+    await refuseWhileUsed(store, owner, name, 'delete');
     // Renamed away first (atomic: no job sees half a folder), then removed without blocking; a
     // crash in between leaves a temporary that the next start sweeps.
     const gone = path.join(path.dirname(upload.dir), `.${name}.old-${crypto.randomBytes(4).toString('hex')}`);

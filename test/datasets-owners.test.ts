@@ -53,13 +53,15 @@ describe('datasets belong to the key that uploaded them', () => {
   let datasets: string;
   let other: { key: string; owner: string };
   let a: any;
+  let archiveA: Buffer;
   beforeAll(async () => {
     datasets = path.join(tmp, 'owners');
     fs.cpSync(FIXTURE, path.join(datasets, 'shared_set'), { recursive: true }); // the operator's, by hand
     fs.cpSync(FIXTURE, path.join(datasets, 'lerobot', 'nested_set'), { recursive: true }); // LeRobot's org/name layout
     server = await startTestServer({ env: { VELA_DATASETS_DIR: datasets }, engineFactory: stub });
     other = await secondKey(server);
-    a = await put(server, 'pick', await fixtureTarGz());
+    archiveA = await fixtureTarGz();
+    a = await put(server, 'pick', archiveA);
     expect(a.status).toBe(200);
   });
   afterAll(() => server?.close());
@@ -121,7 +123,7 @@ describe('datasets belong to the key that uploaded them', () => {
     expect(theirs.json.data[0].bytes).toBeGreaterThan(a.json.extracted_bytes); // its own pick, with NOTE.txt
   });
 
-  it('DELETE removes the key\'s own upload: 404 for a shared one or none, 409 while a queued or running job uses it', async () => {
+  it('DELETE removes the key\'s own upload: 404 for a shared one or none, 409 while a queued or running job uses it (and a new archive for it too)', async () => {
     const third = await secondKey(server);
     expect(await api(server, 'DELETE', '/v1/datasets/pick', undefined, third.key)).toEqual({ status: 404, json: { error: 'no dataset "pick" among this key\'s uploads' } });
     expect(await api(server, 'DELETE', '/v1/datasets/shared_set')).toEqual({ status: 404, json: { error: 'no dataset "shared_set" among this key\'s uploads ("shared_set" is a shared dataset: only the operator removes it)' } });
@@ -132,6 +134,10 @@ describe('datasets belong to the key that uploaded them', () => {
     const id = 'ft-usespick1';
     await server.store.insertJob({ id, owner, status: 'queued', created_at: nowS(), config: { model: 'flow0-tiny', dataset_name: 'shared_set', eval_dataset: 'pick', steps: 10 }, step: 0, loss: null, eval_loss: null, error: null, output_dir: '/nowhere', started_at: null, finished_at: null, cancel_requested: false });
     expect(await api(server, 'DELETE', '/v1/datasets/pick')).toEqual({ status: 409, json: { error: `dataset "pick" is used by fine-tune ${id} (queued); cancel it or wait for it to end, then delete` } });
+    // Nor is it replaced under the job: another archive is refused the same way, the same one is reused.
+    expect(await put(server, 'pick', await fixtureTarGz('a second version'))).toEqual({ status: 409, json: { error: `dataset "pick" is used by fine-tune ${id} (queued); cancel it or wait for it to end, then upload the new version (or upload it under another name)` } });
+    expect((await put(server, 'pick', archiveA)).json).toMatchObject({ reused: true });
+    expect(fs.existsSync(path.join(ownerUploadsDir(datasets, owner), 'pick', 'NOTE.txt'))).toBe(false);
     await server.store.updateJob(id, { status: 'running' });
     expect((await api(server, 'DELETE', '/v1/datasets/pick')).json.error).toContain(`${id} (running)`);
     await server.store.updateJob(id, { status: 'cancelled' });
@@ -149,7 +155,9 @@ describe('the per-key byte quota of uploads', () => {
   let server: TestServer;
   let fixtureBytes: number;
   beforeAll(async () => {
-    fixtureBytes = fs.readdirSync(FIXTURE, { recursive: true }).map((f) => fs.statSync(path.join(FIXTURE, f as string))).filter((s) => s.isFile()).reduce((n, s) => n + s.size, 0);
+    // What an upload of it counts: its files' bytes and 4096 for each folder (its top, `ds`, too).
+    const stats = fs.readdirSync(FIXTURE, { recursive: true }).map((f) => fs.statSync(path.join(FIXTURE, f as string)));
+    fixtureBytes = stats.filter((s) => s.isFile()).reduce((n, s) => n + s.size, 0) + 4096 * (1 + stats.filter((s) => s.isDirectory()).length);
     server = await startTestServer({ env: { VELA_DATASETS_DIR: path.join(tmp, 'quota'), VELA_DATASETS_PER_KEY_BYTES: String(Math.floor(fixtureBytes * 1.5)) }, engineFactory: stub });
   });
   afterAll(() => server?.close());

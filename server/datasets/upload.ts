@@ -73,6 +73,11 @@ export interface InstallOptions {
   validate: (dir: string) => Promise<{ episodes: number; frames: number }>;
   /** Called with the extracted bytes before validation; throws (the key's quota, a 413) to refuse. */
   admit?: (extractedBytes: number) => void;
+  /**
+   * Called before an earlier upload of this name is replaced by a different archive (not for a
+   * new name, nor for the same archive again); throws to refuse (e.g. a job uses the dataset).
+   */
+  beforeReplace?: () => Promise<void>;
 }
 
 export interface InstallResult {
@@ -285,6 +290,7 @@ async function install(opts: InstallOptions, target: string): Promise<InstallRes
     if (!existing) throw new HttpError(409, `dataset "${opts.name}" exists under the datasets root and was not uploaded through the API; it is never replaced: pick another name`);
     if (existing.owner !== opts.owner) throw new HttpError(409, `dataset "${opts.name}" was uploaded with another API key; pick another name`);
     if (existing.sha256 === sha256) return { name: opts.name, dir: target, sha256, bytes, extracted_bytes: 0, files: 0, episodes: null, frames: null, reused: true };
+    await opts.beforeReplace?.();
   }
   fs.mkdirSync(opts.root, { recursive: true });
   const tag = crypto.randomBytes(4).toString('hex');

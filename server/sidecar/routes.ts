@@ -123,7 +123,7 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
       if (contentBytes === null) throw new HttpError(400, `dataset_content must be a string (the dataset folder as a base64 tar or zip), got ${JSON.stringify(body.dataset_content)}`);
       if (contentBytes === 0) throw new HttpError(400, 'dataset_content is empty: send the dataset folder as a base64 tar or zip');
       checkUploadable(config, owner, dataset);
-      upload = await installArchive(config, owner, dataset, file);
+      upload = await installArchive(store, config, owner, dataset, file);
     } else {
       // Another key's upload reads as absent, in the same words.
       const dir = datasetDirFor(config, owner, dataset, 'dataset');
