@@ -91,6 +91,27 @@ export function hasBody(headers: Record<string, string>): boolean {
   return (length !== undefined && length.trim() !== '0') || headers['transfer-encoding'] !== undefined;
 }
 
+function clip(text: string, max: number): string {
+  return text.length > max ? `${text.slice(0, max)}...` : text;
+}
+
+/** The warning for Content-Lengths uWS cannot read: the first of each minute, with a count of the rest. */
+const unreadableLengths = {
+  last: -Infinity,
+  quiet: 0,
+  seen(what: string): void {
+    const now = performance.now();
+    if (now - this.last < 60_000) {
+      this.quiet++;
+      return;
+    }
+    const more = this.quiet > 0 ? ` (and ${this.quiet} more such requests in the last minute or more)` : '';
+    this.last = now;
+    this.quiet = 0;
+    log.warn(`${what} has 10 or more digits, which uWebSockets.js cannot read; the connection is closed without an answer${more}. Send bodies of 1,000,000,000 bytes or more with Transfer-Encoding: chunked`);
+  },
+};
+
 /**
  * Copy what a handler needs out of uWS's request (valid only synchronously) and start reading the body.
  * @throws HttpError 400 for a path parameter with a malformed %-escape.
@@ -99,8 +120,9 @@ export function copyRequest(res: HttpResponse, req: HttpRequest, paramCount: num
   const headers = requestHeaders(req);
   if (/^\s*\d{10,}\s*$/.test(headers['content-length'] ?? '')) {
     // uWS 20.30's parser closes such a request once this handler returns, before any answer can
-    // go out (even one written now): say so where the operator can see it.
-    log.warn(`${req.getMethod().toUpperCase()} ${req.getUrl()}: Content-Length ${headers['content-length']!.trim()} has 10 or more digits, which uWebSockets.js cannot read; the connection is closed without an answer. Send bodies of 1,000,000,000 bytes or more with Transfer-Encoding: chunked`);
+    // go out (even one written now): say so where the operator can see it, once a minute at
+    // most (anyone can send these, with or without a key).
+    unreadableLengths.seen(`${req.getMethod().toUpperCase()} ${clip(req.getUrl(), 200)}: Content-Length ${clip(headers['content-length']!.trim(), 24)}`);
   }
   const params: string[] = [];
   for (let i = 0; i < paramCount; i++) params.push(decodeUrlPart(req.getParameter(i) ?? ''));
