@@ -14,6 +14,14 @@ const QUOTE = 0x22;
 const BACKSLASH = 0x5c;
 const BASE64 = /^[A-Za-z0-9+/]*$/;
 
+/** Waits until `out` drains (or closes: a failed stream never drains), leaving no listener behind. */
+async function drained(out: fs.WriteStream): Promise<void> {
+  const ac = new AbortController();
+  const wait = (event: string) => once(out, event, { signal: ac.signal }).catch(() => undefined);
+  await Promise.race([wait('drain'), wait('close')]);
+  ac.abort();
+}
+
 export interface SplitBody {
   /** The body's fields; `dataset_content` is `true` when it was a string (decoded into the file). */
   fields: Record<string, unknown>;
@@ -67,33 +75,37 @@ export async function splitDatasetContent(jsonFile: string, contentFile: string,
     carry = carry.slice(whole);
     contentBytes! += bytes.length;
     if (failed) throw failed;
-    if (!out.write(bytes)) await Promise.race([once(out, 'drain'), once(out, 'close')]);
+    if (!out.write(bytes)) await drained(out);
   };
   try {
     for await (const chunk of fs.createReadStream(jsonFile, { highWaterMark: 256 * 1024 }) as AsyncIterable<Buffer>) {
       let i = 0;
       while (i < chunk.length) {
         if (streaming) {
+          // One run of the string at a time, to its closing quote or the chunk's end; JSON's `\/`
+          // (the one escape base64 may hold: some encoders write `/` so) is undone in bulk, since
+          // a string of nothing but escapes would otherwise cost an await per character.
+          let head = '';
           if (escaped) {
-            // Only `\/` belongs in base64 (JSON encoders may write `/` so).
-            if (chunk[i] !== 0x2f) throw bad(`an escape other than \\/`);
+            if (chunk[i] !== 0x2f) throw bad('an escape other than \\/');
             escaped = false;
-            await emit('/');
+            head = '/';
             i++;
-            continue;
           }
           const q = chunk.indexOf(QUOTE, i);
-          const b = chunk.indexOf(BACKSLASH, i);
           const end = q < 0 ? chunk.length : q;
-          const stop = b >= 0 && b < end ? b : end;
-          await emit(chunk.toString('latin1', i, stop));
-          i = stop;
-          if (i === chunk.length) break;
-          if (chunk[i] === BACKSLASH) escaped = true;
-          else {
-            streaming = false;
-            if (carry.length > 0 || padding > 2) throw new HttpError(400, `dataset_content is not valid base64 (${chars} characters${padding > 2 ? `, ${padding} of them '='` : ': not a multiple of 4'})`);
+          let text = chunk.toString('latin1', i, end).replace(/\\\//g, '/');
+          if (end === chunk.length && text.endsWith('\\')) {
+            escaped = true; // the escape goes on in the next chunk
+            text = text.slice(0, -1);
           }
+          const stray = text.indexOf('\\');
+          if (stray >= 0) throw bad('an escape other than \\/', chars + head.length + stray);
+          await emit(head + text);
+          i = end;
+          if (i === chunk.length) break;
+          streaming = false;
+          if (carry.length > 0 || padding > 2) throw new HttpError(400, `dataset_content is not valid base64 (${chars} characters${padding > 2 ? `, ${padding} of them '='` : ': not a multiple of 4'})`);
           i++;
           continue;
         }
