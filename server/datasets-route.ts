@@ -64,6 +64,11 @@ export async function installArchive(store: Store, config: ServerConfig, owner: 
       root: ownerUploadsDir(config.datasetsDir, owner), name, archive, owner, maxBytes: config.maxDatasetBytes, validate: validateDataset,
       admit: (bytes) => (release = admitUpload(config.datasetsDir, owner, name, bytes, config.datasetsPerKeyBytes)),
       beforeReplace: () => refuseWhileUsed(store, owner, name, 'replace'),
+      extractCap: () => {
+        const used = quotaUsed(config.datasetsDir, owner, name);
+        const left = config.datasetsPerKeyBytes - used;
+        return { bytes: left, error: () => new HttpError(413, `dataset "${name}" extracts to more than the ${left} bytes left of this key's quota: its uploads use ${used} of its ${config.datasetsPerKeyBytes} bytes (--datasets-per-key-bytes); delete one (DELETE /v1/datasets/{name}) first`) };
+      },
     });
   } finally {
     release();

@@ -78,6 +78,12 @@ export interface InstallOptions {
    * new name, nor for the same archive again); throws to refuse (e.g. a job uses the dataset).
    */
   beforeReplace?: () => Promise<void>;
+  /**
+   * A lower cap than `maxBytes` on the extracted bytes, asked for as extraction starts (what the
+   * key's quota has left), and the error past it; extraction stops there instead of filling the
+   * disk first and refusing after.
+   */
+  extractCap?: () => { bytes: number; error: () => HttpError };
 }
 
 export interface InstallResult {
@@ -145,15 +151,15 @@ const TAR_SLACK_BYTES = 1024 * 1024;
  * @throws HttpError 400 for an unsafe or unsupported entry, an archive past `maxBytes`
  *   extracted, or one that is not a readable tar (the caller removes `dest`).
  */
-function extractTar(file: string, dest: string, maxBytes: number, gzip: boolean): Promise<[number, number]> {
+function extractTar(file: string, dest: string, maxBytes: number, gzip: boolean, tooLarge: () => HttpError): Promise<[number, number]> {
   let files = 0;
   let bytes = 0;
   let inflated = 0;
   const folders = new Folders();
   let problem: HttpError | null = null;
   return new Promise<[number, number]>((resolve, reject) => {
-    const stop = (message: string) => {
-      problem ??= new HttpError(400, message);
+    const stop = (message: string | HttpError) => {
+      problem ??= typeof message === 'string' ? new HttpError(400, message) : message;
       unpack.abort(problem);
     };
     const unpack = new tar.Unpack({
@@ -171,7 +177,7 @@ function extractTar(file: string, dest: string, maxBytes: number, gzip: boolean)
         }
         if (!TAKEN.has(type)) stop(`the archive holds ${p}, a ${type}; only files and folders are taken`);
         else if (type !== 'Directory' && ++files > MAX_ENTRIES) stop(`the archive holds more than ${MAX_ENTRIES} files`);
-        else if ((bytes += e.size ?? 0) + folders.bytes > maxBytes) stop(`the archive extracts to more than ${maxBytes} bytes (--max-dataset-bytes)`);
+        else if ((bytes += e.size ?? 0) + folders.bytes > maxBytes) stop(tooLarge());
         return !problem;
       },
     });
@@ -200,7 +206,7 @@ function extractTar(file: string, dest: string, maxBytes: number, gzip: boolean)
       // node-tar would inflate a gzip inside the gzip itself, on the main thread: refused.
       if (gzip && inflated === 0 && chunk[0] === 0x1f && chunk[1] === 0x8b) return stop('the archive is a gzip inside a gzip; send a tar, tar.gz or zip');
       inflated += chunk.length;
-      if (inflated > maxBytes + TAR_SLACK_BYTES) return stop(`the archive extracts to more than ${maxBytes} bytes (--max-dataset-bytes)`);
+      if (inflated > maxBytes + TAR_SLACK_BYTES) return stop(tooLarge());
       if (!unpack.write(chunk)) source.pause();
     });
     source.on('end', () => !problem && !atEnd && unpack.end());
@@ -208,7 +214,7 @@ function extractTar(file: string, dest: string, maxBytes: number, gzip: boolean)
 }
 
 /** Extract a zip into `dest` after checking every entry. @returns [files, bytes of the files and folders]. */
-async function extractZip(file: string, dest: string, maxBytes: number): Promise<[number, number]> {
+async function extractZip(file: string, dest: string, maxBytes: number, tooLarge: () => HttpError): Promise<[number, number]> {
   let zip: yauzl.ZipFile;
   try {
     // strictFileNames: a backslash is an error, not a separator; yauzl refuses absolute and `..` names.
@@ -229,14 +235,14 @@ async function extractZip(file: string, dest: string, maxBytes: number): Promise
       if (target !== dest && !target.startsWith(dest + path.sep)) bad(`the archive holds an entry with an unsafe path: ${JSON.stringify(entry.fileName)}`);
       const isFolder = entry.fileName.endsWith('/');
       if (rel !== '') folders.add(rel, isFolder);
-      if (folders.bytes + bytes > maxBytes) bad(`the archive extracts to more than ${maxBytes} bytes (--max-dataset-bytes)`);
+      if (folders.bytes + bytes > maxBytes) throw tooLarge();
       if (isFolder) {
         fs.mkdirSync(target, { recursive: true });
         continue;
       }
       bytes += entry.uncompressedSize;
       if (++files > MAX_ENTRIES) bad(`the archive holds more than ${MAX_ENTRIES} files`);
-      if (bytes + folders.bytes > maxBytes) bad(`the archive extracts to more than ${maxBytes} bytes (--max-dataset-bytes)`);
+      if (bytes + folders.bytes > maxBytes) throw tooLarge();
       fs.mkdirSync(path.dirname(target), { recursive: true });
       await pipeline(await zip.openReadStreamPromise(entry), fs.createWriteStream(target, { flags: 'wx' }));
     }
@@ -298,7 +304,11 @@ async function install(opts: InstallOptions, target: string): Promise<InstallRes
   fs.mkdirSync(tmp);
   try {
     const format = formatOf(opts.archive);
-    const [files, extracted] = format === 'zip' ? await extractZip(opts.archive, tmp, opts.maxBytes) : await extractTar(opts.archive, tmp, opts.maxBytes, format === 'tgz');
+    const cap = opts.extractCap?.();
+    const capped = cap !== undefined && cap.bytes < opts.maxBytes;
+    const limit = capped ? Math.max(0, cap.bytes) : opts.maxBytes;
+    const tooLarge = capped ? cap.error : () => new HttpError(400, `the archive extracts to more than ${opts.maxBytes} bytes (--max-dataset-bytes)`);
+    const [files, extracted] = format === 'zip' ? await extractZip(opts.archive, tmp, limit, tooLarge) : await extractTar(opts.archive, tmp, limit, format === 'tgz', tooLarge);
     opts.admit?.(extracted);
     const dir = datasetRoot(tmp);
     let counts: { episodes: number; frames: number };
