@@ -88,6 +88,7 @@ describe('add_inference_endpoint refuses what is not a public address', () => {
       [{ url: `http://127.1:${p}/` }, `http://127.1:${p}/`, '127.0.0.1'],
       [{ url: `ws://127.0.0.1:${p}/` }, `ws://127.0.0.1:${p}/`, '127.0.0.1'],
       [{ url: `http://[::ffff:127.0.0.1]:${p}/` }, `http://[::ffff:127.0.0.1]:${p}/`, '::ffff:7f00:1'],
+      [{ url: `http://[::ffff:0:127.0.0.1]:${p}/` }, `http://[::ffff:0:127.0.0.1]:${p}/`, '::ffff:0:7f00:1'], // IPv4-translated (RFC 6145)
       [{ host: '127.0.0.1', port: p }, `http://127.0.0.1:${p}/`, '127.0.0.1'],
     ];
     for (const [body, given, address] of loopback) {

@@ -38,7 +38,7 @@ function low32(w: number[]): string {
 
 /**
  * An address in the form the checks use: IPv4 dotted, or IPv6 whose embedded IPv4 address (if
- * any: ::ffff:a.b.c.d, ::a.b.c.d, 64:ff9b::a.b.c.d, 2002:AABB:CCDD::) comes out as IPv4, since
+ * any: ::ffff:a.b.c.d, ::ffff:0:a.b.c.d, ::a.b.c.d, 64:ff9b::a.b.c.d, 2002:AABB:CCDD::) comes out as IPv4, since
  * those reach the IPv4 host. Anything that is not an address comes back as given.
  */
 export function canonicalAddress(address: string): string {
@@ -49,7 +49,7 @@ export function canonicalAddress(address: string): string {
   const v6 = parsed as ipaddr.IPv6;
   const w = v6.parts;
   const range = v6.range();
-  if (range === 'ipv4Mapped' || range === 'rfc6052') return low32(w); // mapped; NAT64 (64:ff9b::/96)
+  if (range === 'ipv4Mapped' || range === 'rfc6145' || range === 'rfc6052') return low32(w); // mapped; translated (::ffff:0:0/96); NAT64 (64:ff9b::/96)
   if (range === '6to4') return [w[1]! >> 8, w[1]! & 0xff, w[2]! >> 8, w[2]! & 0xff].join('.');
   if (w.slice(0, 6).every((x) => x === 0) && (w[6] !== 0 || w[7]! > 1)) return low32(w); // IPv4-compatible (deprecated), not :: or ::1
   return v6.toString(); // RFC 5952's compact form
