@@ -149,8 +149,8 @@ describe('GET /metrics on the main server', () => {
     for (const state of ['queued', 'running', 'succeeded', 'cancelled']) expect(b.value('vela_jobs', { state })).toBe(0);
     expect(a.value('vela_jobs', { state: 'failed' })).toBe(0);
     expect(b.value('vela_jobs', { state: 'failed' })).toBe(1);
-    expect(a.value('vela_db_errors')).toBe(0);
-    expect(b.value('vela_db_errors')).toBe(3);
+    expect(a.value('vela_db_errors_total')).toBe(0);
+    expect(b.value('vela_db_errors_total')).toBe(3);
     expect(b.value('vela_db_buffered_records')).toBe(5);
 
     // HTTP errors by route pattern, never by raw URL.

@@ -57,10 +57,14 @@ new client.Gauge({
     for (const [state, n] of counts) this.set({ state }, n);
   },
 });
-new client.Gauge({
-  name: 'vela_db_errors', help: 'database errors since start (the db object\'s errorCount(); 0 when it has none)', registers: [registry],
+/** The db's errorCount() at the last scrape: the counter moves by the difference (a new store, as in tests, starts again from its own count). */
+let dbErrorsSeen = 0;
+new client.Counter({
+  name: 'vela_db_errors_total', help: 'database statements that failed (the db object\'s errorCount(); 0 when it has none)', registers: [registry],
   collect() {
-    this.set(dbValue('errorCount'));
+    const now = dbValue('errorCount');
+    if (now > dbErrorsSeen) this.inc(now - dbErrorsSeen);
+    dbErrorsSeen = now;
   },
 });
 new client.Gauge({
