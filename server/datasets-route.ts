@@ -41,6 +41,29 @@ export function checkUploadable(config: ServerConfig, owner: string, name: strin
   if (used >= config.datasetsPerKeyBytes) throw quotaError(name, used, config.datasetsPerKeyBytes, null);
 }
 
+/** Uploads of one key at once (PUT /v1/datasets, job_start with a large body): each holds up to --max-dataset-bytes of disk while it lasts. */
+export const UPLOADS_PER_KEY = 2;
+const uploading = new Map<string, number>();
+
+/**
+ * Take one of the key's upload slots, for as long as an upload's body and extraction last.
+ * @returns its release (idempotent).
+ * @throws HttpError 429 when the key has UPLOADS_PER_KEY uploads in progress.
+ */
+export function takeUploadSlot(owner: string): () => void {
+  const n = uploading.get(owner) ?? 0;
+  if (n >= UPLOADS_PER_KEY) throw new HttpError(429, `this key has ${n} uploads in progress, the most at once; wait for one to end, then send this one again`);
+  uploading.set(owner, n + 1);
+  let released = false;
+  return () => {
+    if (released) return;
+    released = true;
+    const left = (uploading.get(owner) ?? 1) - 1;
+    if (left > 0) uploading.set(owner, left);
+    else uploading.delete(owner);
+  };
+}
+
 /**
  * Refuse to remove or replace dataset `name` of `owner` while a queued or running job of that
  * key names it (as its dataset or held-out dataset): the job would read another dataset midway.
@@ -102,9 +125,15 @@ export function mountDatasetUpload(app: TemplatedApp, deps: { store: Store; conf
     const owner = await requireOwner(store, r);
     const name = checkDatasetName(r.params[0], 'name');
     checkUploadable(config, owner, name);
-    const file = archiveTemp(config, owner, name);
-    await r.bodyToFile(file, config.maxDatasetBytes);
-    const result = await installArchive(store, config, owner, name, file);
+    const release = takeUploadSlot(owner);
+    let result: InstallResult;
+    try {
+      const file = archiveTemp(config, owner, name);
+      await r.bodyToFile(file, config.maxDatasetBytes);
+      result = await installArchive(store, config, owner, name, file);
+    } finally {
+      release();
+    }
     sendJson(r, 200, { name, dataset_name: name, episodes: result.episodes, frames: result.frames, bytes: result.bytes, extracted_bytes: result.extracted_bytes, files: result.files, sha256: result.sha256, reused: result.reused });
   }));
 

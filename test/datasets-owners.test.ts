@@ -13,7 +13,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import * as tar from 'tar';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { Store, nowS } from '../server/store.ts';
 import { ownerUploadsDir } from '../server/datasets/owned.ts';
 import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
@@ -148,6 +148,40 @@ describe('datasets belong to the key that uploaded them', () => {
     expect((await api(server, 'DELETE', '/v1/datasets/pick')).status).toBe(404);
     // The other key's upload of the same name is untouched.
     expect((await api(server, 'GET', '/v1/datasets', undefined, other.key)).json.data[0].name).toBe('pick');
+  });
+});
+
+describe('uploads of one key at once', () => {
+  let server: TestServer;
+  beforeAll(async () => {
+    server = await startTestServer({ env: { VELA_DATASETS_DIR: path.join(tmp, 'slots') }, engineFactory: stub });
+  });
+  afterAll(() => server?.close());
+
+  /** A chunked PUT whose body has begun and not ended; `finish` sends the rest and reads the answer. */
+  async function openUpload(name: string, archive: Buffer): Promise<{ finish: () => Promise<number> }> {
+    const req = http.request(`${server.baseUrl}/v1/datasets/${name}`, { method: 'PUT', headers: { authorization: `Bearer ${TEST_KEY}`, 'transfer-encoding': 'chunked' } });
+    const answered = new Promise<number>((resolve, reject) => {
+      req.on('response', (res) => (res.resume(), res.on('end', () => resolve(res.statusCode!))));
+      req.on('error', reject);
+    });
+    req.write(archive.subarray(0, 1000));
+    await new Promise((r) => req.once('socket', (s) => (s.connecting ? s.once('connect', r) : r(null))));
+    return { finish: () => (req.end(archive.subarray(1000)), answered) };
+  }
+
+  it('takes two at a time from a key (each holds up to --max-dataset-bytes of disk): a third is a 429 until one ends', async () => {
+    const archive = await fixtureTarGz();
+    const a = await openUpload('a', archive);
+    const b = await openUpload('b', archive);
+    // Both bodies have begun: the server holds their slots once their handlers ran.
+    await vi.waitFor(async () => expect((await put(server, 'c', archive)).status).toBe(429), { timeout: 30_000, interval: 100 });
+    expect(await put(server, 'c', archive)).toEqual({ status: 429, json: { error: 'this key has 2 uploads in progress, the most at once; wait for one to end, then send this one again' } });
+    const other = await secondKey(server);
+    expect((await put(server, 'c', archive, other.key)).status).toBe(200); // other keys have their own slots
+    expect(await a.finish()).toBe(200);
+    expect((await put(server, 'c', archive)).status).toBe(200);
+    expect(await b.finish()).toBe(200);
   });
 });
 

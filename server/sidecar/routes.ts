@@ -30,7 +30,7 @@ import { LEGACY_BARE_NAMES, PRESET_NAMES } from '../../kernels/small/config.ts';
 import { HttpError, route, sendJson, type Req } from '../http.ts';
 import { requestPreset, storedPreset } from '../presets.ts';
 import { streamFile } from '../stream.ts';
-import { archiveTemp, checkUploadable, installArchive } from '../datasets-route.ts';
+import { archiveTemp, checkUploadable, installArchive, takeUploadSlot } from '../datasets-route.ts';
 import { datasetDirFor } from '../datasets/owned.ts';
 import { checkDatasetName, type InstallResult } from '../datasets/upload.ts';
 import { jobOutputFile, listFiles, relativeSegments, submitFineTune } from '../jobs/routes.ts';
@@ -84,6 +84,9 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
     const owner = await requireOwner(store, r);
     // The body goes to disk as it comes, and dataset_content from there to its own file, decoded:
     // neither is ever held in memory (a 600 MB body cannot be one string anyway).
+    // A body that can carry a dataset takes one of the key's upload slots while it lasts.
+    const large = r.headers['transfer-encoding'] !== undefined || Number(r.headers['content-length'] ?? 0) > JOB_START_FIELDS_BYTES;
+    const release = large ? takeUploadSlot(owner) : () => {};
     const raw = archiveTemp(config, owner, 'job_start-body');
     const file = archiveTemp(config, owner, 'job_start-content');
     try {
@@ -92,6 +95,7 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
       await fs.promises.rm(raw, { force: true });
       await jobStart(r, owner, split.fields, file, split.contentBytes);
     } finally {
+      release();
       // Asynchronous: unlinking a file of gigabytes takes a while.
       await Promise.all([fs.promises.rm(raw, { force: true }), fs.promises.rm(file, { force: true })]);
     }
