@@ -11,6 +11,7 @@ import { ProtocolError } from '../protocol/errors.ts';
 import { log } from './log.ts';
 import { randomId } from './store.ts';
 import { redactPaths } from './redact.ts';
+import { isUnavailable } from './db/keep.ts';
 
 /** An HTTP error that the client caused or must see: `{"error": message}` with `status`. */
 export class HttpError extends Error {
@@ -292,6 +293,11 @@ export function sendError(r: Req, err: unknown): void {
   const code = (err as { code?: unknown })?.code;
   if (err instanceof Error && typeof code === 'string' && (err as any).status) {
     return sendJson(r, (err as any).status, { error: redactPaths(err.message), code });
+  }
+  if (isUnavailable(err)) {
+    // The database is stopped or restarting: the client may retry; nothing of it was lost.
+    log.warn(`${r.method} ${r.url}: the database is unavailable (${(err as Error).message})`);
+    return sendJson(r, 503, { error: 'the database is unavailable right now; try again in a few seconds' }, { 'retry-after': '5' });
   }
   const requestId = randomId('req-');
   log.error(`${r.method} ${r.url} failed (${requestId})`, err);

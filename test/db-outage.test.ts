@@ -81,6 +81,9 @@ describe('a PostgreSQL outage during a job', () => {
       await new Promise((r) => setTimeout(r, 50));
     }
     expect(most).toBeLessThanOrEqual(BUFFER_RECORDS + 2);
+    // A read meanwhile is a 503 the client may retry, not a 500.
+    const read = await api(server, 'GET', `/v1/fine-tunes/${id}`);
+    expect(read).toEqual({ status: 503, json: { error: 'the database is unavailable right now; try again in a few seconds' } });
     await pg.resume();
     const upAt = Date.now() / 1000;
 
