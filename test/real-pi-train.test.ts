@@ -173,13 +173,14 @@ describe.each([
     state.dispose();
   });
 
-  it('LoRA sampling equals the model sampler on the merged weights W + (alpha / r) (A B)ᵀ', () => {
-    const state = new TrainingState(base, { finetune: 'lora', ...OPENPI_LORA });
+  it('LoRA sampling equals the model sampler on the merged weights W + (alpha / r) (A B)ᵀ, per-expert scales', () => {
+    // Scales 0.5 on the VLM and 2 on the expert, so a scale taken from the wrong side shows.
+    const state = new TrainingState(base, { finetune: 'lora', rank: 16, alpha: 8, actionRank: 32, actionAlpha: 64 });
     for (let i = 0; i < 3; i++) {
       state.forwardBackward(batch, draw);
       state.optimStep({ learningRate: LR });
     }
-    const merged = mergedWeights(base, state, () => 1); // openpi's alpha = rank on both sides: scale 1
+    const merged = mergedWeights(base, state, (layer) => (layer.startsWith(NAMES.expert) ? 2 : 0.5));
     const direct = tf.tidy(() => sample({ config: c, params: merged }, batch, draw.noise).dataSync());
     const viaState = state.sample(batch, { noise: draw.noise });
     for (const [name, t] of merged) if (!base.tensors.has(name) || base.get(name) !== t) t.dispose();
