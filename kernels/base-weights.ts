@@ -94,6 +94,27 @@ export class BaseWeights<B = ModelBatch, C = PolicyConfig> {
     return new BaseWeights(policy, tensors);
   }
 
+  /**
+   * Base weights that take over tensors already made (no copy: a checkpoint reader's sink makes
+   * one tensor per parameter as it streams, so the peak stays near one float32 model). The map
+   * must hold exactly the table's names, each in its shape; on success the tensors belong to
+   * the BaseWeights (dispose frees them), on error they stay the caller's.
+   * @throws TrainerError('bad_weights') naming every missing, unexpected and misshapen tensor.
+   */
+  static adopt<B, C>(policy: FlowPolicy<B, C>, tensors: ReadonlyMap<string, tf.Tensor>): BaseWeights<B, C> {
+    const specs = policy.paramSpecs();
+    const problems: string[] = [];
+    for (const s of specs) {
+      const t = tensors.get(s.name);
+      if (!t) problems.push(`missing '${s.name}' [${s.shape.join(', ')}]`);
+      else if (t.shape.join() !== s.shape.join() || t.dtype !== 'float32') problems.push(`'${s.name}' is ${t.dtype} [${t.shape.join(', ')}]; expected float32 [${s.shape.join(', ')}]`);
+    }
+    const known = new Set(specs.map((s) => s.name));
+    for (const name of tensors.keys()) if (!known.has(name)) problems.push(`unexpected '${name}'`);
+    if (problems.length > 0) throw new TrainerError('bad_weights', `base weights for ${policy.name}: ${problems.join('; ')}`);
+    return new BaseWeights(policy, new Map(specs.map((s) => [s.name, tensors.get(s.name)!])));
+  }
+
   get(name: string): tf.Tensor {
     const t = this.tensors.get(name);
     if (!t) throw new TrainerError('bad_weights', `the model has no parameter '${name}'`);

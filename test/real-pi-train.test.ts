@@ -250,6 +250,32 @@ describe.each([
   });
 });
 
+describe('real pi base weights adopted from tensors (a checkpoint reader streaming into the model)', () => {
+  it('take the tensors as they are, and name every missing, unexpected and misshapen one', () => {
+    const c = REAL_PI_TINY_PI0;
+    const policy = realPiPolicy(c);
+    const params = createRealPiParams(c, 'contract-init');
+    const base = BaseWeights.adopt(policy, params);
+    expect(base.get(NAMES.embedding)).toBe(params.get(NAMES.embedding)); // no copy
+    const batch = makeBatch(c);
+    const draw = fixedDraw(c);
+    const state = new TrainingState(base, { finetune: 'lora' });
+    const { lossPerDatum } = state.forwardBackward(batch, draw);
+    const direct = tf.tidy(() => computeLoss({ config: c, params }, batch, draw.noise, draw.time).dataSync());
+    expect(maxRel(lossPerDatum, direct)).toBeLessThan(1e-5);
+    state.dispose();
+    const bad = new Map(params);
+    bad.delete('model.action_in_proj.bias');
+    bad.set('model.state_proj.bias', tf.zeros([3]));
+    bad.set('model.extra', tf.zeros([1]));
+    expect(() => BaseWeights.adopt(policy, bad)).toThrow(
+      "base weights for pi0: missing 'model.action_in_proj.bias' [32]; 'model.state_proj.bias' is float32 [3]; expected float32 [32]; unexpected 'model.extra'",
+    );
+    tf.dispose([bad.get('model.state_proj.bias')!, bad.get('model.extra')!]);
+    base.dispose();
+  });
+});
+
 describe('real pi full fine-tune trains the token embedding by default (as openpi does)', () => {
   it('only the rows of the prompt tokens move (no weight decay)', () => {
     const c = REAL_PI_TINY_PI05;
