@@ -140,7 +140,7 @@ describe.each([
     expect(same(base.exportWeights(), before)).toBe(true);
     // The exported adapter carries the action expert's own rank.
     const exported = state.exportWeights();
-    expect(exported.config).toMatchObject({ preset: c.variant, finetune: 'lora', lora_rank: 16, lora_alpha: 16, lora_action_rank: 32, lora_action_alpha: 32 });
+    expect(exported.config).toMatchObject({ preset: `real-${c.variant}`, finetune: 'lora', lora_rank: 16, lora_alpha: 16, lora_action_rank: 32, lora_action_alpha: 32 });
     expect(Object.keys(exported.weights).every((k) => /\.lora_[ab]$/.test(k))).toBe(true);
     // A target list is checked and narrows the set: the expert's MLPs only.
     const mlp = new TrainingState(base, { finetune: 'lora', targets: ['mlp'] });
@@ -185,6 +185,10 @@ describe.each([
     const viaState = state.sample(batch, { noise: draw.noise });
     for (const [name, t] of merged) if (!base.tensors.has(name) || base.get(name) !== t) t.dispose();
     expect(maxRel(viaState, direct)).toBeLessThan(1e-5);
+    // Sampling needs no actions; training does, and says so.
+    const { actions: _actions, ...observation } = batch;
+    expect(state.sample(observation, { noise: draw.noise })).toEqual(viaState);
+    expect(() => state.forwardBackward(observation)).toThrow(`the loss needs actions [2, ${c.actionHorizon}, 32]; they are missing`);
     state.dispose();
   });
 
@@ -269,7 +273,7 @@ describe('real pi base weights adopted from tensors (a checkpoint reader streami
     bad.set('model.state_proj.bias', tf.zeros([3]));
     bad.set('model.extra', tf.zeros([1]));
     expect(() => BaseWeights.adopt(policy, bad)).toThrow(
-      "base weights for pi0: missing 'model.action_in_proj.bias' [32]; 'model.state_proj.bias' is float32 [3]; expected float32 [32]; unexpected 'model.extra'",
+      "base weights for real-pi0: missing 'model.action_in_proj.bias' [32]; 'model.state_proj.bias' is float32 [3]; expected float32 [32]; unexpected 'model.extra'",
     );
     tf.dispose([bad.get('model.state_proj.bias')!, bad.get('model.extra')!]);
     base.dispose();

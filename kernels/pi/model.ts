@@ -491,7 +491,7 @@ export function checkBatch(c: RealPiConfig, batch: RealPiBatch, needActions = fa
     expect('state', batch.state.length, b * c.stateDim, `[${b}, ${c.stateDim}]`);
   }
   if (needActions) {
-    if (!batch.actions) throw new ShapeError('shape_mismatch', `computeLoss needs actions [${b}, ${c.actionHorizon}, ${c.actionDim}]; they are missing`);
+    if (!batch.actions) throw new ShapeError('shape_mismatch', `the loss needs actions [${b}, ${c.actionHorizon}, ${c.actionDim}]; they are missing`);
     expect('actions', batch.actions.length, b * c.actionHorizon * c.actionDim, `[${b}, ${c.actionHorizon}, ${c.actionDim}]`);
   }
   const k = batch.lossActionDims ?? c.actionDim;

@@ -55,9 +55,10 @@ function matches(s: PiLinear, t: LoraTarget): boolean {
 
 /**
  * The real pi0 / pi0.5 of config `c` as a FlowPolicy over RealPiBatch. `name` is what exported
- * configs call it (default the variant, 'pi0' or 'pi05').
+ * configs call it (default 'real-pi0' / 'real-pi05': plain 'pi0' / 'pi05' are still aliases of
+ * the small presets in kernels/config.ts, so stored jobs that used them keep loading).
  */
-export function realPiPolicy(c: RealPiConfig, name: string = c.variant): FlowPolicy<RealPiBatch, RealPiConfig> {
+export function realPiPolicy(c: RealPiConfig, name = `real-${c.variant}`): FlowPolicy<RealPiBatch, RealPiConfig> {
   const model = (W: PolicyWeights): RealPiModel => ({ config: c, params: W });
   return {
     name,
