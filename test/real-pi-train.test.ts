@@ -192,6 +192,43 @@ describe.each([
     state.dispose();
   });
 
+  it('gradient accumulation: datum by datum gives the gradient of the whole batch', () => {
+    const one = (i: number): RealPiBatch => {
+      const L = batch.tokens.length / B;
+      const per = (a: ArrayLike<number>, n: number) => Array.prototype.slice.call(a, i * n, (i + 1) * n) as number[];
+      const S = c.vision.imageSize;
+      const ad = c.actionHorizon * c.actionDim;
+      return {
+        size: 1,
+        numCameras: NC,
+        images: batch.images.slice(i * NC * 3 * S * S, (i + 1) * NC * 3 * S * S),
+        imageMasks: per(batch.imageMasks, NC),
+        tokens: batch.tokens.slice(i * L, (i + 1) * L),
+        tokenMasks: per(batch.tokenMasks, L),
+        state: batch.state!.slice(i * c.stateDim, (i + 1) * c.stateDim),
+        actions: batch.actions!.slice(i * ad, (i + 1) * ad),
+      };
+    };
+    const whole = new TrainingState(base, { finetune: 'lora', ...OPENPI_LORA });
+    const split = new TrainingState(base, { finetune: 'lora', ...OPENPI_LORA });
+    for (const s of [whole, split]) {
+      // One step first, so B is no longer zero and every adapter has a gradient.
+      s.forwardBackward(batch, draw);
+      s.optimStep({ learningRate: LR });
+    }
+    whole.forwardBackward(batch, draw);
+    const ad = c.actionHorizon * c.actionDim;
+    for (let i = 0; i < B; i++) split.forwardBackward(one(i), { noise: draw.noise.slice(i * ad, (i + 1) * ad), time: draw.time.slice(i, i + 1) });
+    const gw = whole.accumulatedGradients();
+    const gs = split.accumulatedGradients();
+    expect(gs.denominator).toBe(gw.denominator);
+    expect(split.pendingGradients).toBe(2);
+    for (const [name, g] of gw.grads) expect(maxRel(gs.grads.get(name)!, g), name).toBeLessThan(1e-4);
+    expect(split.optimStep({ learningRate: LR }).gradNorm).toBeCloseTo(whole.optimStep({ learningRate: LR }).gradNorm, 5);
+    whole.dispose();
+    split.dispose();
+  });
+
   it('grad_norm equals the norm of a direct gradient of the mean computeLoss', () => {
     const state = new TrainingState(base, { finetune: 'full', frozen: [NAMES.embedding] });
     state.forwardBackward(batch, draw);
