@@ -3,109 +3,25 @@
  * trainable tensors (LoRA adapters or a full copy); the accumulated gradient G and denominator
  * D; AdamW moments; the seeded generators. Many TrainingStates reference one BaseWeights
  * without copying it (MODEL.md "LoRA and targets").
+ *
+ * The state is generic over the model family through kernels/flow-policy.ts: the small presets
+ * (a PolicyConfig, ModelBatch) and the real pi0 / pi0.5 (kernels/pi/policy.ts, RealPiBatch) go
+ * through the same steps. Split by concern: the base weights (kernels/base-weights.ts), the
+ * trained copies or adapters and the view over them (kernels/adapters.ts), AdamW
+ * (kernels/optim.ts), flow matching (kernels/flow.ts); this file is the step and the state's
+ * export / import.
  */
 import * as tf from '@tensorflow/tfjs';
 import type { PolicyConfig } from './small/config.ts';
 import { ShapeError, type ModelBatch } from './small/batch.ts';
 import { Rng, type RngState } from './rng.ts';
-import { decodeSuffix, encodePrefix, initialValues, paramSpecs, velocity, disposeCache, type WeightsView } from './small/model.ts';
-import { drawNoiseTime, eulerSample, lossPerDatum, noisyActions, type LossFn, type TimeSampling } from './flow.ts';
-import { LoraError, initialAdapters, selectTargets, validateLora, zeroGateRule, type LoraTarget } from './lora.ts';
-import { AdamWMoments, adamwStep, resolveAdamWOptions, type AdamWOptions, type ExportedTensor } from './optim.ts';
-import type { LoraFactors } from './layers.ts';
+import { drawNoiseTime, lossPerDatum, noisyActions, type LossFn, type TimeSampling } from './flow.ts';
+import type { FlowPolicy, PolicyWeights } from './flow-policy.ts';
+import { AdamWMoments, adamwStep, resolveAdamWOptions, type AdamWOptions } from './optim.ts';
+import { BaseWeights, TrainerError, checkNamed, size, type NamedTensors } from './base-weights.ts';
+import { fullCopies, loraAdapters, weightsView, type LoraShape } from './adapters.ts';
 
-export type TrainerErrorCode = 'bad_weights' | 'nothing_kept' | 'no_gradients' | 'bad_state' | 'bad_option';
-
-/** Misuse of a training state (backward without a kept forward, optim_step with D == 0, a
- * state or weights that do not fit). */
-export class TrainerError extends Error {
-  readonly code: TrainerErrorCode;
-  constructor(code: TrainerErrorCode, message: string) {
-    super(message);
-    this.name = 'TrainerError';
-    this.code = code;
-  }
-}
-
-export type NamedTensors = Record<string, ExportedTensor>;
-
-const size = (shape: readonly number[]) => shape.reduce((a, b) => a * b, 1);
-
-// ---------------------------------------------------------------- base weights
-
-/** The frozen base parameters of one preset, built once and shared by reference. */
-export class BaseWeights {
-  readonly config: PolicyConfig;
-  readonly tensors: ReadonlyMap<string, tf.Tensor>;
-  readonly paramCount: number;
-
-  private constructor(config: PolicyConfig, tensors: Map<string, tf.Tensor>) {
-    this.config = config;
-    this.tensors = tensors;
-    this.paramCount = [...tensors.values()].reduce((n, t) => n + t.size, 0);
-  }
-
-  /** Seeded initialisation (D1, D3, D10), the same on every backend. */
-  static create(config: PolicyConfig, seed = 0): BaseWeights {
-    const values = initialValues(config, seed);
-    const tensors = new Map<string, tf.Tensor>();
-    for (const s of paramSpecs(config)) tensors.set(s.name, tf.tensor(values.get(s.name)!, s.shape, 'float32'));
-    return new BaseWeights(config, tensors);
-  }
-
-  /**
-   * Base weights from named tensors (an operator's safetensors file). Every parameter of the
-   * table must be present with its shape, and nothing else; throws TrainerError('bad_weights').
-   */
-  static fromTensors(config: PolicyConfig, named: NamedTensors): BaseWeights {
-    checkNamed(named, new Map(paramSpecs(config).map((s) => [s.name, s.shape])), 'base weights');
-    const tensors = new Map<string, tf.Tensor>();
-    for (const s of paramSpecs(config)) tensors.set(s.name, tf.tensor(named[s.name]!.data, s.shape, 'float32'));
-    return new BaseWeights(config, tensors);
-  }
-
-  get(name: string): tf.Tensor {
-    const t = this.tensors.get(name);
-    if (!t) throw new TrainerError('bad_weights', `the model has no parameter '${name}'`);
-    return t;
-  }
-
-  /** All parameters as named float32 arrays (copies). */
-  exportWeights(): NamedTensors {
-    const out: NamedTensors = {};
-    // slice: dataSync may be the backend's own array (tfjs-node, a tensor no op has used yet).
-    for (const [name, t] of this.tensors) out[name] = { shape: [...t.shape], data: (t.dataSync() as Float32Array).slice() };
-    return out;
-  }
-
-  /** Frees the tensors; only once no TrainingState uses them. */
-  dispose(): void {
-    for (const t of this.tensors.values()) t.dispose();
-  }
-}
-
-/** Whether every adaptive-norm Linear of the base (pi0.5's ada1/ada2 weights and biases) is all zero, as seeded. */
-function adaGatesClosed(base: BaseWeights): boolean {
-  for (const [name, t] of base.tensors) {
-    if (/\.ada[12]\.(weight|bias)$/.test(name) && (t.dataSync() as Float32Array).some((x) => x !== 0)) return false;
-  }
-  return true;
-}
-
-function checkNamed(named: NamedTensors, expected: Map<string, number[]>, what: string): void {
-  for (const [name, shape] of expected) {
-    const t = named[name];
-    if (!t) throw new TrainerError('bad_weights', `${what} lack tensor '${name}'`);
-    if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
-      throw new TrainerError('bad_weights', `${what}: '${name}' has shape [${t.shape}]; this model needs [${shape}]`);
-    }
-    if (t.data.length !== size(shape)) {
-      throw new TrainerError('bad_weights', `${what}: '${name}' holds ${t.data.length} values; shape [${shape}] needs ${size(shape)}`);
-    }
-  }
-  const extra = Object.keys(named).filter((k) => !expected.has(k));
-  if (extra.length) throw new TrainerError('bad_weights', `${what} have unknown tensors: ${extra.slice(0, 5).join(', ')}`);
-}
+export { BaseWeights, TrainerError, type NamedTensors, type TrainerErrorCode } from './base-weights.ts';
 
 // ---------------------------------------------------------------- training state
 
@@ -116,8 +32,17 @@ export interface TrainingOptions {
   rank?: number;
   /** LoRA alpha, default 16 (scale alpha / rank). */
   alpha?: number;
+  /** Rank of the action expert's adapters (openpi's pi0 / pi0.5: 32 where the VLM has 16); default `rank`. */
+  actionRank?: number;
+  /** Alpha of the action expert's adapters; default `alpha`. */
+  actionAlpha?: number;
   /** LoRA targets, default ['all']. */
   targets?: readonly string[];
+  /**
+   * Full fine-tune only: parameters kept frozen at the base's values (e.g. the real models'
+   * token embedding, 16.5 M values in the tiny config, 527 M in the full one); default none.
+   */
+  frozen?: readonly string[];
   /** Seeds adapter init, training noise/time and unseeded sampling; default 0. */
   seed?: number;
   /**
@@ -137,7 +62,13 @@ export interface TrainingOptions {
  * parameter (full) or the adapter, `<linear>.lora_a` [in, r] / `.lora_b` [r, out] (LoRA).
  */
 export interface ExportedState {
-  config: { preset: string; finetune: 'lora' | 'full'; lora_rank: number; lora_alpha: number; lora_targets: string[]; ema_decay?: number };
+  config: {
+    preset: string; finetune: 'lora' | 'full'; lora_rank: number; lora_alpha: number; lora_targets: string[]; ema_decay?: number;
+    /** Only when they differ from lora_rank / lora_alpha. */
+    lora_action_rank?: number; lora_action_alpha?: number;
+    /** Full fine-tune: the parameters left frozen, when any. */
+    frozen?: string[];
+  };
   weights: NamedTensors;
   /** exportState only: `<param>.exp_avg` / `.exp_avg_sq`, and `<param>.ema` when an average is kept. */
   optimizer?: NamedTensors;
@@ -151,8 +82,8 @@ export interface NoiseTime {
   time?: Float32Array;
 }
 
-interface Kept {
-  batch: ModelBatch;
+interface Kept<B> {
+  batch: B;
   xT: Float32Array;
   time: Float32Array;
   weightSum: number;
@@ -168,15 +99,20 @@ export interface ForwardResult {
 
 /**
  * One session's trainable state on a shared base. Public methods follow PROTOCOL.md section 3's
- * ops; all numerics (G, D, loss) are exactly its rules.
+ * ops; all numerics (G, D, loss) are exactly its rules. B, C: the model's batch and config
+ * (default: the small presets').
  */
-export class TrainingState {
-  readonly base: BaseWeights;
-  readonly config: PolicyConfig;
+export class TrainingState<B = ModelBatch, C = PolicyConfig> {
+  readonly base: BaseWeights<B, C>;
+  readonly policy: FlowPolicy<B, C>;
+  readonly config: C;
   readonly finetune: 'lora' | 'full';
   readonly rank: number;
   readonly alpha: number;
+  readonly actionRank: number;
+  readonly actionAlpha: number;
   readonly targets: readonly string[];
+  readonly frozen: readonly string[];
   /** The trainable tensors by name (adapters or every parameter). */
   readonly params: Map<string, tf.Variable>;
   readonly emaDecay: number;
@@ -184,7 +120,7 @@ export class TrainingState {
   /** The moving average of `params` (same names), or null when emaDecay is 0. */
   private ema: Map<string, tf.Variable> | null = null;
   private emaUpdates = 0;
-  private emaView: WeightsView | null = null;
+  private emaView: PolicyWeights | null = null;
   private moments: AdamWMoments;
   private rng: Rng;
   private sampleRng: Rng;
@@ -193,13 +129,15 @@ export class TrainingState {
   private grads = new Map<string, tf.Tensor>();
   private denominator = 0;
   private pending = 0;
-  private kept: Kept | null = null;
+  private kept: Kept<B> | null = null;
   private varNames = new Map<string, string>(); // tf variable name -> param name
-  private view: WeightsView;
+  private loraScales = new Map<string, number>(); // adapted linear -> alpha / rank
+  private view: PolicyWeights;
   private disposed = false;
 
-  constructor(base: BaseWeights, options: TrainingOptions = {}) {
+  constructor(base: BaseWeights<B, C>, options: TrainingOptions = {}) {
     this.base = base;
+    this.policy = base.policy;
     this.config = base.config;
     this.finetune = options.finetune ?? 'lora';
     if (this.finetune !== 'lora' && this.finetune !== 'full') {
@@ -207,7 +145,11 @@ export class TrainingState {
     }
     this.rank = options.rank ?? 16;
     this.alpha = options.alpha ?? 16;
+    this.actionRank = options.actionRank ?? this.rank;
+    this.actionAlpha = options.actionAlpha ?? this.alpha;
     this.targets = [...(options.targets ?? ['all'])];
+    this.frozen = [...(options.frozen ?? [])];
+    if (this.frozen.length > 0 && this.finetune !== 'full') throw new TrainerError('bad_option', `frozen lists ${this.frozen.length} parameters; it applies to finetune 'full' only (LoRA freezes the whole base)`);
     this.emaDecay = options.emaDecay ?? 0;
     this.timeSampling = options.timeSampling ?? 'beta';
     if (this.timeSampling !== 'beta' && this.timeSampling !== 'uniform') throw new TrainerError('bad_option', `time_sampling is '${String(this.timeSampling)}'; expected 'beta' or 'uniform'`);
@@ -217,19 +159,11 @@ export class TrainingState {
     this.rng = new Rng(seed + 0x5eed1);
     this.epochRng = this.rng.getState();
     this.sampleRng = new Rng(seed + 0x5eed2);
-    this.params = new Map();
     if (this.finetune === 'full') {
-      for (const [name, t] of base.tensors) this.params.set(name, tf.variable(t, true));
+      this.params = fullCopies(base, this.frozen);
     } else {
-      validateLora(this.rank, this.alpha);
-      const specs = selectTargets(this.config, this.targets);
-      const gateRule = zeroGateRule(this.config, this.targets);
-      if (gateRule && adaGatesClosed(base)) throw new LoraError('bad_target', `targets ${JSON.stringify(this.targets)} ${gateRule}`);
-      for (const [name, v] of initialAdapters(specs, this.rank, initRng)) {
-        const t = tf.tensor(v.data, v.shape, 'float32');
-        this.params.set(name, tf.variable(t, true));
-        t.dispose(); // the variable holds its own reference to the data
-      }
+      const lora: LoraShape = { rank: this.rank, alpha: this.alpha, actionRank: this.actionRank, actionAlpha: this.actionAlpha };
+      ({ params: this.params, scales: this.loraScales } = loraAdapters(base, this.targets, lora, initRng));
     }
     for (const [name, v] of this.params) this.varNames.set(v.name, name);
     this.moments = AdamWMoments.create(this.params);
@@ -241,28 +175,12 @@ export class TrainingState {
     }
   }
 
-  private makeView(params: Map<string, tf.Variable>): WeightsView {
-    const scale = this.alpha / this.rank;
-    const full = this.finetune === 'full';
-    const loras = new Map<string, LoraFactors>();
-    if (!full) {
-      for (const name of params.keys()) {
-        if (!name.endsWith('.lora_a')) continue;
-        const layer = name.slice(0, -'.lora_a'.length);
-        loras.set(layer, { a: params.get(name)!, b: params.get(`${layer}.lora_b`)!, scale });
-      }
-    }
-    return {
-      config: this.config,
-      get: (name) => (full ? params.get(name) : undefined) ?? this.base.get(name),
-      trainable: () => full,
-      lora: (layer) => loras.get(layer),
-      params: (prefix) => [...params].filter(([n]) => n.startsWith(prefix)).map(([, v]) => v),
-    };
+  private makeView(params: Map<string, tf.Variable>): PolicyWeights {
+    return weightsView(this.base, params, this.loraScales);
   }
 
   /** The weights to compute with: the moving average when asked (TrainerError when none is kept). */
-  private viewFor(ema: boolean | undefined): WeightsView {
+  private viewFor(ema: boolean | undefined): PolicyWeights {
     if (!ema) return this.view;
     if (!this.emaView) throw new TrainerError('bad_option', 'ema: true needs a session created with ema_decay > 0');
     return this.emaView;
@@ -296,25 +214,6 @@ export class TrainingState {
     return this.moments.step;
   }
 
-  private checkBatch(batch: ModelBatch): void {
-    const c = this.config;
-    const B = batch.size;
-    const want: [string, { length: number }, number][] = [
-      ['images', batch.images, B * c.slots * c.imageSize * c.imageSize * 3],
-      ['imageMask', batch.imageMask, B * c.slots],
-      ['tokens', batch.tokens, B * c.maxTokenLen],
-      ['tokenMask', batch.tokenMask, B * c.maxTokenLen],
-      ['state', batch.state, B * c.stateDim],
-      ['actions', batch.actions, B * c.horizon * c.actionDim],
-      ['actionMask', batch.actionMask, B * c.horizon * c.actionDim],
-      ['weight', batch.weight, B],
-    ];
-    if (!Number.isInteger(B) || B < 1) throw new ShapeError('empty_batch', `batch size is ${B}; at least 1 is needed`);
-    for (const [name, arr, n] of want) {
-      if (arr.length !== n) throw new ShapeError('shape_mismatch', `batch.${name} has ${arr.length} values; a batch of ${B} for ${c.preset} needs ${n}`);
-    }
-  }
-
   /** Adds this call's gradients into G (disposing them). */
   private accumulate(grads: tf.NamedTensorMap): void {
     for (const [varName, g] of Object.entries(grads)) {
@@ -335,20 +234,21 @@ export class TrainingState {
   }
 
   /** Noise and time from the state's generator, or the caller's (then the generator does not advance). */
-  private draw(batch: ModelBatch, given: NoiseTime) {
-    const c = this.config;
-    const n = batch.size * c.horizon * c.actionDim;
+  private draw(batch: B, given: NoiseTime) {
+    const { horizon, actionDim } = this.policy;
+    const B = this.policy.batchSize(batch);
+    const n = B * horizon * actionDim;
     let noise: Float32Array;
     let time: Float32Array;
     if (given.noise || given.time) {
       if (!given.noise || !given.time) throw new TrainerError('bad_option', 'noise and time must be given together');
       if (given.noise.length !== n) throw new ShapeError('shape_mismatch', `noise has ${given.noise.length} values; the batch needs ${n}`);
-      if (given.time.length !== batch.size) throw new ShapeError('shape_mismatch', `time has ${given.time.length} values; the batch needs ${batch.size}`);
+      if (given.time.length !== B) throw new ShapeError('shape_mismatch', `time has ${given.time.length} values; the batch needs ${B}`);
       ({ noise, time } = given as Required<NoiseTime>);
     } else {
-      ({ noise, time } = drawNoiseTime(this.rng, batch.size, c.horizon, c.actionDim, this.timeSampling));
+      ({ noise, time } = drawNoiseTime(this.rng, B, horizon, actionDim, this.timeSampling));
     }
-    return { noise, time, ...noisyActions(batch.actions, noise, time) };
+    return { noise, time, ...noisyActions(this.policy.lossTargets(batch).actions, noise, time) };
   }
 
   /**
@@ -356,19 +256,19 @@ export class TrainingState {
    * sum_i w_i to D. Returns loss = sum w_i loss_i / sum w_i (0 when every weight is 0) and
    * loss_per_datum [b]. Throws ShapeError for a batch that does not fit the config.
    */
-  forwardBackward(batch: ModelBatch, options: { lossFn?: LossFn } & NoiseTime = {}): { loss: number; lossPerDatum: Float32Array } {
-    this.checkBatch(batch);
+  forwardBackward(batch: B, options: { lossFn?: LossFn } & NoiseTime = {}): { loss: number; lossPerDatum: Float32Array } {
+    this.policy.checkBatch(batch, true);
     const lossFn = options.lossFn ?? 'mse';
     if (lossFn !== 'mse' && lossFn !== 'l1') throw new TrainerError('bad_option', `loss_fn is '${String(lossFn)}'; expected 'mse' or 'l1'`);
-    const c = this.config;
-    const B = batch.size;
+    const B = this.policy.batchSize(batch);
+    const { actionMask, weight } = this.policy.lossTargets(batch);
     const { xT, target, time } = this.draw(batch, options);
-    const shape = [B, c.horizon, c.actionDim];
+    const shape = this.actionShape(B);
     let per: tf.Tensor | undefined;
     const { value, grads } = tf.variableGrads(() => {
-      const v = velocity(this.view, batch, tf.tensor(xT, shape), time);
-      per = tf.keep(lossPerDatum(v, tf.tensor(target, shape), tf.tensor(batch.actionMask, shape), lossFn)); // [b]
-      return tf.sum(tf.mul(per, tf.tensor1d(batch.weight)));
+      const v = this.policy.velocity(this.view, batch, tf.tensor(xT, shape), time);
+      per = tf.keep(lossPerDatum(v, tf.tensor(target, shape), tf.tensor(actionMask, shape), lossFn)); // [b]
+      return tf.sum(tf.mul(per, tf.tensor1d(weight)));
     }, [...this.params.values()]);
     value.dispose();
     this.accumulate(grads);
@@ -377,8 +277,8 @@ export class TrainingState {
     let num = 0;
     let den = 0;
     for (let i = 0; i < B; i++) {
-      num += batch.weight[i]! * lossPerDatum_[i]!;
-      den += batch.weight[i]!;
+      num += weight[i]! * lossPerDatum_[i]!;
+      den += weight[i]!;
     }
     this.denominator += den;
     this.pending += 1;
@@ -391,18 +291,17 @@ export class TrainingState {
    * its own copies of x_t and time, for one backward (a later keep replaces it). The state keeps
    * none of the returned arrays: they are the caller's to change or transfer.
    */
-  forward(batch: ModelBatch, options: { keep?: boolean; ema?: boolean } & NoiseTime = {}): ForwardResult {
-    this.checkBatch(batch);
+  forward(batch: B, options: { keep?: boolean; ema?: boolean } & NoiseTime = {}): ForwardResult {
+    this.policy.checkBatch(batch, true);
     if (options.ema && options.keep) throw new TrainerError('bad_option', 'a forward on the moving average cannot be kept for backward');
     const view = this.viewFor(options.ema);
-    const c = this.config;
     const { noise, time, xT, target } = this.draw(batch, options);
-    const v = tf.tidy(() => velocity(view, batch, tf.tensor(xT, [batch.size, c.horizon, c.actionDim]), time));
+    const v = tf.tidy(() => this.policy.velocity(view, batch, tf.tensor(xT, this.actionShape(this.policy.batchSize(batch))), time));
     const vel = v.dataSync() as Float32Array;
     v.dispose();
     if (options.keep) {
       let weightSum = 0;
-      for (const w of batch.weight) weightSum += w;
+      for (const w of this.policy.lossTargets(batch).weight) weightSum += w;
       // Copies: the returned arrays are the caller's (the engine transfers them to another thread).
       this.kept = { batch, xT: xT.slice(), time: time.slice(), weightSum };
     }
@@ -418,8 +317,7 @@ export class TrainingState {
   backward(velocityGrad: Float32Array): void {
     const kept = this.kept;
     if (!kept) throw new TrainerError('nothing_kept', 'backward needs a forward with keep: true since the last optim_step, abort or backward');
-    const c = this.config;
-    const shape = [kept.batch.size, c.horizon, c.actionDim];
+    const shape = this.actionShape(this.policy.batchSize(kept.batch));
     if (velocityGrad.length !== size(shape)) {
       throw new ShapeError('shape_mismatch', `velocity_grad has ${velocityGrad.length} values; the kept forward needs [${shape}] = ${size(shape)}`);
     }
@@ -427,7 +325,7 @@ export class TrainingState {
       if (!Number.isFinite(velocityGrad[i]!)) throw new ShapeError('bad_value', `velocity_grad[${i}] is ${velocityGrad[i]}; values must be finite`);
     }
     const { value, grads } = tf.variableGrads(() => {
-      const v = velocity(this.view, kept.batch, tf.tensor(kept.xT, shape), kept.time);
+      const v = this.policy.velocity(this.view, kept.batch, tf.tensor(kept.xT, shape), kept.time);
       return tf.sum(tf.mul(v, tf.tensor(velocityGrad, shape)));
     }, [...this.params.values()]);
     value.dispose();
@@ -508,49 +406,45 @@ export class TrainingState {
    * every step (the reference path of the tests). Without a seed the state's sampling
    * generator is used (and advances).
    */
-  sample(batch: ModelBatch, options: { numSteps?: number; seed?: number; cache?: boolean; noise?: Float32Array; ema?: boolean } = {}): Float32Array {
-    this.checkBatch(batch);
+  sample(batch: B, options: { numSteps?: number; seed?: number; cache?: boolean; noise?: Float32Array; ema?: boolean } = {}): Float32Array {
+    this.policy.checkBatch(batch, false);
     const view = this.viewFor(options.ema);
     const numSteps = options.numSteps ?? 10;
     if (!Number.isInteger(numSteps) || numSteps < 1 || numSteps > 1000) {
       throw new TrainerError('bad_option', `num_steps is ${numSteps}; it must be an integer in [1, 1000]`);
     }
     if (options.seed !== undefined && !Number.isFinite(options.seed)) throw new TrainerError('bad_option', `seed is ${options.seed}; it must be a finite number`);
-    const c = this.config;
-    const B = batch.size;
-    const n = B * c.horizon * c.actionDim;
+    const shape = this.actionShape(this.policy.batchSize(batch));
+    const n = size(shape);
     if (options.noise && options.noise.length !== n) throw new ShapeError('shape_mismatch', `noise has ${options.noise.length} values; the batch needs ${n}`);
     const rng = options.seed !== undefined ? new Rng(options.seed) : this.sampleRng;
     // Given noise (the policy server's per-request streams) draws nothing from the generators.
-    const noise = tf.tensor(options.noise ?? rng.normals(n), [B, c.horizon, c.actionDim]);
-    const times = (t: number) => new Float32Array(B).fill(t);
+    const noise = tf.tensor(options.noise ?? rng.normals(n), shape);
     let out: tf.Tensor;
-    if (options.cache === false) {
-      out = eulerSample(noise, numSteps, (x, t) => velocity(view, batch, x, times(t)));
-    } else {
-      const cache = tf.tidy(() => {
-        const k = encodePrefix(view, batch);
-        return { kT: k.kT, v: k.v, keyBias: k.keyBias };
-      });
-      const full = { ...cache, length: cache.keyBias.shape[3]! };
-      try {
-        out = eulerSample(noise, numSteps, (x, t) => decodeSuffix(view, batch, full, x, times(t)));
-      } finally {
-        disposeCache(full);
-      }
+    try {
+      out = this.policy.sample(view, batch, noise, numSteps, options.cache !== false);
+    } finally {
+      noise.dispose();
     }
-    noise.dispose();
     const data = out.dataSync() as Float32Array;
     out.dispose();
     return data;
+  }
+
+  /** [b, ah, ad] for a batch of b. */
+  private actionShape(b: number): number[] {
+    return [b, this.policy.horizon, this.policy.actionDim];
   }
 
   // ---------------------------------------------------------------- export / import
 
   private exportConfig(): ExportedState['config'] {
     return {
-      finetune: this.finetune, lora_rank: this.rank, lora_alpha: this.alpha, lora_targets: [...this.targets], preset: this.config.preset,
+      finetune: this.finetune, lora_rank: this.rank, lora_alpha: this.alpha, lora_targets: [...this.targets], preset: this.policy.name,
       ...(this.ema ? { ema_decay: this.emaDecay } : {}),
+      ...(this.actionRank !== this.rank ? { lora_action_rank: this.actionRank } : {}),
+      ...(this.actionAlpha !== this.alpha ? { lora_action_alpha: this.actionAlpha } : {}),
+      ...(this.frozen.length > 0 ? { frozen: [...this.frozen] } : {}),
     };
   }
 

@@ -17,15 +17,25 @@
 import * as tf from '@tensorflow/tfjs';
 import { ShapeError } from '../errors.ts';
 import { drawNoiseTime, eulerSample } from '../flow.ts';
-import { geluTanh, rmsNorm, rmsNormalize, swish } from '../layers.ts';
+import { geluTanh, rmsNorm, rmsNormalize, swish, type LoraFactors } from '../layers.ts';
 import type { Rng } from '../rng.ts';
 import { tokensPerCamera, type GemmaDims, type RealPiConfig } from './config.ts';
-import { NAMES, type RealPiParams } from './params.ts';
+import { NAMES } from './params.ts';
+
+/**
+ * What the model reads its weights through: a RealPiParams map serves, and so does the trainer's
+ * view (kernels/trainer.ts), which adds LoRA: a linear `name` with factors gets
+ * y += scale · (x · a) · b, a [in, r], b [r, out] (the adapter's own layout, not PyTorch's).
+ */
+export interface RealPiWeights {
+  get(name: string): tf.Tensor | undefined;
+  lora?(linear: string): LoraFactors | undefined;
+}
 
 /** A config and its parameters: what every method reads. */
 export interface RealPiModel {
   readonly config: RealPiConfig;
-  readonly params: RealPiParams;
+  readonly params: RealPiWeights;
 }
 
 /**
@@ -43,6 +53,8 @@ export interface RealPiBatch {
   readonly actions?: Float32Array; // [b, ah, ad], for computeLoss
   /** Leading action dims that are real (LeRobot averages the loss over these only); default ad. */
   readonly lossActionDims?: number;
+  /** Datum weights [b] >= 0 for the trainer's weighted loss (kernels/trainer.ts); default 1 each. */
+  readonly weight?: Float32Array;
 }
 
 /** The finite "big negative" added to masked attention logits (openpi / LeRobot's value). */
@@ -54,24 +66,27 @@ const MAX_PERIOD = 4.0;
 
 // ---------------------------------------------------------------- small blocks
 
-function param(P: RealPiParams, name: string): tf.Tensor {
+function param(P: RealPiWeights, name: string): tf.Tensor {
   const t = P.get(name);
   if (!t) throw new Error(`real pi model: parameter ${name} is missing`);
   return t;
 }
 
 /** y = x · Wᵀ (+ b) for a PyTorch Linear `name` (weight [out, in]). x [..., in] -> [..., out]. */
-function linear(P: RealPiParams, name: string, x: tf.Tensor, bias = true): tf.Tensor {
+function linear(P: RealPiWeights, name: string, x: tf.Tensor, bias = true): tf.Tensor {
   const w = param(P, `${name}.weight`);
   const [outDim, inDim] = w.shape as [number, number];
   const lead = x.shape.slice(0, -1);
-  let y = tf.matMul(tf.reshape(x, [-1, inDim]), w, false, true); // [n, out]
+  const x2 = tf.reshape(x, [-1, inDim]); // [n, in]
+  let y = tf.matMul(x2, w, false, true); // [n, out]
   if (bias) y = tf.add(y, param(P, `${name}.bias`));
+  const lora = P.lora?.(name);
+  if (lora) y = tf.add(y, tf.mul(tf.matMul(tf.matMul(x2, lora.a), lora.b), lora.scale)); // LoRA, [n, out]
   return tf.reshape(y, [...lead, outDim]);
 }
 
 /** LayerNorm with scale and bias over the last axis, eps 1e-6 (SigLIP). */
-function layerNorm(P: RealPiParams, name: string, x: tf.Tensor): tf.Tensor {
+function layerNorm(P: RealPiWeights, name: string, x: tf.Tensor): tf.Tensor {
   const { mean, variance } = tf.moments(x, -1, true);
   const y = tf.mul(tf.sub(x, mean), tf.rsqrt(tf.add(variance, LN_EPS)));
   return tf.add(tf.mul(y, param(P, `${name}.weight`)), param(P, `${name}.bias`));
@@ -83,14 +98,14 @@ function layerNorm(P: RealPiParams, name: string, x: tf.Tensor): tf.Tensor {
  * scale, shift, gate; y = rms(x) * (1 + scale) + shift and the gate multiplies the sub-layer
  * output in the residual (the gate itself, not 1 + gate). x [b, n, w].
  */
-function gemmaNorm(P: RealPiParams, name: string, x: tf.Tensor, cond: tf.Tensor | null): { y: tf.Tensor; gate: tf.Tensor | null } {
+function gemmaNorm(P: RealPiWeights, name: string, x: tf.Tensor, cond: tf.Tensor | null): { y: tf.Tensor; gate: tf.Tensor | null } {
   if (!cond) return { y: rmsNorm(x, tf.add(param(P, `${name}.weight`), 1)), gate: null };
   const [scale, shift, gate] = tf.split(tf.expandDims(linear(P, `${name}.dense`, cond), 1), 3, 2) as [tf.Tensor, tf.Tensor, tf.Tensor]; // [b, 1, w] each
   return { y: tf.add(tf.mul(rmsNormalize(x), tf.add(scale, 1)), shift), gate };
 }
 
 /** GeGLU, no biases: down(gelu_tanh(gate(x)) * up(x)). x [b, n, w] -> [b, n, w]. */
-function geglu(P: RealPiParams, layer: string, x: tf.Tensor): tf.Tensor {
+function geglu(P: RealPiWeights, layer: string, x: tf.Tensor): tf.Tensor {
   const h = tf.mul(geluTanh(linear(P, `${layer}mlp.gate_proj`, x, false)), linear(P, `${layer}mlp.up_proj`, x, false)); // [b, n, F]
   return linear(P, `${layer}mlp.down_proj`, h, false);
 }
@@ -250,7 +265,7 @@ export interface KvCache {
  * last layer's queries and everything after (only its keys/values are used there).
  * Returns each wanted stream's final-normed output [b, n_i, width] (null for the others).
  */
-function gemmaStack(P: RealPiParams, streams: Stream[], depth: number, cache: KvCache | null, fill: KvCache | null): (tf.Tensor | null)[] {
+function gemmaStack(P: RealPiWeights, streams: Stream[], depth: number, cache: KvCache | null, fill: KvCache | null): (tf.Tensor | null)[] {
   const { numHeads: H, numKvHeads: G, headDim: hd } = streams[0]!.dims;
   let xs = streams.map((s) => s.x);
   for (let l = 0; l < depth; l++) {
@@ -476,11 +491,18 @@ export function checkBatch(c: RealPiConfig, batch: RealPiBatch, needActions = fa
     expect('state', batch.state.length, b * c.stateDim, `[${b}, ${c.stateDim}]`);
   }
   if (needActions) {
-    if (!batch.actions) throw new ShapeError('shape_mismatch', `computeLoss needs actions [${b}, ${c.actionHorizon}, ${c.actionDim}]; they are missing`);
+    if (!batch.actions) throw new ShapeError('shape_mismatch', `the loss needs actions [${b}, ${c.actionHorizon}, ${c.actionDim}]; they are missing`);
     expect('actions', batch.actions.length, b * c.actionHorizon * c.actionDim, `[${b}, ${c.actionHorizon}, ${c.actionDim}]`);
   }
   const k = batch.lossActionDims ?? c.actionDim;
   if (!Number.isInteger(k) || k < 1 || k > c.actionDim) throw new ShapeError('bad_value', `lossActionDims is ${k}; it must be an integer in [1, ${c.actionDim}]`);
+  if (batch.weight) {
+    expect('weight', batch.weight.length, b, `[${b}]`);
+    for (let i = 0; i < b; i++) {
+      const w = batch.weight[i]!;
+      if (!(w >= 0 && Number.isFinite(w))) throw new ShapeError('bad_value', `weight[${i}] is ${w}; datum weights must be finite and >= 0`);
+    }
+  }
 }
 
 // ---------------------------------------------------------------- the model

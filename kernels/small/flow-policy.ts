@@ -1,0 +1,79 @@
+/**
+ * The small presets (kernels/policy.ts, kernels/config.ts) as a FlowPolicy (kernels/flow-policy.ts):
+ * a thin binding of their parameter table, seeded init, LoRA targets, batch checks, velocity and
+ * cached sampler, so the shared trainer computes exactly what it computed before the interface.
+ */
+import * as tf from '@tensorflow/tfjs';
+import type { PolicyConfig } from './config.ts';
+import { ShapeError, type ModelBatch } from './batch.ts';
+import { eulerSample } from '../flow.ts';
+import type { FlowPolicy, PolicyWeights } from '../flow-policy.ts';
+import { selectTargets, zeroGateRule } from '../lora.ts';
+import { decodeSuffix, disposeCache, encodePrefix, initialValues, paramSpecs, velocity, type WeightsView } from './model.ts';
+
+const policies = new WeakMap<PolicyConfig, FlowPolicy<ModelBatch, PolicyConfig>>();
+
+/** Whether every adaptive-norm Linear of the base (pi0.5's ada1/ada2 weights and biases) is all zero, as seeded. */
+function adaGatesClosed(base: ReadonlyMap<string, tf.Tensor>): boolean {
+  for (const [name, t] of base) {
+    if (/\.ada[12]\.(weight|bias)$/.test(name) && (t.dataSync() as Float32Array).some((x) => x !== 0)) return false;
+  }
+  return true;
+}
+
+/** The small preset `c` as a FlowPolicy over ModelBatch (one object per config). */
+export function smallPolicy(c: PolicyConfig): FlowPolicy<ModelBatch, PolicyConfig> {
+  let p = policies.get(c);
+  if (p) return p;
+  const view = (W: PolicyWeights): WeightsView => ({ config: c, get: W.get, trainable: W.trainable, lora: W.lora, ...(W.params ? { params: W.params } : {}) });
+  p = {
+    name: c.preset,
+    config: c,
+    horizon: c.horizon,
+    actionDim: c.actionDim,
+    paramSpecs: () => paramSpecs(c),
+    initialValues: (seed) => initialValues(c, seed),
+    loraLinears: (targets) => selectTargets(c, targets),
+    loraRefusal(targets, base) {
+      const rule = zeroGateRule(c, targets);
+      return rule && adaGatesClosed(base) ? `targets ${JSON.stringify(targets)} ${rule}` : null;
+    },
+    batchSize: (batch) => batch.size,
+    checkBatch(batch) {
+      const B = batch.size;
+      const want: [string, { length: number }, number][] = [
+        ['images', batch.images, B * c.slots * c.imageSize * c.imageSize * 3],
+        ['imageMask', batch.imageMask, B * c.slots],
+        ['tokens', batch.tokens, B * c.maxTokenLen],
+        ['tokenMask', batch.tokenMask, B * c.maxTokenLen],
+        ['state', batch.state, B * c.stateDim],
+        ['actions', batch.actions, B * c.horizon * c.actionDim],
+        ['actionMask', batch.actionMask, B * c.horizon * c.actionDim],
+        ['weight', batch.weight, B],
+      ];
+      if (!Number.isInteger(B) || B < 1) throw new ShapeError('empty_batch', `batch size is ${B}; at least 1 is needed`);
+      for (const [name, arr, n] of want) {
+        if (arr.length !== n) throw new ShapeError('shape_mismatch', `batch.${name} has ${arr.length} values; a batch of ${B} for ${c.preset} needs ${n}`);
+      }
+    },
+    lossTargets: (batch) => batch,
+    velocity: (W, batch, xT, time) => velocity(view(W), batch, xT, time),
+    sample(W, batch, noise, numSteps, cache) {
+      const V = view(W);
+      const times = (t: number) => new Float32Array(batch.size).fill(t);
+      if (!cache) return eulerSample(noise, numSteps, (x, t) => velocity(V, batch, x, times(t)));
+      const kept = tf.tidy(() => {
+        const k = encodePrefix(V, batch);
+        return { kT: k.kT, v: k.v, keyBias: k.keyBias };
+      });
+      const full = { ...kept, length: kept.keyBias.shape[3]! };
+      try {
+        return eulerSample(noise, numSteps, (x, t) => decodeSuffix(V, batch, full, x, times(t)));
+      } finally {
+        disposeCache(full);
+      }
+    },
+  };
+  policies.set(c, p);
+  return p;
+}
