@@ -3,14 +3,14 @@
  * text -> ids encoder (the PaliGemma SentencePiece tokenizer, server/models/tokenizer.ts), so the
  * model family holds its own prompt rules without holding a tokenizer library or a file.
  *
- *   pi0:               [BOS] + encode(clean(task)) + encode("\n"), right-padded to 48
+ *   pi0:               [BOS] + encode(task + "\n"), right-padded to 48 (LeRobot's form; openpi's
+ *                      cleans the task and encodes the "\n" apart: Pi0PromptStyle)
  *   pi0.5 with state:  [BOS] + encode("Task: <clean(task)>, State: <b1> <b2> ... <bn>;\nAction: "),
  *                      right-padded to 200
  *   pi0.5 without state (openpi's `discrete_state_input=False`, e.g. `pi05_libero`): the pi0 form,
  *                      padded to 200
  *
- * The pi0 newline is encoded on its own, as openpi does; LeRobot's pi0 processor neither cleans
- * the text nor encodes the newline apart (Pi0PromptStyle offers both). Padding uses id 0
+ * Padding uses id 0
  * (`<pad>`) with mask 0; a longer prompt is cut to the limit (openpi and LeRobot both keep the
  * first tokens), and the result says it was.
  */
@@ -96,9 +96,10 @@ export function padPrompt(ids: readonly number[], maxLen: number): PromptTokens 
 }
 
 /**
- * Whose pi0 prompt: 'openpi' (default; how the base weights were trained): the cleaned task,
- * then a separately encoded "\n"; 'lerobot' (LeRobot's pi0 processor, for its fine-tunes): the
- * task as given with "\n" appended, encoded in one pass. They differ on `_`, newlines and
+ * Whose pi0 prompt: 'lerobot' (the default: where openpi and LeRobot differ, Vela follows
+ * LeRobot, whose checkpoints users download; its pi0 processor): the task as given with "\n"
+ * appended, encoded in one pass; 'openpi' (openpi's data pipeline, which trained the base
+ * weights): the cleaned task, then a separately encoded "\n". They differ on `_`, newlines and
  * surrounding whitespace in the task (FACTS.md section 7).
  */
 export type Pi0PromptStyle = 'openpi' | 'lerobot';
@@ -107,7 +108,7 @@ export type Pi0PromptStyle = 'openpi' | 'lerobot';
  * The pi0 prompt (also pi0.5 without state): BOS, the task, "\n" (see Pi0PromptStyle), padded
  * or cut to `maxLen` (48 for pi0, 200 for pi0.5).
  */
-export function pi0PromptTokens(encode: TextEncoder, task: string, maxLen: number, bosId = PALIGEMMA_BOS_ID, style: Pi0PromptStyle = 'openpi'): PromptTokens {
+export function pi0PromptTokens(encode: TextEncoder, task: string, maxLen: number, bosId = PALIGEMMA_BOS_ID, style: Pi0PromptStyle = 'lerobot'): PromptTokens {
   const ids = style === 'lerobot' ? encode(`${task}\n`) : [...encode(cleanTaskText(task)), ...encode('\n')];
   return padPrompt([bosId, ...ids], maxLen);
 }
