@@ -22,7 +22,7 @@ import { mountJobRoutes } from './jobs/routes.ts';
 import { mountInference, type SamplingSession } from './inference/routes.ts';
 import { ServedPolicies } from './inference/served.ts';
 import { mountFutures } from './futures/index.ts';
-import { mountDatasetUpload, prepareDatasetsRoot } from './datasets-route.ts';
+import { mountDatasetUpload, prepareDatasetsRoot } from './datasets/routes.ts';
 import { mountSidecar } from './sidecar/routes.ts';
 import { mountMetrics, watchStore } from './metrics/index.ts';
 import type { ServerConfig } from './config.ts';

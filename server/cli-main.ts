@@ -115,7 +115,7 @@ async function finetune(argv: string[]): Promise<void> {
 }
 
 async function datasets(argv: string[]): Promise<void> {
-  const { datasetsCommand } = await import('./datasets-cli.ts');
+  const { datasetsCommand } = await import('./datasets/cli.ts');
   await datasetsCommand(argv);
 }
 

@@ -30,7 +30,7 @@ import { LEGACY_BARE_NAMES, PRESET_NAMES } from '../../kernels/small/config.ts';
 import { HttpError, route, sendJson, type Req } from '../http.ts';
 import { requestPreset, storedPreset } from '../presets.ts';
 import { streamFile } from '../stream.ts';
-import { archiveTemp, checkUploadable, installArchive, takeUploadSlot } from '../datasets-route.ts';
+import { archiveTemp, checkUploadable, installArchive, takeUploadSlot } from '../datasets/routes.ts';
 import { datasetDirFor } from '../datasets/owned.ts';
 import { checkDatasetName, type InstallResult } from '../datasets/upload.ts';
 import { jobOutputFile, listFiles, relativeSegments, submitFineTune } from '../jobs/routes.ts';

@@ -4,8 +4,8 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { badValue, shown, splitArgs, UsageError } from './cli-args.ts';
-import { describeDataset, openDataset } from './datasets/index.ts';
+import { badValue, shown, splitArgs, UsageError } from '../cli-args.ts';
+import { describeDataset, openDataset } from './index.ts';
 
 export const DATASETS_USAGE = `Usage:
   vela datasets inspect DIR
@@ -27,7 +27,7 @@ export async function datasetsCommand(argv: string[]): Promise<void> {
   const [sub, ...rest] = argv;
   if (sub === 'inspect') return inspect(rest);
   if (sub === 'download') {
-    const { downloadCommand } = await import('./hub/cli.ts');
+    const { downloadCommand } = await import('../hub/cli.ts');
     return downloadCommand(rest);
   }
   throw new UsageError(sub === undefined ? 'which one? inspect DIR or download REPO_ID (see vela datasets --help)' : `unknown subcommand ${shown(sub)}; the subcommands are inspect and download (see vela datasets --help)`);
