@@ -238,10 +238,11 @@ describe('a restart after a crash mid-upload', () => {
     fs.writeFileSync(path.join(datasets, '.cache', 'huggingface', 'x'), 'keep me');
     const node = await NodeProc.start({ VELA_DATASETS_DIR: datasets, VELA_DATA_DIR: dataDir, VELA_API_KEY: TEST_KEY });
     let partial: string | null = null;
+    let req: http.ClientRequest | null = null;
     try {
       // An upload of 400000 bytes of which 150000 arrive, then the server is killed.
       const url = new URL(`${node.baseUrl}/v1/datasets/pick`);
-      const req = http.request({ host: url.hostname, port: url.port, path: url.pathname, method: 'PUT', headers: { authorization: `Bearer ${TEST_KEY}`, 'content-length': '400000' } });
+      req = http.request({ host: url.hostname, port: url.port, path: url.pathname, method: 'PUT', headers: { authorization: `Bearer ${TEST_KEY}`, 'content-length': '400000' } });
       req.on('error', () => {});
       req.write(Buffer.alloc(150_000, 7));
       const find = (dir: string): string | null => {
@@ -260,9 +261,11 @@ describe('a restart after a crash mid-upload', () => {
         if (!partial) await new Promise((r) => setTimeout(r, 50));
       }
       expect(partial, 'the partial archive on disk').not.toBeNull();
-      req.destroy();
     } finally {
+      // Killed before the client goes: a server that saw the client leave would remove the
+      // partial archive itself, and there would be nothing left for the restart to sweep.
       await node.kill9();
+      req?.destroy();
     }
     expect(fs.existsSync(partial!)).toBe(true);
 
