@@ -54,7 +54,7 @@ export const PRESETS: Readonly<Record<string, ConfigFields>> = Object.freeze({
 });
 
 /**
- * The presets' names until issue 23, deprecated: accepted everywhere (stored jobs, sessions,
+ * The presets' names until December 2026, deprecated: accepted everywhere (stored jobs, sessions,
  * checkpoints, requests, flags) as the preset they name; a new request naming one gets a warning.
  */
 export const PRESET_ALIASES: Readonly<Record<string, string>> = Object.freeze({
@@ -65,7 +65,7 @@ export const PRESET_ALIASES: Readonly<Record<string, string>> = Object.freeze({
 });
 
 /**
- * Bare `pi0` / `pi05` meant the small presets until issue 23; they now name the real models
+ * Bare `pi0` / `pi05` meant the small presets until December 2026; they now name the real models
  * (kernels/pi). Only records stored before that change keep the old meaning (resolveStoredPreset).
  */
 export const LEGACY_BARE_NAMES: Readonly<Record<string, string>> = Object.freeze({ pi0: 'flow0-small', pi05: 'flow05-small' });
@@ -111,7 +111,7 @@ export function resolvePreset(name: string, onDeprecated?: (line: string) => voi
 
 /**
  * The canonical preset name of a stored record's `name` (a job's config, a session row, a
- * checkpoint's config.json, written before issue 23 or after): deprecated aliases and bare
+ * checkpoint's config.json, written before the rename or after): deprecated aliases and bare
  * `pi0` / `pi05` resolve to the small presets they named then, silently; a `+custom` suffix
  * (makeConfig's mark of overridden sizes) is kept.
  * @throws ConfigError('unknown_preset') for a name that was never a preset.

@@ -18,7 +18,7 @@ export const POLICY_USAGE = `Usage: vela policy CHECKPOINT [options]
 Serves a checkpoint folder (config.json, weights, norm_stats.json) over OpenPI's websocket
 protocol: ws://HOST:PORT/ for openpi_client's WebsocketClientPolicy, GET /healthz, GET
 /v1/observation.zdict (the zstd dictionary for compressed observations), GET /stats, GET
-/metrics (Prometheus text; needs the --api-key unless --metrics-public), and PUT
+/metrics (Prometheus text; needs the --api-key when one is set, unless --metrics-public), and PUT
 /weights: new weights pushed by a Vela server's sync_inference_weights, swapped in between
 batches without dropping a connection (only with --api-key).
 

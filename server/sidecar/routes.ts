@@ -26,7 +26,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { TemplatedApp } from 'uWebSockets.js';
 import { requireOwner } from '../auth.ts';
-import { LEGACY_BARE_NAMES, PRESET_NAMES } from '../../kernels/small/config.ts';
+import { LEGACY_BARE_NAMES, PRESET_ALIASES, PRESET_NAMES, PRESETS } from '../../kernels/small/config.ts';
 import { HttpError, route, sendJson, type Req } from '../http.ts';
 import { requestPreset, storedPreset } from '../presets.ts';
 import { streamFile } from '../stream.ts';
@@ -107,7 +107,7 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
       if (!['dataset', 'num_train_steps', 'model_size', 'dataset_content', ...VELA_FIELDS].includes(k)) throw new HttpError(400, `job_start has no field "${k}"; it takes dataset, num_train_steps, model_size, dataset_content and Vela's ${VELA_FIELDS.join(', ')}`);
     }
     const sizeName = body.model_size ?? 'flow05-tiny';
-    if (typeof sizeName !== 'string' || !(PRESET_NAMES.includes(sizeName) || sizeName in LEGACY_BARE_NAMES)) throw new HttpError(400, `model_size must be a Vela preset: ${PRESET_NAMES.join(', ')}; got ${JSON.stringify(sizeName)} (the sidecar's 4b, 12b and 31b are not Vela models)`);
+    if (typeof sizeName !== 'string' || !(PRESET_NAMES.includes(sizeName) || sizeName in LEGACY_BARE_NAMES)) throw new HttpError(400, `model_size must be a Vela preset: ${Object.keys(PRESETS).join(', ')} (or a deprecated name: ${Object.keys(PRESET_ALIASES).join(', ')}); got ${JSON.stringify(sizeName)} (the sidecar's 4b, 12b and 31b are not Vela models)`);
     const size = requestPreset('model_size', sizeName); // the job stores the canonical name
     const steps = body.num_train_steps ?? 100;
     if (typeof steps !== 'number' || !Number.isInteger(steps) || steps < 1) throw new HttpError(400, `num_train_steps must be a positive integer, got ${JSON.stringify(steps)}`);
