@@ -95,6 +95,7 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
     (opts.onNewKey ?? ((k) => log.info(`created an API key (shown once): ${k}`)))(key);
   }
   const unwatchStore = watchStore(store);
+  const startedAt = Math.floor(Date.now() / 1000); // Unix s, as a cluster node's started_at
   const sessions = new SessionManager(store, config, opts.engineFactory);
   sessions.nodeId = nodeId;
   const app = createApp();
@@ -169,7 +170,7 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
   const queue = clustered ? new GraphileQueue((store.db as PostgresDb).pool, nodeId!) : new LocalQueue();
   const runner = new JobRunner(store, config, (preset) => sessions.engineFor(preset), queue, nodeId ? { id: nodeId, fenced: () => cluster?.fenced() ?? false } : null);
   mountJobRoutes(app, { store, config, runner, keepaliveS: opts.sseKeepaliveS });
-  mountNodeRoutes(app, { store, nodes: () => cluster, local: () => ({ id: 'local', url: config.publicUrl ?? baseUrl, capacity: config.nodeCapacity, load: { sessions: sessions.live.size, jobs: runner.running.size, resident_presets: sessions.runningEngines() } }) });
+  mountNodeRoutes(app, { store, nodes: () => cluster, local: () => ({ id: 'local', url: config.publicUrl ?? baseUrl, capacity: config.nodeCapacity, load: { sessions: sessions.live.size, jobs: runner.running.size, resident_presets: sessions.runningEngines() }, runningJobs: [...runner.running].sort(), startedAt }) });
   mountInference(app, inference);
   mountDatasetUpload(app, { store, config });
   mountSidecar(app, { store, config, runner, inference, keepaliveS: opts.sseKeepaliveS, streamCapS: opts.sidecarStreamCapS, watchdogS: opts.sidecarWatchdogS });

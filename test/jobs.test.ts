@@ -165,6 +165,11 @@ describe('fine-tunes on g1_pick_bottle', () => {
       const cb = await api(server, 'POST', `/v1/fine-tunes/${b.id}/cancel`);
       expect(cb.json.status).toBe('cancelled');
       await waitFor(async () => (await api(server, 'GET', `/v1/fine-tunes/${a.id}`)).json.step >= 3);
+      // The one node's view lists the job it is running (it listed none), and when it started.
+      const { json: nodes } = await api(server, 'GET', '/v1/nodes');
+      expect(nodes.data).toHaveLength(1);
+      expect(nodes.data[0]).toMatchObject({ id: 'local', status: 'up', running_jobs: [a.id], self: true, load: { jobs: 1 } });
+      expect(nodes.data[0].started_at).toBeGreaterThan(Date.now() / 1000 - 3600);
       const stepAtCancel = (await api(server, 'POST', `/v1/fine-tunes/${a.id}/cancel`)).json.step;
       const done = await finished(server, a.id);
       expect(done.status).toBe('cancelled');

@@ -13,15 +13,15 @@ import type { ClusterNode } from './node.ts';
 
 export function mountNodeRoutes(
   app: TemplatedApp,
-  deps: { store: Store; nodes: () => ClusterNode | null; local: () => { id: string; url: string; capacity: number; load: NodeLoad } },
+  deps: { store: Store; nodes: () => ClusterNode | null; local: () => { id: string; url: string; capacity: number; load: NodeLoad; runningJobs: string[]; startedAt: number } },
 ): void {
   app.get('/v1/nodes', route(0, async (r) => {
     await requireOwner(deps.store, r);
     const cluster = deps.nodes();
     if (!cluster) {
-      const me = deps.local();
+      const { runningJobs, startedAt, ...me } = deps.local();
       const only: NodeJson = {
-        ...me, status: 'up', open_sessions: me.load.sessions, running_jobs: [], heartbeat_age_s: 0, started_at: null, lost_at: null, self: true,
+        ...me, status: 'up', open_sessions: me.load.sessions, running_jobs: runningJobs, heartbeat_age_s: 0, started_at: startedAt, lost_at: null, self: true,
       };
       return sendJson(r, 200, { object: 'list', data: [only] });
     }
