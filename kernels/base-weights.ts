@@ -24,6 +24,7 @@ export class TrainerError extends Error {
 
 export type NamedTensors = Record<string, ExportedTensor>;
 
+/** Elements of a tensor of `shape` (1 for a scalar). */
 export const size = (shape: readonly number[]) => shape.reduce((a, b) => a * b, 1);
 
 /**

@@ -40,6 +40,11 @@ export interface VisionDims {
   readonly imageSize: number; // S, pixels, square; a multiple of patchSize
 }
 
+/**
+ * One configuration of the real pi0 / pi0.5 (FACTS.md section 1; section 5.2 for the tiny one):
+ * the variant, the two Gemma experts' and SigLIP's dimensions, the action chunk and the prompt
+ * budget. Built and validated by `makeRealPiConfig`; the presets below are frozen instances.
+ */
 export interface RealPiConfig {
   readonly variant: RealPiVariant;
   readonly vlm: GemmaDims & { readonly vocabSize: number };

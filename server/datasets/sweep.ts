@@ -15,6 +15,7 @@ import { folderBytesAsync, ownerUploadsDir, readMarker, UPLOADS_DIR } from './ow
 
 const ROOT_TEMPORARY = /^\.[A-Za-z0-9][A-Za-z0-9._-]{0,127}\.(archive|upload|old)-[0-9a-f]{8}$/;
 
+/** What a start-up sweep of the datasets root did (sweepDatasetsRoot). */
 export interface SweepResult {
   /** Temporaries removed, and the bytes they held. */
   temporaries: number;
