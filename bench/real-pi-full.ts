@@ -112,15 +112,21 @@ async function velaSide(checkpoint: string, inputsFile: string, threads: number,
 
   const t0 = performance.now();
   const loaded = new Map<string, tf.Tensor>();
+  let garbageBytes = 0;
   await readHubCheckpoint(checkpoint, config, {
     onTensor: (name, data, shape) => {
       // tfjs-node keeps a new tensor's values in JS until an op first reads them, then copies
       // them into TensorFlow's memory and drops its reference. Running that op now, and
-      // collecting the JS array at once, keeps one float32 copy of the model, not two.
+      // collecting the JS arrays every 256 MiB (not one full GC per tensor: 800 of them), keeps
+      // one float32 copy of the model plus at most ~256 MiB and one tensor in flight, not two.
       const t = tf.tensor(data, shape, 'float32');
       loaded.set(name, tf.reshape(t, shape)); // shares TensorFlow's buffer
       t.dispose();
-      if (data.length >= 1 << 20) gc();
+      garbageBytes += data.byteLength;
+      if (garbageBytes >= 256 * 2 ** 20) {
+        gc();
+        garbageBytes = 0;
+      }
     },
   });
   const params: RealPiParams = createRealPiParams(config, loaded); // checks names and shapes; reshapes share buffers
@@ -244,6 +250,25 @@ function runSide(side: 'vela' | 'torch', args: { checkpoint: string; inputs: str
   });
 }
 
+/**
+ * Floating-point operations of one sample() (2 per multiply-add, matMuls only: norms, softmax and
+ * elementwise work are a few percent), by part, for `cams` cameras and the prompt padded to
+ * maxTokenLen: SigLIP per camera, the VLM over the prefix once, the expert over the suffix per step.
+ */
+function sampleFlops(c: RealPiConfig, cams: number): { siglip: number; prefix: number; steps: number } {
+  const v = c.vision;
+  const T = (v.imageSize / v.patchSize) ** 2;
+  const siglipLayer = T * (4 * v.width * v.width + 2 * v.width * v.mlpDim) + 2 * T * T * v.width;
+  const siglip = cams * 2 * (T * 3 * v.patchSize ** 2 * v.width + v.depth * siglipLayer + T * v.width * c.vlm.width);
+  const gemmaLayer = (d: RealPiConfig['expert'], n: number, keys: number) =>
+    n * d.width * (2 * d.numHeads * d.headDim + 2 * d.numKvHeads * d.headDim + 3 * d.mlpDim) + 2 * n * keys * d.numHeads * d.headDim;
+  const p = cams * T + c.maxTokenLen;
+  const s = c.variant === 'pi0' ? c.actionHorizon + 1 : c.actionHorizon;
+  const prefix = 2 * c.vlm.depth * gemmaLayer(c.vlm, p, p);
+  const steps = 2 * c.numSteps * c.expert.depth * gemmaLayer(c.expert, s, p + s);
+  return { siglip, prefix, steps };
+}
+
 function median(xs: number[]): number {
   const s = [...xs].sort((a, b) => a - b);
   return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
@@ -304,6 +329,10 @@ async function main(): Promise<void> {
   }
 }
 
+function sidesPresent(results: SideResult[]): string[] {
+  return [...new Set(results.map((r) => r.side))];
+}
+
 /** The table on stdout and the JSON file. */
 function report(results: SideResult[], run: { size: string; config: RealPiConfig; threads: number; cameras: number[]; runs: number; warmup: number; checkpoint: string; inputs: Inputs }, outFile: string): void {
   const weightBytes = realPiParamCount(run.config) * 4;
@@ -335,11 +364,19 @@ function report(results: SideResult[], run: { size: string; config: RealPiConfig
     }
     return { cameras: c, maxAbsDiff: diff, maxAbs: scale };
   });
+  const flops = run.cameras.map((c) => ({ cameras: c, ...sampleFlops(run.config, c) }));
+  const gflopsLine = (side: string) => run.cameras.map((c) => {
+    const f = flops.find((x) => x.cameras === c)!;
+    const ms = median(by(side).flatMap((r) => r.samples.find((s) => s.cameras === c)!.ms));
+    return `${c} cam ${((f.siglip + f.prefix + f.steps) / ms / 1e6).toFixed(0)}`;
+  }).join(', ');
   const lines = [
     `pi0.5 ${run.size} (${realPiParamCount(run.config).toLocaleString('en-US')} parameters, float32 weights ${gib(weightBytes)}), ${run.threads} thread(s), ${os.cpus()[0]?.model ?? '?'} x ${os.availableParallelism()}`,
     `prompt: ${run.inputs.prompt.realTokens} real tokens of ${run.inputs.tokens.length} (${run.inputs.prompt.tokenizer}); ${run.runs} timed sample() per camera count after ${run.warmup} untimed`,
     ...rows,
     ...Object.entries(ratios).map(([k, v]) => `Vela / PyTorch ${k}: ${v.toFixed(2)}x`),
+    ...flops.map((f) => `sample() FLOPs, ${f.cameras} camera(s): SigLIP ${(f.siglip / 1e9).toPrecision(3)} G, VLM prefix ${(f.prefix / 1e9).toPrecision(3)} G, expert x ${run.config.numSteps} steps ${(f.steps / 1e9).toPrecision(3)} G`),
+    ...sidesPresent(results).map((side) => `${side}: GFLOP/s ${gflopsLine(side)}`),
     ...agreement.filter((a) => a).map((a) => `actions, ${a!.cameras} camera(s): max |Vela - PyTorch| ${a!.maxAbsDiff.toExponential(2)} (max |action| ${a!.maxAbs.toFixed(3)})`),
   ];
   process.stdout.write(`${lines.join('\n')}\n`);
@@ -356,6 +393,7 @@ function report(results: SideResult[], run: { size: string; config: RealPiConfig
     prompt: run.inputs.prompt,
     ratios,
     agreement,
+    flops,
     results: results.map(({ samples, ...r }) => ({ ...r, samples: samples.map(({ actions, ...s }) => ({ ...s, firstActions: actions.slice(0, 8) })) })),
   };
   fs.mkdirSync(path.dirname(outFile), { recursive: true });
