@@ -58,7 +58,8 @@ interface SideResult {
   peakRssAfterLoadBytes: number;
   peakRssBytes: number;
   float32WeightBytes: number;
-  samples: { cameras: number; warmupMs: number[]; ms: number[]; actions: number[] }[];
+  /** Per camera count: wall and CPU (user + system, all threads) ms of each timed sample(). */
+  samples: { cameras: number; warmupMs: number[]; ms: number[]; cpuMs: number[]; actions: number[] }[];
   [extra: string]: unknown;
 }
 
@@ -155,17 +156,21 @@ async function velaSide(checkpoint: string, inputsFile: string, threads: number,
       tokenMasks: inp.tokenMasks,
     };
     const ms: number[] = [];
+    const cpuMs: number[] = [];
     const warmupMs: number[] = [];
     let actions: number[] = [];
     for (let r = 0; r < inp.warmup + inp.runs; r++) {
       const t1 = performance.now();
+      const c1 = process.cpuUsage();
       const out = sample(model, batch, Float32Array.from(inp.noise));
       const values = await out.data(); // the clock stops when the actions are in JS
+      const cpu = process.cpuUsage(c1);
       (r < inp.warmup ? warmupMs : ms).push(performance.now() - t1);
+      if (r >= inp.warmup) cpuMs.push((cpu.user + cpu.system) / 1e3); // every thread of the process
       out.dispose();
       actions = Array.from(values);
     }
-    samples.push({ cameras: cams, warmupMs, ms, actions });
+    samples.push({ cameras: cams, warmupMs, ms, cpuMs, actions });
     process.stderr.write(`vela: ${cams} camera(s): sample ${ms.map((t) => t.toFixed(0)).join(', ')} ms\n`);
   }
   const leaked = tf.memory().numTensors - tensorsBefore;
@@ -336,10 +341,13 @@ function sidesPresent(results: SideResult[]): string[] {
 /** The table on stdout and the JSON file. */
 function report(results: SideResult[], run: { size: string; config: RealPiConfig; threads: number; cameras: number[]; runs: number; warmup: number; checkpoint: string; inputs: Inputs }, outFile: string): void {
   const weightBytes = realPiParamCount(run.config) * 4;
-  const rows: string[] = ['| round | side | load s | peak RSS after load | peak RSS overall | / float32 weights | ' + run.cameras.map((c) => `sample ${c} cam s`).join(' | ') + ' |'];
+  const rows: string[] = ['| round | side | load s | peak RSS after load | peak RSS overall | / float32 weights | ' + run.cameras.map((c) => `sample ${c} cam s (CPU s)`).join(' | ') + ' |'];
   rows.push('|' + ' - |'.repeat(6 + run.cameras.length));
   for (const r of results) {
-    const cells = run.cameras.map((c) => (median(r.samples.find((s) => s.cameras === c)!.ms) / 1e3).toFixed(1));
+    const cells = run.cameras.map((c) => {
+      const s = r.samples.find((x) => x.cameras === c)!;
+      return `${(median(s.ms) / 1e3).toFixed(1)} (${(median(s.cpuMs) / 1e3).toFixed(1)})`;
+    });
     rows.push(`| ${r.round} | ${r.side} | ${(r.loadMs / 1e3).toFixed(1)} | ${gib(r.peakRssAfterLoadBytes)} | ${gib(r.peakRssBytes)} | ${(r.peakRssBytes / weightBytes).toFixed(3)} | ${cells.join(' | ')} |`);
   }
   const by = (side: string) => results.filter((r) => r.side === side);

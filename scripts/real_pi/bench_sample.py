@@ -18,7 +18,7 @@ first c images, every camera present.
 
 RESULT.json: {"threads", "torch", "loadMs", "peakRssAfterLoadBytes", "peakRssBytes",
 "float32WeightBytes", "params", "samples": [{"cameras", "warmupMs": [...], "ms": [...],
-"actions": [ah * 32]}]}; peak RSS is VmHWM of /proc/self/status.
+"cpuMs": [...], "actions": [ah * 32]}]}; peak RSS is VmHWM of /proc/self/status.
 """
 from __future__ import annotations
 
@@ -139,12 +139,15 @@ def main() -> None:
         for cams in inp['cameras']:
             img = torch.from_numpy(images[:cams].copy())[None]  # [1, c, 3, S, S]
             masks = torch.ones(1, cams, dtype=torch.int32)
-            times, warm, out = [], [], None
+            times, cpu, warm, out = [], [], [], None
             for r in range(inp['warmup'] + inp['runs']):
-                t1 = time.perf_counter()
+                t1, c1 = time.perf_counter(), time.process_time()
                 out = model.model.sample(img, masks, tokens, token_masks, state, noise)
+                c2 = time.process_time()  # user + system, every thread of the process
                 (warm if r < inp['warmup'] else times).append((time.perf_counter() - t1) * 1e3)
-            samples.append({'cameras': cams, 'warmupMs': warm, 'ms': times, 'actions': out.flatten().tolist()})
+                if r >= inp['warmup']:
+                    cpu.append((c2 - c1) * 1e3)
+            samples.append({'cameras': cams, 'warmupMs': warm, 'ms': times, 'cpuMs': cpu, 'actions': out.flatten().tolist()})
             print(f'torch: {cams} camera(s): sample {", ".join(f"{t:.0f}" for t in times)} ms', file=sys.stderr, flush=True)
 
     res = {
