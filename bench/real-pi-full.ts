@@ -104,6 +104,16 @@ async function checkpointConfig(dir: string): Promise<{ size: 'full' | 'tiny'; c
 
 // ---------------------------------------------------------------- the Vela side (child process)
 
+/**
+ * Parameters whose values tfjs-node still keeps in a JS array, not yet in TensorFlow's memory
+ * (its internal `tensorMap`; an empty list when the backend has none).
+ */
+function valuesStillInJs(params: RealPiParams): string[] {
+  const map = (tf.backend() as unknown as { tensorMap?: { get(id: object): { values: unknown } | undefined } }).tensorMap;
+  if (!map) return [];
+  return [...params].filter(([, t]) => map.get(t.dataId)?.values != null).map(([name]) => name);
+}
+
 async function velaSide(checkpoint: string, inputsFile: string, threads: number, outFile: string): Promise<void> {
   const backend = await initBackend('node', (line) => process.stderr.write(`${line}\n`), { intraOp: threads, interOp: 1 });
   const inp = JSON.parse(fs.readFileSync(inputsFile, 'utf8')) as Inputs;
@@ -120,9 +130,13 @@ async function velaSide(checkpoint: string, inputsFile: string, threads: number,
       // them into TensorFlow's memory and drops its reference. Running that op now, and
       // collecting the JS arrays every 256 MiB (not one full GC per tensor: 800 of them), keeps
       // one float32 copy of the model plus at most ~256 MiB and one tensor in flight, not two.
+      // The op is a rank-changing Reshape and back (TensorFlow's Reshape shares the buffer): a
+      // same-shape reshape or a clone shares the JS values without running any op
+      // (kernels/native-fast.ts), and every weight would be copied again at its first use.
       const t = tf.tensor(data, shape, 'float32');
-      loaded.set(name, tf.reshape(t, shape)); // shares TensorFlow's buffer
-      t.dispose();
+      const flat = tf.reshape(t, [1, ...shape]);
+      loaded.set(name, tf.reshape(flat, shape));
+      tf.dispose([t, flat]);
       garbageBytes += data.byteLength;
       if (garbageBytes >= 256 * 2 ** 20) {
         gc();
@@ -134,6 +148,8 @@ async function velaSide(checkpoint: string, inputsFile: string, threads: number,
   for (const t of loaded.values()) t.dispose();
   loaded.clear();
   gc();
+  const inJs = valuesStillInJs(params);
+  if (inJs.length > 0) throw new Error(`${inJs.length} parameters still hold their values in JS, e.g. ${inJs[0]}: a second copy would be made at their first use`);
   const loadMs = performance.now() - t0;
   const peakRssAfterLoadBytes = vmHwmBytes();
   const float32WeightBytes = realPiParamCount(config) * 4;
