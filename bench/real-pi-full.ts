@@ -124,8 +124,10 @@ async function velaSide(checkpoint: string, inputsFile: string, threads: number,
   const t0 = performance.now();
   const loaded = new Map<string, tf.Tensor>();
   let garbageBytes = 0;
+  let intoTfMs = 0; // of loadMs: the copies into TensorFlow and the collections; the rest is read + BF16 widening
   await readHubCheckpoint(checkpoint, config, {
     onTensor: (name, data, shape) => {
+      const s0 = performance.now();
       // tfjs-node keeps a new tensor's values in JS until an op first reads them, then copies
       // them into TensorFlow's memory and drops its reference. Running that op now, and
       // collecting the JS arrays every 256 MiB (not one full GC per tensor: 800 of them), keeps
@@ -142,6 +144,7 @@ async function velaSide(checkpoint: string, inputsFile: string, threads: number,
         gc();
         garbageBytes = 0;
       }
+      intoTfMs += performance.now() - s0;
     },
   });
   const params: RealPiParams = createRealPiParams(config, loaded); // checks names and shapes; reshapes share buffers
@@ -153,7 +156,7 @@ async function velaSide(checkpoint: string, inputsFile: string, threads: number,
   const loadMs = performance.now() - t0;
   const peakRssAfterLoadBytes = vmHwmBytes();
   const float32WeightBytes = realPiParamCount(config) * 4;
-  process.stderr.write(`vela: loaded in ${(loadMs / 1e3).toFixed(1)} s, peak RSS ${gib(peakRssAfterLoadBytes)} (${(peakRssAfterLoadBytes / float32WeightBytes).toFixed(3)}x the float32 weights)\n`);
+  process.stderr.write(`vela: loaded in ${(loadMs / 1e3).toFixed(1)} s (${(intoTfMs / 1e3).toFixed(1)} s of it into TensorFlow), peak RSS ${gib(peakRssAfterLoadBytes)} (${(peakRssAfterLoadBytes / float32WeightBytes).toFixed(3)}x the float32 weights)\n`);
 
   const S = config.vision.imageSize;
   const raw = fs.readFileSync(path.join(path.dirname(inputsFile), inp.images));
@@ -195,6 +198,7 @@ async function velaSide(checkpoint: string, inputsFile: string, threads: number,
     threads,
     backend: backend.line,
     loadMs,
+    intoTfMs,
     peakRssAfterLoadBytes,
     peakRssBytes: vmHwmBytes(),
     float32WeightBytes,
