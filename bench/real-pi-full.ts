@@ -18,7 +18,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import * as tf from '@tensorflow/tfjs';
-import { initBackend } from '../kernels/backend.ts';
+import { initBackend } from '../kernels/backend/backend.ts';
 import { REAL_PI05, REAL_PI_TINY_PI05, createRealPiParams, disposeRealPiParams, realPiParamCount, sample, type RealPiConfig, type RealPiParams } from '../kernels/pi/index.ts';
 import { Rng } from '../kernels/rng.ts';
 import { readHubCheckpoint, readHubConfig } from '../server/models/hub-checkpoint.ts';
@@ -134,7 +134,7 @@ async function velaSide(checkpoint: string, inputsFile: string, threads: number,
       // one float32 copy of the model plus at most ~256 MiB and one tensor in flight, not two.
       // The op is a rank-changing Reshape and back (TensorFlow's Reshape shares the buffer): a
       // same-shape reshape or a clone shares the JS values without running any op
-      // (kernels/native-fast.ts), and every weight would be copied again at its first use.
+      // (kernels/backend/native-fast.ts), and every weight would be copied again at its first use.
       const t = tf.tensor(data, shape, 'float32');
       const flat = tf.reshape(t, [1, ...shape]);
       loaded.set(name, tf.reshape(flat, shape));
