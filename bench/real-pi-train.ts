@@ -17,30 +17,14 @@ import { parseArgs } from 'node:util';
 import { activateBackend, type BackendKind } from '../kernels/backend/backend.ts';
 import { applyNativeEnv } from '../kernels/backend/native.ts';
 import { REAL_PI_TINY_PI0, REAL_PI_TINY_PI05, type RealPiConfig } from '../kernels/pi/config.ts';
+import { fakeRealPiBatch } from '../kernels/pi/fake.ts';
 import { NAMES } from '../kernels/pi/params.ts';
 import { OPENPI_LORA, realPiPolicy } from '../kernels/pi/policy.ts';
-import type { RealPiBatch } from '../kernels/pi/model.ts';
 import { BaseWeights, TrainingState, type TrainingOptions } from '../kernels/trainer.ts';
 
 const { values } = parseArgs({ options: { steps: { type: 'string', default: '5' }, backend: { type: 'string', default: 'node' } } });
 const steps = Number(values.steps);
 
-/** Batch 2, 3 cameras (datum 0's second masked), a 12-token prompt with padding in datum 1. */
-export function tinyBatch(c: RealPiConfig, L = 12): RealPiBatch {
-  const b = 2;
-  const nc = 3;
-  const S = c.vision.imageSize;
-  return {
-    size: b,
-    numCameras: nc,
-    images: new Float32Array(b * nc * 3 * S * S).map((_, i) => Math.sin(i * 0.37)),
-    imageMasks: [1, 0, 1, 1, 1, 1],
-    tokens: Int32Array.from({ length: b * L }, (_, i) => (i * 7919 + 2) % c.vlm.vocabSize),
-    tokenMasks: Array.from({ length: b * L }, (_, i) => (i < L || i % L < 7 ? 1 : 0)),
-    state: new Float32Array(b * c.stateDim).map((_, i) => Math.cos(i)),
-    actions: new Float32Array(b * c.actionHorizon * c.actionDim).map((_, i) => Math.sin(i * 0.1)),
-  };
-}
 
 async function main(): Promise<void> {
   applyNativeEnv();
@@ -52,7 +36,7 @@ async function main(): Promise<void> {
   ];
   for (const c of [REAL_PI_TINY_PI0, REAL_PI_TINY_PI05]) {
     const base = BaseWeights.create(realPiPolicy(c), 0);
-    const batch = tinyBatch(c);
+    const batch = fakeRealPiBatch(c);
     for (const [label, opts] of rows) {
       const state = new TrainingState(base, { ...opts, seed: 0 });
       // forwardBackward returns the loss (read back) and optimStep the grad norm: each has finished when it returns.

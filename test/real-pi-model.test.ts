@@ -13,6 +13,7 @@ import { realPiInitValues } from './helpers/real-pi-init.ts';
 import { ConfigError } from '../kernels/small/config.ts';
 import { ShapeError } from '../kernels/small/batch.ts';
 import { REAL_PI0, REAL_PI05, REAL_PI_TINY_PI0, REAL_PI_TINY_PI05, makeRealPiConfig, type RealPiConfig } from '../kernels/pi/config.ts';
+import { fakeRealPiBatch } from '../kernels/pi/fake.ts';
 import { NAMES, contractInitValues, createRealPiParams, disposeRealPiParams, realPiParamCount, realPiParamSpecs, type RealPiParams } from '../kernels/pi/params.ts';
 import { applyRope, attentionLayout, computeLoss, drawRealPiNoiseTime, embedPrefix, embedSuffix, ropeTables, sample, sequenceLayout, timeEmbedding, velocity, type RealPiBatch, type RealPiModel } from '../kernels/pi/model.ts';
 import { decodeSafetensors, type SafeTensor } from '../kernels/safetensors.ts';
@@ -27,20 +28,7 @@ const B = 2;
 const NC = 3;
 
 /** A small deterministic batch: camera 1 of datum 0 masked, datum 1's prompt padded. */
-function makeBatch(c: RealPiConfig, L = 12): RealPiBatch {
-  const S = c.vision.imageSize;
-  const ah = c.actionHorizon;
-  return {
-    size: B,
-    numCameras: NC,
-    images: new Float32Array(B * NC * 3 * S * S).map((_, i) => Math.sin(i * 0.37)),
-    imageMasks: [1, 0, 1, 1, 1, 1],
-    tokens: Int32Array.from({ length: B * L }, (_, i) => (i * 7919 + 2) % c.vlm.vocabSize),
-    tokenMasks: Array.from({ length: B * L }, (_, i) => (i < L || i % L < 7 ? 1 : 0)),
-    state: new Float32Array(B * c.stateDim).map((_, i) => Math.cos(i)),
-    actions: new Float32Array(B * ah * c.actionDim).map((_, i) => Math.sin(i * 0.1)),
-  };
-}
+const makeBatch = (c: RealPiConfig, L = 12): RealPiBatch => fakeRealPiBatch(c, L);
 
 const noiseOf = (c: RealPiConfig) => new Float32Array(B * c.actionHorizon * c.actionDim).map((_, i) => Math.cos(i * 0.3));
 

@@ -12,6 +12,7 @@ import * as tf from '@tensorflow/tfjs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { useBestBackend } from './helpers/tf.ts';
 import { REAL_PI_TINY_PI0, REAL_PI_TINY_PI05, type RealPiConfig } from '../kernels/pi/config.ts';
+import { fakeRealPiBatch } from '../kernels/pi/fake.ts';
 import { NAMES, createRealPiParams, disposeRealPiParams } from '../kernels/pi/params.ts';
 import { computeLoss, sample, type RealPiBatch } from '../kernels/pi/model.ts';
 import { OPENPI_LORA, realPiLinears, realPiPolicy } from '../kernels/pi/policy.ts';
@@ -25,19 +26,7 @@ const LR_LORA = 1e-2; // adapters start with B = 0, so they move slowly at first
 const STEPS = 20;
 
 /** Batch 2, 3 cameras (datum 0's second masked), datum 1's prompt padded after 7 tokens; real values. */
-function makeBatch(c: RealPiConfig, L = 12): RealPiBatch {
-  const S = c.vision.imageSize;
-  return {
-    size: B,
-    numCameras: NC,
-    images: new Float32Array(B * NC * 3 * S * S).map((_, i) => Math.sin(i * 0.37)),
-    imageMasks: [1, 0, 1, 1, 1, 1],
-    tokens: Int32Array.from({ length: B * L }, (_, i) => (i * 7919 + 2) % c.vlm.vocabSize),
-    tokenMasks: Array.from({ length: B * L }, (_, i) => (i < L || i % L < 7 ? 1 : 0)),
-    state: new Float32Array(B * c.stateDim).map((_, i) => Math.cos(i)),
-    actions: new Float32Array(B * c.actionHorizon * c.actionDim).map((_, i) => 0.5 * Math.sin(i * 0.1)),
-  };
-}
+const makeBatch = (c: RealPiConfig, L = 12): RealPiBatch => fakeRealPiBatch(c, L, 0.5);
 
 /** A fixed training draw (so the objective is one function and its loss must fall). */
 function fixedDraw(c: RealPiConfig) {

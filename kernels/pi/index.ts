@@ -3,3 +3,4 @@ export { REAL_PI0, REAL_PI05, REAL_PI_TINY_PI0, REAL_PI_TINY_PI05, makeRealPiCon
 export { NAMES, contractInitValues, createRealPiParams, disposeRealPiParams, realPiParamCount, realPiParamSpecs, type RealPiParamSource, type RealPiParamSpec, type RealPiParams } from './params.ts';
 export { MASKED_LOGIT, checkBatch, computeLoss, drawRealPiNoiseTime, sample, velocity, type RealPiBatch, type RealPiModel, type RealPiWeights } from './model.ts';
 export { OPENPI_LORA, realPiLinears, realPiPolicy } from './policy.ts';
+export { fakeRealPiBatch } from './fake.ts';
