@@ -9,8 +9,7 @@ import { ProtocolError } from '../protocol/errors.ts';
 import { decodeFrameResized } from '../protocol/frames.ts';
 import { ndarray, type NDArray } from '../protocol/ndarray.ts';
 import type { SessionRequest, WireDatum } from '../protocol/messages.ts';
-import { batchBuffers, makeBatch, type DatumInput, type ModelBatch } from '../kernels/small/batch.ts';
-import { makeConfig, type PolicyConfig } from '../kernels/small/config.ts';
+import { batchBuffers, makeBatch, type BatchLayout, type DatumInput, type ModelBatch } from '../kernels/small/batch.ts';
 import type { ServerConfig } from './config.ts';
 import { checkStorage, storageOf } from './storage.ts';
 import { EngineError } from './engine/messages.ts';
@@ -23,13 +22,6 @@ export function toFloat32(a: NDArray): Float32Array {
   const out = new Float32Array(a.data.length);
   for (let i = 0; i < out.length; i++) out[i] = Number(a.data[i]);
   return out;
-}
-
-const configs = new Map<string, PolicyConfig>();
-function configOf(preset: string): PolicyConfig {
-  let c = configs.get(preset);
-  if (!c) configs.set(preset, (c = makeConfig(preset)));
-  return c;
 }
 
 /** The slot of each camera of a datum, binding new camera names to free slots in first-seen order. */
@@ -61,7 +53,7 @@ function stateDir(server: ServerConfig, owner: string, checkpointId: string): st
 
 /** Decode the frames and arrays of `data` into a ModelBatch. @throws ProtocolError / ShapeError. */
 export async function buildBatch(live: LiveSession, data: WireDatum[], codec: string, server: ServerConfig): Promise<ModelBatch> {
-  const cfg = configOf(live.config.base_model);
+  const cfg = live.layout!;
   // Bind cameras synchronously, in request order, before any await.
   const bindings = data.map((d, i) => slotsFor(live, d.images.keys(), cfg.slots, i));
   const datums = await Promise.all(
@@ -89,12 +81,12 @@ export async function buildBatch(live: LiveSession, data: WireDatum[], codec: st
       return { images, state: d.state ? toFloat32(d.state) : new Float32Array(0), prompt: d.prompt, actions, weight: d.weight };
     }),
   );
-  return makeBatch(cfg, datums, { maxPromptBytes: server.maxPromptBytes });
+  return makeBatch(cfg, datums, { maxPromptBytes: server.maxPromptBytes, encodePrompt: cfg.encodePrompt });
 }
 
 
 /** Wire form of a [B, H, A] float32 result, trimmed to the session's action_horizon. */
-function chunk(data: Float32Array, b: number, cfg: PolicyConfig, horizon: number): NDArray {
+function chunk(data: Float32Array, b: number, cfg: BatchLayout, horizon: number): NDArray {
   if (horizon === cfg.horizon) return ndarray(data, [b, cfg.horizon, cfg.actionDim]);
   const out = new Float32Array(b * horizon * cfg.actionDim);
   for (let i = 0; i < b; i++) out.set(data.subarray(i * cfg.horizon * cfg.actionDim, (i * cfg.horizon + horizon) * cfg.actionDim), i * horizon * cfg.actionDim);
@@ -142,7 +134,7 @@ export function runOp(live: LiveSession, req: SessionRequest, server: ServerConf
 /** Starts the request's preparation now and returns the part that must run in order. */
 function prepareOp(live: LiveSession, req: SessionRequest, server: ServerConfig): () => Promise<unknown> {
   const engine = live.engine!;
-  const cfg = configOf(live.config.base_model);
+  const cfg = live.layout!;
   const call = async <T>(op: string, args: Record<string, unknown>, transfer: ArrayBuffer[] = []): Promise<T> => {
     const a = await engine.call<EngineAnswer<T>>(live.id, op, args, transfer);
     live.pendingGradients = a.pending_gradients;

@@ -5,7 +5,12 @@
  */
 import { jsonId, type RequestId } from '../protocol/messages.ts';
 import type { RawMsgpack } from '../protocol/msgpack.ts';
-import { LEGACY_BARE_NAMES, PRESET_NAMES, makeConfig, realModelMessage, resolvePreset } from '../kernels/small/config.ts';
+import { PRESET_NAMES, makeConfig, resolvePreset } from '../kernels/small/config.ts';
+import { OPENPI_LORA } from '../kernels/pi/policy.ts';
+import { DEFAULT_BASES, isRealModel, type RealModel } from './models/bases.ts';
+import { modelLayout, tokenizerFileFor, type ModelLayout } from './models/layout.ts';
+import { ModelError, resolveBase } from './models/resolve.ts';
+import { realModelKey } from './engine/model-key.ts';
 import { zeroGateRule } from '../kernels/lora.ts';
 import { Engine, PriorityGate, type EngineLike, type EngineOptions } from './engine/host.ts';
 import type { BackendInfo } from './engine/messages.ts';
@@ -24,13 +29,21 @@ const TARGETS = ['attn', 'mlp', 'action_expert', 'prefix_expert', 'all'];
 
 /** The validated body of `POST /v1/training_sessions`, defaults filled in. */
 export interface SessionConfig {
+  /** A small preset, or `pi0` / `pi05`: the real models (kernels/pi), on checkpoint `base`. */
   base_model: string;
+  /** The real model's base checkpoint as the client named it (Hub id or folder); null for presets. */
+  base?: string | null;
+  /** The engine that holds the model (server/engine/model-key.ts); set when the base is resolved. */
+  engine_model?: string;
   finetune: 'lora' | 'full';
   rank: number;
   alpha: number;
   targets: string[];
   action_horizon: number | null; // null: the preset's horizon
   seed: number;
+  /** The action expert's LoRA rank and alpha where they differ from rank / alpha (openpi's 32 on the real models). */
+  action_rank?: number;
+  action_alpha?: number;
 }
 
 /** A fine-tune's names for a session's fields (the two APIs name them apart), for "did you mean". */
@@ -38,13 +51,15 @@ const SESSION_NAMES: Record<string, string> = { model: 'base_model', lora_rank: 
 
 /** Validate a create-session body. @throws HttpError 400 naming the field. */
 export function parseSessionConfig(body: Record<string, unknown>): SessionConfig {
-  const known = ['base_model', 'finetune', 'rank', 'alpha', 'targets', 'action_horizon', 'seed'];
+  const known = ['base_model', 'base', 'finetune', 'rank', 'alpha', 'targets', 'action_horizon', 'seed'];
   for (const k of Object.keys(body)) if (!known.includes(k)) throw new HttpError(400, `unknown field "${k}"${meant(k, known, SESSION_NAMES)}; known fields: ${known.join(', ')}`);
   const base = body.base_model;
-  // Bare pi0 / pi05 name the real models now (kernels/pi), which sessions do not serve yet.
-  if (typeof base === 'string' && base in LEGACY_BARE_NAMES) throw new HttpError(400, `base_model: ${realModelMessage(base)}`);
-  if (typeof base !== 'string' || !PRESET_NAMES.includes(base)) {
-    throw new HttpError(400, `base_model must be one of ${PRESET_NAMES.join(', ')}, got ${JSON.stringify(base)}`);
+  const real = isRealModel(base);
+  if (typeof base !== 'string' || (!real && !PRESET_NAMES.includes(base))) {
+    throw new HttpError(400, `base_model must be one of pi0, pi05 (the real models) or ${PRESET_NAMES.join(', ')}, got ${JSON.stringify(base)}`);
+  }
+  if (body.base != null && (!real || typeof body.base !== 'string' || body.base.length === 0 || body.base.length > 4096)) {
+    throw new HttpError(400, real ? `base must be a Hub id (e.g. ${DEFAULT_BASES[base]}) or a checkpoint folder, got ${JSON.stringify(body.base)}` : `base applies to base_model pi0 / pi05 (a checkpoint of the real models); ${base} is a preset with its own seeded weights`);
   }
   const finetune = body.finetune ?? 'lora';
   if (finetune !== 'lora' && finetune !== 'full') throw new HttpError(400, `finetune must be "lora" or "full", got ${JSON.stringify(finetune)}`);
@@ -57,20 +72,28 @@ export function parseSessionConfig(body: Record<string, unknown>): SessionConfig
     return v;
   };
   const rank = int('rank', 16, 1, 256);
-  const alpha = body.alpha ?? 32;
+  // openpi's LoRA on the real models: rank 16 / alpha 16 on the VLM, 32 / 32 on the action expert.
+  const alpha = body.alpha ?? (real ? OPENPI_LORA.alpha : 32);
   if (typeof alpha !== 'number' || !(alpha > 0) || !Number.isFinite(alpha)) throw new HttpError(400, `alpha must be a number > 0, got ${JSON.stringify(alpha)}`);
   const targets = body.targets ?? ['all'];
   if (!Array.isArray(targets) || targets.length === 0 || !targets.every((t) => typeof t === 'string' && TARGETS.includes(t))) {
     throw new HttpError(400, `targets must be a non-empty list of ${TARGETS.join(', ')}, got ${JSON.stringify(targets)}`);
   }
-  // Sessions start from the engine's seeded base, whose pi0.5 gates are shut (kernels/lora.ts).
-  const preset = resolvePreset(base, (line) => log.warn(`session: ${line}`));
-  const gateRule = finetune === 'lora' ? zeroGateRule(makeConfig(preset), targets as string[]) : null;
+  // Sessions on a preset start from the engine's seeded base, whose pi0.5 gates are shut (kernels/lora.ts).
+  const preset = real ? base : resolvePreset(base, (line) => log.warn(`session: ${line}`));
+  const gateRule = finetune === 'lora' && !real ? zeroGateRule(makeConfig(preset), targets as string[]) : null;
   if (gateRule) throw new HttpError(400, `targets ${gateRule}, got ${JSON.stringify(targets)}`);
   const ah = body.action_horizon ?? null;
   if (ah !== null && (typeof ah !== 'number' || !Number.isInteger(ah) || ah < 1)) throw new HttpError(400, `action_horizon must be a positive integer, got ${JSON.stringify(ah)}`);
   const seed = int('seed', 0, 0, 2 ** 31 - 1);
-  return { base_model: preset, finetune, rank, alpha, targets: targets as string[], action_horizon: ah as number | null, seed };
+  const out: SessionConfig = { base_model: preset, finetune, rank, alpha, targets: targets as string[], action_horizon: ah as number | null, seed };
+  if (real) {
+    out.base = (body.base as string | undefined) ?? DEFAULT_BASES[base];
+    // The expert's rank follows openpi's doubling unless the client set a rank for both.
+    if (body.rank == null) out.action_rank = OPENPI_LORA.actionRank;
+    if (body.rank == null && body.alpha == null) out.action_alpha = OPENPI_LORA.actionAlpha;
+  } else out.engine_model = preset;
+  return out;
 }
 
 /** A session that is open in an engine. */
@@ -86,6 +109,8 @@ export class LiveSession {
   connection: { takeOver(reason: string): void } | null = null;
   actionHorizon = 0;
   trainableParams: number | null = null;
+  /** How the main thread lays out this session's batches (set once its engine is up). */
+  layout: ModelLayout | null = null;
   /** Tail of the session's ordered engine calls (ops.ts). */
   chain: Promise<unknown> = Promise.resolve();
   constructor(readonly row: SessionRow, readonly config: SessionConfig, public engine: EngineLike | null) {}
@@ -209,6 +234,18 @@ export class SessionManager {
     }
     const taken = () => new HttpError(409, `model_id "${modelName}" is taken by an open model of this key; kill_session or unload_model it first, or pick another name`);
     if (modelName !== null && (await this.store.findOpenSessionByName(owner, modelName))) throw taken();
+    if (cfg.base != null && cfg.engine_model === undefined) {
+      // Resolved before the row exists, so a base that is not there is the request's one-line 400.
+      const { dir } = await resolveBase(cfg.base).catch((e) => {
+        throw e instanceof ModelError ? new HttpError(e.code === 'not_downloaded' || e.code === 'not_found' ? 400 : 502, e.message) : e;
+      });
+      cfg.engine_model = realModelKey(cfg.base_model as RealModel, dir);
+      try {
+        tokenizerFileFor(dir); // the real model's prompts need PaliGemma's tokenizer: refused now, not at the first op
+      } catch (e) {
+        throw new HttpError(400, (e as Error).message);
+      }
+    }
     const id = randomId('ts-');
     const row: SessionRow = {
       id, owner, status: 'starting', created_at: nowS(), config: cfg as unknown as Record<string, unknown>, token: newToken(), error: null, closed_at: null,
@@ -229,7 +266,8 @@ export class SessionManager {
 
   private async open(live: LiveSession): Promise<void> {
     try {
-      const engine = await this.engineFor(live.config.base_model);
+      const engine = await this.engineFor(live.config.engine_model!);
+      live.layout = await modelLayout(engine.info);
       const horizon = live.config.action_horizon ?? engine.info.actionHorizon;
       if (horizon > engine.info.actionHorizon) {
         throw new Error(`action_horizon ${horizon} is larger than ${live.config.base_model}'s ${engine.info.actionHorizon}`);
@@ -237,6 +275,7 @@ export class SessionManager {
       live.actionHorizon = horizon;
       const created = await engine.call<{ result: { trainableParams: number } }>(live.id, 'create_session', {
         finetune: live.config.finetune, rank: live.config.rank, alpha: live.config.alpha, targets: live.config.targets,
+        actionRank: live.config.action_rank, actionAlpha: live.config.action_alpha,
         seed: live.config.seed, dir: this.sessionDir(live.row.owner, live.id),
       });
       live.trainableParams = created.result.trainableParams;

@@ -45,7 +45,7 @@ function recordingEngine(): EngineLike & { calls: Call[] } {
   const calls: Call[] = [];
   return {
     calls,
-    info: { preset: 'flow05-tiny', backend: 'stub', backendKind: 'stub', backendDevice: 'none', backendLine: 'backend stub', backendFallbacks: [], imageSize: 96, imageSlots: 3, stateDim: 32, actionDim: 32, actionHorizon: 16, maxTokenLen: 48, baseParams: 0 },
+    info: { preset: 'flow05-tiny', backend: 'stub', backendKind: 'stub', backendDevice: 'none', backendLine: 'backend stub', backendFallbacks: [], imageSize: 96, imageSlots: 3, stateDim: 32, actionDim: 32, actionHorizon: 16, maxTokenLen: 48, padToken: 256, family: 'small', baseDir: null, baseParams: 0 },
     async call<T>(_session: string, op: string, args: Record<string, any> = {}): Promise<T> {
       calls.push({ op, args });
       const n = args.batch ? args.batch.actions.length : 0;

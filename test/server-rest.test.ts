@@ -6,7 +6,7 @@ import { loadConfig } from '../server/config.ts';
 /** An engine that answers instantly: these tests are about REST, auth and the store. */
 function stubEngine(): EngineLike {
   return {
-    info: { preset: 'flow05-tiny', backend: 'stub', backendKind: 'stub', backendDevice: 'none', backendLine: 'backend stub', backendFallbacks: [], imageSize: 96, imageSlots: 3, stateDim: 32, actionDim: 32, actionHorizon: 16, maxTokenLen: 48, baseParams: 1 },
+    info: { preset: 'flow05-tiny', backend: 'stub', backendKind: 'stub', backendDevice: 'none', backendLine: 'backend stub', backendFallbacks: [], imageSize: 96, imageSlots: 3, stateDim: 32, actionDim: 32, actionHorizon: 16, maxTokenLen: 48, padToken: 256, family: 'small', baseDir: null, baseParams: 1 },
     call: async (_s, op) => ({ result: op === 'create_session' ? { trainableParams: 42 } : {}, pending_gradients: 0 }) as any,
     stats: () => ({ queued: 0, sessions: 0, calls: 0 }),
     close: async () => {},

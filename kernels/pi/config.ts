@@ -137,3 +137,43 @@ export const REAL_PI05: RealPiConfig = makeRealPiConfig({ variant: 'pi05', vlm: 
 export const REAL_PI_TINY_PI0: RealPiConfig = makeRealPiConfig({ variant: 'pi0', vlm: TINY_VLM, expert: TINY_EXPERT, vision: TINY_VISION, actionDim: 32, actionHorizon: 10, maxTokenLen: 48, numSteps: 10 });
 /** FACTS 5.2's tiny pi0.5 (horizon 10, as the parity vectors). */
 export const REAL_PI_TINY_PI05: RealPiConfig = makeRealPiConfig({ variant: 'pi05', vlm: TINY_VLM, expert: TINY_EXPERT, vision: TINY_VISION, actionDim: 32, actionHorizon: 10, maxTokenLen: 200, numSteps: 10 });
+
+/**
+ * The RealPiConfig a Hub checkpoint's config.json describes (LeRobot's PI0Config / PI05Config,
+ * FACTS.md 2.1): `type` gives the variant; `paligemma_variant` "gemma_2b" and
+ * `action_expert_variant` "gemma_300m" the two Gemmas (the only sizes the public checkpoints
+ * have) with SigLIP So400m/14 at `image_resolution`; `chunk_size` the horizon,
+ * `tokenizer_max_length`, `num_inference_steps`, `max_state_dim`, `max_action_dim` the rest.
+ * A Vela-written checkpoint of another size (the tiny CI configuration) carries the whole
+ * RealPiConfig in `vela_real_pi_config`, which then wins.
+ * @throws ConfigError('bad_config') naming the field: no or an unknown `type`, a Gemma variant
+ *   other than those two, a non-square or non-224 image resolution for SigLIP So400m, or a size
+ *   that makeRealPiConfig refuses.
+ */
+export function realPiConfigFromHub(json: Record<string, unknown>): RealPiConfig {
+  const own = json.vela_real_pi_config;
+  if (own !== undefined) {
+    if (own === null || typeof own !== 'object') throw new ConfigError('bad_config', `vela_real_pi_config is ${JSON.stringify(own)}; expected the RealPiConfig object`);
+    return makeRealPiConfig(own as RealPiConfigInput);
+  }
+  const type = json.type;
+  if (type !== 'pi0' && type !== 'pi05') throw new ConfigError('bad_config', `config.json type is ${JSON.stringify(type)}; a pi checkpoint says "pi0" or "pi05"`);
+  const vlmName = json.paligemma_variant ?? 'gemma_2b';
+  const expertName = json.action_expert_variant ?? 'gemma_300m';
+  if (vlmName !== 'gemma_2b') throw new ConfigError('bad_config', `config.json paligemma_variant is ${JSON.stringify(vlmName)}; Vela reads "gemma_2b" (the public pi0 / pi0.5 checkpoints)`);
+  if (expertName !== 'gemma_300m') throw new ConfigError('bad_config', `config.json action_expert_variant is ${JSON.stringify(expertName)}; Vela reads "gemma_300m" (the public pi0 / pi0.5 checkpoints)`);
+  const res = json.image_resolution ?? [224, 224];
+  if (!Array.isArray(res) || res.length !== 2 || res[0] !== 224 || res[1] !== 224) {
+    throw new ConfigError('bad_config', `config.json image_resolution is ${JSON.stringify(res)}; SigLIP So400m/14 of the public checkpoints takes [224, 224]`);
+  }
+  const num = (k: string, def: number): number => {
+    const v = json[k] ?? def;
+    if (typeof v !== 'number') throw new ConfigError('bad_config', `config.json ${k} is ${JSON.stringify(v)}; expected a positive integer`);
+    return v;
+  };
+  return makeRealPiConfig({
+    variant: type, vlm: GEMMA_2B, expert: GEMMA_300M, vision: SO400M_14,
+    actionDim: num('max_action_dim', 32), stateDim: num('max_state_dim', 32), actionHorizon: num('chunk_size', 50),
+    maxTokenLen: num('tokenizer_max_length', type === 'pi05' ? 200 : 48), numSteps: num('num_inference_steps', 10),
+  });
+}

@@ -55,6 +55,11 @@ export interface RealPiBatch {
   readonly lossActionDims?: number;
   /** Datum weights [b] >= 0 for the trainer's weighted loss (kernels/trainer.ts); default 1 each. */
   readonly weight?: Float32Array;
+  /**
+   * [b, ah, ad], 1 = the entry counts in its datum's mean loss (the shared trainer's loss only;
+   * a client's chunk may be shorter than ah or narrower than ad). Wins over lossActionDims there.
+   */
+  readonly actionMask?: Float32Array;
 }
 
 /** The finite "big negative" added to masked attention logits (openpi / LeRobot's value). */
@@ -494,6 +499,7 @@ export function checkBatch(c: RealPiConfig, batch: RealPiBatch, needActions = fa
     if (!batch.actions) throw new ShapeError('shape_mismatch', `the loss needs actions [${b}, ${c.actionHorizon}, ${c.actionDim}]; they are missing`);
     expect('actions', batch.actions.length, b * c.actionHorizon * c.actionDim, `[${b}, ${c.actionHorizon}, ${c.actionDim}]`);
   }
+  if (batch.actionMask) expect('actionMask', batch.actionMask.length, b * c.actionHorizon * c.actionDim, `[${b}, ${c.actionHorizon}, ${c.actionDim}]`);
   const k = batch.lossActionDims ?? c.actionDim;
   if (!Number.isInteger(k) || k < 1 || k > c.actionDim) throw new ShapeError('bad_value', `lossActionDims is ${k}; it must be an integer in [1, ${c.actionDim}]`);
   if (batch.weight) {

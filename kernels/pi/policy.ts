@@ -86,7 +86,7 @@ export function realPiPolicy(c: RealPiConfig, name = `real-${c.variant}`): FlowP
       const ad = c.actionDim;
       const k = batch.lossActionDims ?? ad;
       // LeRobot's loss: the mean over ah and the first lossActionDims dims (the real ones).
-      const actionMask = new Float32Array(b * c.actionHorizon * ad).map((_, i) => (i % ad < k ? 1 : 0));
+      const actionMask = batch.actionMask ?? new Float32Array(b * c.actionHorizon * ad).map((_, i) => (i % ad < k ? 1 : 0));
       return { actions: batch.actions!, actionMask, weight: batch.weight ?? new Float32Array(b).fill(1) };
     },
     velocity: (W, batch, xT, time) => velocity(model(W), batch, xT, time),

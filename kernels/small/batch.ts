@@ -38,7 +38,20 @@ export interface DatumInput {
 export interface MakeBatchOptions {
   /** Prompt limit before truncation (PROTOCOL.md section 8), default 1024 bytes. */
   maxPromptBytes?: number;
+  /**
+   * The model's own prompt tokens (the real pi0 / pi0.5: PaliGemma ids by kernels/pi/prompt.ts,
+   * pi0.5's with the datum's state): tokens and mask of length max_token_len. Default: the small
+   * presets' UTF-8 bytes (tokenizePrompt). Called after the maxPromptBytes check.
+   */
+  encodePrompt?: (prompt: string, state: ArrayLike<number>) => { tokens: ArrayLike<number>; mask: ArrayLike<number> };
 }
+
+/**
+ * What makeBatch needs of a model: image slots and side, prompt tokens, state, action chunk (a
+ * small preset's PolicyConfig has these; the server builds one for the real pi0 / pi0.5 from its
+ * engine's info).
+ */
+export type BatchLayout = Pick<PolicyConfig, 'slots' | 'imageSize' | 'maxTokenLen' | 'stateDim' | 'horizon' | 'actionDim' | 'padToken'>;
 
 const encoder = new TextEncoder();
 
@@ -47,7 +60,7 @@ const encoder = new TextEncoder();
  * BOS/EOS). Returns tokens [max_token_len] int32 and mask [max_token_len] uint8.
  * Throws ShapeError('too_large') when the prompt is over maxPromptBytes.
  */
-export function tokenizePrompt(config: PolicyConfig, prompt: string, maxPromptBytes = 1024): { tokens: Int32Array; mask: Uint8Array } {
+export function tokenizePrompt(config: BatchLayout, prompt: string, maxPromptBytes = 1024): { tokens: Int32Array; mask: Uint8Array } {
   const bytes = encoder.encode(prompt);
   if (bytes.length > maxPromptBytes) {
     throw new ShapeError('too_large', `prompt is ${bytes.length} bytes; the limit is ${maxPromptBytes}`);
@@ -69,7 +82,7 @@ export function tokenizePrompt(config: PolicyConfig, prompt: string, maxPromptBy
  * than horizon x action_dim or with a data length that is not h' x a'), 'too_large' (prompt),
  * 'bad_value' (a negative or non-finite weight, a non-finite state or action value).
  */
-export function makeBatch(config: PolicyConfig, datums: readonly DatumInput[], options: MakeBatchOptions = {}): ModelBatch {
+export function makeBatch(config: BatchLayout, datums: readonly DatumInput[], options: MakeBatchOptions = {}): ModelBatch {
   const B = datums.length;
   if (B === 0) throw new ShapeError('empty_batch', 'the batch has 0 datums; at least 1 is needed');
   const { slots, imageSize: S, maxTokenLen: L, stateDim, horizon: H, actionDim: A } = config;
@@ -95,8 +108,6 @@ export function makeBatch(config: PolicyConfig, datums: readonly DatumInput[], o
       imageMask[i * slots + k] = 1;
     });
     const tok = tokenizePrompt(config, d.prompt, options.maxPromptBytes ?? 1024);
-    tokens.set(tok.tokens, i * L);
-    tokenMask.set(tok.mask, i * L);
     if (d.state.length > stateDim) {
       throw new ShapeError('shape_mismatch', `datum ${i} state has ${d.state.length} values; the model's state_dim is ${stateDim}`);
     }
@@ -105,6 +116,15 @@ export function makeBatch(config: PolicyConfig, datums: readonly DatumInput[], o
       if (!Number.isFinite(v)) throw new ShapeError('bad_value', `datum ${i} state[${j}] is ${v}; values must be finite`);
       state[i * stateDim + j] = v;
     }
+    // The real family's prompt reads the state (pi0.5's bins), so it is encoded once the state is checked.
+    if (options.encodePrompt) {
+      const own = options.encodePrompt(d.prompt, d.state);
+      if (own.tokens.length !== L || own.mask.length !== L) throw new ShapeError('shape_mismatch', `datum ${i} prompt encodes to ${own.tokens.length} tokens; the model takes ${L}`);
+      tok.tokens.set(own.tokens);
+      tok.mask.set(own.mask);
+    }
+    tokens.set(tok.tokens, i * L);
+    tokenMask.set(tok.mask, i * L);
     if (d.actions) {
       const { data, horizon: h, dim: a } = d.actions;
       if (h > H || a > A) {

@@ -41,7 +41,14 @@ export interface BackendInfo {
 
 /** What an engine reports once its model is ready. */
 export interface EngineInfo {
+  /** The exported model name: a small preset, or `pi0` / `pi05` for the real models. */
   preset: string;
+  /** `small` (Vela's presets, byte prompts) or the real variant (PaliGemma prompts, kernels/pi). */
+  family: 'small' | 'pi0' | 'pi05';
+  /** The real model's checkpoint folder; null for presets. */
+  baseDir: string | null;
+  /** The prompt padding id (256 for presets' bytes, PaliGemma's `<pad>` 0). */
+  padToken: number;
   backend: string;
   backendKind: string;
   backendDevice: string;

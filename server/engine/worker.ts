@@ -6,21 +6,46 @@
 import { parentPort } from 'node:worker_threads';
 import fs from 'node:fs';
 import path from 'node:path';
+import v8 from 'node:v8';
+import vm from 'node:vm';
 import * as tf from '@tensorflow/tfjs';
 import { initBackend, type BackendReport } from '../../kernels/backend/backend.ts';
-import { makeConfig, type PolicyConfig } from '../../kernels/small/config.ts';
+import { makeConfig } from '../../kernels/small/config.ts';
 import { BaseWeights, TrainingState } from '../../kernels/trainer.ts';
 import { checkpointFiles, loadCheckpoint, saveCheckpoint, type CheckpointContent } from '../../kernels/checkpoint.ts';
 import { parseNormStats } from '../../kernels/normalize.ts';
 import { drawNoiseTime } from '../../kernels/flow.ts';
 import { Rng } from '../../kernels/rng.ts';
 import type { ModelBatch } from '../../kernels/small/batch.ts';
-import { EngineError, type BackendInfo, type EngineMemory, type FromWorker, type ToWorker } from './messages.ts';
+import { realPiConfigFromHub, type RealPiConfig } from '../../kernels/pi/config.ts';
+import { toRealPiBatch } from '../../kernels/pi/batch.ts';
+import { realPiPolicy } from '../../kernels/pi/policy.ts';
+import { PALIGEMMA_PAD_ID } from '../../kernels/pi/prompt.ts';
+import { readHubCheckpoint, readHubConfig } from '../models/hub-checkpoint.ts';
+import { parseEngineModel } from './model-key.ts';
+import { EngineError, type BackendInfo, type EngineInfo, type EngineMemory, type FromWorker, type ToWorker } from './messages.ts';
 import { TenantPool, toExported, type Tenant } from './tenants.ts';
 
 const port = parentPort!;
-let config: PolicyConfig;
-let base: BaseWeights;
+/**
+ * The model this engine holds, as the rest of the worker sees it: its exported name, chunk
+ * shape and image layout (a small preset's PolicyConfig, or the real pi0 / pi0.5 read from a Hub
+ * checkpoint folder), and how a server batch becomes the family's batch.
+ */
+interface EngineModel {
+  preset: string;
+  horizon: number;
+  actionDim: number;
+  imageSize: number;
+  slots: number;
+  /** The real family's checkpoint folder, written into saved configs; null for presets. */
+  baseDir: string | null;
+  /** The family's batch (typed loosely: the TrainingState of this engine takes whichever the family is). */
+  toBatch(mb: ModelBatch): any;
+}
+let config: EngineModel;
+// The family's batch type is the engine's business alone: the server hands ModelBatch over.
+let base: BaseWeights<any, any>;
 let pool: TenantPool;
 let backendName = '';
 let baseSeed = 0;
@@ -136,14 +161,14 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
   }
   switch (op) {
     case 'forward_backward': {
-      const r = state.forwardBackward(args.batch as ModelBatch, { lossFn: args.lossFn });
+      const r = state.forwardBackward(config.toBatch(args.batch as ModelBatch), { lossFn: args.lossFn });
       return [answer(state, r), answerBuffers(r.lossPerDatum)];
     }
     case 'forward': {
       const batch = args.batch as ModelBatch;
       // A seeded forward (evaluation) draws its own noise and time and leaves the session's generator alone.
       const given = args.seed == null ? {} : drawNoiseTime(new Rng(args.seed), batch.size, config.horizon, config.actionDim);
-      const r = state.forward(batch, { keep: !!args.keep, ema: !!args.ema, ...given });
+      const r = state.forward(config.toBatch(batch), { keep: !!args.keep, ema: !!args.ema, ...given });
       return [answer(state, r), answerBuffers(r.velocity, r.target, r.xT, r.noise, r.time)];
     }
     case 'backward':
@@ -164,7 +189,7 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
     case 'sample': {
       const temp = args.weights ? await loadWeights(tenant, args.weights) : null;
       try {
-        const actions = (temp ?? state).sample(args.batch as ModelBatch, { numSteps: args.numSteps, seed: args.seed ?? undefined, ema: !!args.ema });
+        const actions = (temp ?? state).sample(config.toBatch(args.batch as ModelBatch), { numSteps: args.numSteps, seed: args.seed ?? undefined, ema: !!args.ema });
         return [answer(state, { actions }), answerBuffers(actions)];
       } finally {
         temp?.dispose();
@@ -192,6 +217,7 @@ function checkpointContent(t: Tenant, state: TrainingState, withOptimizer: boole
   const cfg = {
     ...ex.config, preset: config.preset, action_horizon: args.actionHorizon ?? config.horizon, cameras: args.cameras ?? [],
     image_size: config.imageSize, image_slots: config.slots, base_seed: baseSeed, session_seed: t.opts.seed,
+    ...(config.baseDir ? { base_checkpoint: config.baseDir } : {}),
     ...(args.extraConfig ?? {}),
   };
   const content: CheckpointContent = { config: cfg };
@@ -261,9 +287,77 @@ async function infer(policyId: string, args: Record<string, any>): Promise<[unkn
   const per = config.horizon * config.actionDim;
   const noise = new Float32Array(batch.size * per);
   seeds.forEach((seed, i) => noise.set(new Rng(seed).normals(per), i * per));
-  const actions = state.sample(batch, { numSteps: args.numSteps ?? 10, noise });
+  const actions = state.sample(config.toBatch(batch), { numSteps: args.numSteps ?? 10, noise });
   return [answer(null, { actions, step }), answerBuffers(actions)];
 }
+
+/** Forces a garbage collection (the loader frees a model's worth of JS arrays); a no-op where V8 refuses. */
+const collect: () => void = (() => {
+  try {
+    v8.setFlagsFromString('--expose-gc');
+    return vm.runInNewContext('gc') as () => void;
+  } catch {
+    return () => {};
+  }
+})();
+
+/**
+ * Loads the engine's model: a small preset from its seed, or the real pi0 / pi0.5 from a Hub
+ * checkpoint folder (server/models/hub-checkpoint.ts), streamed tensor by tensor so the peak
+ * stays near one float32 copy. Returns what the host's EngineInfo says about the model.
+ * @throws the checkpoint reader's CheckpointError / ConfigError (one line naming the file).
+ */
+async function loadModel(key: string, seed: number): Promise<Omit<EngineInfo, 'backend' | 'backendKind' | 'backendDevice' | 'backendFallbacks' | 'backendLine'>> {
+  const parsed = parseEngineModel(key);
+  baseSeed = seed;
+  if (parsed.kind === 'preset') {
+    const c = makeConfig(parsed.preset);
+    base = BaseWeights.create(c, seed);
+    config = { preset: c.preset, horizon: c.horizon, actionDim: c.actionDim, imageSize: c.imageSize, slots: c.slots, baseDir: null, toBatch: (mb) => mb };
+    pool = new TenantPool(base, c.preset, maxResident);
+    return {
+      preset: c.preset, family: 'small', baseDir: null, imageSize: c.imageSize, imageSlots: c.slots, stateDim: c.stateDim, actionDim: c.actionDim,
+      actionHorizon: c.horizon, maxTokenLen: c.maxTokenLen, padToken: c.padToken, baseParams: base.paramCount,
+    };
+  }
+  const c: RealPiConfig = realPiConfigFromHub(await readHubConfig(parsed.dir));
+  if (c.variant !== parsed.variant) throw new EngineError('bad_checkpoint', `${parsed.dir}/config.json is a ${c.variant} checkpoint; ${parsed.variant} was asked for`);
+  const policy = realPiPolicy(c, c.variant);
+  const loaded = new Map<string, tf.Tensor>();
+  let garbage = 0;
+  try {
+    await readHubCheckpoint(parsed.dir, c, {
+      onTensor: (name, data, shape) => {
+        // tfjs-node keeps a new tensor's values in JS until an op reads them: a rank-changing
+        // reshape moves them into TensorFlow now (a same-rank one shares the JS array, and the
+        // first sample() would copy every weight again), and collecting every 256 MiB keeps
+        // the peak near one float32 model (bench/real-pi-full.ts measured this).
+        const t = tf.tensor(data, shape, 'float32');
+        const flat = tf.reshape(t, [1, ...shape]);
+        loaded.set(name, tf.reshape(flat, shape));
+        tf.dispose([t, flat]);
+        garbage += data.byteLength;
+        if (garbage >= 256 * 2 ** 20) {
+          collect();
+          garbage = 0;
+        }
+      },
+    });
+    base = BaseWeights.adopt(policy, loaded);
+  } catch (e) {
+    tf.dispose([...loaded.values()]);
+    throw e;
+  }
+  collect();
+  const S = c.vision.imageSize;
+  config = { preset: c.variant, horizon: c.actionHorizon, actionDim: c.actionDim, imageSize: S, slots: 3, baseDir: parsed.dir, toBatch: (mb) => toRealPiBatch(c, mb) };
+  pool = new TenantPool(base as BaseWeights, c.variant, maxResident);
+  return {
+    preset: c.variant, family: c.variant, baseDir: parsed.dir, imageSize: S, imageSlots: 3, stateDim: c.stateDim, actionDim: c.actionDim,
+    actionHorizon: c.actionHorizon, maxTokenLen: c.maxTokenLen, padToken: PALIGEMMA_PAD_ID, baseParams: base.paramCount,
+  };
+}
+let maxResident = 64;
 
 function isUserError(e: unknown): boolean {
   if (e instanceof EngineError) return true;
@@ -289,17 +383,13 @@ port.on('message', (m: ToWorker) => {
         // The commands print the line themselves (engine.info.backendLine); the log keeps it at debug.
         const report = await initBackend(m.backend, (line) => send({ kind: 'log', level: 'debug', message: line }));
         backendName = report.name;
-        config = makeConfig(m.preset);
-        baseSeed = m.seed;
-        base = BaseWeights.create(config, m.seed);
-        pool = new TenantPool(base, config.preset, m.maxResident ?? 64);
+        maxResident = m.maxResident ?? 64;
+        const info = await loadModel(m.preset, m.seed);
         send({
           kind: 'ready',
           info: {
-            preset: config.preset, backend: backendName, backendKind: report.kind, backendDevice: report.device,
+            ...info, backend: backendName, backendKind: report.kind, backendDevice: report.device,
             backendFallbacks: backendInfo(report).fallbacks, backendLine: report.line,
-            imageSize: config.imageSize, imageSlots: config.slots, stateDim: config.stateDim, actionDim: config.actionDim,
-            actionHorizon: config.horizon, maxTokenLen: config.maxTokenLen, baseParams: base.paramCount,
           },
           memory: memoryNow(),
         });

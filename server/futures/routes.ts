@@ -159,7 +159,7 @@ export function mountFutures(app: TemplatedApp, deps: FuturesDeps): FuturesHandl
   ctx.post('create_model', async (r, owner, body) => {
     const v = { ...body.value };
     // session_id / model_seq_id: Tinker's (create_session's id; the model's order within it).
-    checkFields(r, v, ['model_id', 'base_model', 'finetune', 'rank', 'alpha', 'targets', 'action_horizon', 'seed', 'lora_config', 'session_id', 'model_seq_id'], 'create_model');
+    checkFields(r, v, ['model_id', 'base_model', 'base', 'finetune', 'rank', 'alpha', 'targets', 'action_horizon', 'seed', 'lora_config', 'session_id', 'model_seq_id'], 'create_model');
     const name = v.model_id ?? null;
     const clientSession = v.session_id ?? null;
     delete v.model_id;

@@ -12,7 +12,7 @@ import { packNumpy, unpackNumpy } from '../../protocol/ndarray.ts';
 /** The stub model's sizes: flow0-tiny with 32-pixel images, 8 state and action dims, horizon 6. */
 export const STUB_INFO: EngineInfo = {
   preset: 'flow0-tiny', backend: 'stub', backendKind: 'stub', backendDevice: 'none', backendLine: 'backend stub', backendFallbacks: [], imageSize: 32, imageSlots: 3, stateDim: 8, actionDim: 8,
-  actionHorizon: 6, maxTokenLen: 48, baseParams: 1,
+  actionHorizon: 6, maxTokenLen: 48, padToken: 256, family: 'small', baseDir: null, baseParams: 1,
 };
 
 /** A checkpoint of a 7-dim-state, 6-dim-action dataset, delta on dims 0..2, z-score stats. */
