@@ -68,7 +68,10 @@ const USAGE_CASES: [string[], string][] = [
   [ft('300'), 'vela finetune: unexpected argument 300 (options take the form --name value; see vela finetune --help)'],
   [['finetune', '--dataset', './nope'], 'vela finetune: --dataset ./nope: no such folder'],
   [['finetune', '--steps', '5'], 'vela finetune: --dataset DIR is required (see vela finetune --help)'],
-  [['policy'], 'vela policy: expected one CHECKPOINT folder, got none (see vela policy --help)'],
+  [['policy'], 'vela policy: expected one CHECKPOINT folder or --base <hub id | folder>, got none (see vela policy --help)'],
+  [['policy', 'ck', '--base'], 'vela policy: --base needs a value (see vela policy --help)'],
+  [['policy', '--base', 'lerobot/pi05_base', '--model', 'pi1'], 'vela policy: --model pi1: must be one of pi0, pi05'],
+  [['policy', 'ck', '--cameras', 'cam_high'], 'vela policy: --cameras applies to --base alone: a checkpoint\'s config.json binds its cameras (see vela policy --help)'],
   [['policy', './nope'], 'vela policy: CHECKPOINT ./nope: no such folder'],
   [['policy', rel], `vela policy: CHECKPOINT ${rel}: has no config.json; a checkpoint is a folder such as <output>/weights/final or <output>/weights/step-N of vela finetune`],
   [['policy', 'ck', '--port', 'abc'], 'vela policy: --port abc: must be an integer in 0..65535'],
@@ -112,6 +115,14 @@ describe('vela: usage mistakes', () => {
     const { code, text } = await cli(argv);
     expect(text).toBe(line + '\n');
     expect(code).toBe(2);
+  });
+
+  it('vela policy --model against the base\'s own type, and a base given as CHECKPOINT with --base', async () => {
+    const base = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-base-'));
+    fs.writeFileSync(path.join(base, 'config.json'), JSON.stringify({ type: 'pi05' }));
+    expect(await cli(['policy', '--base', base, '--model', 'pi0'])).toEqual({ code: 2, text: `vela policy: --model pi0: ${base} is a pi05 checkpoint (config.json type); drop --model or pick pi05 (see vela policy --help)\n` });
+    expect(await cli(['policy', base, '--base', base])).toEqual({ code: 2, text: `vela policy: CHECKPOINT ${base} is itself a base checkpoint (config.json type pi05): serve it alone, or give --base alone (see vela policy --help)\n` });
+    fs.rmSync(base, { recursive: true, force: true });
   });
 
   it('an environment variable is named with its value', async () => {

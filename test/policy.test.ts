@@ -411,9 +411,14 @@ describe('policy meta: what a checkpoint must say', () => {
 describe('vela policy: arguments', () => {
   it('has OpenPI-compatible defaults but binds 127.0.0.1', () => {
     expect(parsePolicyArgs(['ckpt'], {})).toEqual({
-      checkpoint: 'ckpt', port: 8000, host: '127.0.0.1', seed: null, debug: false, batchWindowMs: 5, maxBatch: 16, apiKey: null,
+      checkpoint: 'ckpt', base: null, model: null, cameras: null, port: 8000, host: '127.0.0.1', seed: null, debug: false, batchWindowMs: 5, maxBatch: 16, apiKey: null,
       backend: 'auto', maxMessageBytes: 16 * 1024 * 1024, logLevel: 'info', metricsPublic: false,
     });
+  });
+
+  it('takes a real base alone, or a checkpoint with a base that overrides its own', () => {
+    expect(parsePolicyArgs(['--base', 'lerobot/pi05_base', '--model', 'pi05', '--cameras', 'cam_high,cam_wrist'], {})).toMatchObject({ checkpoint: null, base: 'lerobot/pi05_base', model: 'pi05', cameras: ['cam_high', 'cam_wrist'] });
+    expect(parsePolicyArgs(['--checkpoint=ck', '--base', '/b'], {})).toMatchObject({ checkpoint: 'ck', base: '/b', model: null });
   });
 
   it('reads every flag, in both spellings', () => {
@@ -425,7 +430,11 @@ describe('vela policy: arguments', () => {
   });
 
   it('names the bad argument', () => {
-    expect(() => parsePolicyArgs([], {})).toThrow(/expected one CHECKPOINT folder, got none/);
+    expect(() => parsePolicyArgs([], {})).toThrow(/expected one CHECKPOINT folder or --base <hub id \| folder>, got none/);
+    expect(() => parsePolicyArgs(['a', '--checkpoint', 'b'], {})).toThrow(/expected one CHECKPOINT folder, got b a/);
+    expect(() => parsePolicyArgs(['--base', 'x', '--model', 'pi1'], {})).toThrow('--model pi1: must be one of pi0, pi05');
+    expect(() => parsePolicyArgs(['ckpt', '--cameras', 'a'], {})).toThrow(/--cameras applies to --base alone/);
+    expect(() => parsePolicyArgs(['--base', 'x', '--cameras', 'a,b,c,d'], {})).toThrow('--cameras a,b,c,d: must be 1 to 3 distinct camera names');
     expect(() => parsePolicyArgs(['a', 'b'], {})).toThrow(/expected one CHECKPOINT folder, got a b/);
     expect(() => parsePolicyArgs(['ckpt', '--port', '70000'], {})).toThrow('--port 70000: must be an integer in 0..65535');
     expect(() => parsePolicyArgs(['ckpt', '--max-batch', '0'], {})).toThrow('--max-batch 0: must be an integer in 1..256');

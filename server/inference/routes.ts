@@ -16,7 +16,7 @@ import type { TemplatedApp } from 'uWebSockets.js';
 import { loadObservationDictionary } from '../../protocol/zstd.ts';
 import { credentialOf, safeEqual } from '../auth.ts';
 import { HttpError, route, sendJson, statusLine, type Req } from '../http.ts';
-import { applyWeightsPush, createPolicyServer, decodeWeightsPush, MAX_PUSH_BYTES, mountPolicySocket, randomSeed, type PolicyServer } from '../policy/index.ts';
+import { applyWeightsPush, createFolderPolicy, createPolicyServer, decodeWeightsPush, MAX_PUSH_BYTES, mountPolicySocket, randomSeed, type PolicyServer } from '../policy/index.ts';
 import { readBody, sendAs, type Format } from '../futures/codec.ts';
 import { errorAnswer } from '../futures/requests.ts';
 import type { EngineLike } from '../engine/host.ts';
@@ -84,7 +84,8 @@ export async function targetOf(deps: InferenceDeps, kind: PolicyKind, id: string
     if (job.status !== 'succeeded') throw new HttpError(409, `fine-tune ${job.id} is ${job.status}; only a succeeded job has a policy to serve`);
     return {
       key: `ft:${id}`,
-      load: () => engineFor(job.config.model as string).then((engine) => createPolicyServer({ engine, checkpointDir: job.output_dir, policyId: `policy-${job.id}`, version: 'final', limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes } })),
+      // The job's engine: a preset, or the real model on its base (engine_model, set once the base is resolved).
+      load: () => createFolderPolicy(engineFor, job.output_dir, { engineModel: (job.config.engine_model ?? job.config.model) as string, policyId: `policy-${job.id}`, version: 'final', limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes } }),
     };
   }
   // Not yet used since this server started: the store has it (sampling sessions outlive a restart).
@@ -96,7 +97,8 @@ export async function targetOf(deps: InferenceDeps, kind: PolicyKind, id: string
   if (!s || s.owner !== owner) throw new HttpError(404, `no sampling session ${id}`);
   return {
     key: `samp:${id}`,
-    load: () => engineFor(s.preset).then((engine) => createPolicyServer({ engine, checkpointDir: s.checkpointDir, policyId: `policy-${s.id}`, version: s.checkpointId, limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes } })),
+    // A real model's checkpoint names its base (base_checkpoint), which picks the engine; a preset's, its preset.
+    load: () => createFolderPolicy(engineFor, s.checkpointDir, { policyId: `policy-${s.id}`, version: s.checkpointId, limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes } }),
     alive: () => sampling.has(id),
   };
 }

@@ -1,13 +1,14 @@
 /**
  * A finished fine-tune served to robots from the main server: the OpenPI websocket protocol at
- * `/v1/fine-tunes/{id}/policy` (PROTOCOL.md section 6), on the engine of the job's preset. Each
- * job's policy is loaded on first use and kept.
+ * `/v1/fine-tunes/{id}/policy` (PROTOCOL.md section 6), on the engine of the job's model (its
+ * `engine_model`: a preset, or the real pi0 / pi0.5 on the job's base). Each job's policy is
+ * loaded on first use and kept.
  */
 import type { TemplatedApp } from 'uWebSockets.js';
 import { loadObservationDictionary } from '../../protocol/zstd.ts';
 import { credentialOf } from '../auth.ts';
 import { HttpError, route, statusLine } from '../http.ts';
-import { createPolicyServer, mountPolicySocket, type PolicyServer } from '../policy/index.ts';
+import { createFolderPolicy, mountPolicySocket, type PolicyServer } from '../policy/index.ts';
 import type { EngineLike } from '../engine/host.ts';
 import type { ServerConfig } from '../config.ts';
 import type { Store } from '../store.ts';
@@ -32,8 +33,8 @@ export function mountJobPolicies(app: TemplatedApp, deps: { store: Store; config
     if (job.status !== 'succeeded') throw new HttpError(409, `fine-tune ${job.id} is ${job.status}; only a succeeded job has a policy to serve`);
     let p = served.get(job.id);
     if (!p) {
-      p = engineFor(job.config.model as string).then((engine) =>
-        createPolicyServer({ engine, checkpointDir: job.output_dir, policyId: `policy-${job.id}`, limits: { maxMessageBytes: config.maxPolicyMessageBytes } }));
+      const engineModel = (job.config.engine_model ?? job.config.model) as string;
+      p = createFolderPolicy(engineFor, job.output_dir, { engineModel, policyId: `policy-${job.id}`, limits: { maxMessageBytes: config.maxPolicyMessageBytes } });
       served.set(job.id, p);
       p.catch(() => served.delete(job.id));
     }

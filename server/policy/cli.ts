@@ -1,5 +1,6 @@
 /**
- * `vela policy CHECKPOINT [options]`: serve a checkpoint to OpenPI clients
+ * `vela policy CHECKPOINT [options]` / `vela policy --base REF [--model pi0|pi05]`: serve a
+ * checkpoint, or a real pi0 / pi0.5 base as it is, to OpenPI clients
  * (`openpi_client.websocket_client_policy.WebsocketClientPolicy(host, port, api_key)`).
  */
 import fs from 'node:fs';
@@ -10,10 +11,14 @@ import { log } from '../log.ts';
 import { stopOnSignals } from '../signals.ts';
 import { DEFAULT_POLICY_LIMITS } from './observation.ts';
 import { storedPreset } from '../presets.ts';
+import { REAL_MODELS, type RealModel } from '../models/bases.ts';
+import { baseServeConfig, classifyFolder, OPENPI_CAMERAS, type ServedFolder } from './checkpoint.ts';
 
 const HELP = 'vela policy --help';
 
 export const POLICY_USAGE = `Usage: vela policy CHECKPOINT [options]
+       vela policy --checkpoint DIR [--base REF] [options]
+       vela policy --base REF [--model pi0|pi05] [options]
 
 Serves a checkpoint folder (config.json, weights, norm_stats.json) over OpenPI's websocket
 protocol: ws://HOST:PORT/ for openpi_client's WebsocketClientPolicy, GET /healthz, GET
@@ -22,7 +27,20 @@ protocol: ws://HOST:PORT/ for openpi_client's WebsocketClientPolicy, GET /health
 /weights: new weights pushed by a Vela server's sync_inference_weights, swapped in between
 batches without dropping a connection (only with --api-key).
 
+The real pi0 / pi0.5: --base serves a base checkpoint as it is (a Hub id such as
+lerobot/pi05_base, found in the Hugging Face cache, or a folder in the Hub layout: config.json +
+model.safetensors), with its own norm stats when it has them (else unnormalised, with a
+warning). A Vela checkpoint of a real-model session or fine-tune (config.json preset pi0 / pi05)
+names the base it was trained on (base_checkpoint) and is served on it; --base overrides that
+folder (a checkpoint copied from another machine).
+
 Options:
+  --checkpoint DIR      the checkpoint folder (the same as the CHECKPOINT argument)
+  --base REF            the real model's base: a Hub id (in the Hugging Face cache: HF_HUB_CACHE,
+                        HF_HOME) or a folder; alone, it is served as it is
+  --model M             ${REAL_MODELS.join(' | ')}: the variant of --base (default: its config.json's "type")
+  --cameras A,B,C       camera names bound to the base's image slots, in order (default: its
+                        config.json's input_features, else ${OPENPI_CAMERAS.join(',')}); --base only
   --port N              port (default 8000; 0 picks a free one)
   --host H              address to bind (default 127.0.0.1; 0.0.0.0 for every interface)
   --seed N              reproducible sampling: request n of a connection on stream K (the
@@ -42,7 +60,12 @@ Options:
 `;
 
 interface Parsed {
-  checkpoint: string;
+  /** The checkpoint folder as typed; null with --base alone. */
+  checkpoint: string | null;
+  /** --base as typed (a Hub id or a folder); null when not given. */
+  base: string | null;
+  model: RealModel | null;
+  cameras: string[] | null;
   port: number;
   host: string;
   seed: number | null;
@@ -59,6 +82,7 @@ interface Parsed {
 const SPEC: FlagSpec = {
   '--port': 'value', '--host': 'value', '--seed': 'value', '--debug': 'switch', '--batch-window-ms': 'value', '--max-batch': 'value',
   '--api-key': 'value', '--metrics-public': 'switch', '--backend': 'value', '--max-message-bytes': 'value', '--log-level': 'value',
+  '--checkpoint': 'value', '--base': 'value', '--model': 'value', '--cameras': 'value',
 };
 
 /**
@@ -67,7 +91,7 @@ const SPEC: FlagSpec = {
  */
 export function parsePolicyArgs(argv: string[], env: NodeJS.ProcessEnv = process.env): Parsed {
   const out: Parsed = {
-    checkpoint: '', port: 8000, host: '127.0.0.1', seed: null, debug: false, batchWindowMs: 5, maxBatch: 16,
+    checkpoint: null, base: null, model: null, cameras: null, port: 8000, host: '127.0.0.1', seed: null, debug: false, batchWindowMs: 5, maxBatch: 16,
     apiKey: env.VELA_API_KEY || null, metricsPublic: /^(1|true|yes|on)$/i.test(env.VELA_METRICS_PUBLIC ?? ''), backend: env.VELA_BACKEND || 'auto', maxMessageBytes: DEFAULT_POLICY_LIMITS.maxMessageBytes, logLevel: 'info',
   };
   const { flags, positional } = splitArgs(argv, SPEC, HELP);
@@ -84,11 +108,61 @@ export function parsePolicyArgs(argv: string[], env: NodeJS.ProcessEnv = process
       case '--backend': out.backend = choiceArg(f, BACKEND_CHOICES); break;
       case '--max-message-bytes': out.maxMessageBytes = intArg(f, 1024, 1024 * 1024 * 1024); break;
       case '--log-level': out.logLevel = choiceArg(f, LOG_LEVELS); break;
+      case '--checkpoint': out.checkpoint = f.value; break;
+      case '--base': out.base = f.value; break;
+      case '--model': out.model = choiceArg(f, REAL_MODELS); break;
+      case '--cameras': {
+        const names = f.value.split(',').map((c) => c.trim());
+        if (names.length > 3 || names.some((c) => !/^[A-Za-z0-9_.-]{1,64}$/.test(c)) || new Set(names).size !== names.length) {
+          throw badValue(f, 'must be 1 to 3 distinct camera names (letters, digits, _ . -), comma-separated');
+        }
+        out.cameras = names;
+        break;
+      }
     }
   }
-  if (positional.length !== 1) throw new UsageError(`expected one CHECKPOINT folder, got ${positional.length ? positional.map(shown).join(' ') : 'none'} (see ${HELP})`);
-  out.checkpoint = positional[0]!;
+  const given = out.checkpoint !== null ? 1 : 0;
+  if (positional.length + given > 1) throw new UsageError(`expected one CHECKPOINT folder, got ${[...(out.checkpoint !== null ? [out.checkpoint] : []), ...positional].map(shown).join(' ')} (see ${HELP})`);
+  if (positional.length === 1) out.checkpoint = positional[0]!;
+  if (out.checkpoint === null && out.base === null) throw new UsageError(`expected one CHECKPOINT folder or --base <hub id | folder>, got none (see ${HELP})`);
+  if (out.cameras && out.checkpoint !== null) throw new UsageError(`--cameras applies to --base alone: a checkpoint's config.json binds its cameras (see ${HELP})`);
   return out;
+}
+
+/** The checks of a typed folder argument that are usage mistakes (a mistyped path). @throws UsageError */
+function checkFolderArg(name: string, value: string): string {
+  const dir = path.resolve(value);
+  const arg = { flag: name, value, typed: `${name} ${shown(value)}` };
+  if (!fs.existsSync(dir) || !fs.statSync(dir).isDirectory()) throw badValue(arg, 'no such folder');
+  if (!fs.existsSync(path.join(dir, 'config.json'))) {
+    throw badValue(arg, 'has no config.json; a checkpoint is a folder such as <output>/weights/final or <output>/weights/step-N of vela finetune');
+  }
+  return dir;
+}
+
+/**
+ * What `vela policy` serves, from its arguments: the folder classified (a Vela checkpoint, or a
+ * real base served as it is) with its engine key, --base resolved to a local folder.
+ * @throws UsageError (a missing folder, flags that do not go together, --model against the
+ *   folder's type), ModelError (a Hub id not in the cache, one line with the command to fetch
+ *   it), PolicyConfigError (a config.json that names no model).
+ */
+export async function resolvePolicyTarget(args: Parsed): Promise<ServedFolder> {
+  const { resolveBase } = await import('../models/resolve.ts');
+  const baseDir = args.base !== null ? (await resolveBase(args.base)).dir : null;
+  let target: ServedFolder;
+  if (args.checkpoint !== null) {
+    target = await classifyFolder(checkFolderArg('CHECKPOINT', args.checkpoint), { base: baseDir });
+    if (target.kind === 'base' && baseDir !== null) throw new UsageError(`CHECKPOINT ${shown(args.checkpoint)} is itself a base checkpoint (config.json type ${target.variant}): serve it alone, or give --base alone (see ${HELP})`);
+  } else {
+    target = await classifyFolder(baseDir!);
+    if (target.kind !== 'base') throw new UsageError(`--base ${shown(args.base!)} is a Vela checkpoint (config.json preset ${target.preset}), not a base: serve it as CHECKPOINT (see ${HELP})`);
+  }
+  const variant = target.kind === 'base' ? target.variant : target.preset;
+  if (args.model !== null && args.model !== variant) {
+    throw new UsageError(`--model ${args.model}: ${target.kind === 'base' ? target.dir : args.checkpoint} is a ${variant} checkpoint (config.json ${target.kind === 'base' ? 'type' : 'preset'}); drop --model or pick ${variant} (see ${HELP})`);
+  }
+  return target;
 }
 
 /**
@@ -97,13 +171,8 @@ export function parsePolicyArgs(argv: string[], env: NodeJS.ProcessEnv = process
  *   Error when config.json is not JSON or has no preset.
  */
 export function readCheckpointConfig(checkpoint: string): { preset: string; baseSeed: number } {
-  const dir = path.resolve(checkpoint);
-  const arg = { flag: 'CHECKPOINT', value: checkpoint, typed: `CHECKPOINT ${shown(checkpoint)}` };
-  if (!fs.existsSync(dir) || !fs.statSync(dir).isDirectory()) throw badValue(arg, 'no such folder');
+  const dir = checkFolderArg('CHECKPOINT', checkpoint);
   const configPath = path.join(dir, 'config.json');
-  if (!fs.existsSync(configPath)) {
-    throw badValue(arg, 'has no config.json; a checkpoint is a folder such as <output>/weights/final or <output>/weights/step-N of vela finetune');
-  }
   let ckConfig: { preset?: unknown; base_seed?: unknown };
   try {
     ckConfig = JSON.parse(fs.readFileSync(configPath, 'utf8'));
@@ -117,20 +186,30 @@ export function readCheckpointConfig(checkpoint: string): { preset: string; base
   return { preset: storedPreset(preset), baseSeed: typeof ckConfig.base_seed === 'number' ? ckConfig.base_seed : 0 };
 }
 
-/** The `vela policy` command: starts an engine for the checkpoint's preset and serves it until SIGINT/SIGTERM. */
+/**
+ * The `vela policy` command: starts an engine for the checkpoint's model (a small preset, or
+ * the real pi0 / pi0.5 on its base) and serves it until SIGINT/SIGTERM.
+ */
 export async function policyCommand(argv: string[]): Promise<void> {
   if (argv.includes('--help') || argv.includes('-h')) return void process.stdout.write(POLICY_USAGE);
   const args = parsePolicyArgs(argv);
   log.setLevel(args.logLevel);
-  const dir = path.resolve(args.checkpoint);
-  const { preset, baseSeed } = readCheckpointConfig(args.checkpoint);
+  const target = await resolvePolicyTarget(args);
+  if (target.baseDir) {
+    // The real model's prompts need PaliGemma's tokenizer: refused now, before a 14 GB load.
+    const { tokenizerFileFor } = await import('../models/layout.ts');
+    tokenizerFileFor(target.baseDir);
+  }
   const { Engine } = await import('../engine/host.ts');
   const { startPolicyServer } = await import('./standalone.ts');
-  const engine = await Engine.start({ preset, backend: args.backend, seed: baseSeed });
+  const engine = await Engine.start({ preset: target.engineModel, backend: args.backend, seed: target.kind === 'checkpoint' ? target.baseSeed : 0 });
+  const served = target.kind === 'checkpoint'
+    ? { checkpointDir: target.dir }
+    : { base: { config: baseServeConfig(target.config, target.variant, args.cameras) }, checkpointDir: target.dir };
   let server;
   try {
     server = await startPolicyServer({
-      engine, checkpointDir: dir, policyId: 'policy', seed: args.seed, debug: args.debug, batchWindowMs: args.batchWindowMs,
+      engine, ...served, policyId: 'policy', seed: args.seed, debug: args.debug, batchWindowMs: args.batchWindowMs,
       maxBatch: args.maxBatch, apiKey: args.apiKey, metricsPublic: args.metricsPublic, limits: { maxMessageBytes: args.maxMessageBytes }, host: args.host, port: args.port,
     });
   } catch (e) {
@@ -138,9 +217,10 @@ export async function policyCommand(argv: string[]): Promise<void> {
     throw e;
   }
   const m = server.policy.meta;
+  const what = target.kind === 'base' ? `the ${m.preset} base ${target.dir}` : target.baseDir ? `${m.preset} on the base ${target.baseDir}` : m.preset;
   process.stdout.write(
-    `Vela policy server on ${server.wsUrl} (${m.preset} on ${engine.info.backend}; cameras ${m.cameras.join(', ')}; ` +
-      `actions [${m.actionHorizon}, ${m.actionDim}], absolute${m.actionSpace === 'delta' ? ' (trained as deltas; the state is added back)' : ''}${args.seed !== null ? `; seed ${args.seed}` : ''}${args.apiKey ? '; API key required' : ''})\n` +
+    `Vela policy server on ${server.wsUrl} (${what} on ${engine.info.backend}; cameras ${m.cameras.join(', ')}; ` +
+      `actions [${m.actionHorizon}, ${m.actionDim}], absolute${m.actionSpace === 'delta' ? ' (trained as deltas; the state is added back)' : ''}${m.norm ? '' : ', unnormalised'}${args.seed !== null ? `; seed ${args.seed}` : ''}${args.apiKey ? '; API key required' : ''})\n` +
       `${engine.info.backendLine}\n`,
   );
   stopOnSignals(() => server.close().then(() => engine.close()), 'shutting down');

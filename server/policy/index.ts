@@ -1,4 +1,4 @@
-export { createPolicyServer, type PolicyServer, type PolicyServerOptions, type PolicyAnswer, type PolicyStats, type SwapResult } from './service.ts';
+export { createPolicyServer, createFolderPolicy, type PolicyServer, type PolicyServerOptions, type PolicyAnswer, type PolicyStats, type SwapResult } from './service.ts';
 export { applyWeightsPush, decodeWeightsPush, encodeWeightsPush, MAX_PUSH_BYTES, type WeightsPush } from './push.ts';
 export { mountPolicySocket, type PolicyResolver, type PolicyUpgrade } from './socket.ts';
 export { startPolicyServer, checkPolicyKey, type PolicyServerHandle, type StandaloneOptions } from './standalone.ts';

@@ -1,9 +1,12 @@
 /**
  * What the policy server needs to know about a checkpoint, read from the engine's `load_policy`
- * answer (the checkpoint's config.json and norm_stats.json, PROTOCOL.md section 4).
+ * answer (the checkpoint's config.json and norm_stats.json, PROTOCOL.md section 4), laid out for
+ * the engine's model (server/models/layout.ts: a small preset's, or the real pi0 / pi0.5's
+ * three 224 px slots and PaliGemma prompt).
  *
  * config.json fields read here (others are ignored):
- * - `preset` (required): the model preset; must be the engine's.
+ * - `preset` (required): the model preset; must be the engine's (`pi0` / `pi05` on a real
+ *   engine).
  * - `cameras` (required): camera names bound to image slots 0, 1, ... (short `cam_high` or full
  *   `observation.images.cam_high` names).
  * - `action_horizon`: action steps answered (default the model's horizon).
@@ -15,9 +18,10 @@
  *   action dimension), else the mask from `state_names` / `action_names` (MODEL.md).
  * - `num_steps`: Euler steps of sampling (default 10).
  */
-import { makeConfig, resolveStoredPreset, type PolicyConfig } from '../../kernels/small/config.ts';
-import { deltaMaskFromNames, normalizerFor, parseNormStats, type NormStatsSet, type Normalizer } from '../../kernels/normalize.ts';
+import { resolveStoredPreset } from '../../kernels/small/config.ts';
+import { deltaMaskFromNames, normalizerFor, parseNormStats, type NormMode, type NormStatsSet, type Normalizer } from '../../kernels/normalize.ts';
 import type { EngineInfo } from '../engine/messages.ts';
+import type { ModelLayout } from '../models/layout.ts';
 
 /** A checkpoint that the policy server cannot serve; the message names the field. */
 export class PolicyConfigError extends Error {
@@ -30,9 +34,10 @@ export class PolicyConfigError extends Error {
 
 /** The served policy's shapes and transforms. */
 export interface PolicyMeta {
+  /** The model's name: a small preset, or `pi0` / `pi05` (the real models). */
   preset: string;
-  /** The model's config (sizes from the engine), for makeBatch. */
-  model: PolicyConfig;
+  /** The engine's model layout (sizes, and the real family's prompt encoder), for makeBatch. */
+  model: ModelLayout;
   cameras: string[];
   actionHorizon: number; // <= model.horizon
   actionDim: number; // dataset action dims, <= model.actionDim
@@ -72,24 +77,47 @@ function basePreset(name: string): string {
   return resolveStoredPreset(name.replace(/\+custom$/, ''));
 }
 
+/** A small preset's layout, from the engine's sizes (byte prompts need no tokenizer, so no await). */
+function smallLayout(info: EngineInfo): ModelLayout {
+  return {
+    family: 'small', slots: info.imageSlots, imageSize: info.imageSize, maxTokenLen: info.maxTokenLen, stateDim: info.stateDim,
+    horizon: info.actionHorizon, actionDim: info.actionDim, padToken: info.padToken, tokenizerFile: null,
+  };
+}
+
+/** What else shapes a policy's meta besides its config and stats. */
+export interface MetaOptions {
+  /** The engine's layout (modelLayout(info)); required for the real family, whose prompt needs the tokenizer. */
+  layout?: ModelLayout;
+  /** The transform the stats were made for; default the family's (pi0 z-score, pi0.5 quantile). */
+  normMode?: NormMode | null;
+}
+
 /**
  * Builds the policy's meta from a checkpoint config and stats, against the engine's model sizes.
- * @throws PolicyConfigError naming the field that is missing or out of range.
+ * @throws PolicyConfigError naming the field that is missing or out of range; Error when a real
+ *   engine's layout is not given.
  */
-export function policyMeta(info: EngineInfo, config: unknown, normStats: unknown): PolicyMeta {
+export function policyMeta(info: EngineInfo, config: unknown, normStats: unknown, opts: MetaOptions = {}): PolicyMeta {
   if (config === null || typeof config !== 'object' || Array.isArray(config)) bad(`expected an object; got ${JSON.stringify(config)}`);
   const cfg = config as Record<string, unknown>;
   if (typeof cfg.preset !== 'string') bad(`preset is ${JSON.stringify(cfg.preset)}; expected a preset name`);
+  const real = (info.family ?? 'small') !== 'small';
   let preset: string;
-  try {
-    preset = basePreset(cfg.preset);
-  } catch (e) {
-    bad((e as Error).message);
+  if (real) {
+    // On a real engine, pi0 / pi05 name the real model (the checkpoint's base_checkpoint chose this engine).
+    if (cfg.preset !== info.family) bad(`preset is ${cfg.preset} but the engine runs the real ${info.family}`);
+    preset = info.family;
+  } else {
+    try {
+      preset = basePreset(cfg.preset);
+    } catch (e) {
+      bad((e as Error).message);
+    }
+    if (preset !== basePreset(info.preset)) bad(`preset is ${cfg.preset} but the engine runs ${info.preset}`);
   }
-  if (preset !== basePreset(info.preset)) bad(`preset is ${cfg.preset} but the engine runs ${info.preset}`);
-  const model = makeConfig(preset, {
-    imageSize: info.imageSize, slots: info.imageSlots, stateDim: info.stateDim, actionDim: info.actionDim, horizon: info.actionHorizon, maxTokenLen: info.maxTokenLen,
-  });
+  if (real && !opts.layout) throw new Error(`policyMeta: the real ${info.family} needs its layout (modelLayout(engine.info))`);
+  const model = opts.layout ?? smallLayout(info);
   const cameras = names(cfg, 'cameras') ?? bad('cameras is missing: the checkpoint must bind camera names to image slots');
   if (cameras.length === 0 || cameras.length > model.slots) bad(`cameras has ${cameras.length} names; the model has ${model.slots} image slots`);
   if (new Set(cameras.map(shortCamera)).size !== cameras.length) bad(`cameras ${JSON.stringify(cameras)} has a name twice`);
@@ -121,7 +149,7 @@ export function policyMeta(info: EngineInfo, config: unknown, normStats: unknown
   const numSteps = count(cfg, 'num_steps', 1, 1000) ?? 10;
   return {
     preset, model, cameras, actionHorizon: horizon, actionDim, stateDim, stateNames: stateNames ?? null, actionNames: actionNames ?? null, actionSpace: space, deltaMask,
-    norm: stats ? { normalizer: normalizerFor(preset), stats } : null, numSteps,
+    norm: stats ? { normalizer: normalizerFor(opts.normMode === 'zscore' ? 'pi0' : opts.normMode === 'quantile' ? 'pi05' : preset), stats } : null, numSteps,
   };
 }
 

@@ -12,14 +12,19 @@
  * A live policy (a training session's) has no versions: every batch runs on the session's
  * weights of the moment, and an optim_step is one engine call, never half-applied.
  */
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { ndarray, type NDArray } from '../../protocol/ndarray.ts';
 import { dictionaryId, initZstd, loadObservationDictionary } from '../../protocol/zstd.ts';
 import { batchBuffers, makeBatch } from '../../kernels/small/batch.ts';
 import type { EngineLike } from '../engine/host.ts';
 import { log } from '../log.ts';
+import { modelLayout } from '../models/layout.ts';
 import { Batcher, type BatchStats } from './batcher.ts';
-import { policyMeta, type PolicyMeta } from './meta.ts';
+import { baseServeConfig, classifyFolder, servedNormStats } from './checkpoint.ts';
+import { policyMeta, PolicyConfigError, type PolicyMeta } from './meta.ts';
 import { DEFAULT_POLICY_LIMITS, observationKeys, parseObservation, toDatum, toRobotActions, type PolicyLimits } from './observation.ts';
 
 export interface PolicyServerOptions {
@@ -33,6 +38,13 @@ export interface PolicyServerOptions {
    * id and `config` stands in for the checkpoint's config.json (preset, cameras, action_horizon).
    */
   live?: { config: Record<string, unknown> };
+  /**
+   * Serve the engine's base checkpoint itself (a real pi0 / pi0.5 base such as
+   * lerobot/pi05_base: a policy as it is, with no Vela checkpoint to load): `config` stands in
+   * for the checkpoint's config.json (cameras, action_horizon, num_steps); the norm stats are the
+   * base folder's own. Pushed weights (swap) load on top of it as usual.
+   */
+  base?: { config: Record<string, unknown> };
   /** The label of the first weights (what `weights_version` reports before any swap). */
   version?: string | number | null;
   /** `--seed`: reproducible per-connection seed streams (seeds.ts); absent = random seeds. */
@@ -111,6 +123,8 @@ export interface PolicyServer {
 /** One set of weights in the engine, with the meta that goes with it. */
 interface Version {
   engineId: string;
+  /** A loaded checkpoint (unloaded with unload_policy), or the base as it is (held as an adapter-free session, closed with close_session). */
+  kind: 'checkpoint' | 'base';
   meta: PolicyMeta;
   label: string | number | null;
   refs: number; // requests in flight on it
@@ -132,22 +146,48 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   const isLive = opts.live !== undefined;
   let swaps = 0;
   let liveStep: number | null = null;
+  // The batch layout of the engine's model (the real family's needs its tokenizer: one line naming the fix when it is missing).
+  const layout = await modelLayout(engine.info);
+  // Session folders of base versions (their adapters are never saved; removed on close).
+  const baseDirs: string[] = [];
 
+  const metaOf = async (engineId: string, dir: string | null, config: unknown, fromEngine: unknown, what: string): Promise<PolicyMeta> => {
+    const norm = await servedNormStats(dir, fromEngine);
+    const meta = policyMeta(engine.info, config, norm ? { norm_stats: norm.stats } : null, { layout, normMode: norm?.mode });
+    if (!meta.norm) log.warn(`policy ${engineId}: ${what} has no norm stats; states and actions pass unnormalised`);
+    return meta;
+  };
   const load = async (engineId: string, dir: string, label: string | number | null): Promise<Version> => {
     const loaded = await engine.call<{ result: { config: unknown; normStats: unknown } }>(engineId, 'load_policy', { dir });
     let meta: PolicyMeta;
     try {
-      meta = policyMeta(engine.info, loaded.result.config, loaded.result.normStats);
+      meta = await metaOf(engineId, dir, loaded.result.config, loaded.result.normStats, 'the checkpoint');
     } catch (e) {
       await engine.call(engineId, 'unload_policy').catch(() => undefined);
       throw e;
     }
-    if (!meta.norm) log.warn(`policy ${engineId}: the checkpoint has no norm_stats.json; states and actions pass unnormalised`);
-    return { engineId, meta, label, refs: 0, retired: false, unloaded: false };
+    return { engineId, kind: 'checkpoint', meta, label, refs: 0, retired: false, unloaded: false };
+  };
+  /**
+   * The engine's base as a policy. The engine serves sessions and loaded checkpoints, so the
+   * base is held as a session whose one adapter (rank 1 on the action expert's projections)
+   * starts at zero: LoRA's B is zero-initialised, so its answers are the base's, bit for bit,
+   * at the cost of one rank-1 product per adapted projection.
+   */
+  const loadBase = async (engineId: string, label: string | number | null): Promise<Version> => {
+    const baseDir = engine.info.baseDir;
+    if (engine.info.family === 'small' || !baseDir) throw new PolicyConfigError(`a base is served on a real pi0 / pi0.5 engine; this engine runs the preset ${engine.info.preset}`);
+    const meta = await metaOf(engineId, baseDir, opts.base!.config, null, `the base ${baseDir}`);
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-policy-base-'));
+    baseDirs.push(dir);
+    await engine.call(engineId, 'create_session', { finetune: 'lora', rank: 1, alpha: 1, targets: ['action_expert'], seed: 0, dir });
+    return { engineId, kind: 'base', meta, label, refs: 0, retired: false, unloaded: false };
   };
   let current: Version = isLive
-    ? { engineId: policyId, meta: policyMeta(engine.info, opts.live!.config, null), label: 'live', refs: 0, retired: false, unloaded: true }
-    : await load(policyId, opts.checkpointDir ?? '', opts.version ?? null);
+    ? { engineId: policyId, kind: 'checkpoint', meta: policyMeta(engine.info, opts.live!.config, null, { layout }), label: 'live', refs: 0, retired: false, unloaded: true }
+    : opts.base
+      ? await loadBase(policyId, opts.version ?? 'base')
+      : await load(policyId, opts.checkpointDir ?? '', opts.version ?? null);
   const versions = new Set<Version>([current]);
 
   /** A retired version is freed once nothing runs on it (its engine queue orders the unload after its last infer). */
@@ -155,7 +195,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     if (!v.retired || v.refs > 0 || v.unloaded) return;
     v.unloaded = true;
     versions.delete(v);
-    engine.call(v.engineId, 'unload_policy').catch((e) => log.warn(`unloading policy ${v.engineId}: ${(e as Error).message}`));
+    engine.call(v.engineId, v.kind === 'base' ? 'close_session' : 'unload_policy').catch((e) => log.warn(`unloading policy ${v.engineId}: ${(e as Error).message}`));
   };
 
   const counters = { connections: 0, errors: 0 };
@@ -172,7 +212,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
       let inferMs = 0;
       for (const [v, idx] of groups) {
         const { horizon: H, actionDim: A } = v.meta.model;
-        const batch = makeBatch(v.meta.model, idx.map((i) => datums[i]!), { maxPromptBytes: limits.maxPromptBytes });
+        const batch = makeBatch(v.meta.model, idx.map((i) => datums[i]!), { maxPromptBytes: limits.maxPromptBytes, encodePrompt: v.meta.model.encodePrompt });
         const t0 = performance.now();
         const ans = await engine.call<{ result: { actions: Float32Array; step?: number | null } }>(v.engineId, 'infer', { batch, seeds: idx.map((i) => seeds[i]!), numSteps: v.meta.numSteps }, batchBuffers(batch));
         inferMs += performance.now() - t0;
@@ -268,7 +308,10 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
       swapChain = p.catch(() => undefined);
       return p;
     },
-    close: () => batcher.close(new Error('the policy server is shutting down')),
+    close: () => {
+      batcher.close(new Error('the policy server is shutting down'));
+      for (const d of baseDirs.splice(0)) fs.rmSync(d, { recursive: true, force: true });
+    },
     async dispose() {
       batcher.close(new Error('the policy was unloaded'));
       for (const v of [...versions]) {
@@ -276,6 +319,26 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         if (!isLive) release(v);
       }
       await swapChain;
+      for (const d of baseDirs.splice(0)) fs.rmSync(d, { recursive: true, force: true });
     },
   };
+}
+
+/**
+ * The policy of a folder the main server serves (a fine-tune's output, a sampling session's
+ * checkpoint), on the engine of its model: a Vela checkpoint on its preset's engine, or on its
+ * real base's (`engineModel`, a job's `engine_model`, when known; else its `base_checkpoint`);
+ * a real base in the Hub layout as it is, on its own engine.
+ * @throws PolicyConfigError for a folder that names no model; what engineFor and
+ *   createPolicyServer throw.
+ */
+export async function createFolderPolicy(
+  engineFor: (model: string) => Promise<EngineLike>,
+  dir: string,
+  opts: Omit<PolicyServerOptions, 'engine' | 'checkpointDir' | 'base' | 'live'> & { engineModel?: string | null },
+): Promise<PolicyServer> {
+  const { engineModel, ...rest } = opts;
+  const target = await classifyFolder(dir, { engineModel });
+  const engine = await engineFor(target.engineModel);
+  return createPolicyServer({ ...rest, engine, checkpointDir: dir, ...(target.kind === 'base' ? { base: { config: baseServeConfig(target.config, target.variant, null) } } : {}) });
 }
