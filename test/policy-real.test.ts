@@ -1,0 +1,215 @@
+/**
+ * `vela policy` serving the real pi0 / pi0.5 (issue 24), on the tiny real-architecture bases of
+ * test/helpers/real-pi-base.ts (the CI stand-ins for lerobot/pi0_base and lerobot/pi05_base):
+ * - a base served as it is (`vela policy --base DIR`, a real child process) to OpenPI's Python
+ *   client (test/python/openpi_real_check.py) with a real G1 frame and state;
+ * - a session on the same base (POST /v1/training_sessions {base_model: pi05, base}) trained a
+ *   few steps, its saved weights served by `vela policy --checkpoint`, by the main server's HTTP
+ *   inference (live and as a sampling session) and pushed into the running base server with
+ *   sync_inference_weights: every one answers what the session's own `sample` answers for the
+ *   same seed.
+ * Every process runs on wasm (one thread, deterministic), so answers of different processes are
+ * compared exactly. Peak RSS and round trips are printed, never asserted on.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { VelaClient, type Datum } from '../protocol/client.ts';
+import { decodeFrame } from '../protocol/frames.ts';
+import type { NDArray } from '../protocol/ndarray.ts';
+import { requestSeed } from '../server/policy/seeds.ts';
+import { g1Datums } from './helpers/g1.ts';
+import { PolicyClient } from './helpers/policy-stub.ts';
+import { runPythonJson } from './helpers/python.ts';
+import { missing, pythonEnv } from './helpers/requires.ts';
+import { writeTinyBase } from './helpers/real-pi-base.ts';
+import { api, startTestServer, type TestServer } from './helpers/server.ts';
+
+const SKIP = missing('the test virtualenv (websockets, msgpack, numpy, zstandard)', pythonEnv().reason);
+const KEY = 'real-policy-key';
+const SEED = 7;
+const G1_CAMERAS = 'cam_high,cam_left_wrist,cam_right_wrist';
+
+interface PolicyProc {
+  url: string;
+  proc: ChildProcess;
+  stderr: () => string;
+}
+
+const procs: ChildProcess[] = [];
+
+/** Starts `vela policy ARGS --port 0 --backend wasm` and reads the URL it prints. */
+async function startPolicy(args: string[]): Promise<PolicyProc> {
+  const proc = spawn(process.execPath, ['bin/vela.js', 'policy', ...args, '--port', '0', '--backend', 'wasm', '--log-level', 'warn'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  procs.push(proc);
+  let stderr = '';
+  proc.stderr!.on('data', (b) => (stderr += b));
+  const url = await new Promise<string>((resolve, reject) => {
+    let out = '';
+    proc.stdout!.on('data', (b) => {
+      out += b;
+      const m = /Vela policy server on (ws:\/\/\S+)/.exec(out);
+      if (m) resolve(m[1]!);
+    });
+    proc.once('exit', (code) => reject(new Error(`vela policy exited with ${code}: ${stderr}`)));
+  });
+  return { url, proc, stderr: () => stderr };
+}
+
+/** The process's peak resident memory (VmHWM), MiB. */
+function peakRssMiB(pid: number): number {
+  const m = /VmHWM:\s+(\d+) kB/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
+  return m ? Number(m[1]) / 1024 : NaN;
+}
+
+let tmp: string;
+let pi05Base: string;
+let pi0Base: string;
+let probe: Datum;
+let batch: Datum[];
+let frameFile: string;
+let obsFile: string;
+let basePolicy: PolicyProc;
+
+/** The probe as a robot sends it to a policy: the JPEG frame of cam_high, the raw state, the task. */
+function probeObservation(): Record<string, unknown> {
+  const o = probe.observation;
+  return { 'observation/cam_high': o.image!.cam_high, image_codec: 'JPEG', 'observation/state': o.state, prompt: o.prompt };
+}
+
+const values = (a: NDArray) => Array.from(a.data as Float32Array);
+
+beforeAll(async () => {
+  if (SKIP) return;
+  tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-policy-real-'));
+  [pi05Base, pi0Base] = await Promise.all([writeTinyBase('pi05', { dir: path.join(tmp, 'tiny_pi05_base') }), writeTinyBase('pi0', { dir: path.join(tmp, 'tiny_pi0_base') })]);
+  batch = await g1Datums(2, { horizon: 10 });
+  probe = batch[0]!;
+  // The Python client sends the decoded frame as numpy uint8 [480, 640, 3], as a robot's camera gives it.
+  const frame = await decodeFrame('JPEG', probe.observation.image!.cam_high as Uint8Array);
+  frameFile = path.join(tmp, 'frame.bin');
+  obsFile = path.join(tmp, 'obs.json');
+  fs.writeFileSync(frameFile, frame.data);
+  fs.writeFileSync(obsFile, JSON.stringify({ shape: [frame.height, frame.width, 3], state: Array.from(probe.observation.state!.data as Float32Array), prompt: probe.observation.prompt }));
+  basePolicy = await startPolicy(['--base', pi05Base, '--cameras', G1_CAMERAS, '--api-key', KEY]);
+}, 120_000);
+
+afterAll(() => {
+  for (const p of procs) p.kill('SIGTERM');
+  if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
+});
+
+function checkPythonRun(seen: any, variant: 'pi0' | 'pi05', cameras: string[]): void {
+  expect(seen.metadata).toMatchObject({ server: 'vela', model: variant, action_horizon: 10, action_dim: 32, state_dim: 32, image_size: 56, cameras, action_space: 'absolute', live: false, seeded: false });
+  for (const k of ['first', 'next', 'again', 'open_connection_after_misfit', 'new_connection_after_misfit']) {
+    expect(seen[k]).toMatchObject({ dtype: '<f4', shape: [10, 32], finite: true, keys: ['actions', 'policy_timing', 'server_timing'] });
+  }
+  // The same seed and request number: the same noise, the same answer; the next request differs.
+  expect(seen.again.values).toEqual(seen.first.values);
+  expect(seen.next.values).not.toEqual(seen.first.values);
+  expect(seen.open_connection_after_misfit.values).toEqual(seen.next.values);
+  expect(seen.new_connection_after_misfit.values).toEqual(seen.first.values);
+  expect(new Set(seen.first.values).size).toBeGreaterThan(100);
+  // A state longer than the model's 32 dims: one line naming it, close 1011; the others go on.
+  expect(seen.misfit).toEqual({ error: "Error in inference server:\nobservation/state has 33 values; the model's state_dim is 32", close_code: 1011 });
+}
+
+describe.skipIf(SKIP)('vela policy --base: a real base served as it is to OpenPI\'s client', () => {
+  it('pi0.5: [10, 32] actions for a G1 frame, the metadata, equal answers for equal seeds; a 33-dim state is refused in one line', async () => {
+    const seen = await runPythonJson('openpi_real_check.py', [basePolicy.url, String(SEED), frameFile, obsFile, KEY], 60_000);
+    checkPythonRun(seen, 'pi05', G1_CAMERAS.split(','));
+    // One warning at start: the tiny base carries no norm stats.
+    expect(basePolicy.stderr().match(/has no norm stats/g)).toHaveLength(1);
+    expect(basePolicy.stderr()).toMatch(/the base .*tiny_pi05_base has no norm stats; states and actions pass unnormalised/);
+    const rt = [seen.first, seen.next, seen.again].map((a: any) => a.round_trip_ms.toFixed(0));
+    process.stdout.write(`vela policy --base tiny pi05 (wasm): round trips ${rt.join(', ')} ms (G1 frame 480x640 RAW, 921 KB), peak RSS ${peakRssMiB(basePolicy.proc.pid!).toFixed(0)} MiB\n`);
+  });
+
+  it('pi0 (--model pi0): the same, with openpi\'s camera names from the base\'s config.json', async () => {
+    const p = await startPolicy(['--base', pi0Base, '--model', 'pi0', '--api-key', KEY]);
+    const seen = await runPythonJson('openpi_real_check.py', [p.url, String(SEED), frameFile, obsFile, KEY], 60_000);
+    checkPythonRun(seen, 'pi0', ['base_0_rgb', 'left_wrist_0_rgb', 'right_wrist_0_rgb']);
+    process.stdout.write(`vela policy --base tiny pi0 (wasm): round trip ${seen.first.round_trip_ms.toFixed(0)} ms, peak RSS ${peakRssMiB(p.proc.pid!).toFixed(0)} MiB\n`);
+    p.proc.kill('SIGTERM');
+  });
+});
+
+describe.skipIf(SKIP)('a session on the tiny base, served', () => {
+  let server: TestServer;
+  let sessionId = '';
+  let saved = '';
+  let before: number[] = [];
+  let after: number[] = [];
+  const seed = requestSeed(SEED, '0', 0); // request 0 of stream 0 of a connection with ?seed=SEED
+
+  beforeAll(async () => {
+    if (SKIP) return;
+    // The policy servers listen on 127.0.0.1: loopback endpoints need the operator's allowlist.
+    server = await startTestServer({ env: { VELA_BACKEND: 'wasm', VELA_ALLOW_ENDPOINT: '127.0.0.0/8', VELA_FUTURE_WAIT_S: '1' } });
+  });
+  afterAll(() => server?.close());
+
+  it('vela policy --checkpoint <saved weights> answers the session\'s own sample for the same seed; the base answers the untrained one', async () => {
+    const client = new VelaClient(server.baseUrl, server.apiKey);
+    const s = await client.waitReady((await client.createSession({ base_model: 'pi05', base: pi05Base })).id);
+    sessionId = s.id;
+    const conn = await client.connect(s);
+    before = values((await conn.sample([probe], { codec: 'JPEG', seed })).actions);
+    for (let i = 0; i < 3; i++) {
+      await conn.forwardBackward(batch, { codec: 'JPEG' });
+      await conn.optimStep({ learning_rate: 1e-2 });
+    }
+    after = values((await conn.sample([probe], { codec: 'JPEG', seed })).actions);
+    expect(after).toHaveLength(10 * 32);
+    expect(after).not.toEqual(before); // the adapters moved
+    saved = await conn.saveWeights('w3');
+    expect(JSON.parse(fs.readFileSync(path.join(saved, 'config.json'), 'utf8'))).toMatchObject({ preset: 'pi05', base_checkpoint: pi05Base, cameras: ['cam_high'] });
+
+    const served = await startPolicy(['--checkpoint', saved]);
+    const c = await PolicyClient.connect(`${served.url}?seed=${SEED}`);
+    expect(c.metadata).toMatchObject({ model: 'pi05', cameras: ['cam_high'], action_horizon: 10, action_dim: 32, image_size: 56 });
+    expect(values((await c.infer(probeObservation())).actions)).toEqual(after);
+    c.close();
+    served.proc.kill('SIGTERM');
+
+    // The base served as it is answers what the untrained session (its adapters at zero) sampled.
+    const b = await PolicyClient.connect(`${basePolicy.url}?seed=${SEED}`, { authorization: `Bearer ${KEY}` });
+    expect(values((await b.infer(probeObservation())).actions)).toEqual(before);
+    b.close();
+    conn.close();
+  });
+
+  it('HTTP inference: the session\'s live policy and its saved weights as a sampling session answer the same', async () => {
+    const o = probe.observation;
+    const body = {
+      'observation/cam_high': Buffer.from(o.image!.cam_high as Uint8Array).toString('base64'), image_codec: 'JPEG',
+      'observation/state': Array.from(o.state!.data as Float32Array), prompt: o.prompt, seed,
+    };
+    const live = await api(server, 'POST', `/v1/training_sessions/${sessionId}/infer`, body);
+    expect(live.status).toBe(200);
+    expect(live.json).toMatchObject({ model: 'pi05', seed });
+    expect(live.json.actions.shape).toEqual([10, 32]);
+    expect(live.json.actions.data).toEqual(after);
+
+    const samp = await api(server, 'POST', '/api/v1/create_sampling_session', { path: saved });
+    expect(samp.status).toBe(200);
+    expect(samp.json.model).toBe('pi05');
+    const ans = await api(server, 'POST', `/v1/sampling_sessions/${samp.json.sampling_session_id}/infer`, body);
+    expect(ans.status).toBe(200);
+    expect(ans.json.actions.data).toEqual(after);
+  });
+
+  it('sync_inference_weights pushes the session\'s weights into the running base server: it then answers the session\'s sample', async () => {
+    const ep = await api(server, 'POST', '/api/v1/add_inference_endpoint', { url: basePolicy.url, api_key: KEY, name: 'robot' });
+    expect(ep.json).toMatchObject({ reachable: true });
+    const sync = await api(server, 'POST', '/api/v1/sync_inference_weights', { model_id: sessionId });
+    expect(sync.status).toBe(200);
+    expect(sync.json.endpoints).toEqual([expect.objectContaining({ status: 'ok', weights_version: 3, previous_version: 'base' })]);
+    const c = await PolicyClient.connect(`${basePolicy.url}?seed=${SEED}`, { authorization: `Bearer ${KEY}` });
+    expect(c.metadata).toMatchObject({ model: 'pi05', cameras: ['cam_high'], weights_version: 3 });
+    expect(values((await c.infer(probeObservation())).actions)).toEqual(after);
+    c.close();
+  });
+});
