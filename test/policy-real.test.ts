@@ -16,9 +16,12 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { VelaClient, type Datum } from '../protocol/client.ts';
+import { VelaClient, type Datum, type SessionConnection } from '../protocol/client.ts';
 import { decodeFrame } from '../protocol/frames.ts';
-import type { NDArray } from '../protocol/ndarray.ts';
+import { ndarray, type NDArray } from '../protocol/ndarray.ts';
+import { quantileNormalize, quantileUnnormalize, type NormStats } from '../kernels/normalize.ts';
+import { realModelKey } from '../server/engine/model-key.ts';
+import { nowS } from '../server/store.ts';
 import { requestSeed } from '../server/policy/seeds.ts';
 import { g1Datums } from './helpers/g1.ts';
 import { PolicyClient } from './helpers/policy-stub.ts';
@@ -139,6 +142,7 @@ describe.skipIf(SKIP)('vela policy --base: a real base served as it is to OpenPI
 describe.skipIf(SKIP)('a session on the tiny base, served', () => {
   let server: TestServer;
   let sessionId = '';
+  let conn: SessionConnection;
   let saved = '';
   let before: number[] = [];
   let after: number[] = [];
@@ -149,13 +153,16 @@ describe.skipIf(SKIP)('a session on the tiny base, served', () => {
     // The policy servers listen on 127.0.0.1: loopback endpoints need the operator's allowlist.
     server = await startTestServer({ env: { VELA_BACKEND: 'wasm', VELA_ALLOW_ENDPOINT: '127.0.0.0/8', VELA_FUTURE_WAIT_S: '1' } });
   });
-  afterAll(() => server?.close());
+  afterAll(async () => {
+    conn?.close();
+    await server?.close();
+  });
 
   it('vela policy --checkpoint <saved weights> answers the session\'s own sample for the same seed; the base answers the untrained one', async () => {
     const client = new VelaClient(server.baseUrl, server.apiKey);
     const s = await client.waitReady((await client.createSession({ base_model: 'pi05', base: pi05Base })).id);
     sessionId = s.id;
-    const conn = await client.connect(s);
+    conn = await client.connect(s);
     before = values((await conn.sample([probe], { codec: 'JPEG', seed })).actions);
     for (let i = 0; i < 3; i++) {
       await conn.forwardBackward(batch, { codec: 'JPEG' });
@@ -178,7 +185,6 @@ describe.skipIf(SKIP)('a session on the tiny base, served', () => {
     const b = await PolicyClient.connect(`${basePolicy.url}?seed=${SEED}`, { authorization: `Bearer ${KEY}` });
     expect(values((await b.infer(probeObservation())).actions)).toEqual(before);
     b.close();
-    conn.close();
   });
 
   it('HTTP inference: the session\'s live policy and its saved weights as a sampling session answer the same', async () => {
@@ -199,6 +205,34 @@ describe.skipIf(SKIP)('a session on the tiny base, served', () => {
     const ans = await api(server, 'POST', `/v1/sampling_sessions/${samp.json.sampling_session_id}/infer`, body);
     expect(ans.status).toBe(200);
     expect(ans.json.actions.data).toEqual(after);
+  });
+
+  it('a fine-tune\'s policy on the real base serves with its output\'s norm stats, pi0.5\'s quantiles', async () => {
+    // A succeeded job of the real model as the jobs runner records one: engine_model names the
+    // base, output_dir holds the weights and the dataset's norm_stats.json.
+    const out = path.join(tmp, 'job-output');
+    fs.cpSync(saved, out, { recursive: true });
+    const q = (lo: number, n: number): NormStats => ({ mean: new Array(n).fill(0), std: new Array(n).fill(1), q01: Array.from({ length: n }, (_, i) => lo - i / 8), q99: Array.from({ length: n }, (_, i) => lo + 2 + i / 4) });
+    const stats = { state: q(-1, 26), actions: q(-3, 32) };
+    fs.writeFileSync(path.join(out, 'norm_stats.json'), JSON.stringify({ norm_stats: stats }));
+    const owner = (await server.store.findApiKey(server.apiKey))!;
+    const id = 'ft-realpolicy01';
+    await server.store.insertJob({
+      id, owner, status: 'succeeded', created_at: nowS(), config: { model: 'pi05', base: pi05Base, engine_model: realModelKey('pi05', pi05Base), dataset_name: 'g1' },
+      step: 3, loss: null, eval_loss: null, error: null, output_dir: out, started_at: nowS(), finished_at: nowS(), cancel_requested: false,
+    });
+    const o = probe.observation;
+    const raw = o.state!.data as Float32Array;
+    const ans = await api(server, 'POST', `/v1/fine-tunes/${id}/infer`, {
+      'observation/cam_high': Buffer.from(o.image!.cam_high as Uint8Array).toString('base64'), image_codec: 'JPEG', 'observation/state': Array.from(raw), prompt: o.prompt, seed,
+    });
+    expect(ans.status).toBe(200);
+    expect(ans.json.actions.shape).toEqual([10, 32]);
+    // What the session samples for the quantile-normalised state, unnormalised the same way.
+    const normalised = { ...probe, observation: { ...o, state: ndarray(quantileNormalize(raw, 26, stats.state), [26]) } };
+    const model = (await conn.sample([normalised], { codec: 'JPEG', seed })).actions.data as Float32Array;
+    expect(ans.json.actions.data).toEqual(Array.from(quantileUnnormalize(model, 32, stats.actions)));
+    expect(ans.json.actions.data).not.toEqual(after);
   });
 
   it('sync_inference_weights pushes the session\'s weights into the running base server: it then answers the session\'s sample', async () => {
