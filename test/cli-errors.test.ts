@@ -122,7 +122,12 @@ describe('vela: usage mistakes', () => {
     fs.writeFileSync(path.join(base, 'config.json'), JSON.stringify({ type: 'pi05' }));
     expect(await cli(['policy', '--base', base, '--model', 'pi0'])).toEqual({ code: 2, text: `vela policy: --model pi0: ${base} is a pi05 checkpoint (config.json type); drop --model or pick pi05 (see vela policy --help)\n` });
     expect(await cli(['policy', base, '--base', base])).toEqual({ code: 2, text: `vela policy: CHECKPOINT ${base} is itself a base checkpoint (config.json type pi05): serve it alone, or give --base alone (see vela policy --help)\n` });
+    const ck = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-ck-'));
+    fs.writeFileSync(path.join(ck, 'config.json'), JSON.stringify({ preset: 'pi05', base_checkpoint: '/elsewhere/pi05_base' }));
+    expect(await cli(['policy', ck])).toEqual({ code: 2, text: `vela policy: CHECKPOINT ${ck} was trained on the base /elsewhere/pi05_base (config.json base_checkpoint), which is not on this machine: give --base <hub id | folder> (see vela policy --help)\n` });
+    expect(await cli(['policy', ck, '--base', base, '--model', 'pi0'])).toEqual({ code: 2, text: `vela policy: --model pi0: ${ck} is a pi05 checkpoint (config.json preset); drop --model or pick pi05 (see vela policy --help)\n` });
     fs.rmSync(base, { recursive: true, force: true });
+    fs.rmSync(ck, { recursive: true, force: true });
   });
 
   it('an environment variable is named with its value', async () => {

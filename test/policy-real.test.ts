@@ -11,7 +11,7 @@
  * Every process runs on wasm (one thread, deterministic), so answers of different processes are
  * compared exactly. Peak RSS and round trips are printed, never asserted on.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -130,6 +130,19 @@ describe.skipIf(SKIP)('vela policy --base: a real base served as it is to OpenPI
     process.stdout.write(`vela policy --base tiny pi05 (wasm): round trips ${rt.join(', ')} ms (G1 frame 480x640 RAW, 921 KB), peak RSS ${peakRssMiB(basePolicy.proc.pid!).toFixed(0)} MiB\n`);
   });
 
+  it('a base without the PaliGemma tokenizer: one line naming the gated repo and the fix, exit 1, nothing served', async () => {
+    const bare = await writeTinyBase('pi05', { dir: path.join(tmp, 'no_tokenizer_base'), tokenizer: false });
+    const empty = fs.mkdtempSync(path.join(tmp, 'hf-'));
+    const r = await new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) => {
+      execFile(process.execPath, ['bin/vela.js', 'policy', '--base', bare, '--port', '0'], { env: { ...process.env, HF_HOME: empty, HF_HUB_CACHE: path.join(empty, 'hub') }, timeout: 60_000 }, (err, stdout, stderr) => resolve({ code: err ? (err as { code?: number }).code ?? null : 0, stdout, stderr }));
+    });
+    expect(r.code).toBe(1);
+    expect(r.stdout).toBe('');
+    const lines = r.stderr.trim().split('\n');
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatch(/^vela policy: the PaliGemma tokenizer is not in the Hugging Face cache and .*no_tokenizer_base has no tokenizer\.json: google\/paligemma-3b-pt-224 is gated.*HF_TOKEN/);
+  });
+
   it('pi0 (--model pi0): the same, with openpi\'s camera names from the base\'s config.json', async () => {
     const p = await startPolicy(['--base', pi0Base, '--model', 'pi0', '--api-key', KEY]);
     const seen = await runPythonJson('openpi_real_check.py', [p.url, String(SEED), frameFile, obsFile, KEY], 60_000);
@@ -233,6 +246,23 @@ describe.skipIf(SKIP)('a session on the tiny base, served', () => {
     const model = (await conn.sample([normalised], { codec: 'JPEG', seed })).actions.data as Float32Array;
     expect(ans.json.actions.data).toEqual(Array.from(quantileUnnormalize(model, 32, stats.actions)));
     expect(ans.json.actions.data).not.toEqual(after);
+  });
+
+  it('a fine-tune whose output is a base checkpoint in the Hub layout is served as it is', async () => {
+    const owner = (await server.store.findApiKey(server.apiKey))!;
+    const id = 'ft-hubout01';
+    await server.store.insertJob({
+      id, owner, status: 'succeeded', created_at: nowS(), config: { model: 'pi0', base: pi0Base, engine_model: realModelKey('pi0', pi0Base), dataset_name: 'g1' },
+      step: 3, loss: null, eval_loss: null, error: null, output_dir: pi0Base, started_at: nowS(), finished_at: nowS(), cancel_requested: false,
+    });
+    const o = probe.observation;
+    const ans = await api(server, 'POST', `/v1/fine-tunes/${id}/infer`, {
+      'observation/image': Buffer.from(o.image!.cam_high as Uint8Array).toString('base64'), image_codec: 'JPEG', 'observation/state': Array.from(o.state!.data as Float32Array), prompt: o.prompt, seed,
+    });
+    expect(ans.status).toBe(200);
+    expect(ans.json).toMatchObject({ model: 'pi0', weights_version: 'final' });
+    expect(ans.json.actions.shape).toEqual([10, 32]);
+    expect(ans.json.actions.data.every((v: number) => Number.isFinite(v))).toBe(true);
   });
 
   it('sync_inference_weights pushes the session\'s weights into the running base server: it then answers the session\'s sample', async () => {

@@ -158,6 +158,9 @@ export async function resolvePolicyTarget(args: Parsed): Promise<ServedFolder> {
     target = await classifyFolder(baseDir!);
     if (target.kind !== 'base') throw new UsageError(`--base ${shown(args.base!)} is a Vela checkpoint (config.json preset ${target.preset}), not a base: serve it as CHECKPOINT (see ${HELP})`);
   }
+  if (target.kind === 'checkpoint' && target.baseDir !== null && baseDir === null && !fs.existsSync(path.join(target.baseDir, 'config.json'))) {
+    throw new UsageError(`CHECKPOINT ${shown(args.checkpoint!)} was trained on the base ${target.baseDir} (config.json base_checkpoint), which is not on this machine: give --base <hub id | folder> (see ${HELP})`);
+  }
   const variant = target.kind === 'base' ? target.variant : target.preset;
   if (args.model !== null && args.model !== variant) {
     throw new UsageError(`--model ${args.model}: ${target.kind === 'base' ? target.dir : args.checkpoint} is a ${variant} checkpoint (config.json ${target.kind === 'base' ? 'type' : 'preset'}); drop --model or pick ${variant} (see ${HELP})`);
