@@ -265,6 +265,29 @@ describe.skipIf(SKIP)('a session on the tiny base, served', () => {
     expect(ans.json.actions.data.every((v: number) => Number.isFinite(v))).toBe(true);
   });
 
+  it('a real model whose tokenizer is missing: a 503 with the line that says how to get it, not an internal error', async () => {
+    const bare = await writeTinyBase('pi0', { dir: path.join(tmp, 'job_no_tokenizer'), tokenizer: false });
+    const owner = (await server.store.findApiKey(server.apiKey))!;
+    const id = 'ft-notoken01';
+    await server.store.insertJob({
+      id, owner, status: 'succeeded', created_at: nowS(), config: { model: 'pi0', base: bare, engine_model: realModelKey('pi0', bare), dataset_name: 'g1' },
+      step: 3, loss: null, eval_loss: null, error: null, output_dir: bare, started_at: nowS(), finished_at: nowS(), cancel_requested: false,
+    });
+    const saved = { HF_HOME: process.env.HF_HOME, HF_HUB_CACHE: process.env.HF_HUB_CACHE };
+    const empty = fs.mkdtempSync(path.join(tmp, 'hf-'));
+    Object.assign(process.env, { HF_HOME: empty, HF_HUB_CACHE: path.join(empty, 'hub') });
+    try {
+      const ans = await api(server, 'POST', `/v1/fine-tunes/${id}/infer`, { 'observation/state': [0, 1], prompt: 'pick' });
+      expect(ans.status).toBe(503);
+      expect(ans.json.error).toMatch(/^this server cannot serve the base yet: the PaliGemma tokenizer is not in the Hugging Face cache and .* has no tokenizer\.json: google\/paligemma-3b-pt-224 is gated/);
+    } finally {
+      for (const [k, v] of Object.entries(saved)) {
+        if (v === undefined) delete process.env[k];
+        else process.env[k] = v;
+      }
+    }
+  });
+
   it('sync_inference_weights pushes the session\'s weights into the running base server: it then answers the session\'s sample', async () => {
     const ep = await api(server, 'POST', '/api/v1/add_inference_endpoint', { url: basePolicy.url, api_key: KEY, name: 'robot' });
     expect(ep.json).toMatchObject({ reachable: true });

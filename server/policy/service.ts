@@ -20,6 +20,7 @@ import { ndarray, type NDArray } from '../../protocol/ndarray.ts';
 import { dictionaryId, initZstd, loadObservationDictionary } from '../../protocol/zstd.ts';
 import { batchBuffers, makeBatch } from '../../kernels/small/batch.ts';
 import type { EngineLike } from '../engine/host.ts';
+import { HttpError } from '../http.ts';
 import { log } from '../log.ts';
 import { modelLayout } from '../models/layout.ts';
 import { Batcher, type BatchStats } from './batcher.ts';
@@ -329,7 +330,8 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
  * checkpoint), on the engine of its model: a Vela checkpoint on its preset's engine, or on its
  * real base's (`engineModel`, a job's `engine_model`, when known; else its `base_checkpoint`);
  * a real base in the Hub layout as it is, on its own engine.
- * @throws PolicyConfigError for a folder that names no model; what engineFor and
+ * @throws PolicyConfigError for a folder that names no model; HttpError 503 when the real
+ *   model's tokenizer is missing (the line says how to get it); what engineFor and
  *   createPolicyServer throw.
  */
 export async function createFolderPolicy(
@@ -340,5 +342,11 @@ export async function createFolderPolicy(
   const { engineModel, ...rest } = opts;
   const target = await classifyFolder(dir, { engineModel });
   const engine = await engineFor(target.engineModel);
-  return createPolicyServer({ ...rest, engine, checkpointDir: dir, ...(target.kind === 'base' ? { base: { config: baseServeConfig(target.config, target.variant, null) } } : {}) });
+  try {
+    return await createPolicyServer({ ...rest, engine, checkpointDir: dir, ...(target.kind === 'base' ? { base: { config: baseServeConfig(target.config, target.variant, null) } } : {}) });
+  } catch (e) {
+    // The real model's tokenizer is the operator's to install: its line (with the fix) reaches the client, not a bare 500.
+    if ((e as Error)?.name === 'TokenizerError') throw new HttpError(503, `this server cannot serve ${target.kind === 'base' ? 'the base' : 'the checkpoint'} yet: ${(e as Error).message}`);
+    throw e;
+  }
 }
