@@ -36,11 +36,13 @@ folder (a checkpoint copied from another machine).
 
 Options:
   --checkpoint DIR      the checkpoint folder (the same as the CHECKPOINT argument)
-  --base REF            the real model's base: a Hub id (in the Hugging Face cache: HF_HUB_CACHE,
-                        HF_HOME) or a folder; alone, it is served as it is
+  --base REF            the real model's base: a Hub id already in the Hugging Face cache
+                        (HF_HUB_CACHE, HF_HOME; vela models download puts it there) or a
+                        folder; alone, it is served as it is
   --model M             ${REAL_MODELS.join(' | ')}: the variant of --base (default: its config.json's "type")
-  --cameras A,B,C       camera names bound to the base's image slots, in order (default: its
-                        config.json's input_features, else ${OPENPI_CAMERAS.join(',')}); --base only
+  --cameras A,B,C       --base only: camera names bound to the base's image slots, in order
+                        (default: its config.json's input_features, else openpi's
+                        ${OPENPI_CAMERAS.join(',')})
   --port N              port (default 8000; 0 picks a free one)
   --host H              address to bind (default 127.0.0.1; 0.0.0.0 for every interface)
   --seed N              reproducible sampling: request n of a connection on stream K (the

@@ -124,7 +124,7 @@ export interface PolicyServer {
 /** One set of weights in the engine, with the meta that goes with it. */
 interface Version {
   engineId: string;
-  /** A loaded checkpoint (unloaded with unload_policy), or the base as it is (held as an adapter-free session, closed with close_session). */
+  /** A loaded checkpoint (unloaded with unload_policy), or the base as it is (held as a session with a zero adapter, closed with close_session). */
   kind: 'checkpoint' | 'base';
   meta: PolicyMeta;
   label: string | number | null;
@@ -149,8 +149,11 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   let liveStep: number | null = null;
   // The batch layout of the engine's model (the real family's needs its tokenizer: one line naming the fix when it is missing).
   const layout = await modelLayout(engine.info);
-  // Session folders of base versions (their adapters are never saved; removed on close).
+  // Session folders of base versions (the engine writes there only if it puts the session to sleep; removed on close).
   const baseDirs: string[] = [];
+  const removeBaseDirs = () => {
+    for (const d of baseDirs.splice(0)) fs.promises.rm(d, { recursive: true, force: true }).catch(() => undefined);
+  };
 
   const metaOf = async (engineId: string, dir: string | null, config: unknown, fromEngine: unknown, what: string): Promise<PolicyMeta> => {
     const norm = await servedNormStats(dir, fromEngine);
@@ -172,14 +175,14 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   /**
    * The engine's base as a policy. The engine serves sessions and loaded checkpoints, so the
    * base is held as a session whose one adapter (rank 1 on the action expert's projections)
-   * starts at zero: LoRA's B is zero-initialised, so its answers are the base's, bit for bit,
-   * at the cost of one rank-1 product per adapted projection.
+   * starts at zero: LoRA's B is zero-initialised, so the adapter adds exact zeros and the answers
+   * are the base's, at the cost of one rank-1 product per adapted projection.
    */
   const loadBase = async (engineId: string, label: string | number | null): Promise<Version> => {
     const baseDir = engine.info.baseDir;
     if (engine.info.family === 'small' || !baseDir) throw new PolicyConfigError(`a base is served on a real pi0 / pi0.5 engine; this engine runs the preset ${engine.info.preset}`);
     const meta = await metaOf(engineId, baseDir, opts.base!.config, null, `the base ${baseDir}`);
-    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-policy-base-'));
+    const dir = await fs.promises.mkdtemp(path.join(os.tmpdir(), 'vela-policy-base-'));
     baseDirs.push(dir);
     await engine.call(engineId, 'create_session', { finetune: 'lora', rank: 1, alpha: 1, targets: ['action_expert'], seed: 0, dir });
     return { engineId, kind: 'base', meta, label, refs: 0, retired: false, unloaded: false };
@@ -311,7 +314,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     },
     close: () => {
       batcher.close(new Error('the policy server is shutting down'));
-      for (const d of baseDirs.splice(0)) fs.rmSync(d, { recursive: true, force: true });
+      removeBaseDirs();
     },
     async dispose() {
       batcher.close(new Error('the policy was unloaded'));
@@ -320,7 +323,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         if (!isLive) release(v);
       }
       await swapChain;
-      for (const d of baseDirs.splice(0)) fs.rmSync(d, { recursive: true, force: true });
+      removeBaseDirs();
     },
   };
 }
