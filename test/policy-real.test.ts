@@ -212,7 +212,9 @@ describe.skipIf(SKIP)('a session on the tiny base, served', () => {
     expect(live.json.actions.shape).toEqual([10, 32]);
     expect(live.json.actions.data).toEqual(after);
 
-    const samp = await api(server, 'POST', '/api/v1/create_sampling_session', { path: saved });
+    const wrong = await api(server, 'POST', '/api/v1/create_sampling_session', { path: saved, base_model: 'pi0' });
+    expect(wrong).toMatchObject({ status: 400, json: { error: expect.stringMatching(/is for pi05, not "pi0"$/) } });
+    const samp = await api(server, 'POST', '/api/v1/create_sampling_session', { path: saved, base_model: 'pi05' });
     expect(samp.status).toBe(200);
     expect(samp.json.model).toBe('pi05');
     const ans = await api(server, 'POST', `/v1/sampling_sessions/${samp.json.sampling_session_id}/infer`, body);

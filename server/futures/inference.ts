@@ -23,6 +23,7 @@ import path from 'node:path';
 import { randomId, type EndpointRow } from '../store.ts';
 import { HttpError } from '../http.ts';
 import { requestPreset, storedPreset } from '../presets.ts';
+import { isRealModel } from '../models/bases.ts';
 import { encodeWeightsPush } from '../policy/index.ts';
 import { targetOf, type InferenceDeps } from '../inference/routes.ts';
 import { EgressPolicy } from '../inference/egress.ts';
@@ -136,15 +137,18 @@ export function mountInferenceIntegration(ctx: FuturesContext, inference: Infere
       if (cid === null) throw new HttpError(400, `${given[0]} ${JSON.stringify(raw)} is a bare name; give the path or checkpoint_id that save_weights returned`);
       [dir, id] = [checkpointPath(ctx.ownerRoot(owner), cid), cid];
     }
-    let preset: unknown;
+    let ck: { preset?: unknown; base_checkpoint?: unknown };
     try {
-      preset = JSON.parse(fs.readFileSync(path.join(dir, 'config.json'), 'utf8')).preset;
+      ck = JSON.parse(fs.readFileSync(path.join(dir, 'config.json'), 'utf8'));
     } catch {
       throw new HttpError(404, `checkpoint ${id} has no readable config.json`);
     }
+    const preset = ck.preset;
     if (typeof preset !== 'string') throw new HttpError(400, `checkpoint ${id} has no preset in config.json`);
+    // A real pi0 / pi0.5 checkpoint names its base; bare pi0 / pi05 without one is an old name of a small preset.
+    const real = isRealModel(preset) && typeof ck.base_checkpoint === 'string';
     // Old names equal the presets they name: a checkpoint written as flow0-tiny is for flow0-tiny.
-    if (v.base_model !== undefined && requestPreset('base_model', v.base_model) !== storedPreset(preset)) throw new HttpError(400, `checkpoint ${id} is for ${preset}, not ${JSON.stringify(v.base_model)}`);
+    if (v.base_model !== undefined && (real ? v.base_model !== preset : requestPreset('base_model', v.base_model) !== storedPreset(preset))) throw new HttpError(400, `checkpoint ${id} is for ${preset}, not ${JSON.stringify(v.base_model)}`);
     const s = { id: randomId('samp-'), owner, checkpointDir: dir, checkpointId: id, preset, createdAt: Math.floor(Date.now() / 1000) };
     inference.sampling.set(s.id, s);
     // Load it now: a checkpoint that cannot be served is this request's 400, not a robot's.
