@@ -408,6 +408,30 @@ describe('policy meta: what a checkpoint must say', () => {
   });
 });
 
+describe('policy meta on a real pi0 / pi0.5 engine', () => {
+  const realInfo = (family: 'pi0' | 'pi05') => ({ ...STUB_INFO, preset: family, family, baseDir: '/bases/tiny', imageSize: 56, stateDim: 32, actionDim: 32, actionHorizon: 10, padToken: 0 });
+  const layout = (family: 'pi0' | 'pi05') => ({
+    family, slots: 3, imageSize: 56, maxTokenLen: 48, stateDim: 32, horizon: 10, actionDim: 32, padToken: 0, tokenizerFile: '/bases/tiny/tokenizer.json',
+    encodePrompt: () => ({ tokens: new Int32Array(48), mask: new Uint8Array(48) }),
+  });
+  const cfg = (preset: string) => ({ preset, cameras: ['cam_high'] });
+
+  it('takes the engine\'s layout and the family\'s transform: pi0 z-score, pi0.5 quantiles, unless the stats say', () => {
+    const pi0 = policyMeta(realInfo('pi0'), cfg('pi0'), STUB_STATS, { layout: layout('pi0') });
+    expect([pi0.preset, pi0.norm!.normalizer.mode, pi0.model.imageSize, pi0.actionDim, pi0.actionHorizon]).toEqual(['pi0', 'zscore', 56, 6, 10]);
+    expect(pi0.model.encodePrompt).toBeTypeOf('function');
+    expect(policyMeta(realInfo('pi05'), cfg('pi05'), STUB_STATS, { layout: layout('pi05') }).norm!.normalizer.mode).toBe('quantile');
+    expect(policyMeta(realInfo('pi05'), cfg('pi05'), STUB_STATS, { layout: layout('pi05'), normMode: 'zscore' }).norm!.normalizer.mode).toBe('zscore');
+    expect(policyMeta(realInfo('pi05'), cfg('pi05'), null, { layout: layout('pi05') })).toMatchObject({ norm: null, actionDim: 32, stateDim: null });
+  });
+
+  it('refuses another model\'s checkpoint, naming both', () => {
+    expect(() => policyMeta(realInfo('pi05'), cfg('pi0'), null, { layout: layout('pi05') })).toThrow('checkpoint config.json: preset is pi0 but the engine runs the real pi05');
+    expect(() => policyMeta(realInfo('pi05'), cfg('flow05-tiny'), null, { layout: layout('pi05') })).toThrow('checkpoint config.json: preset is flow05-tiny but the engine runs the real pi05');
+    expect(() => policyMeta(realInfo('pi05'), cfg('pi05'), null)).toThrow(/needs its layout/);
+  });
+});
+
 describe('vela policy: arguments', () => {
   it('has OpenPI-compatible defaults but binds 127.0.0.1', () => {
     expect(parsePolicyArgs(['ckpt'], {})).toEqual({
