@@ -130,6 +130,14 @@ describe('vela: usage mistakes', () => {
     fs.rmSync(ck, { recursive: true, force: true });
   });
 
+  it('vela policy --base with a Hub id that is not in the Hugging Face cache: one line naming it, exit 1, before any engine', async () => {
+    const empty = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-hf-'));
+    const r = await cli(['policy', '--base', 'lerobot/pi05_base'], { HF_HOME: empty, HF_HUB_CACHE: path.join(empty, 'hub') });
+    fs.rmSync(empty, { recursive: true, force: true });
+    expect(r.code).toBe(1);
+    expect(r.text).toMatch(/^vela policy: [^\n]*lerobot\/pi05_base[^\n]*\n$/);
+  });
+
   it('an environment variable is named with its value', async () => {
     expect(await cli(['serve'], { VELA_PORT: 'eighty' })).toEqual({ code: 2, text: 'vela serve: VELA_PORT=eighty: must be an integer in 0..65535\n' });
     expect(await cli(['serve'], { VELA_BACKEND: 'tpu' })).toEqual({ code: 2, text: 'vela serve: VELA_BACKEND=tpu: must be one of auto, node-gpu, node, wasm, cpu\n' });
