@@ -12,8 +12,9 @@
  *   "<sha256>"`, `X-Linked-Size`, `X-Repo-Commit`, like the hub's CDN redirect. Both honour
  *   `Range: bytes=N-` and `bytes=N-M` with 206 and Content-Range, 416 past the end.
  * Faults for tests: `cutAfter` (path -> bytes: the first GET of that file that would send more
- * than that many bytes is cut after that many), `corrupt` (paths served with one byte flipped),
- * `token` (Bearer required for everything but the CDN: a private repo). A model repo may be
+ * than that many bytes is cut after that many), `stallAfter` (the same, but the connection then
+ * hangs), `corrupt` (paths served with one byte flipped), `token` (Bearer required for everything
+ * but the CDN: a private repo). A model repo may be
  * `gated` like google/paligemma-3b-pt-224: its metadata and file list are public, its files need
  * a token of an account that accepted the licence (401 without a token, 403 with another one,
  * each with the hub's X-Error-Code: GatedRepo and X-Error-Message).
@@ -42,6 +43,8 @@ export interface FakeHubOptions {
   token?: string;
   models?: FakeModelRepo[];
   cutAfter?: Map<string, number>;
+  /** path -> bytes: the first GET of that file sends that many bytes, then nothing more (a hung transfer, for killing the client). */
+  stallAfter?: Map<string, number>;
   corrupt?: Set<string>;
 }
 
@@ -91,6 +94,7 @@ export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
   if (opts.repoId && opts.dir) repos.push(loadRepo('datasets', opts.repoId, opts.dir, opts.revision));
   for (const m of opts.models ?? []) repos.push(loadRepo('models', m.repoId, m.dir, m.revision, m.gated));
   const cutOnce = new Map(opts.cutAfter ?? []);
+  const stallOnce = new Map(opts.stallAfter ?? []);
   const requests: FakeHub['requests'] = [];
 
   const sendBytes = (req: http.IncomingMessage, res: http.ServerResponse, file: Repo['files'][number], headers: Record<string, string>) => {
@@ -115,6 +119,12 @@ export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
     if (cut !== undefined && slice.length > cut) {
       cutOnce.delete(file.path);
       res.write(slice.subarray(0, cut), () => setTimeout(() => res.socket?.destroy(), 20));
+      return;
+    }
+    const stall = stallOnce.get(file.path);
+    if (stall !== undefined && slice.length > stall) {
+      stallOnce.delete(file.path);
+      res.write(slice.subarray(0, stall));
       return;
     }
     res.end(slice);

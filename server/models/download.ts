@@ -1,0 +1,345 @@
+/**
+ * Downloads a model repository from the Hugging Face Hub into the Hugging Face cache
+ * (hf-cache.ts), with @huggingface/hub doing the hub's API: `modelInfo` (revision -> commit),
+ * `listFiles` (the paged recursive tree, with each file's git oid and LFS SHA-256),
+ * `fileDownloadInfo` (the resolve URL, following the CDN redirect, with the size and ETag) and
+ * `downloadFile`'s WebBlob (ranged reads of that URL).
+ *
+ * What the library does not do is added here, around it, and nothing else:
+ * - Resume. The library's `downloadFileToCacheDir` writes `blobs/<etag>.incomplete` from byte 0
+ *   every time. Here bytes are appended to that same file (huggingface_hub's name for it), and a
+ *   cut connection (retried in the run) or a killed run (the next run) continues from its size
+ *   with `WebBlob.slice(have)`, i.e. a `Range: bytes=<have>-<size-1>` request.
+ * - Verification. The library renames whatever arrived into the blob. Here the finished file's
+ *   size, then its SHA-256 (LFS files) or git blob SHA-1 (others), must equal the tree's before it
+ *   is renamed into `blobs/<etag>`; otherwise it is deleted and the file is named in the error.
+ * - A server that ignores Range (answers 200 to a resumed GET): caught in the fetch wrapper, the
+ *   partial file is started over rather than appended to.
+ * - Errors: the library's HubApiError keeps neither X-Error-Code nor X-Error-Message, which is how
+ *   the hub tells a gated repository from a private or missing one; the fetch wrapper keeps the
+ *   last refused answer's headers so that ModelError can say which, with the fix.
+ * - Include globs (huggingface_hub's `allow_patterns`), and a progress callback.
+ * snapshotDownload is not used: it does one paths-info request per file and none of the above.
+ * Two processes downloading the same blob at once are not locked against each other.
+ */
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import { Readable, Transform } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import type { ReadableStream as NodeReadableStream } from 'node:stream/web';
+import { downloadFile, fileDownloadInfo, HubApiError, listFiles, modelInfo } from '@huggingface/hub';
+import type { DownloadProgress } from '../hub/download.ts';
+import { ModelError } from './errors.ts';
+import { isHubRepoId, modelRepoFolder } from './hf-cache.ts';
+
+export type { DownloadProgress } from '../hub/download.ts';
+
+export interface ModelDownloadOptions {
+  /** `namespace/name`, e.g. `lerobot/pi05_base`. */
+  repoId: string;
+  /** Branch, tag or commit; default `main`. */
+  revision?: string;
+  /** Default `https://huggingface.co`. */
+  endpoint?: string;
+  /** A Hugging Face access token (`hf_...`), sent as `Authorization: Bearer`. */
+  token?: string | null;
+  /** The hub cache folder (hubCacheDir(env)). */
+  cacheDir: string;
+  /** Only files matching one of these globs (fnmatch: `*` also crosses `/`); default all. */
+  include?: string[];
+  /** Resumed attempts per file after a cut connection or a 5xx; default 3. */
+  retries?: number;
+  onProgress?: (p: DownloadProgress) => void;
+}
+
+export interface ModelDownloadResult {
+  commit: string;
+  /** `<cache>/models--ns--name/snapshots/<commit>`. */
+  snapshot: string;
+  files: number;
+  totalBytes: number;
+  /** Bytes transferred in this run (resumed files count only the missing part). */
+  transferredBytes: number;
+  /** Files already in the cache (nothing fetched). */
+  skipped: number;
+}
+
+/** A file of the tree listing, with the hash it must have. */
+interface TreeFile {
+  path: string;
+  size: number;
+  etag: string;
+  algo: 'sha256' | 'git-blob-sha1';
+}
+
+/** The last answer the hub refused, with the headers HubApiError drops. */
+interface Refusal {
+  status: number;
+  errorCode: string | null;
+  errorMessage: string | null;
+}
+
+/** Thrown by the fetch wrapper when a ranged GET is answered with the whole file. */
+class RangeIgnored extends Error {}
+
+/** huggingface_hub's fnmatch: `*` any run of characters (`/` included), `?` one, `[...]` a set. */
+export function globToRegExp(glob: string): RegExp {
+  let re = '';
+  for (let i = 0; i < glob.length; i++) {
+    const c = glob[i]!;
+    if (c === '*') re += '.*';
+    else if (c === '?') re += '.';
+    else if (c === '[') {
+      const end = glob.indexOf(']', i + 1);
+      if (end < 0) re += '\\[';
+      else {
+        const body = glob.slice(i + 1, end);
+        re += `[${body.startsWith('!') ? '^' + body.slice(1) : body}]`;
+        i = end;
+      }
+    } else re += c.replace(/[.+^${}()|\\]/g, '\\$&');
+  }
+  return new RegExp(`^${re}$`);
+}
+
+async function hashFile(file: string, algo: TreeFile['algo']): Promise<string> {
+  const h = crypto.createHash(algo === 'sha256' ? 'sha256' : 'sha1');
+  if (algo === 'git-blob-sha1') h.update(`blob ${(await fs.promises.stat(file)).size}\0`);
+  for await (const chunk of fs.createReadStream(file)) h.update(chunk as Buffer);
+  return h.digest('hex');
+}
+
+const sizeOf = async (p: string): Promise<number | null> => fs.promises.stat(p).then((s) => s.size, () => null);
+
+/**
+ * Downloads every file of a model repository at a revision (or those matching `include`) into
+ * the Hugging Face cache; files already there (their snapshot link resolves to a blob of the
+ * listed size) are not fetched again.
+ * @throws ModelError: `bad_argument` (repo id, token not `hf_...`, include matches nothing),
+ *   `not_found` (repository, revision or file), `unauthorized` (token refused, or private),
+ *   `gated` (licence not accepted: the fix is in the message), `network` (after the retries; the
+ *   bytes so far stay in `blobs/<etag>.incomplete` for the next run), `integrity` (size or hash
+ *   differs from the hub's list: the bytes are deleted).
+ */
+export async function downloadModel(opts: ModelDownloadOptions): Promise<ModelDownloadResult> {
+  const { repoId } = opts;
+  if (!isHubRepoId(repoId)) throw new ModelError('bad_argument', `repository id ${JSON.stringify(repoId)} is not of the form namespace/name (e.g. lerobot/pi05_base)`);
+  const token = opts.token || undefined;
+  // The library refuses other tokens with a TypeError deep inside; say it here, without the token.
+  if (token !== undefined && !token.startsWith('hf_')) throw new ModelError('bad_argument', `the token (HF_TOKEN or --token) does not start with "hf_"; a Hugging Face access token does (create one at https://huggingface.co/settings/tokens)`);
+  const endpoint = (opts.endpoint ?? 'https://huggingface.co').replace(/\/+$/, '');
+  const revision = opts.revision ?? 'main';
+  const retries = opts.retries ?? 3;
+  let refusal: Refusal | null = null;
+  // WebBlob.stream() turns errors into their message; this flag survives that.
+  let rangeIgnored = false;
+  const guardedFetch: typeof fetch = async (input, init) => {
+    const headers = new Headers(init?.headers);
+    headers.set('user-agent', 'vela (@huggingface/hub)');
+    const res = await fetch(input, { ...init, headers });
+    const range = /^bytes=(\d+)-/.exec(headers.get('range') ?? '');
+    if (range && Number(range[1]) > 0 && res.status === 200) {
+      await res.body?.cancel();
+      rangeIgnored = true;
+      throw new RangeIgnored(`the server answered bytes=${range[1]}- with the whole file`);
+    }
+    if (!res.ok) refusal = { status: res.status, errorCode: res.headers.get('x-error-code'), errorMessage: res.headers.get('x-error-message') };
+    return res;
+  };
+  const common = { hubUrl: endpoint, accessToken: token, fetch: guardedFetch };
+  const what = (file?: string) => `${repoId}${revision === 'main' ? '' : `@${revision}`}${file ? `: ${file}` : ''}`;
+  const fail = (e: unknown, file?: string): never => {
+    throw toModelError(e, refusal, { repoId, revision, endpoint, token, what: what(file) });
+  };
+
+  const info = await modelInfo({ ...common, name: repoId, revision, additionalFields: ['sha'] }).catch((e) => fail(e));
+  const commit = (info as { sha?: unknown }).sha;
+  if (typeof commit !== 'string' || !/^[0-9a-f]{40}$/.test(commit)) throw new ModelError('network', `${what()}: the hub's answer has no commit sha (got ${JSON.stringify(commit)}); is ${endpoint} a Hugging Face hub?`);
+  const repoDir = modelRepoFolder(opts.cacheDir, repoId);
+  const snapshot = path.join(repoDir, 'snapshots', commit);
+
+  const files: TreeFile[] = [];
+  try {
+    for await (const e of listFiles({ ...common, repo: { type: 'model', name: repoId }, recursive: true, revision: commit })) {
+      if (e.type !== 'file') continue;
+      const segs = e.path.split('/');
+      if (segs.some((s) => s === '' || s === '.' || s === '..' || s.includes('\\'))) throw new ModelError('network', `${what()}: the hub listed a file path ${JSON.stringify(e.path)} that is not plain relative segments`);
+      if (e.lfs) files.push({ path: e.path, size: e.lfs.size, etag: e.lfs.oid, algo: 'sha256' });
+      else if (e.oid) files.push({ path: e.path, size: e.size, etag: e.oid, algo: 'git-blob-sha1' });
+      else throw new ModelError('network', `${what(e.path)}: the hub's file list gives no oid to check it against`);
+    }
+  } catch (e) {
+    if (e instanceof ModelError) throw e;
+    fail(e);
+  }
+  const globs = (opts.include ?? []).map(globToRegExp);
+  const wanted = globs.length ? files.filter((f) => globs.some((g) => g.test(f.path))) : files;
+  if (wanted.length === 0) {
+    throw new ModelError('bad_argument', `${what()}: no file matches --include ${(opts.include ?? []).join(' ')} (the repository has ${files.length}: ${files.slice(0, 5).map((f) => f.path).join(', ')}${files.length > 5 ? ', ...' : ''})`);
+  }
+  wanted.sort((a, b) => a.path.localeCompare(b.path));
+
+  // The ref first, as huggingface_hub does: a later run finds the commit even if this one stops.
+  if (revision !== commit) {
+    const ref = path.join(repoDir, 'refs', ...revision.split('/'));
+    fs.mkdirSync(path.dirname(ref), { recursive: true });
+    const tmp = `${ref}.${process.pid}.tmp`;
+    fs.writeFileSync(tmp, commit);
+    fs.renameSync(tmp, ref);
+  }
+
+  const totalBytes = wanted.reduce((s, f) => s + f.size, 0);
+  let doneBytes = 0;
+  let transferredBytes = 0;
+  let skipped = 0;
+  const report = (f: TreeFile, i: number, phase: DownloadProgress['phase'], partial = 0) =>
+    opts.onProgress?.({ file: f.path, fileIndex: i + 1, files: wanted.length, doneBytes: doneBytes + partial, totalBytes, transferredBytes, phase });
+
+  for (const [i, f] of wanted.entries()) {
+    const blob = path.join(repoDir, 'blobs', f.etag);
+    const pointer = path.join(snapshot, ...f.path.split('/'));
+    if ((await sizeOf(blob)) === f.size) {
+      // Already downloaded (by Vela or huggingface_hub): at most the snapshot link is missing.
+      if ((await sizeOf(pointer)) !== f.size) await link(blob, pointer);
+      doneBytes += f.size;
+      skipped++;
+      report(f, i, 'skip');
+      continue;
+    }
+    const partial = `${blob}.incomplete`;
+    fs.mkdirSync(path.dirname(blob), { recursive: true });
+    report(f, i, 'start', (await sizeOf(partial)) ?? 0);
+    for (let attempt = 0; ; attempt++) {
+      try {
+        await fetchInto({ ...common, repoId, commit, file: f, partial, onData: (n, fileBytes) => {
+          transferredBytes += n;
+          report(f, i, 'data', fileBytes);
+        } });
+        break;
+      } catch (e) {
+        if (e instanceof RangeIgnored || rangeIgnored) {
+          rangeIgnored = false;
+          fs.truncateSync(partial, 0);
+          if (attempt < retries) continue;
+          throw new ModelError('network', `${what(f.path)}: the server ignores Range requests (answers the whole file to bytes=N-), so a broken transfer cannot resume`);
+        }
+        if (e instanceof ModelError && e.code !== 'network') throw e;
+        const broke = e instanceof ModelError || !(e instanceof HubApiError) || e.statusCode >= 500;
+        if (!broke) fail(e, f.path);
+        const kept = (await sizeOf(partial)) ?? 0;
+        if (attempt >= retries) {
+          const base = e instanceof ModelError ? e.message : toModelError(e, refusal, { repoId, revision, endpoint, token, what: what(f.path) }).message;
+          throw new ModelError('network', `${base}; ${kept} of ${f.size} bytes of ${f.path} are kept in the cache: run the same command again to resume`);
+        }
+        report(f, i, 'retry', kept);
+        await new Promise((r) => setTimeout(r, Math.min(8000, 250 * 2 ** attempt)));
+      }
+    }
+    const size = (await sizeOf(partial)) ?? 0;
+    if (size !== f.size) {
+      fs.rmSync(partial, { force: true });
+      throw new ModelError('integrity', `${repoId}: ${f.path}: downloaded ${size} bytes; the hub's list says ${f.size}. The bytes were discarded, not saved in the cache; run again to retry`);
+    }
+    const got = await hashFile(partial, f.algo);
+    if (got !== f.etag) {
+      fs.rmSync(partial, { force: true });
+      throw new ModelError('integrity', `${repoId}: ${f.path}: ${f.algo === 'sha256' ? 'SHA-256' : 'git blob SHA-1'} of the downloaded bytes is ${got}; the hub's list says ${f.etag}. The file was discarded, not saved in the cache`);
+    }
+    fs.renameSync(partial, blob);
+    await link(blob, pointer);
+    doneBytes += f.size;
+    report(f, i, 'done');
+  }
+  return { commit, snapshot, files: wanted.length, totalBytes, transferredBytes, skipped };
+}
+
+/** `snapshots/<commit>/<path> -> ../../blobs/<etag>` (relative, as huggingface_hub links it). */
+async function link(blob: string, pointer: string): Promise<void> {
+  await fs.promises.mkdir(path.dirname(pointer), { recursive: true });
+  const tmp = `${pointer}.${process.pid}.tmp`;
+  await fs.promises.rm(tmp, { force: true });
+  await fs.promises.symlink(path.relative(path.dirname(pointer), blob), tmp);
+  await fs.promises.rename(tmp, pointer);
+}
+
+/**
+ * One attempt at a file: the library resolves it (size and ETag checked against the tree), then
+ * its WebBlob streams the bytes from what `partial` already holds to the end, appended.
+ * @throws ModelError `network` (connection broke; the bytes written stay), `integrity` (the hub
+ *   states another hash or size than its tree), HubApiError (refused), RangeIgnored.
+ */
+async function fetchInto(o: {
+  hubUrl: string; accessToken: string | undefined; fetch: typeof fetch; repoId: string; commit: string;
+  file: TreeFile; partial: string; onData: (n: number, fileBytes: number) => void;
+}): Promise<void> {
+  const { file, partial } = o;
+  let have = (await sizeOf(partial)) ?? 0;
+  if (have > file.size) {
+    fs.truncateSync(partial, 0);
+    have = 0;
+  }
+  if (have === file.size) return;
+  const repo = { type: 'model' as const, name: o.repoId };
+  const lib = { hubUrl: o.hubUrl, accessToken: o.accessToken, fetch: o.fetch };
+  let info;
+  try {
+    info = await fileDownloadInfo({ ...lib, repo, path: file.path, revision: o.commit });
+  } catch (e) {
+    if (e instanceof HubApiError || e instanceof RangeIgnored) throw e;
+    throw new ModelError('network', `${o.repoId}: ${file.path}: cannot reach ${new URL(o.hubUrl).origin} (${(e as Error & { cause?: Error }).cause?.message ?? (e as Error).message})`);
+  }
+  if (info === null) throw new ModelError('not_found', `${o.repoId}: ${file.path} is listed at commit ${o.commit} but the hub has no such entry`);
+  const etag = info.etag.replace(/^W\//, '').replace(/^"(.*)"$/, '$1');
+  if (info.size !== file.size || (etag.length >= 40 && etag !== file.etag)) {
+    throw new ModelError('integrity', `${o.repoId}: ${file.path}: the hub serves ${info.size} bytes with ETag ${etag}; its file list says ${file.size} bytes, ${file.etag}. Nothing was saved`);
+  }
+  const blob = await downloadFile({ ...lib, repo, path: file.path, revision: o.commit, xet: false, downloadInfo: info });
+  if (!blob) throw new ModelError('not_found', `${o.repoId}: ${file.path} is listed at commit ${o.commit} but the hub has no such entry`);
+  const rest = have > 0 ? blob.slice(have) : blob;
+  let fileBytes = have;
+  const count = new Transform({
+    transform(chunk: Buffer, _enc, cb) {
+      fileBytes += chunk.length;
+      o.onData(chunk.length, fileBytes);
+      cb(null, chunk);
+    },
+  });
+  const out = fs.createWriteStream(partial, { flags: have > 0 ? 'a' : 'w' });
+  try {
+    await pipeline(Readable.fromWeb(rest.stream() as NodeReadableStream), count, out);
+  } catch (e) {
+    // pipeline rejects as soon as the source breaks; writes already handed to the file may still
+    // land. Wait for the file to close so the size we resume from is final.
+    if (!out.closed) await new Promise<void>((resolve) => out.once('close', () => resolve()));
+    if (e instanceof RangeIgnored) throw e;
+    const reason = typeof e === 'string' ? e : ((e as Error & { cause?: Error }).cause?.message ?? (e as Error).message);
+    throw new ModelError('network', `${o.repoId}: ${file.path}: the connection broke after ${(await sizeOf(partial)) ?? 0} of ${file.size} bytes (${reason})`);
+  }
+}
+
+/** The hub's refusal as a ModelError, told apart by status and X-Error-Code. */
+function toModelError(e: unknown, refusal: Refusal | null, c: { repoId: string; revision: string; endpoint: string; token: string | undefined; what: string }): ModelError {
+  if (e instanceof ModelError) return e;
+  if (!(e instanceof HubApiError)) {
+    const err = e as Error & { cause?: Error };
+    return new ModelError('network', `${c.what}: cannot reach ${c.endpoint} (${err.cause?.message ?? err.message})`);
+  }
+  const status = e.statusCode;
+  const code = refusal?.status === status ? refusal.errorCode : null;
+  const said = (refusal?.status === status ? refusal.errorMessage : null) ?? e.message.replace(/\. URL: .*$/, '');
+  const page = `https://huggingface.co/${c.repoId}`;
+  if (code === 'GatedRepo' || ((status === 401 || status === 403) && /gated|restricted/i.test(said))) {
+    if (!c.token) return new ModelError('gated', `${c.repoId} is gated: accept its licence at ${page} while logged in, then set HF_TOKEN=<a read token> (or pass --token)`);
+    return new ModelError('gated', `${c.repoId} is gated and the token given has no access to it: accept its licence at ${page} while logged in as that token's account (or use a read token of an account that has), then set HF_TOKEN=<that token> (or pass --token)`);
+  }
+  if (code === 'RevisionNotFound') return new ModelError('not_found', `${c.repoId} has no revision ${c.revision} on ${c.endpoint}`);
+  if (code === 'EntryNotFound') return new ModelError('not_found', `${c.what}: not found on ${c.endpoint}`);
+  if (code === 'RepoNotFound' || status === 404) {
+    return new ModelError('not_found', `${c.repoId}: no such model on ${c.endpoint}${c.token ? ' that this token can see' : ', or it is private: set HF_TOKEN=<a read token> (or pass --token) if you have access'}`);
+  }
+  if (status === 401 || status === 403) {
+    return new ModelError('unauthorized', `${c.what}: the hub refused ${c.token ? 'the token' : 'the request'} (${status}: ${said}); ${c.token ? 'check HF_TOKEN / --token (a read token from https://huggingface.co/settings/tokens)' : 'set HF_TOKEN=<a read token> (or pass --token)'}`);
+  }
+  return new ModelError('network', `${c.what}: the hub answered ${status} (${said})`);
+}

@@ -1,0 +1,270 @@
+/**
+ * `vela models download|list|inspect` (the real CLI, bin/vela.js, in a child process) and
+ * resolveBase, against a local stand-in for the Hugging Face Hub (test/helpers/fake-hub.ts) on
+ * 127.0.0.1 that serves a tiny pi0.5 checkpoint written by writeHubCheckpoint as
+ * `lerobot-test/pi05_tiny`, and a gated `google/paligemma-3b-pt-224` with tokenizer files.
+ * Shown: the Hugging Face cache layout (refs, snapshot links into blobs named by hash), a resume
+ * after a cut connection and after a killed run (Range from the kept bytes), a corrupt file
+ * refused and kept out of the cache, a rerun that transfers nothing, the gated errors.
+ */
+import { spawn } from 'node:child_process';
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { piParamShapes } from '../kernels/pi/keys.ts';
+import { writeHubCheckpoint } from '../server/models/hub-checkpoint.ts';
+import { ModelError } from '../server/models/errors.ts';
+import { resolveBase } from '../server/models/resolve.ts';
+import { findPaligemmaTokenizer } from '../server/models/tokenizer.ts';
+import { startFakeHub, type FakeHub, type FakeHubOptions } from './helpers/fake-hub.ts';
+import { fakeParam, tinyShapes } from './helpers/real-pi-tiny.ts';
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const REPO = 'lerobot-test/pi05_tiny';
+const PALI = 'google/paligemma-3b-pt-224';
+const WEIGHTS = 'model.safetensors';
+const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-models-'));
+const ckpt = path.join(tmp, 'pi05_tiny');
+const ckptBf16 = path.join(tmp, 'pi05_tiny_bf16');
+const tokDir = path.join(tmp, 'paligemma');
+const cfg = { ...tinyShapes('pi05'), actionHorizon: 10 };
+const nParams = piParamShapes(cfg).reduce((s, [, shape]) => s + shape.reduce((a, b) => a * b, 1), 0);
+const hubs: FakeHub[] = [];
+
+beforeAll(async () => {
+  await writeHubCheckpoint(ckpt, cfg, (name, shape) => fakeParam(name, shape.reduce((a, b) => a * b, 1)));
+  await writeHubCheckpoint(ckptBf16, cfg, (name, shape) => fakeParam(name, shape.reduce((a, b) => a * b, 1)), { dtype: 'BF16', maxShardBytes: 400_000 });
+  // LeRobot's norm stats beside the weights (contents do not matter here).
+  fs.writeFileSync(path.join(ckpt, 'policy_preprocessor.json'), '{"name": "policy_preprocessor", "steps": []}\n');
+  fs.writeFileSync(path.join(ckpt, 'policy_preprocessor_step_3_normalizer_processor.safetensors'), Buffer.from('stats'));
+  fs.writeFileSync(path.join(ckpt, 'README.md'), '# a tiny pi0.5\n');
+  fs.mkdirSync(tokDir);
+  fs.writeFileSync(path.join(tokDir, 'tokenizer.json'), JSON.stringify({ model: { type: 'BPE', byte_fallback: true, vocab: {}, merges: [] } }));
+  fs.writeFileSync(path.join(tokDir, 'tokenizer_config.json'), '{}');
+  fs.writeFileSync(path.join(tokDir, 'config.json'), '{"model_type": "paligemma"}');
+  fs.writeFileSync(path.join(tokDir, 'model-00001-of-00003.safetensors'), Buffer.alloc(1000, 7));
+});
+afterAll(async () => {
+  for (const h of hubs) await h.close();
+  fs.rmSync(tmp, { recursive: true, force: true });
+});
+
+async function hub(opts: Partial<FakeHubOptions> = {}): Promise<FakeHub> {
+  const h = await startFakeHub({ models: [{ repoId: REPO, dir: ckpt }, { repoId: PALI, dir: tokDir, gated: { tokens: ['hf_granted'] } }], ...opts });
+  hubs.push(h);
+  return h;
+}
+
+/** Runs bin/vela.js with `env` over a clean HF environment; resolves with its exit code and output. */
+function vela(args: string[], env: Record<string, string>): { done: Promise<{ code: number | null; stdout: string; stderr: string }>; kill: () => void } {
+  const base = { ...process.env };
+  for (const k of ['HF_HOME', 'HF_HUB_CACHE', 'HF_TOKEN', 'HF_ENDPOINT', 'XDG_CACHE_HOME']) delete base[k];
+  const child = spawn(process.execPath, [path.join(ROOT, 'bin/vela.js'), ...args], { cwd: ROOT, env: { ...base, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+  const done = new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) => child.once('close', (code) => resolve({ code, stdout, stderr })));
+  return { done, kill: () => child.kill('SIGKILL') };
+}
+
+const sha256 = (b: Buffer) => crypto.createHash('sha256').update(b).digest('hex');
+const gitSha1 = (b: Buffer) => crypto.createHash('sha1').update(`blob ${b.length}\0`).update(b).digest('hex');
+const repoDir = (home: string, id: string) => path.join(home, 'hub', `models--${id.split('/').join('--')}`);
+const fileRequests = (h: FakeHub, from = 0) => h.requests.slice(from).filter((q) => q.url.includes('/resolve/') || q.url.startsWith('/cdn/'));
+
+describe('vela models download', () => {
+  it('lands in the Hugging Face cache layout (refs, snapshot links into hash-named blobs, same bytes); a rerun transfers nothing', async () => {
+    const h = await hub();
+    const home = path.join(tmp, 'home-layout');
+    const r = await vela(['models', 'download', REPO], { HF_HOME: home, HF_ENDPOINT: h.url }).done;
+    expect(r.stderr).not.toMatch(/error/i);
+    expect(r.code).toBe(0);
+    const commit = h.commitOf(REPO);
+    const repo = repoDir(home, REPO);
+    const snapshot = path.join(repo, 'snapshots', commit);
+    expect(r.stdout.trim()).toBe(snapshot);
+    expect(fs.readFileSync(path.join(repo, 'refs', 'main'), 'utf8')).toBe(commit);
+    const files = fs.readdirSync(ckpt).sort();
+    expect(fs.readdirSync(snapshot).sort()).toEqual(files);
+    for (const f of files) {
+      const want = fs.readFileSync(path.join(ckpt, f));
+      const lfs = f.endsWith('.safetensors');
+      const p = path.join(snapshot, f);
+      expect(fs.lstatSync(p).isSymbolicLink(), f).toBe(true);
+      expect(fs.readlinkSync(p), f).toBe(`../../blobs/${lfs ? sha256(want) : gitSha1(want)}`);
+      expect(Buffer.compare(fs.readFileSync(p), want), f).toBe(0);
+    }
+    expect(fs.readdirSync(path.join(repo, 'blobs')).filter((n) => n.endsWith('.incomplete'))).toEqual([]);
+
+    const before = h.requests.length;
+    const again = await vela(['models', 'download', REPO], { HF_HOME: home, HF_ENDPOINT: h.url }).done;
+    expect(again.code).toBe(0);
+    expect(again.stdout.trim()).toBe(snapshot);
+    expect(fileRequests(h, before)).toEqual([]);
+    expect(again.stderr).toMatch(new RegExp(`${files.length} files \\(.*\\) at commit ${commit}: 0 B fetched in [\\d.]+ s, ${files.length} already in the cache`));
+  });
+
+  it('resumes a file whose connection was cut, with a Range request from the bytes it kept', async () => {
+    const cut = 300_000;
+    const size = fs.statSync(path.join(ckpt, WEIGHTS)).size;
+    expect(size).toBeGreaterThan(2 * cut);
+    const h = await hub({ cutAfter: new Map([[WEIGHTS, cut]]) });
+    const home = path.join(tmp, 'home-cut');
+    const r = await vela(['models', 'download', REPO], { HF_HOME: home, HF_ENDPOINT: h.url }).done;
+    expect(r.code).toBe(0);
+    expect(r.stderr).toContain(`connection broke on ${WEIGHTS}; resuming`);
+    const blob = fs.readFileSync(path.join(repoDir(home, REPO), 'snapshots', h.commitOf(REPO), WEIGHTS));
+    expect(Buffer.compare(blob, fs.readFileSync(path.join(ckpt, WEIGHTS)))).toBe(0);
+    // The resumed GET (the library's ranged WebBlob read of the URL its `bytes=0-0` probe of
+    // /resolve/ was redirected to) starts where the kept bytes end.
+    const resumed = h.requests.filter((q) => q.range !== undefined && q.range !== 'bytes=0-0');
+    expect(resumed.map((q) => q.url.split('/')[1])).toEqual(['cdn']);
+    const m = /^bytes=(\d+)-(\d+)$/.exec(resumed[0]!.range!)!;
+    const from = Number(m[1]);
+    expect(Number(m[2])).toBe(size - 1);
+    expect(from).toBeGreaterThan(0);
+    expect(from).toBeLessThanOrEqual(cut);
+    // Bytes moved by the resumed request: the rest of the file only.
+    expect(size - from).toBeLessThan(size);
+  });
+
+  it('a killed run keeps its bytes in blobs/<sha256>.incomplete and the next run continues them', async () => {
+    const stall = 250_000;
+    const h = await hub({ stallAfter: new Map([[WEIGHTS, stall]]) });
+    const home = path.join(tmp, 'home-kill');
+    const weights = fs.readFileSync(path.join(ckpt, WEIGHTS));
+    const partial = path.join(repoDir(home, REPO), 'blobs', `${sha256(weights)}.incomplete`);
+    const run = vela(['models', 'download', REPO], { HF_HOME: home, HF_ENDPOINT: h.url });
+    const deadline = Date.now() + 60_000;
+    while ((fs.statSync(partial, { throwIfNoEntry: false })?.size ?? 0) < stall) {
+      if (Date.now() > deadline) throw new Error('the first run never wrote the stalled bytes');
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    run.kill();
+    expect((await run.done).code).toBe(null);
+    expect(fs.statSync(partial).size).toBe(stall);
+    expect(fs.existsSync(path.join(repoDir(home, REPO), 'snapshots', h.commitOf(REPO), WEIGHTS))).toBe(false);
+
+    const before = h.requests.length;
+    const r = await vela(['models', 'download', REPO], { HF_HOME: home, HF_ENDPOINT: h.url }).done;
+    expect(r.code).toBe(0);
+    expect(Buffer.compare(fs.readFileSync(path.join(repoDir(home, REPO), 'snapshots', h.commitOf(REPO), WEIGHTS)), weights)).toBe(0);
+    const ranged = h.requests.slice(before).filter((q) => q.range !== undefined && q.range !== 'bytes=0-0');
+    expect(ranged.map((q) => [q.url.split('/')[1], q.range])).toEqual([['cdn', `bytes=${stall}-${weights.length - 1}`]]);
+    // Nothing before the kept bytes came again: only the probe's one byte and the rest of the file.
+    expect(h.requests.slice(before).filter((q) => q.url === `/cdn/${sha256(weights)}` && q.range === undefined)).toEqual([]);
+    expect(fs.existsSync(partial)).toBe(false);
+  });
+
+  it('refuses a file whose bytes do not hash to the hub\'s SHA-256, names it, and keeps it out of the cache', async () => {
+    const h = await hub({ corrupt: new Set([WEIGHTS]) });
+    const home = path.join(tmp, 'home-corrupt');
+    const r = await vela(['models', 'download', REPO], { HF_HOME: home, HF_ENDPOINT: h.url }).done;
+    expect(r.code).toBe(1);
+    const want = sha256(fs.readFileSync(path.join(ckpt, WEIGHTS)));
+    const lines = r.stderr.trim().split('\n');
+    expect(lines.at(-1)).toMatch(new RegExp(`^vela models download: ${REPO}: ${WEIGHTS}: SHA-256 of the downloaded bytes is [0-9a-f]{64}; the hub's list says ${want}\\. The file was discarded, not saved in the cache$`));
+    const blobs = fs.readdirSync(path.join(repoDir(home, REPO), 'blobs'));
+    expect(blobs.filter((n) => n.startsWith(want))).toEqual([]);
+    expect(fs.existsSync(path.join(repoDir(home, REPO), 'snapshots', h.commitOf(REPO), WEIGHTS))).toBe(false);
+  });
+
+  it('a gated repository: one line naming the cause and the fix, without a token and with a token that has no access', async () => {
+    const h = await hub();
+    const home = path.join(tmp, 'home-gated');
+    const args = ['models', 'download', PALI, '--include', 'tokenizer*'];
+    const none = await vela(args, { HF_HOME: home, HF_ENDPOINT: h.url }).done;
+    expect(none.code).toBe(1);
+    expect(none.stderr.trim().split('\n').at(-1)).toBe(`vela models download: ${PALI} is gated: accept its licence at https://huggingface.co/${PALI} while logged in, then set HF_TOKEN=<a read token> (or pass --token)`);
+    const wrong = await vela(args, { HF_HOME: home, HF_ENDPOINT: h.url, HF_TOKEN: 'hf_someone_else' }).done;
+    expect(wrong.code).toBe(1);
+    expect(wrong.stderr.trim().split('\n').at(-1)).toBe(`vela models download: ${PALI} is gated and the token given has no access to it: accept its licence at https://huggingface.co/${PALI} while logged in as that token's account (or use a read token of an account that has), then set HF_TOKEN=<that token> (or pass --token)`);
+    expect(findPaligemmaTokenizer({ HF_HOME: home })).toBe(null);
+
+    const ok = await vela([...args, '--token', 'hf_granted'], { HF_HOME: home, HF_ENDPOINT: h.url }).done;
+    expect(ok.code).toBe(0);
+    const snapshot = path.join(repoDir(home, PALI), 'snapshots', h.commitOf(PALI));
+    expect(fs.readdirSync(snapshot).sort()).toEqual(['tokenizer.json', 'tokenizer_config.json']);
+    expect(findPaligemmaTokenizer({ HF_HOME: home })).toBe(path.join(snapshot, 'tokenizer.json'));
+    // Found where huggingface_hub's HF_HUB_CACHE puts it too.
+    expect(findPaligemmaTokenizer({ HF_HUB_CACHE: path.join(home, 'hub') })).toBe(path.join(snapshot, 'tokenizer.json'));
+  });
+});
+
+describe('vela models list / inspect', () => {
+  it('inspect reads the parameter count, dtypes, config and norm stats from the headers of a writeHubCheckpoint folder', async () => {
+    const f32 = await vela(['models', 'inspect', ckpt, '--json'], {}).done;
+    expect(f32.code).toBe(0);
+    const s = JSON.parse(f32.stdout);
+    expect(s).toMatchObject({
+      kind: 'pi05', parameters: nParams, storedValues: nParams + cfg.vlm.vocabSize * cfg.expert.width,
+      dtypes: { F32: piParamShapes(cfg).length + 1 }, normStats: true, weightFiles: [WEIGHTS],
+      normStatsFiles: ['policy_preprocessor.json', 'policy_preprocessor_step_3_normalizer_processor.safetensors'],
+      config: { variant: 'pi05', vlmWidth: 64, vlmDepth: 4, expertWidth: 32, expertDepth: 4, visionWidth: 32, actionHorizon: 10, tokenLimit: 200, maxActionDim: 32 },
+    });
+    expect(s.sizeBytes).toBe(fs.readdirSync(ckpt).reduce((a: number, f: string) => a + fs.statSync(path.join(ckpt, f)).size, 0));
+    const bf16 = await vela(['models', 'inspect', ckptBf16], {}).done;
+    expect(bf16.code).toBe(0);
+    expect(bf16.stdout).toContain(`parameters  ${(nParams / 1e3).toFixed(1)}K (${nParams}), dtypes BF16 x${piParamShapes(cfg).length + 1}, in model-00001-of-`);
+    expect(bf16.stdout).toContain('norm stats  none');
+  });
+
+  it('list shows the cached checkpoint and tokenizer and the folders given, one row each', async () => {
+    const h = await hub();
+    const home = path.join(tmp, 'home-list');
+    expect((await vela(['models', 'download', REPO], { HF_HOME: home, HF_ENDPOINT: h.url }).done).code).toBe(0);
+    expect((await vela(['models', 'download', PALI, '--include', 'tokenizer*', '--token', 'hf_granted'], { HF_HOME: home, HF_ENDPOINT: h.url }).done).code).toBe(0);
+    const r = await vela(['models', 'list', ckptBf16, '--json'], { HF_HOME: home }).done;
+    expect(r.code).toBe(0);
+    const rows = JSON.parse(r.stdout) as { name: string; revision: string | null; kind: string; parameters: number | null; dtypes: Record<string, number>; normStats: boolean; path: string }[];
+    expect(rows.map((x) => [x.name, x.revision, x.kind, x.parameters, Object.keys(x.dtypes), x.normStats])).toEqual([
+      [PALI, 'main', 'tokenizer', null, [], false],
+      [REPO, 'main', 'pi05', nParams, ['F32'], true],
+      [ckptBf16, null, 'pi05', nParams, ['BF16'], false],
+    ]);
+    expect(rows[1]!.path).toBe(path.join(repoDir(home, REPO), 'snapshots', h.commitOf(REPO)));
+    const table = await vela(['models', 'list'], { HF_HOME: home }).done;
+    expect(table.stdout.split('\n')[0]).toMatch(/^MODEL\s+REVISION\s+TYPE\s+PARAMS\s+DTYPE\s+SIZE\s+NORM STATS\s+PATH$/);
+    expect(table.stdout).toMatch(new RegExp(`${REPO}\\s+main\\s+pi05\\s+${(nParams / 1e3).toFixed(1)}K\\s+F32\\s+[\\d.]+ MB\\s+yes\\s+/`));
+    // inspect by Hub id reads the cache, never the network.
+    const byId = await vela(['models', 'inspect', REPO, '--json'], { HF_HOME: home, HF_ENDPOINT: 'http://127.0.0.1:9' }).done;
+    expect(JSON.parse(byId.stdout)).toMatchObject({ repoId: REPO, revision: 'main', parameters: nParams });
+  });
+
+  it('--help on every subcommand', async () => {
+    for (const args of [['models', '--help'], ['models', 'download', '--help'], ['models', 'list', '--help'], ['models', 'inspect', '--help']]) {
+      const r = await vela(args, {}).done;
+      expect(r.code, args.join(' ')).toBe(0);
+      expect(r.stdout).toContain('vela models download REPO_ID [--revision R] [--endpoint URL] [--token T] [--include GLOB]...');
+      expect(r.stdout).toContain(`vela models download ${PALI} --include 'tokenizer*'`);
+    }
+  });
+});
+
+describe('resolveBase', () => {
+  it('a folder as is; a Hub id from the cache; absent: the one-line fix, or a download when allowed', async () => {
+    const h = await hub();
+    const home = path.join(tmp, 'home-resolve');
+    const env = { HF_HOME: home, HF_ENDPOINT: h.url };
+    expect(await resolveBase(ckpt, { env })).toEqual({ dir: ckpt, repoId: null, revision: null });
+    const err = await resolveBase(REPO, { env }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ModelError);
+    expect((err as ModelError).code).toBe('not_downloaded');
+    expect((err as ModelError).message).toBe(`base ${REPO} is not in the Hugging Face cache (${repoDir(home, REPO)}); run \`vela models download ${REPO}\` or start the server with --allow-downloads`);
+    const phases: string[] = [];
+    const got = await resolveBase(REPO, { env, allowDownload: true, onProgress: (p) => phases.push(p.phase) });
+    const snapshot = path.join(repoDir(home, REPO), 'snapshots', h.commitOf(REPO));
+    expect(got).toEqual({ dir: snapshot, repoId: REPO, revision: h.commitOf(REPO) });
+    expect(phases.filter((p) => p === 'done').length).toBe(fs.readdirSync(ckpt).length);
+    const before = h.requests.length;
+    expect(await resolveBase(`${REPO}@main`, { env })).toEqual(got);
+    expect(h.requests.length).toBe(before);
+    expect(((await resolveBase(`${REPO}@v9`, { env, allowDownload: true }).catch((e: unknown) => e)) as ModelError).message).toBe(`${REPO} has no revision v9 on ${h.url}`);
+    expect(((await resolveBase('./no/such/dir', { env }).catch((e: unknown) => e)) as ModelError).code).toBe('not_found');
+    expect(((await resolveBase('not a ref', { env }).catch((e: unknown) => e)) as ModelError).code).toBe('bad_argument');
+  });
+});
