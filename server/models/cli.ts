@@ -55,7 +55,7 @@ export function parseModelDownloadArgs(argv: string[], env: NodeJS.ProcessEnv = 
   if (!isHubRepoId(repoId)) throw new UsageError(`REPO_ID ${shown(repoId)}: must be namespace/name, e.g. lerobot/pi05_base`);
   const get = (f: string) => flags.findLast((x) => x.flag === f);
   const endpointArg = get('--endpoint');
-  const endpoint = endpointArg?.value ?? env.HF_ENDPOINT ?? 'https://huggingface.co';
+  const endpoint = endpointArg?.value ?? (env.HF_ENDPOINT || 'https://huggingface.co');
   try {
     const u = new URL(endpoint);
     if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new Error('not http');

@@ -63,7 +63,7 @@ export async function resolveBase(ref: string, opts: ResolveBaseOptions = {}): P
   }
   const r = await downloadModel({
     repoId, revision, cacheDir,
-    endpoint: opts.endpoint ?? env.HF_ENDPOINT ?? 'https://huggingface.co',
+    endpoint: opts.endpoint ?? (env.HF_ENDPOINT || 'https://huggingface.co'),
     token: opts.token === undefined ? env.HF_TOKEN || null : opts.token,
     onProgress: opts.onProgress,
   });
