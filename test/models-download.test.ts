@@ -16,6 +16,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { piParamShapes } from '../kernels/pi/keys.ts';
 import { writeHubCheckpoint } from '../server/models/hub-checkpoint.ts';
+import { downloadModel } from '../server/models/download.ts';
 import { ModelError } from '../server/models/errors.ts';
 import { resolveBase } from '../server/models/resolve.ts';
 import { findPaligemmaTokenizer } from '../server/models/tokenizer.ts';
@@ -41,6 +42,7 @@ beforeAll(async () => {
   fs.writeFileSync(path.join(ckpt, 'policy_preprocessor.json'), '{"name": "policy_preprocessor", "steps": []}\n');
   fs.writeFileSync(path.join(ckpt, 'policy_preprocessor_step_3_normalizer_processor.safetensors'), Buffer.from('stats'));
   fs.writeFileSync(path.join(ckpt, 'README.md'), '# a tiny pi0.5\n');
+  fs.writeFileSync(path.join(ckpt, 'notes #1.md'), 'a file name the URL must quote\n');
   fs.mkdirSync(tokDir);
   fs.writeFileSync(path.join(tokDir, 'tokenizer.json'), JSON.stringify({ model: { type: 'BPE', byte_fallback: true, vocab: {}, merges: [] } }));
   fs.writeFileSync(path.join(tokDir, 'tokenizer_config.json'), '{}');
@@ -192,6 +194,35 @@ describe('vela models download', () => {
     expect(findPaligemmaTokenizer({ HF_HOME: home })).toBe(path.join(snapshot, 'tokenizer.json'));
     // Found where huggingface_hub's HF_HUB_CACHE puts it too.
     expect(findPaligemmaTokenizer({ HF_HUB_CACHE: path.join(home, 'hub') })).toBe(path.join(snapshot, 'tokenizer.json'));
+  });
+});
+
+describe('downloadModel', () => {
+  it('two downloads of one repository in one process fetch each blob once', async () => {
+    const h = await hub();
+    const cacheDir = path.join(tmp, 'home-twice', 'hub');
+    const weights = fs.readFileSync(path.join(ckpt, WEIGHTS));
+    const [a, b] = await Promise.all([0, 1].map(() => downloadModel({ repoId: REPO, endpoint: h.url, cacheDir })));
+    expect(a!.snapshot).toBe(b!.snapshot);
+    expect(Buffer.compare(fs.readFileSync(path.join(a!.snapshot, WEIGHTS)), weights)).toBe(0);
+    expect(a!.transferredBytes + b!.transferredBytes).toBe(a!.totalBytes);
+    expect(a!.skipped + b!.skipped).toBe(a!.files);
+    expect(h.requests.filter((q) => q.url === `/cdn/${sha256(weights)}` && q.range === undefined).length).toBe(1);
+  });
+
+  it('a server that answers a resumed range with the whole file: the file starts over instead of growing', async () => {
+    const h = await hub({ cutAfter: new Map([[WEIGHTS, 300_000]]), ignoreResumeRange: true });
+    const cacheDir = path.join(tmp, 'home-norange', 'hub');
+    const phases: string[] = [];
+    const r = await downloadModel({ repoId: REPO, endpoint: h.url, cacheDir, onProgress: (p) => p.file === WEIGHTS && phases.push(p.phase) });
+    const weights = fs.readFileSync(path.join(ckpt, WEIGHTS));
+    expect(Buffer.compare(fs.readFileSync(path.join(r.snapshot, WEIGHTS)), weights)).toBe(0);
+    expect(phases).toContain('retry');
+    // Asked to resume, refused (200), then fetched whole.
+    const gets = h.requests.filter((q) => q.url === `/cdn/${sha256(weights)}` && q.range !== 'bytes=0-0').map((q) => q.range ?? 'whole');
+    expect(gets[0]).toBe('whole');
+    expect(gets.at(-1)).toBe('whole');
+    expect(gets.some((g) => /^bytes=[1-9]\d*-/.test(g))).toBe(true);
   });
 });
 

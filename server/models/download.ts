@@ -20,7 +20,8 @@
  *   last refused answer's headers so that ModelError can say which, with the fix.
  * - Include globs (huggingface_hub's `allow_patterns`), and a progress callback.
  * snapshotDownload is not used: it does one paths-info request per file and none of the above.
- * Two processes downloading the same blob at once are not locked against each other.
+ * Two processes downloading the same blob at once are not locked against each other (two
+ * downloads in one process are: the second waits).
  */
 import crypto from 'node:crypto';
 import fs from 'node:fs';
@@ -28,7 +29,7 @@ import path from 'node:path';
 import { Readable, Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import type { ReadableStream as NodeReadableStream } from 'node:stream/web';
-import { downloadFile, fileDownloadInfo, HubApiError, listFiles, modelInfo } from '@huggingface/hub';
+import { downloadFile, fileDownloadInfo, HubApiError, InvalidApiResponseFormatError, listFiles, modelInfo } from '@huggingface/hub';
 import type { DownloadProgress } from '../hub/download.ts';
 import { ModelError } from './errors.ts';
 import { isHubRepoId, modelRepoFolder } from './hf-cache.ts';
@@ -79,6 +80,13 @@ interface Refusal {
   errorCode: string | null;
   errorMessage: string | null;
 }
+
+/**
+ * Blobs being fetched by this process: a second download of the same blob (two jobs on one base)
+ * waits for the first instead of appending to the same .incomplete file. Other processes are
+ * not locked out.
+ */
+const inflight = new Map<string, Promise<void>>();
 
 /** Thrown by the fetch wrapper when a ranged GET is answered with the whole file. */
 class RangeIgnored extends Error {}
@@ -199,7 +207,13 @@ export async function downloadModel(opts: ModelDownloadOptions): Promise<ModelDo
   for (const [i, f] of wanted.entries()) {
     const blob = path.join(repoDir, 'blobs', f.etag);
     const pointer = path.join(snapshot, ...f.path.split('/'));
-    if ((await sizeOf(blob)) === f.size) {
+    let have = await sizeOf(blob);
+    // Checked again after every await, so that the check and inflight.set below are one step.
+    while (inflight.has(blob)) {
+      await inflight.get(blob)!.catch(() => undefined);
+      have = await sizeOf(blob);
+    }
+    if (have === f.size) {
       // Already downloaded (by Vela or huggingface_hub): at most the snapshot link is missing.
       if ((await sizeOf(pointer)) !== f.size) await link(blob, pointer);
       doneBytes += f.size;
@@ -207,46 +221,55 @@ export async function downloadModel(opts: ModelDownloadOptions): Promise<ModelDo
       report(f, i, 'skip');
       continue;
     }
-    const partial = `${blob}.incomplete`;
-    fs.mkdirSync(path.dirname(blob), { recursive: true });
-    report(f, i, 'start', (await sizeOf(partial)) ?? 0);
-    for (let attempt = 0; ; attempt++) {
-      try {
-        await fetchInto({ ...common, repoId, commit, file: f, partial, onData: (n, fileBytes) => {
-          transferredBytes += n;
-          report(f, i, 'data', fileBytes);
-        } });
-        break;
-      } catch (e) {
-        if (e instanceof RangeIgnored || rangeIgnored) {
-          rangeIgnored = false;
-          fs.truncateSync(partial, 0);
-          if (attempt < retries) continue;
-          throw new ModelError('network', `${what(f.path)}: the server ignores Range requests (answers the whole file to bytes=N-), so a broken transfer cannot resume`);
+    const fetchBlob = async (): Promise<void> => {
+      const partial = `${blob}.incomplete`;
+      fs.mkdirSync(path.dirname(blob), { recursive: true });
+      report(f, i, 'start', (await sizeOf(partial)) ?? 0);
+      for (let attempt = 0; ; attempt++) {
+        try {
+          await fetchInto({ ...common, repoId, commit, file: f, partial, onData: (n, fileBytes) => {
+            transferredBytes += n;
+            report(f, i, 'data', fileBytes);
+          } });
+          break;
+        } catch (e) {
+          if (e instanceof RangeIgnored || rangeIgnored) {
+            rangeIgnored = false;
+            fs.truncateSync(partial, 0);
+            if (attempt < retries) continue;
+            throw new ModelError('network', `${what(f.path)}: the server ignores Range requests (answers the whole file to bytes=N-), so a broken transfer cannot resume`);
+          }
+          if (e instanceof ModelError && e.code !== 'network') throw e;
+          const broke = e instanceof ModelError || !(e instanceof HubApiError) || e.statusCode >= 500;
+          if (!broke) fail(e, f.path);
+          const kept = (await sizeOf(partial)) ?? 0;
+          if (attempt >= retries) {
+            const base = e instanceof ModelError ? e.message : toModelError(e, refusal, { repoId, revision, endpoint, token, what: what(f.path) }).message;
+            throw new ModelError('network', `${base}; ${kept} of ${f.size} bytes of ${f.path} are kept in the cache: run the same command again to resume`);
+          }
+          report(f, i, 'retry', kept);
+          await new Promise((r) => setTimeout(r, Math.min(8000, 250 * 2 ** attempt)));
         }
-        if (e instanceof ModelError && e.code !== 'network') throw e;
-        const broke = e instanceof ModelError || !(e instanceof HubApiError) || e.statusCode >= 500;
-        if (!broke) fail(e, f.path);
-        const kept = (await sizeOf(partial)) ?? 0;
-        if (attempt >= retries) {
-          const base = e instanceof ModelError ? e.message : toModelError(e, refusal, { repoId, revision, endpoint, token, what: what(f.path) }).message;
-          throw new ModelError('network', `${base}; ${kept} of ${f.size} bytes of ${f.path} are kept in the cache: run the same command again to resume`);
-        }
-        report(f, i, 'retry', kept);
-        await new Promise((r) => setTimeout(r, Math.min(8000, 250 * 2 ** attempt)));
       }
+      const size = (await sizeOf(partial)) ?? 0;
+      if (size !== f.size) {
+        fs.rmSync(partial, { force: true });
+        throw new ModelError('integrity', `${repoId}: ${f.path}: downloaded ${size} bytes; the hub's list says ${f.size}. The bytes were discarded, not saved in the cache; run again to retry`);
+      }
+      const got = await hashFile(partial, f.algo);
+      if (got !== f.etag) {
+        fs.rmSync(partial, { force: true });
+        throw new ModelError('integrity', `${repoId}: ${f.path}: ${f.algo === 'sha256' ? 'SHA-256' : 'git blob SHA-1'} of the downloaded bytes is ${got}; the hub's list says ${f.etag}. The file was discarded, not saved in the cache`);
+      }
+      fs.renameSync(partial, blob);
+    };
+    const job = fetchBlob();
+    inflight.set(blob, job);
+    try {
+      await job;
+    } finally {
+      inflight.delete(blob);
     }
-    const size = (await sizeOf(partial)) ?? 0;
-    if (size !== f.size) {
-      fs.rmSync(partial, { force: true });
-      throw new ModelError('integrity', `${repoId}: ${f.path}: downloaded ${size} bytes; the hub's list says ${f.size}. The bytes were discarded, not saved in the cache; run again to retry`);
-    }
-    const got = await hashFile(partial, f.algo);
-    if (got !== f.etag) {
-      fs.rmSync(partial, { force: true });
-      throw new ModelError('integrity', `${repoId}: ${f.path}: ${f.algo === 'sha256' ? 'SHA-256' : 'git blob SHA-1'} of the downloaded bytes is ${got}; the hub's list says ${f.etag}. The file was discarded, not saved in the cache`);
-    }
-    fs.renameSync(partial, blob);
     await link(blob, pointer);
     doneBytes += f.size;
     report(f, i, 'done');
@@ -282,19 +305,24 @@ async function fetchInto(o: {
   if (have === file.size) return;
   const repo = { type: 'model' as const, name: o.repoId };
   const lib = { hubUrl: o.hubUrl, accessToken: o.accessToken, fetch: o.fetch };
+  // The library puts the path into the URL as is; a space or `#` in a file name needs quoting.
+  const urlPath = file.path.split('/').map(encodeURIComponent).join('/');
   let info;
   try {
-    info = await fileDownloadInfo({ ...lib, repo, path: file.path, revision: o.commit });
+    info = await fileDownloadInfo({ ...lib, repo, path: urlPath, revision: o.commit });
   } catch (e) {
     if (e instanceof HubApiError || e instanceof RangeIgnored) throw e;
+    if (e instanceof InvalidApiResponseFormatError) throw new ModelError('network', `${o.repoId}: ${file.path}: the answer of ${o.hubUrl} does not fit the hub's API (${e.message}); is it a Hugging Face hub or mirror?`);
     throw new ModelError('network', `${o.repoId}: ${file.path}: cannot reach ${new URL(o.hubUrl).origin} (${(e as Error & { cause?: Error }).cause?.message ?? (e as Error).message})`);
   }
   if (info === null) throw new ModelError('not_found', `${o.repoId}: ${file.path} is listed at commit ${o.commit} but the hub has no such entry`);
   const etag = info.etag.replace(/^W\//, '').replace(/^"(.*)"$/, '$1');
-  if (info.size !== file.size || (etag.length >= 40 && etag !== file.etag)) {
+  // The ETag is compared only for plain answers: for a Xet-stored file the hub answers the probe
+  // with Xet file info, and the hash check after the download is what counts anyway.
+  if (info.size !== file.size || (!info.xet && etag.length >= 40 && etag !== file.etag)) {
     throw new ModelError('integrity', `${o.repoId}: ${file.path}: the hub serves ${info.size} bytes with ETag ${etag}; its file list says ${file.size} bytes, ${file.etag}. Nothing was saved`);
   }
-  const blob = await downloadFile({ ...lib, repo, path: file.path, revision: o.commit, xet: false, downloadInfo: info });
+  const blob = await downloadFile({ ...lib, repo, path: urlPath, revision: o.commit, xet: false, downloadInfo: info });
   if (!blob) throw new ModelError('not_found', `${o.repoId}: ${file.path} is listed at commit ${o.commit} but the hub has no such entry`);
   const rest = have > 0 ? blob.slice(have) : blob;
   let fileBytes = have;

@@ -13,8 +13,9 @@
  *   `Range: bytes=N-` and `bytes=N-M` with 206 and Content-Range, 416 past the end.
  * Faults for tests: `cutAfter` (path -> bytes: the first GET of that file that would send more
  * than that many bytes is cut after that many), `stallAfter` (the same, but the connection then
- * hangs), `corrupt` (paths served with one byte flipped), `token` (Bearer required for everything
- * but the CDN: a private repo). A model repo may be
+ * hangs), `corrupt` (paths served with one byte flipped), `ignoreResumeRange` (a range from
+ * byte N > 0 is answered with the whole file), `token` (Bearer required for everything but the
+ * CDN: a private repo). A model repo may be
  * `gated` like google/paligemma-3b-pt-224: its metadata and file list are public, its files need
  * a token of an account that accepted the licence (401 without a token, 403 with another one,
  * each with the hub's X-Error-Code: GatedRepo and X-Error-Message).
@@ -46,6 +47,8 @@ export interface FakeHubOptions {
   /** path -> bytes: the first GET of that file sends that many bytes, then nothing more (a hung transfer, for killing the client). */
   stallAfter?: Map<string, number>;
   corrupt?: Set<string>;
+  /** Answer a range that does not start at 0 with the whole file (200), as some proxies do. */
+  ignoreResumeRange?: boolean;
 }
 
 export interface FakeHub {
@@ -103,7 +106,8 @@ export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
       body = Buffer.from(body);
       body[body.length >> 1]! ^= 0x40;
     }
-    const m = /^bytes=(\d+)-(\d*)$/.exec(req.headers.range ?? '');
+    let m = /^bytes=(\d+)-(\d*)$/.exec(req.headers.range ?? '');
+    if (m && opts.ignoreResumeRange && m[1] !== '0') m = null;
     const start = m ? Number(m[1]) : 0;
     const end = m && m[2] ? Math.min(Number(m[2]), body.length - 1) : body.length - 1;
     if (m && (start >= body.length || end < start)) {
