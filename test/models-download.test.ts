@@ -121,11 +121,12 @@ describe('vela models download', () => {
     expect(r.stderr).toContain(`connection broke on ${WEIGHTS}; resuming`);
     const blob = fs.readFileSync(path.join(repoDir(home, REPO), 'snapshots', h.commitOf(REPO), WEIGHTS));
     expect(Buffer.compare(blob, fs.readFileSync(path.join(ckpt, WEIGHTS)))).toBe(0);
-    // The resumed GET (the library's ranged WebBlob read of the URL its `bytes=0-0` probe of
-    // /resolve/ was redirected to) starts where the kept bytes end.
+    // The resumed GET (the library's ranged WebBlob read of /resolve/, redirected to the CDN with
+    // the same Range) starts where the kept bytes end; `bytes=0-0` is the library's probe.
     const resumed = h.requests.filter((q) => q.range !== undefined && q.range !== 'bytes=0-0');
-    expect(resumed.map((q) => q.url.split('/')[1])).toEqual(['cdn']);
-    const m = /^bytes=(\d+)-(\d+)$/.exec(resumed[0]!.range!)!;
+    expect(resumed.map((q) => q.url.split('/')[1])).toEqual(['lerobot-test', 'cdn']);
+    expect(resumed[0]!.range).toBe(resumed[1]!.range);
+    const m = /^bytes=(\d+)-(\d+)$/.exec(resumed[1]!.range!)!;
     const from = Number(m[1]);
     expect(Number(m[2])).toBe(size - 1);
     expect(from).toBeGreaterThan(0);
@@ -156,7 +157,7 @@ describe('vela models download', () => {
     expect(r.code).toBe(0);
     expect(Buffer.compare(fs.readFileSync(path.join(repoDir(home, REPO), 'snapshots', h.commitOf(REPO), WEIGHTS)), weights)).toBe(0);
     const ranged = h.requests.slice(before).filter((q) => q.range !== undefined && q.range !== 'bytes=0-0');
-    expect(ranged.map((q) => [q.url.split('/')[1], q.range])).toEqual([['cdn', `bytes=${stall}-${weights.length - 1}`]]);
+    expect(ranged.map((q) => [q.url.split('/')[1], q.range])).toEqual([['lerobot-test', `bytes=${stall}-${weights.length - 1}`], ['cdn', `bytes=${stall}-${weights.length - 1}`]]);
     // Nothing before the kept bytes came again: only the probe's one byte and the rest of the file.
     expect(h.requests.slice(before).filter((q) => q.url === `/cdn/${sha256(weights)}` && q.range === undefined)).toEqual([]);
     expect(fs.existsSync(partial)).toBe(false);

@@ -8,7 +8,8 @@
  *   lfs?}]`, two entries per page with a `Link: <...>; rel="next"` header (the hub pages long lists).
  * - `GET /datasets/{repo}/resolve/{rev}/{path}` and, for models, `/{repo}/resolve/{rev}/{path}`:
  *   plain files answer 200 with `ETag: "<git blob sha1>"` and `X-Repo-Commit`; LFS files
- *   (.parquet, .mp4, .safetensors, .bin) answer 302 to `/cdn/<sha256>` with `X-Linked-Etag:
+ *   (.parquet, .mp4, .safetensors, .bin) answer 302 to `/cdn/<sha256>` on a second port (another
+ *   origin, like the hub's CDN host) with `X-Linked-Etag:
  *   "<sha256>"`, `X-Linked-Size`, `X-Repo-Commit`, like the hub's CDN redirect. Both honour
  *   `Range: bytes=N-` and `bytes=N-M` with 206 and Content-Range, 416 past the end.
  * Faults for tests: `cutAfter` (path -> bytes: the first GET of that file that would send more
@@ -134,7 +135,10 @@ export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
     res.end(slice);
   };
 
-  const server = http.createServer((req, res) => {
+  // The CDN listens on its own port: another origin, as the hub's CDN is another host (clients
+  // must follow the redirect, and drop the Authorization header on the way).
+  let cdnOrigin = '';
+  const handler = (req: http.IncomingMessage, res: http.ServerResponse) => {
     requests.push({ method: req.method!, url: req.url!, range: req.headers.range, authorization: req.headers.authorization });
     if (opts.token && req.headers.authorization !== `Bearer ${opts.token}` && !req.url!.startsWith('/cdn/')) {
       res.writeHead(401, { 'content-type': 'application/json', 'x-error-code': 'RepoNotFound' }).end(JSON.stringify({ error: 'Invalid username or password.' }));
@@ -188,7 +192,7 @@ export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
         const f = repo.files.find((x) => x.path === rest.join('/'));
         if (!f) return json(404, { error: 'Entry not found' }, { 'x-error-code': 'EntryNotFound', 'x-error-message': 'Entry not found' });
         if (f.lfs) {
-          res.writeHead(302, { location: `/cdn/${f.sha256}`, 'x-repo-commit': repo.commit, 'x-linked-etag': `"${f.sha256}"`, 'x-linked-size': String(f.bytes.length), etag: `"${f.oid}"` }).end();
+          res.writeHead(302, { location: `${cdnOrigin}/cdn/${f.sha256}`, 'x-repo-commit': repo.commit, 'x-linked-etag': `"${f.sha256}"`, 'x-linked-size': String(f.bytes.length), etag: `"${f.oid}"` }).end();
           return;
         }
         return sendBytes(req, res, f, { etag: `"${f.oid}"`, 'x-repo-commit': repo.commit });
@@ -196,9 +200,13 @@ export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
     }
     if (u.pathname.startsWith('/api/')) return json(401, { error: 'Repository not found' }, { 'x-error-code': 'RepoNotFound', 'x-error-message': 'Repository not found' });
     json(404, { error: `no route ${u.pathname}` });
-  });
+  };
+  const server = http.createServer(handler);
+  const cdn = http.createServer(handler);
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  await new Promise<void>((r) => cdn.listen(0, '127.0.0.1', r));
   const { port } = server.address() as AddressInfo;
+  cdnOrigin = `http://127.0.0.1:${(cdn.address() as AddressInfo).port}`;
   return {
     url: `http://127.0.0.1:${port}`,
     commit: repos[0]?.commit ?? '',
@@ -208,9 +216,13 @@ export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
       return r.commit;
     },
     requests,
-    close: () => new Promise((r) => {
-      server.closeAllConnections();
-      server.close(() => r());
-    }),
+    close: async () => {
+      for (const srv of [server, cdn]) {
+        await new Promise<void>((r) => {
+          srv.closeAllConnections();
+          srv.close(() => r());
+        });
+      }
+    },
   };
 }
