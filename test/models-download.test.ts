@@ -5,9 +5,10 @@
  * `lerobot-test/pi05_tiny`, and a gated `google/paligemma-3b-pt-224` with tokenizer files.
  * Shown: the Hugging Face cache layout (refs, snapshot links into blobs named by hash), a resume
  * after a cut connection and after a killed run (Range from the kept bytes), a corrupt file
- * refused and kept out of the cache, a rerun that transfers nothing, the gated errors.
+ * refused and kept out of the cache, a rerun that transfers nothing, the gated errors; and
+ * Python's huggingface_hub reading what Vela downloaded, and the other way round.
  */
-import { spawn } from 'node:child_process';
+import { execFile, spawn, spawnSync } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -21,6 +22,7 @@ import { ModelError } from '../server/models/errors.ts';
 import { resolveBase } from '../server/models/resolve.ts';
 import { findPaligemmaTokenizer } from '../server/models/tokenizer.ts';
 import { startFakeHub, type FakeHub, type FakeHubOptions } from './helpers/fake-hub.ts';
+import { missing, pythonEnv } from './helpers/requires.ts';
 import { fakeParam, tinyShapes } from './helpers/real-pi-tiny.ts';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -298,5 +300,49 @@ describe('resolveBase', () => {
     expect(((await resolveBase(`${REPO}@v9`, { env, allowDownload: true }).catch((e: unknown) => e)) as ModelError).message).toBe(`${REPO} has no revision v9 on ${h.url}`);
     expect(((await resolveBase('./no/such/dir', { env }).catch((e: unknown) => e)) as ModelError).code).toBe('not_found');
     expect(((await resolveBase('not a ref', { env }).catch((e: unknown) => e)) as ModelError).code).toBe('bad_argument');
+  });
+});
+
+const python = pythonEnv().python ?? 'python3';
+function hfHubReason(): string | null {
+  const r = spawnSync(python, ['-c', 'import huggingface_hub'], { encoding: 'utf8' });
+  return r.status === 0 ? null : `Python's huggingface_hub is not importable by ${python} (${(r.stderr || r.error?.message || '').trim().split('\n').at(-1)})`;
+}
+
+/** test/python/hf_cache_check.py: huggingface_hub's own view of a cache, as JSON. */
+function hfCacheCheck(args: string[], env: Record<string, string> = {}): Promise<any> {
+  return new Promise((resolve, reject) => {
+    execFile(python, [path.join(ROOT, 'test/python/hf_cache_check.py'), ...args], { env: { ...process.env, HF_HUB_DISABLE_TELEMETRY: '1', ...env }, timeout: 120_000 }, (err, stdout, stderr) => {
+      if (err) reject(new Error(`hf_cache_check.py ${args.join(' ')} failed: ${stderr.slice(-2000)}`));
+      else resolve(JSON.parse(stdout));
+    });
+  });
+}
+
+describe.skipIf(missing('Python huggingface_hub', hfHubReason()))('the same cache as huggingface_hub (LeRobot, transformers)', () => {
+  it('huggingface_hub finds what Vela downloaded offline, with no cache warnings; Vela finds what huggingface_hub downloaded and fetches nothing', async () => {
+    const h = await hub();
+    const commit = h.commitOf(REPO);
+    const files = fs.readdirSync(ckpt).sort();
+    // Vela -> huggingface_hub.
+    const velaCache = path.join(tmp, 'interop-vela', 'hub');
+    expect((await vela(['models', 'download', REPO], { HF_HUB_CACHE: velaCache, HF_ENDPOINT: h.url }).done).code).toBe(0);
+    const seen = await hfCacheCheck(['read', velaCache, REPO], { HF_HUB_OFFLINE: '1' });
+    expect(seen.snapshot).toBe(path.join(velaCache, `models--${REPO.replace('/', '--')}`, 'snapshots', commit));
+    expect(seen.warnings).toEqual([]);
+    expect(seen.repos).toEqual([{ repo_id: REPO, repo_type: 'model', revisions: [{ commit, refs: ['main'], files, size: expect.any(Number) }] }]);
+
+    // huggingface_hub (from the same mirror) -> Vela: used in place, nothing transferred.
+    const pyCache = path.join(tmp, 'interop-py', 'hub');
+    const got = await hfCacheCheck(['download', h.url, pyCache, REPO]);
+    expect(got.snapshot).toBe(path.join(pyCache, `models--${REPO.replace('/', '--')}`, 'snapshots', commit));
+    const before = h.requests.length;
+    const again = await vela(['models', 'download', REPO], { HF_HUB_CACHE: pyCache, HF_ENDPOINT: h.url }).done;
+    expect(again.code).toBe(0);
+    expect(again.stdout.trim()).toBe(got.snapshot);
+    expect(fileRequests(h, before)).toEqual([]);
+    expect(await resolveBase(REPO, { env: { HF_HUB_CACHE: pyCache } })).toEqual({ dir: got.snapshot, repoId: REPO, revision: commit });
+    const inspected = JSON.parse((await vela(['models', 'inspect', REPO, '--json'], { HF_HUB_CACHE: pyCache }).done).stdout);
+    expect(inspected).toMatchObject({ kind: 'pi05', parameters: nParams, normStats: true });
   });
 });

@@ -8,8 +8,8 @@
  *   lfs?}]`, two entries per page with a `Link: <...>; rel="next"` header (the hub pages long lists).
  * - `GET /datasets/{repo}/resolve/{rev}/{path}` and, for models, `/{repo}/resolve/{rev}/{path}`:
  *   plain files answer 200 with `ETag: "<git blob sha1>"` and `X-Repo-Commit`; LFS files
- *   (.parquet, .mp4, .safetensors, .bin) answer 302 to `/cdn/<sha256>` on a second port (another
- *   origin, like the hub's CDN host) with `X-Linked-Etag:
+ *   (.parquet, .mp4, .safetensors, .bin) answer 302 to `http://localhost:<port>/cdn/<sha256>` (another
+ *   host, like the hub's CDN) with `X-Linked-Etag:
  *   "<sha256>"`, `X-Linked-Size`, `X-Repo-Commit`, like the hub's CDN redirect. Both honour
  *   `Range: bytes=N-` and `bytes=N-M` with 206 and Content-Range, 416 past the end.
  * Faults for tests: `cutAfter` (path -> bytes: the first GET of that file that would send more
@@ -120,6 +120,11 @@ export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
       ...headers, 'content-type': 'application/octet-stream', 'content-length': String(slice.length), 'accept-ranges': 'bytes',
       ...(m ? { 'content-range': `bytes ${start}-${end}/${body.length}` } : {}),
     });
+    if (req.method === 'HEAD') {
+      // huggingface_hub reads a file's metadata with HEAD; faults are for the bytes of a GET.
+      res.end();
+      return;
+    }
     const cut = cutOnce.get(file.path);
     if (cut !== undefined && slice.length > cut) {
       cutOnce.delete(file.path);
@@ -135,8 +140,9 @@ export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
     res.end(slice);
   };
 
-  // The CDN listens on its own port: another origin, as the hub's CDN is another host (clients
-  // must follow the redirect, and drop the Authorization header on the way).
+  // The CDN is another host, `localhost` (still the loopback), as the hub's CDN is another host:
+  // clients must follow the redirect for the bytes, drop the Authorization header on the way, and
+  // read a file's metadata from the redirect itself (huggingface_hub follows same-host redirects).
   let cdnOrigin = '';
   const handler = (req: http.IncomingMessage, res: http.ServerResponse) => {
     requests.push({ method: req.method!, url: req.url!, range: req.headers.range, authorization: req.headers.authorization });
@@ -204,9 +210,9 @@ export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
   const server = http.createServer(handler);
   const cdn = http.createServer(handler);
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  await new Promise<void>((r) => cdn.listen(0, '127.0.0.1', r));
+  await new Promise<void>((r) => cdn.listen(0, 'localhost', r));
   const { port } = server.address() as AddressInfo;
-  cdnOrigin = `http://127.0.0.1:${(cdn.address() as AddressInfo).port}`;
+  cdnOrigin = `http://localhost:${(cdn.address() as AddressInfo).port}`;
   return {
     url: `http://127.0.0.1:${port}`,
     commit: repos[0]?.commit ?? '',
