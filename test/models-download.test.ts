@@ -19,6 +19,8 @@ import { piParamShapes } from '../kernels/pi/keys.ts';
 import { writeHubCheckpoint } from '../server/models/hub-checkpoint.ts';
 import { downloadModel } from '../server/models/download.ts';
 import { ModelError } from '../server/models/errors.ts';
+import { hubCacheDir } from '../server/models/hf-cache.ts';
+import { inspectModel } from '../server/models/inspect.ts';
 import { resolveBase } from '../server/models/resolve.ts';
 import { findPaligemmaTokenizer } from '../server/models/tokenizer.ts';
 import { startFakeHub, type FakeHub, type FakeHubOptions } from './helpers/fake-hub.ts';
@@ -247,6 +249,20 @@ describe('vela models list / inspect', () => {
     expect(bf16.stdout).toContain('norm stats  none');
   });
 
+  it('openpi\'s norm stats (assets/<id>/norm_stats.json) count; LeRobot\'s need both the processor json and its safetensors', async () => {
+    const dir = path.join(tmp, 'openpi_style');
+    fs.mkdirSync(path.join(dir, 'assets', 'trossen'), { recursive: true });
+    fs.copyFileSync(path.join(ckpt, 'config.json'), path.join(dir, 'config.json'));
+    fs.copyFileSync(path.join(ckpt, WEIGHTS), path.join(dir, WEIGHTS));
+    fs.writeFileSync(path.join(dir, 'policy_preprocessor.json'), '{}');
+    expect(await inspectModel(dir)).toMatchObject({ kind: 'pi05', normStats: false, normStatsFiles: [] });
+    fs.writeFileSync(path.join(dir, 'assets', 'trossen', 'norm_stats.json'), '{"norm_stats": {}}');
+    expect(await inspectModel(dir)).toMatchObject({ kind: 'pi05', normStats: true, normStatsFiles: ['assets/trossen/norm_stats.json'], parameters: nParams });
+    // A folder without a pi config is told apart, not an error; a missing one is.
+    expect((await inspectModel(tokDir)).kind).toBe('tokenizer');
+    await expect(inspectModel(path.join(tmp, 'nope'))).rejects.toThrow(`${path.join(tmp, 'nope')}: no such folder`);
+  });
+
   it('list shows the cached checkpoint and tokenizer and the folders given, one row each', async () => {
     const h = await hub();
     const home = path.join(tmp, 'home-list');
@@ -280,6 +296,13 @@ describe('vela models list / inspect', () => {
 });
 
 describe('resolveBase', () => {
+  it('the cache folder: HF_HUB_CACHE, else HF_HOME/hub, else XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub', () => {
+    expect(hubCacheDir({ HF_HUB_CACHE: '/a/hub', HF_HOME: '/b', XDG_CACHE_HOME: '/c' })).toBe('/a/hub');
+    expect(hubCacheDir({ HF_HOME: '/b', XDG_CACHE_HOME: '/c' })).toBe('/b/hub');
+    expect(hubCacheDir({ XDG_CACHE_HOME: '/c' })).toBe('/c/huggingface/hub');
+    expect(hubCacheDir({})).toBe(path.join(os.homedir(), '.cache', 'huggingface', 'hub'));
+  });
+
   it('a folder as is; a Hub id from the cache; absent: the one-line fix, or a download when allowed', async () => {
     const h = await hub();
     const home = path.join(tmp, 'home-resolve');
