@@ -215,6 +215,27 @@ describe('downloadModel', () => {
     expect(h.requests.filter((q) => q.url === `/cdn/${sha256(weights)}` && q.range === undefined).length).toBe(1);
   });
 
+  it('a transfer that goes silent is broken off after idleTimeoutMs and resumed from the bytes it kept', async () => {
+    const stall = 200_000;
+    const h = await hub({ stallAfter: new Map([[WEIGHTS, stall]]) });
+    const weights = fs.readFileSync(path.join(ckpt, WEIGHTS));
+    const phases: string[] = [];
+    const r = await downloadModel({ repoId: REPO, endpoint: h.url, cacheDir: path.join(tmp, 'home-silent', 'hub'), idleTimeoutMs: 2000, onProgress: (p) => p.file === WEIGHTS && phases.push(p.phase) });
+    expect(Buffer.compare(fs.readFileSync(path.join(r.snapshot, WEIGHTS)), weights)).toBe(0);
+    expect(phases).toContain('retry');
+    // The first resumed GET (resolve, then the CDN) starts at the stalled bytes; a loaded machine may add more.
+    const ranged = h.requests.filter((q) => q.range !== undefined && q.range !== 'bytes=0-0').map((q) => q.range);
+    expect(ranged.slice(0, 2)).toEqual([`bytes=${stall}-${weights.length - 1}`, `bytes=${stall}-${weights.length - 1}`]);
+  });
+
+  it('a revision that is not a ref name is refused before any request', async () => {
+    const h = await hub();
+    const err = await downloadModel({ repoId: REPO, endpoint: h.url, cacheDir: path.join(tmp, 'home-rev', 'hub'), revision: '../../etc' }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ModelError);
+    expect((err as ModelError).message).toBe('revision "../../etc" is not a branch, tag or commit name');
+    expect(h.requests).toEqual([]);
+  });
+
   it('a server that answers a resumed range with the whole file: the file starts over instead of growing', async () => {
     const h = await hub({ cutAfter: new Map([[WEIGHTS, 300_000]]), ignoreResumeRange: true });
     const cacheDir = path.join(tmp, 'home-norange', 'hub');

@@ -51,6 +51,11 @@ export interface ModelDownloadOptions {
   include?: string[];
   /** Resumed attempts per file after a cut connection or a 5xx; default 3. */
   retries?: number;
+  /**
+   * A request that waits this long for the hub's answer, or a transfer that gets no byte for this
+   * long, counts as a broken connection (retried, resumed); default 60 000 ms.
+   */
+  idleTimeoutMs?: number;
   onProgress?: (p: DownloadProgress) => void;
 }
 
@@ -122,9 +127,9 @@ const sizeOf = async (p: string): Promise<number | null> => fs.promises.stat(p).
 
 /**
  * Downloads every file of a model repository at a revision (or those matching `include`) into
- * the Hugging Face cache; files already there (their snapshot link resolves to a blob of the
- * listed size) are not fetched again.
- * @throws ModelError: `bad_argument` (repo id, token not `hf_...`, include matches nothing),
+ * the Hugging Face cache; files already there (a blob of the listed size under the listed hash)
+ * are not fetched again, only linked into the snapshot.
+ * @throws ModelError: `bad_argument` (repo id, revision, token not `hf_...`, include matches nothing),
  *   `not_found` (repository, revision or file), `unauthorized` (token refused, or private),
  *   `gated` (licence not accepted: the fix is in the message), `network` (after the retries; the
  *   bytes so far stay in `blobs/<etag>.incomplete` for the next run), `integrity` (size or hash
@@ -139,13 +144,26 @@ export async function downloadModel(opts: ModelDownloadOptions): Promise<ModelDo
   const endpoint = (opts.endpoint ?? 'https://huggingface.co').replace(/\/+$/, '');
   const revision = opts.revision ?? 'main';
   const retries = opts.retries ?? 3;
+  const idleTimeoutMs = opts.idleTimeoutMs ?? 60_000;
+  if (revision === '' || revision.startsWith('/') || revision.split('/').some((s) => s === '' || s === '.' || s === '..') || /[\s\\]/.test(revision)) {
+    throw new ModelError('bad_argument', `revision ${JSON.stringify(revision)} is not a branch, tag or commit name`);
+  }
   let refusal: Refusal | null = null;
   // WebBlob.stream() turns errors into their message; this flag survives that.
   let rangeIgnored = false;
   const guardedFetch: typeof fetch = async (input, init) => {
     const headers = new Headers(init?.headers);
     headers.set('user-agent', 'vela (@huggingface/hub)');
-    const res = await fetch(input, { ...init, headers });
+    // A hub that never answers must not hang a job: a limit on the wait for the headers (the
+    // body's silences are fetchInto's watchdog).
+    const ctl = new AbortController();
+    const timer = setTimeout(() => ctl.abort(new Error(`no answer within ${idleTimeoutMs} ms`)), idleTimeoutMs);
+    let res: Response;
+    try {
+      res = await fetch(input, { ...init, headers, signal: ctl.signal });
+    } finally {
+      clearTimeout(timer);
+    }
     const range = /^bytes=(\d+)-/.exec(headers.get('range') ?? '');
     if (range && Number(range[1]) > 0 && res.status === 200) {
       await res.body?.cancel();
@@ -227,7 +245,7 @@ export async function downloadModel(opts: ModelDownloadOptions): Promise<ModelDo
       report(f, i, 'start', (await sizeOf(partial)) ?? 0);
       for (let attempt = 0; ; attempt++) {
         try {
-          await fetchInto({ ...common, repoId, commit, file: f, partial, onData: (n, fileBytes) => {
+          await fetchInto({ ...common, repoId, commit, file: f, partial, idleTimeoutMs, onData: (n, fileBytes) => {
             transferredBytes += n;
             report(f, i, 'data', fileBytes);
           } });
@@ -294,7 +312,7 @@ async function link(blob: string, pointer: string): Promise<void> {
  */
 async function fetchInto(o: {
   hubUrl: string; accessToken: string | undefined; fetch: typeof fetch; repoId: string; commit: string;
-  file: TreeFile; partial: string; onData: (n: number, fileBytes: number) => void;
+  file: TreeFile; partial: string; idleTimeoutMs: number; onData: (n: number, fileBytes: number) => void;
 }): Promise<void> {
   const { file, partial } = o;
   let have = (await sizeOf(partial)) ?? 0;
@@ -326,17 +344,23 @@ async function fetchInto(o: {
   if (!blob) throw new ModelError('not_found', `${o.repoId}: ${file.path} is listed at commit ${o.commit} but the hub has no such entry`);
   const rest = have > 0 ? blob.slice(have) : blob;
   let fileBytes = have;
+  // The watchdog: a transfer silent for idleTimeoutMs is broken off (and resumed by the caller).
+  let watchdog: NodeJS.Timeout | undefined;
   const count = new Transform({
     transform(chunk: Buffer, _enc, cb) {
+      watchdog?.refresh();
       fileBytes += chunk.length;
       o.onData(chunk.length, fileBytes);
       cb(null, chunk);
     },
   });
+  watchdog = setTimeout(() => count.destroy(new Error(`no data for ${o.idleTimeoutMs} ms`)), o.idleTimeoutMs);
   const out = fs.createWriteStream(partial, { flags: have > 0 ? 'a' : 'w' });
   try {
     await pipeline(Readable.fromWeb(rest.stream() as NodeReadableStream), count, out);
+    clearTimeout(watchdog);
   } catch (e) {
+    clearTimeout(watchdog);
     // pipeline rejects as soon as the source breaks; writes already handed to the file may still
     // land. Wait for the file to close so the size we resume from is final.
     if (!out.closed) await new Promise<void>((resolve) => out.once('close', () => resolve()));
