@@ -363,6 +363,23 @@ function hfCacheCheck(args: string[], env: Record<string, string> = {}): Promise
   });
 }
 
+describe('resolveBase on a partial download', () => {
+  it('a snapshot without its weights is not a base: named as partial, and completed (only the missing files) when downloads are allowed', async () => {
+    const h = await hub();
+    const cacheDir = path.join(tmp, 'home-partial', 'hub');
+    const env = { HF_HUB_CACHE: cacheDir, HF_ENDPOINT: h.url };
+    await downloadModel({ repoId: REPO, endpoint: h.url, cacheDir, include: ['config.json'] });
+    const snapshot = path.join(cacheDir, `models--${REPO.replace('/', '--')}`, 'snapshots', h.commitOf(REPO));
+    const err = (await resolveBase(REPO, { env }).catch((e: unknown) => e)) as ModelError;
+    expect(err.code).toBe('not_downloaded');
+    expect(err.message).toBe(`base ${REPO} is only partly in the Hugging Face cache (${snapshot}: ${snapshot} has neither model.safetensors nor model.safetensors.index.json); run \`vela models download ${REPO}\` or start the server with --allow-downloads`);
+    const done: string[] = [];
+    const got = await resolveBase(REPO, { env, allowDownload: true, onProgress: (p) => p.phase === 'done' && done.push(p.file) });
+    expect(got.dir).toBe(snapshot);
+    expect(done.sort()).toEqual(fs.readdirSync(ckpt).filter((f) => f !== 'config.json').sort());
+  });
+});
+
 describe.skipIf(missing('Python huggingface_hub', hfHubReason()))('the same cache as huggingface_hub (LeRobot, transformers)', () => {
   it('huggingface_hub finds what Vela downloaded offline, with no cache warnings; Vela finds what huggingface_hub downloaded and fetches nothing', async () => {
     const h = await hub();

@@ -1,14 +1,17 @@
 /**
  * A base checkpoint named by the user (`base`: a folder or a Hub id) -> the folder to load.
  * Hub ids are looked up in the Hugging Face cache first, so what LeRobot or openpi downloaded is
- * used in place; a missing one is downloaded only when the caller allows it.
+ * used in place; a missing or partial one is downloaded (or completed) only when the caller
+ * allows it.
  */
 import fs from 'node:fs';
 import path from 'node:path';
+import { CheckpointError } from '../../kernels/safetensors.ts';
 import type { DownloadProgress } from '../hub/download.ts';
 import { downloadModel } from './download.ts';
 import { ModelError } from './errors.ts';
 import { cachedSnapshot, hubCacheDir, isHubRepoId, modelRepoFolder } from './hf-cache.ts';
+import { HUB_CONFIG_FILE, readCheckpointHeaders } from './hub-checkpoint.ts';
 
 export interface ResolveBaseOptions {
   /** Environment read for HF_HOME / HF_HUB_CACHE / HF_TOKEN / HF_ENDPOINT; default process.env. */
@@ -56,10 +59,14 @@ export async function resolveBase(ref: string, opts: ResolveBaseOptions = {}): P
   }
   const cacheDir = hubCacheDir(env);
   const cached = cachedSnapshot(cacheDir, repoId, revision);
-  if (cached) return { dir: cached.dir, repoId, revision: cached.commit };
+  // A snapshot is there as soon as its first file is (an interrupted or --include download):
+  // only one with its config and every weight file counts.
+  const missing = cached ? await incomplete(cached.dir) : null;
+  if (cached && missing === null) return { dir: cached.dir, repoId, revision: cached.commit };
   if (!opts.allowDownload) {
     const shown = at < 0 ? repoId : `${repoId} --revision ${revision}`;
-    throw new ModelError('not_downloaded', `base ${ref} is not in the Hugging Face cache (${modelRepoFolder(cacheDir, repoId)}); run \`vela models download ${shown}\` or start the server with --allow-downloads`);
+    const where = cached ? `is only partly in the Hugging Face cache (${cached.dir}: ${missing})` : `is not in the Hugging Face cache (${modelRepoFolder(cacheDir, repoId)})`;
+    throw new ModelError('not_downloaded', `base ${ref} ${where}; run \`vela models download ${shown}\` or start the server with --allow-downloads`);
   }
   const r = await downloadModel({
     repoId, revision, cacheDir,
@@ -68,4 +75,16 @@ export async function resolveBase(ref: string, opts: ResolveBaseOptions = {}): P
     onProgress: opts.onProgress,
   });
   return { dir: r.snapshot, repoId, revision: r.commit };
+}
+
+/** Null when `dir` has config.json and every weight file, else what is missing. */
+async function incomplete(dir: string): Promise<string | null> {
+  if (!fs.existsSync(path.join(dir, HUB_CONFIG_FILE))) return `no ${HUB_CONFIG_FILE}`;
+  try {
+    await readCheckpointHeaders(dir);
+    return null;
+  } catch (e) {
+    if (e instanceof CheckpointError) return e.message;
+    throw e;
+  }
 }
