@@ -6,33 +6,35 @@
  * `downloadFile`'s WebBlob (ranged reads of that URL).
  *
  * What the library does not do is added here, around it, and nothing else:
- * - Resume. The library's `downloadFileToCacheDir` writes `blobs/<etag>.incomplete` from byte 0
- *   every time. Here bytes are appended to that same file (huggingface_hub's name for it), and a
- *   cut connection (retried in the run) or a killed run (the next run) continues from its size
- *   with `WebBlob.slice(have)`, i.e. a `Range: bytes=<have>-<size-1>` request.
+ * - Resume (blob-fetch.ts). The library's `downloadFileToCacheDir` writes
+ *   `blobs/<etag>.incomplete` from byte 0 every time. Here bytes are appended to that same file
+ *   (huggingface_hub's name for it), and a cut or silent connection (retried in the run) or a
+ *   killed run (the next run) continues from its size with `WebBlob.slice(have)`, i.e. a
+ *   `Range: bytes=<have>-<size-1>` request.
  * - Verification. The library renames whatever arrived into the blob. Here the finished file's
  *   size, then its SHA-256 (LFS files) or git blob SHA-1 (others), must equal the tree's before it
  *   is renamed into `blobs/<etag>`; otherwise it is deleted and the file is named in the error.
  * - A server that ignores Range (answers 200 to a resumed GET): caught in the fetch wrapper, the
  *   partial file is started over rather than appended to.
- * - Errors: the library's HubApiError keeps neither X-Error-Code nor X-Error-Message, which is how
- *   the hub tells a gated repository from a private or missing one; the fetch wrapper keeps the
- *   last refused answer's headers so that ModelError can say which, with the fix.
+ * - Errors (hub-errors.ts): the library's HubApiError keeps neither X-Error-Code nor
+ *   X-Error-Message, which is how the hub tells a gated repository from a private or missing
+ *   one; the fetch wrapper keeps the last refused answer's headers so that ModelError can say
+ *   which, with the fix.
+ * - Time limits: an unanswered request or a silent transfer (idleTimeoutMs) is broken off and
+ *   resumed; the library sets none.
  * - Include globs (huggingface_hub's `allow_patterns`), and a progress callback.
  * snapshotDownload is not used: it does one paths-info request per file and none of the above.
  * Two processes downloading the same blob at once are not locked against each other (two
  * downloads in one process are: the second waits).
  */
-import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
-import { Readable, Transform } from 'node:stream';
-import { pipeline } from 'node:stream/promises';
-import type { ReadableStream as NodeReadableStream } from 'node:stream/web';
-import { downloadFile, fileDownloadInfo, HubApiError, InvalidApiResponseFormatError, listFiles, modelInfo } from '@huggingface/hub';
+import { HubApiError, listFiles, modelInfo } from '@huggingface/hub';
 import type { DownloadProgress } from '../hub/download.ts';
+import { fetchInto, hashFile, RangeIgnored, sizeOf, type TreeFile } from './blob-fetch.ts';
 import { ModelError } from './errors.ts';
 import { isHubRepoId, modelRepoFolder } from './hf-cache.ts';
+import { toModelError, type Refusal } from './hub-errors.ts';
 
 export type { DownloadProgress } from '../hub/download.ts';
 
@@ -71,30 +73,12 @@ export interface ModelDownloadResult {
   skipped: number;
 }
 
-/** A file of the tree listing, with the hash it must have. */
-interface TreeFile {
-  path: string;
-  size: number;
-  etag: string;
-  algo: 'sha256' | 'git-blob-sha1';
-}
-
-/** The last answer the hub refused, with the headers HubApiError drops. */
-interface Refusal {
-  status: number;
-  errorCode: string | null;
-  errorMessage: string | null;
-}
-
 /**
  * Blobs being fetched by this process: a second download of the same blob (two jobs on one base)
  * waits for the first instead of appending to the same .incomplete file. Other processes are
  * not locked out.
  */
 const inflight = new Map<string, Promise<void>>();
-
-/** Thrown by the fetch wrapper when a ranged GET is answered with the whole file. */
-class RangeIgnored extends Error {}
 
 /** huggingface_hub's fnmatch: `*` any run of characters (`/` included), `?` one, `[...]` a set. */
 export function globToRegExp(glob: string): RegExp {
@@ -115,15 +99,6 @@ export function globToRegExp(glob: string): RegExp {
   }
   return new RegExp(`^${re}$`);
 }
-
-async function hashFile(file: string, algo: TreeFile['algo']): Promise<string> {
-  const h = crypto.createHash(algo === 'sha256' ? 'sha256' : 'sha1');
-  if (algo === 'git-blob-sha1') h.update(`blob ${(await fs.promises.stat(file)).size}\0`);
-  for await (const chunk of fs.createReadStream(file)) h.update(chunk as Buffer);
-  return h.digest('hex');
-}
-
-const sizeOf = async (p: string): Promise<number | null> => fs.promises.stat(p).then((s) => s.size, () => null);
 
 /**
  * Downloads every file of a model repository at a revision (or those matching `include`) into
@@ -304,94 +279,3 @@ async function link(blob: string, pointer: string): Promise<void> {
   await fs.promises.rename(tmp, pointer);
 }
 
-/**
- * One attempt at a file: the library resolves it (size and ETag checked against the tree), then
- * its WebBlob streams the bytes from what `partial` already holds to the end, appended.
- * @throws ModelError `network` (connection broke; the bytes written stay), `integrity` (the hub
- *   states another hash or size than its tree), HubApiError (refused), RangeIgnored.
- */
-async function fetchInto(o: {
-  hubUrl: string; accessToken: string | undefined; fetch: typeof fetch; repoId: string; commit: string;
-  file: TreeFile; partial: string; idleTimeoutMs: number; onData: (n: number, fileBytes: number) => void;
-}): Promise<void> {
-  const { file, partial } = o;
-  let have = (await sizeOf(partial)) ?? 0;
-  if (have > file.size) {
-    fs.truncateSync(partial, 0);
-    have = 0;
-  }
-  if (have === file.size) return;
-  const repo = { type: 'model' as const, name: o.repoId };
-  const lib = { hubUrl: o.hubUrl, accessToken: o.accessToken, fetch: o.fetch };
-  // The library puts the path into the URL as is; a space or `#` in a file name needs quoting.
-  const urlPath = file.path.split('/').map(encodeURIComponent).join('/');
-  let info;
-  try {
-    info = await fileDownloadInfo({ ...lib, repo, path: urlPath, revision: o.commit });
-  } catch (e) {
-    if (e instanceof HubApiError || e instanceof RangeIgnored) throw e;
-    if (e instanceof InvalidApiResponseFormatError) throw new ModelError('network', `${o.repoId}: ${file.path}: the answer of ${o.hubUrl} does not fit the hub's API (${e.message}); is it a Hugging Face hub or mirror?`);
-    throw new ModelError('network', `${o.repoId}: ${file.path}: cannot reach ${new URL(o.hubUrl).origin} (${(e as Error & { cause?: Error }).cause?.message ?? (e as Error).message})`);
-  }
-  if (info === null) throw new ModelError('not_found', `${o.repoId}: ${file.path} is listed at commit ${o.commit} but the hub has no such entry`);
-  const etag = info.etag.replace(/^W\//, '').replace(/^"(.*)"$/, '$1');
-  // The ETag is compared only for plain answers: for a Xet-stored file the hub answers the probe
-  // with Xet file info, and the hash check after the download is what counts anyway.
-  if (info.size !== file.size || (!info.xet && etag.length >= 40 && etag !== file.etag)) {
-    throw new ModelError('integrity', `${o.repoId}: ${file.path}: the hub serves ${info.size} bytes with ETag ${etag}; its file list says ${file.size} bytes, ${file.etag}. Nothing was saved`);
-  }
-  const blob = await downloadFile({ ...lib, repo, path: urlPath, revision: o.commit, xet: false, downloadInfo: info });
-  if (!blob) throw new ModelError('not_found', `${o.repoId}: ${file.path} is listed at commit ${o.commit} but the hub has no such entry`);
-  const rest = have > 0 ? blob.slice(have) : blob;
-  let fileBytes = have;
-  // The watchdog: a transfer silent for idleTimeoutMs is broken off (and resumed by the caller).
-  let watchdog: NodeJS.Timeout | undefined;
-  const count = new Transform({
-    transform(chunk: Buffer, _enc, cb) {
-      watchdog?.refresh();
-      fileBytes += chunk.length;
-      o.onData(chunk.length, fileBytes);
-      cb(null, chunk);
-    },
-  });
-  watchdog = setTimeout(() => count.destroy(new Error(`no data for ${o.idleTimeoutMs} ms`)), o.idleTimeoutMs);
-  const out = fs.createWriteStream(partial, { flags: have > 0 ? 'a' : 'w' });
-  try {
-    await pipeline(Readable.fromWeb(rest.stream() as NodeReadableStream), count, out);
-    clearTimeout(watchdog);
-  } catch (e) {
-    clearTimeout(watchdog);
-    // pipeline rejects as soon as the source breaks; writes already handed to the file may still
-    // land. Wait for the file to close so the size we resume from is final.
-    if (!out.closed) await new Promise<void>((resolve) => out.once('close', () => resolve()));
-    if (e instanceof RangeIgnored) throw e;
-    const reason = typeof e === 'string' ? e : ((e as Error & { cause?: Error }).cause?.message ?? (e as Error).message);
-    throw new ModelError('network', `${o.repoId}: ${file.path}: the connection broke after ${(await sizeOf(partial)) ?? 0} of ${file.size} bytes (${reason})`);
-  }
-}
-
-/** The hub's refusal as a ModelError, told apart by status and X-Error-Code. */
-function toModelError(e: unknown, refusal: Refusal | null, c: { repoId: string; revision: string; endpoint: string; token: string | undefined; what: string }): ModelError {
-  if (e instanceof ModelError) return e;
-  if (!(e instanceof HubApiError)) {
-    const err = e as Error & { cause?: Error };
-    return new ModelError('network', `${c.what}: cannot reach ${c.endpoint} (${err.cause?.message ?? err.message})`);
-  }
-  const status = e.statusCode;
-  const code = refusal?.status === status ? refusal.errorCode : null;
-  const said = (refusal?.status === status ? refusal.errorMessage : null) ?? e.message.replace(/\. URL: .*$/, '');
-  const page = `https://huggingface.co/${c.repoId}`;
-  if (code === 'GatedRepo' || ((status === 401 || status === 403) && /gated|restricted/i.test(said))) {
-    if (!c.token) return new ModelError('gated', `${c.repoId} is gated: accept its licence at ${page} while logged in, then set HF_TOKEN=<a read token> (or pass --token)`);
-    return new ModelError('gated', `${c.repoId} is gated and the token given has no access to it: accept its licence at ${page} while logged in as that token's account (or use a read token of an account that has), then set HF_TOKEN=<that token> (or pass --token)`);
-  }
-  if (code === 'RevisionNotFound') return new ModelError('not_found', `${c.repoId} has no revision ${c.revision} on ${c.endpoint}`);
-  if (code === 'EntryNotFound') return new ModelError('not_found', `${c.what}: not found on ${c.endpoint}`);
-  if (code === 'RepoNotFound' || status === 404) {
-    return new ModelError('not_found', `${c.repoId}: no such model on ${c.endpoint}${c.token ? ' that this token can see' : ', or it is private: set HF_TOKEN=<a read token> (or pass --token) if you have access'}`);
-  }
-  if (status === 401 || status === 403) {
-    return new ModelError('unauthorized', `${c.what}: the hub refused ${c.token ? 'the token' : 'the request'} (${status}: ${said}); ${c.token ? 'check HF_TOKEN / --token (a read token from https://huggingface.co/settings/tokens)' : 'set HF_TOKEN=<a read token> (or pass --token)'}`);
-  }
-  return new ModelError('network', `${c.what}: the hub answered ${status} (${said})`);
-}
