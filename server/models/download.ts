@@ -27,6 +27,7 @@
  * Two processes downloading the same blob at once are not locked against each other (two
  * downloads in one process are: the second waits).
  */
+import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import { HubApiError, listFiles, modelInfo } from '@huggingface/hub';
@@ -273,8 +274,8 @@ export async function downloadModel(opts: ModelDownloadOptions): Promise<ModelDo
 /** `snapshots/<commit>/<path> -> ../../blobs/<etag>` (relative, as huggingface_hub links it). */
 async function link(blob: string, pointer: string): Promise<void> {
   await fs.promises.mkdir(path.dirname(pointer), { recursive: true });
-  const tmp = `${pointer}.${process.pid}.tmp`;
-  await fs.promises.rm(tmp, { force: true });
+  // Unique per call: two downloads in this process may link the same file at once.
+  const tmp = `${pointer}.${process.pid}.${crypto.randomBytes(4).toString('hex')}.tmp`;
   await fs.promises.symlink(path.relative(path.dirname(pointer), blob), tmp);
   await fs.promises.rename(tmp, pointer);
 }
