@@ -23,6 +23,7 @@ Usage:
   vela finetune --dataset DIR        fine-tune locally with a progress bar (same job as the server's)
   vela datasets inspect DIR          describe a LeRobot dataset
   vela datasets download REPO_ID     fetch a LeRobot dataset from the Hugging Face Hub
+  vela models download REPO_ID       fetch a checkpoint into the Hugging Face cache (list, inspect too)
   vela policy CHECKPOINT [opts]      serve a checkpoint to robots over OpenPI's websocket protocol
   vela presets                       print each model preset's parameter count
   vela backend                       print the backend engines run on, and why not a faster one
@@ -119,6 +120,11 @@ async function datasets(argv: string[]): Promise<void> {
   await datasetsCommand(argv);
 }
 
+async function models(argv: string[]): Promise<void> {
+  const { modelsCommand } = await import('./models/cli.ts');
+  await modelsCommand(argv);
+}
+
 const BACKEND_USAGE = `Usage: vela backend [settings]
 
 Chooses the TF.js backend as an engine of vela serve would (--backend, VELA_BACKEND; auto tries
@@ -135,7 +141,7 @@ async function backend(argv: string[]): Promise<void> {
   process.stdout.write((await Engine.probe(config.backend, threadsOf(config))).line + '\n');
 }
 
-const COMMANDS: Record<string, (argv: string[]) => Promise<void>> = { serve, keys, presets, policy, finetune, datasets, backend };
+const COMMANDS: Record<string, (argv: string[]) => Promise<void>> = { serve, keys, presets, policy, finetune, datasets, models, backend };
 
 /** What `vela` prints for a failure, and its exit code: 2 for a usage mistake, else 1. */
 export function describeFailure(command: string | undefined, e: unknown, debug: boolean): { text: string; exitCode: number } {
@@ -168,7 +174,7 @@ export async function runCli(argv: string[], stderr: (text: string) => void = (t
     await fn(rest);
     return 0;
   } catch (e) {
-    const sub = cmd === 'datasets' || cmd === 'keys' ? [cmd, rest[0]].filter((x) => x && !x.startsWith('-')).join(' ') : cmd;
+    const sub = cmd === 'datasets' || cmd === 'models' || cmd === 'keys' ? [cmd, rest[0]].filter((x) => x && !x.startsWith('-')).join(' ') : cmd;
     const { text, exitCode } = describeFailure(sub, e, debug);
     stderr(text);
     return exitCode;

@@ -9,7 +9,8 @@ import { PRESET_NAMES, makeConfig, resolvePreset } from '../kernels/small/config
 import { OPENPI_LORA } from '../kernels/pi/policy.ts';
 import { DEFAULT_BASES, isRealModel, type RealModel } from './models/bases.ts';
 import { modelLayout, tokenizerFileFor, type ModelLayout } from './models/layout.ts';
-import { ModelError, resolveBase } from './models/resolve.ts';
+import { ModelError } from './models/errors.ts';
+import { resolveBase } from './models/resolve.ts';
 import { realModelKey } from './engine/model-key.ts';
 import { zeroGateRule } from '../kernels/lora.ts';
 import { Engine, PriorityGate, type EngineLike, type EngineOptions } from './engine/host.ts';

@@ -106,8 +106,15 @@ const USAGE_CASES: [string[], string][] = [
   [['datasets', 'inspect', rel, '--episodes', '3'], 'vela datasets inspect: unknown option --episodes (see vela datasets --help)'],
   [['datasets', 'download'], 'vela datasets download: expected one REPO_ID (namespace/name), got none (see vela datasets --help)'],
   [['datasets', 'download', 'lerobot/pusht', '--endpoint', 'ftp://x'], 'vela datasets download: --endpoint ftp://x: must be an http(s) URL'],
+  [['models'], 'vela models: which one? download, list or inspect (see vela models --help)'],
+  [['models', 'fetch', 'lerobot/pi05_base'], 'vela models fetch: unknown subcommand fetch; the subcommands are download, list and inspect (see vela models --help)'],
+  [['models', 'download'], 'vela models download: expected one REPO_ID (namespace/name), got none (see vela models --help)'],
+  [['models', 'download', '../etc'], 'vela models download: REPO_ID ../etc: must be namespace/name, e.g. lerobot/pi05_base'],
+  [['models', 'download', 'lerobot/pi05_base', '--endpoint', 'ftp://x'], 'vela models download: --endpoint ftp://x: must be an http(s) URL'],
+  [['models', 'download', 'lerobot/pi05_base', '--include='], 'vela models download: --include="": the glob is empty'],
+  [['models', 'inspect'], 'vela models inspect: expected one REPO_ID or FOLDER, got none (see vela models --help)'],
   [['presets', '--all'], 'vela presets: unknown option --all (see vela presets --help)'],
-  [['frobnicate'], 'vela: unknown command frobnicate; the commands are serve, keys, presets, policy, finetune, datasets, backend (see vela --help)'],
+  [['frobnicate'], 'vela: unknown command frobnicate; the commands are serve, keys, presets, policy, finetune, datasets, models, backend (see vela --help)'],
 ];
 
 describe('vela: usage mistakes', () => {

@@ -135,6 +135,17 @@ async function indexTensors(dir: string): Promise<{ tensors: Map<string, FileTen
 }
 
 /**
+ * The tensors of a checkpoint folder (the single file or the index's shards) from the
+ * safetensors headers only: no tensor data is read, so this is cheap at any size.
+ * @throws CheckpointError 'missing_file' (no weights, a listed shard absent), 'bad_config' (index
+ *   not a JSON object), 'bad_header' / 'bad_offsets' / 'too_large' (a bad header), 'io'.
+ */
+export async function readCheckpointHeaders(dir: string): Promise<{ files: string[]; tensors: { name: string; dtype: SafetensorsDtype; shape: number[]; file: string }[] }> {
+  const { tensors, files } = await indexTensors(dir);
+  return { files, tensors: [...tensors].map(([name, t]) => ({ name, dtype: t.entry.dtype, shape: t.entry.shape, file: t.file })) };
+}
+
+/**
  * Reads a Hub-layout checkpoint folder into float32 parameters for the model `cfg`, tensor by
  * tensor (see the module comment). Checks config.json's `type` against cfg.variant.
  * @throws HubCheckpointError ('tensor_mismatch') naming every missing, unexpected or misshapen

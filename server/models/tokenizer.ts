@@ -10,9 +10,9 @@
  */
 import fs from 'node:fs';
 import { readFile } from 'node:fs/promises';
-import os from 'node:os';
 import path from 'node:path';
 import { Tokenizer } from '@huggingface/tokenizers';
+import { hubCacheDir } from './hf-cache.ts';
 import { pi0PromptTokens, pi05PromptTokens, type Pi0PromptStyle, type PromptTokens } from '../../kernels/pi/prompt.ts';
 
 export type TokenizerErrorCode = 'missing_file' | 'bad_tokenizer';
@@ -61,7 +61,7 @@ export async function loadPaligemmaTokenizer(file: string): Promise<PaligemmaTok
   try {
     text = await readFile(jsonPath, 'utf8');
   } catch (e) {
-    throw new TokenizerError('missing_file', `cannot read the tokenizer ${jsonPath}: ${(e as Error).message}; PaliGemma's comes from google/paligemma-3b-pt-224 on the Hub`);
+    throw new TokenizerError('missing_file', `cannot read the tokenizer ${jsonPath}: ${(e as Error).message}; PaliGemma's comes from ${PALIGEMMA_TOKENIZER_REPO} on the Hub: ${PALIGEMMA_TOKENIZER_DOWNLOAD}`);
   }
   const tokenizerJson = parseJson(jsonPath, text);
   const configPath = path.join(path.dirname(jsonPath), 'tokenizer_config.json');
@@ -108,14 +108,17 @@ function parseJson(file: string, text: string): Record<string, unknown> {
 /** The Hub repo PaliGemma's tokenizer files come from (pi0 / pi0.5 use its tokenizer). */
 export const PALIGEMMA_TOKENIZER_REPO = 'google/paligemma-3b-pt-224';
 
+/** The documented way to fetch it into the Hugging Face cache (gated: accept the licence first). */
+export const PALIGEMMA_TOKENIZER_DOWNLOAD = `vela models download ${PALIGEMMA_TOKENIZER_REPO} --include 'tokenizer*'`;
+
 /**
  * The path of PaliGemma's `tokenizer.json` in the Hugging Face cache, or null when it is not
  * there. Looks in $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub, under
  * `models--google--paligemma-3b-pt-224/snapshots/<any>/tokenizer.json` (also the -224 `mix`
- * and 448 / 896 variants, which ship the same tokenizer).
+ * and 448 / 896 variants, which ship the same tokenizer). PALIGEMMA_TOKENIZER_DOWNLOAD puts it there.
  */
 export function findPaligemmaTokenizer(env: NodeJS.ProcessEnv = process.env): string | null {
-  const hub = env.HF_HUB_CACHE || path.join(env.HF_HOME || path.join(os.homedir(), '.cache', 'huggingface'), 'hub');
+  const hub = hubCacheDir(env);
   const repos = ['paligemma-3b-pt-224', 'paligemma-3b-mix-224', 'paligemma-3b-pt-448', 'paligemma-3b-pt-896'];
   for (const repo of repos) {
     const snapshots = path.join(hub, `models--google--${repo}`, 'snapshots');

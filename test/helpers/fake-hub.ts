@@ -1,15 +1,25 @@
 /**
- * Test helper: a local stand-in for the Hugging Face Hub's file API on 127.0.0.1, serving a folder
- * as a dataset repository the way the hub does (huggingface_hub's client reads the same):
- * - `GET /api/datasets/{repo}/revision/{rev}` -> `{id, sha}` (404 + X-Error-Code otherwise).
- * - `GET /api/datasets/{repo}/tree/{sha}?recursive=true` -> `[{type, oid, size, path, lfs?}]`,
- *   two entries per page with a `Link: <...>; rel="next"` header (the hub pages long lists).
- * - `GET /datasets/{repo}/resolve/{sha}/{path}`: plain files answer 200 with `ETag: "<git blob
- *   sha1>"` and `X-Repo-Commit`; LFS files (.parquet, .mp4) answer 302 to `/cdn/<sha256>` with
- *   `X-Linked-Etag: "<sha256>"`, `X-Linked-Size`, `X-Repo-Commit`, like the hub's CDN redirect.
- *   Both honour `Range: bytes=N-` with 206 and Content-Range.
- * Faults for tests: `cutAfter` (path -> bytes: the first GET of that file is cut after that many
- * bytes), `corrupt` (paths served with one byte flipped), `token` (Bearer required).
+ * Test helper: a local stand-in for the Hugging Face Hub's file API on 127.0.0.1, serving folders
+ * as dataset and model repositories the way the hub does (huggingface_hub's and @huggingface/hub's
+ * clients read the same):
+ * - `GET /api/{datasets|models}/{repo}/revision/{rev}` -> `{_id, id, sha, siblings, ...}` (404 +
+ *   X-Error-Code otherwise).
+ * - `GET /api/{datasets|models}/{repo}/tree/{rev}?recursive=true` -> `[{type, oid, size, path,
+ *   lfs?}]`, two entries per page with a `Link: <...>; rel="next"` header (the hub pages long lists).
+ * - `GET /datasets/{repo}/resolve/{rev}/{path}` and, for models, `/{repo}/resolve/{rev}/{path}`:
+ *   plain files answer 200 with `ETag: "<git blob sha1>"` and `X-Repo-Commit`; LFS files
+ *   (.parquet, .mp4, .safetensors, .bin) answer 302 to `http://localhost:<port>/cdn/<sha256>` (another
+ *   host, like the hub's CDN) with `X-Linked-Etag:
+ *   "<sha256>"`, `X-Linked-Size`, `X-Repo-Commit`, like the hub's CDN redirect. Both honour
+ *   `Range: bytes=N-` and `bytes=N-M` with 206 and Content-Range, 416 past the end.
+ * Faults for tests: `cutAfter` (path -> bytes: the first GET of that file that would send more
+ * than that many bytes is cut after that many), `stallAfter` (the same, but the connection then
+ * hangs), `corrupt` (paths served with one byte flipped), `ignoreResumeRange` (a range from
+ * byte N > 0 is answered with the whole file), `token` (Bearer required for everything but the
+ * CDN: a private repo). A model repo may be
+ * `gated` like google/paligemma-3b-pt-224: its metadata and file list are public, its files need
+ * a token of an account that accepted the licence (401 without a token, 403 with another one,
+ * each with the hub's X-Error-Code: GatedRepo and X-Error-Message).
  */
 import crypto from 'node:crypto';
 import fs from 'node:fs';
@@ -17,20 +27,39 @@ import http from 'node:http';
 import path from 'node:path';
 import type { AddressInfo } from 'node:net';
 
-export interface FakeHubOptions {
+/** A model repository served beside the dataset. */
+export interface FakeModelRepo {
   repoId: string;
   dir: string;
+  /** Branch name the commit is reachable by; default `main`. */
+  revision?: string;
+  /** Gated: only these tokens may fetch files. */
+  gated?: { tokens: string[] };
+}
+
+export interface FakeHubOptions {
+  /** The dataset repository (optional when only models are served). */
+  repoId?: string;
+  dir?: string;
   revision?: string;
   token?: string;
+  models?: FakeModelRepo[];
   cutAfter?: Map<string, number>;
+  /** path -> bytes: the first GET of that file sends that many bytes, then nothing more (a hung transfer, for killing the client). */
+  stallAfter?: Map<string, number>;
   corrupt?: Set<string>;
+  /** Answer a range that does not start at 0 with the whole file (200), as some proxies do. */
+  ignoreResumeRange?: boolean;
 }
 
 export interface FakeHub {
   url: string;
+  /** The dataset's commit (or the first model's, without a dataset). */
   commit: string;
+  /** The commit of any served repository. */
+  commitOf(repoId: string): string;
   /** Every request: method, path and the Range and Authorization headers. */
-  requests: { url: string; range: string | undefined; authorization: string | undefined }[];
+  requests: { method: string; url: string; range: string | undefined; authorization: string | undefined }[];
   close(): Promise<void>;
 }
 
@@ -44,93 +73,162 @@ function walk(dir: string, rel = ''): string[] {
 const gitBlobSha1 = (b: Buffer) => crypto.createHash('sha1').update(`blob ${b.length}\0`).update(b).digest('hex');
 const sha256 = (b: Buffer) => crypto.createHash('sha256').update(b).digest('hex');
 
-export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
-  const commit = crypto.createHash('sha1').update(opts.repoId).digest('hex');
-  const files = walk(opts.dir).sort().map((p) => {
-    const bytes = fs.readFileSync(path.join(opts.dir, p));
-    const lfs = /\.(parquet|mp4)$/.test(p);
+interface Repo {
+  kind: 'datasets' | 'models';
+  id: string;
+  revision: string;
+  commit: string;
+  gated?: { tokens: string[] };
+  files: { path: string; bytes: Buffer; lfs: boolean; sha256: string; oid: string; pointerSize: number }[];
+}
+
+function loadRepo(kind: Repo['kind'], id: string, dir: string, revision = 'main', gated?: Repo['gated']): Repo {
+  const commit = crypto.createHash('sha1').update(`${kind}/${id}`).digest('hex');
+  const files = walk(dir).sort().map((p) => {
+    const bytes = fs.readFileSync(path.join(dir, p));
+    const lfs = /\.(parquet|mp4|safetensors|bin)$/.test(p);
     const pointer = Buffer.from(`version https://git-lfs.github.com/spec/v1\noid sha256:${sha256(bytes)}\nsize ${bytes.length}\n`);
     return { path: p, bytes, lfs, sha256: sha256(bytes), oid: gitBlobSha1(lfs ? pointer : bytes), pointerSize: pointer.length };
   });
+  return { kind, id, revision, commit, gated, files };
+}
+
+export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
+  const repos: Repo[] = [];
+  if (opts.repoId && opts.dir) repos.push(loadRepo('datasets', opts.repoId, opts.dir, opts.revision));
+  for (const m of opts.models ?? []) repos.push(loadRepo('models', m.repoId, m.dir, m.revision, m.gated));
   const cutOnce = new Map(opts.cutAfter ?? []);
+  const stallOnce = new Map(opts.stallAfter ?? []);
   const requests: FakeHub['requests'] = [];
 
-  const sendBytes = (req: http.IncomingMessage, res: http.ServerResponse, file: (typeof files)[number], headers: Record<string, string>) => {
+  const sendBytes = (req: http.IncomingMessage, res: http.ServerResponse, file: Repo['files'][number], headers: Record<string, string>) => {
     let body = file.bytes;
     if (opts.corrupt?.has(file.path)) {
       body = Buffer.from(body);
       body[body.length >> 1]! ^= 0x40;
     }
-    const m = /^bytes=(\d+)-$/.exec(req.headers.range ?? '');
+    let m = /^bytes=(\d+)-(\d*)$/.exec(req.headers.range ?? '');
+    if (m && opts.ignoreResumeRange && m[1] !== '0') m = null;
     const start = m ? Number(m[1]) : 0;
-    if (start >= body.length && m) {
+    const end = m && m[2] ? Math.min(Number(m[2]), body.length - 1) : body.length - 1;
+    if (m && (start >= body.length || end < start)) {
       res.writeHead(416, { 'content-range': `bytes */${body.length}` }).end();
       return;
     }
-    const slice = body.subarray(start);
+    const slice = body.subarray(start, end + 1);
     res.writeHead(m ? 206 : 200, {
       ...headers, 'content-type': 'application/octet-stream', 'content-length': String(slice.length), 'accept-ranges': 'bytes',
-      ...(m ? { 'content-range': `bytes ${start}-${body.length - 1}/${body.length}` } : {}),
+      ...(m ? { 'content-range': `bytes ${start}-${end}/${body.length}` } : {}),
     });
+    if (req.method === 'HEAD') {
+      // huggingface_hub reads a file's metadata with HEAD; faults are for the bytes of a GET.
+      res.end();
+      return;
+    }
     const cut = cutOnce.get(file.path);
-    if (cut !== undefined) {
+    if (cut !== undefined && slice.length > cut) {
       cutOnce.delete(file.path);
       res.write(slice.subarray(0, cut), () => setTimeout(() => res.socket?.destroy(), 20));
+      return;
+    }
+    const stall = stallOnce.get(file.path);
+    if (stall !== undefined && slice.length > stall) {
+      stallOnce.delete(file.path);
+      res.write(slice.subarray(0, stall));
       return;
     }
     res.end(slice);
   };
 
-  const server = http.createServer((req, res) => {
-    requests.push({ url: req.url!, range: req.headers.range, authorization: req.headers.authorization });
+  // The CDN is another host, `localhost` (still the loopback), as the hub's CDN is another host:
+  // clients must follow the redirect for the bytes, drop the Authorization header on the way, and
+  // read a file's metadata from the redirect itself (huggingface_hub follows same-host redirects).
+  let cdnOrigin = '';
+  const handler = (req: http.IncomingMessage, res: http.ServerResponse) => {
+    requests.push({ method: req.method!, url: req.url!, range: req.headers.range, authorization: req.headers.authorization });
     if (opts.token && req.headers.authorization !== `Bearer ${opts.token}` && !req.url!.startsWith('/cdn/')) {
       res.writeHead(401, { 'content-type': 'application/json', 'x-error-code': 'RepoNotFound' }).end(JSON.stringify({ error: 'Invalid username or password.' }));
       return;
     }
     const u = new URL(req.url!, 'http://x');
-    const repo = opts.repoId;
     const json = (status: number, body: unknown, headers: Record<string, string> = {}) => res.writeHead(status, { 'content-type': 'application/json', ...headers }).end(JSON.stringify(body));
-    if (u.pathname.startsWith(`/api/datasets/${repo}/revision/`)) {
-      const rev = decodeURIComponent(u.pathname.slice(`/api/datasets/${repo}/revision/`.length));
-      if (rev !== (opts.revision ?? 'main') && rev !== commit) return json(404, { error: `Invalid rev id: ${rev}` }, { 'x-error-code': 'RevisionNotFound' });
-      return json(200, { id: repo, sha: commit, siblings: files.map((f) => ({ rfilename: f.path })) });
-    }
-    if (u.pathname === `/api/datasets/${repo}/tree/${commit}`) {
-      const entries = files.map((f) => ({
-        type: 'file', oid: f.oid, size: f.bytes.length, path: f.path, ...(f.lfs ? { lfs: { oid: f.sha256, size: f.bytes.length, pointerSize: f.pointerSize } } : {}),
-      }));
-      const page = Number(u.searchParams.get('cursor') ?? 0);
-      const next = page + 2 < entries.length ? `<http://${req.headers.host}${u.pathname}?recursive=true&cursor=${page + 2}>; rel="next"` : undefined;
-      return json(200, entries.slice(page, page + 2), next ? { link: next } : {});
-    }
-    const resolvePrefix = `/datasets/${repo}/resolve/${commit}/`;
-    if (u.pathname.startsWith(resolvePrefix)) {
-      const p = u.pathname.slice(resolvePrefix.length).split('/').map(decodeURIComponent).join('/');
-      const f = files.find((x) => x.path === p);
-      if (!f) return json(404, { error: 'Entry not found' }, { 'x-error-code': 'EntryNotFound' });
-      if (f.lfs) {
-        res.writeHead(302, { location: `/cdn/${f.sha256}`, 'x-repo-commit': commit, 'x-linked-etag': `"${f.sha256}"`, 'x-linked-size': String(f.bytes.length), etag: `"${f.oid}"` }).end();
-        return;
-      }
-      return sendBytes(req, res, f, { etag: `"${f.oid}"`, 'x-repo-commit': commit });
-    }
     if (u.pathname.startsWith('/cdn/')) {
-      const f = files.find((x) => x.lfs && x.sha256 === u.pathname.slice('/cdn/'.length));
+      const sha = u.pathname.slice('/cdn/'.length);
+      const f = repos.flatMap((r) => r.files).find((x) => x.lfs && x.sha256 === sha);
       if (!f) return json(404, { error: 'no such object' });
       return sendBytes(req, res, f, { etag: `"${f.sha256}"` });
     }
-    if (u.pathname.startsWith(`/api/datasets/`)) return json(401, { error: 'Repository not found' }, { 'x-error-code': 'RepoNotFound' });
+    for (const repo of repos) {
+      const atRev = (rev: string) => rev === repo.revision || rev === repo.commit;
+      const api = `/api/${repo.kind}/${repo.id}/`;
+      if (u.pathname.startsWith(`${api}revision/`)) {
+        const rev = decodeURIComponent(u.pathname.slice(`${api}revision/`.length));
+        if (!atRev(rev)) return json(404, { error: `Invalid rev id: ${rev}` }, { 'x-error-code': 'RevisionNotFound' });
+        return json(200, {
+          _id: crypto.createHash('md5').update(repo.id).digest('hex').slice(0, 24), id: repo.id, sha: repo.commit, private: false,
+          gated: repo.gated ? 'manual' : false, lastModified: '2026-01-01T00:00:00.000Z', siblings: repo.files.map((f) => ({ rfilename: f.path })),
+        });
+      }
+      if (u.pathname.startsWith(`${api}tree/`)) {
+        const rev = decodeURIComponent(u.pathname.slice(`${api}tree/`.length));
+        if (!atRev(rev)) return json(404, { error: `Invalid rev id: ${rev}` }, { 'x-error-code': 'RevisionNotFound' });
+        const entries = repo.files.map((f) => ({
+          type: 'file', oid: f.oid, size: f.bytes.length, path: f.path, ...(f.lfs ? { lfs: { oid: f.sha256, size: f.bytes.length, pointerSize: f.pointerSize } } : {}),
+        }));
+        const page = Number(u.searchParams.get('cursor') ?? 0);
+        const next = page + 2 < entries.length ? `<http://${req.headers.host}${u.pathname}?recursive=true&cursor=${page + 2}>; rel="next"` : undefined;
+        return json(200, entries.slice(page, page + 2), next ? { link: next } : {});
+      }
+      const resolve = `${repo.kind === 'datasets' ? '/datasets' : ''}/${repo.id}/resolve/`;
+      if (u.pathname.startsWith(resolve)) {
+        const [rev, ...rest] = u.pathname.slice(resolve.length).split('/').map(decodeURIComponent);
+        if (!atRev(rev!)) return json(404, { error: `Invalid rev id: ${rev}` }, { 'x-error-code': 'RevisionNotFound' });
+        if (repo.gated) {
+          const auth = req.headers.authorization;
+          if (!auth) {
+            return json(401, { error: `Access to model ${repo.id} is restricted. You must have access to it and be authenticated to access it. Please log in.` }, {
+              'x-error-code': 'GatedRepo', 'x-error-message': `Access to model ${repo.id} is restricted. You must have access to it and be authenticated to access it. Please log in.`,
+            });
+          }
+          if (!repo.gated.tokens.some((t) => auth === `Bearer ${t}`)) {
+            const msg = `Access to model ${repo.id} is restricted and you are not in the authorized list. Visit https://huggingface.co/${repo.id} to ask for access.`;
+            return json(403, { error: msg }, { 'x-error-code': 'GatedRepo', 'x-error-message': msg });
+          }
+        }
+        const f = repo.files.find((x) => x.path === rest.join('/'));
+        if (!f) return json(404, { error: 'Entry not found' }, { 'x-error-code': 'EntryNotFound', 'x-error-message': 'Entry not found' });
+        if (f.lfs) {
+          res.writeHead(302, { location: `${cdnOrigin}/cdn/${f.sha256}`, 'x-repo-commit': repo.commit, 'x-linked-etag': `"${f.sha256}"`, 'x-linked-size': String(f.bytes.length), etag: `"${f.oid}"` }).end();
+          return;
+        }
+        return sendBytes(req, res, f, { etag: `"${f.oid}"`, 'x-repo-commit': repo.commit });
+      }
+    }
+    if (u.pathname.startsWith('/api/')) return json(401, { error: 'Repository not found' }, { 'x-error-code': 'RepoNotFound', 'x-error-message': 'Repository not found' });
     json(404, { error: `no route ${u.pathname}` });
-  });
+  };
+  const server = http.createServer(handler);
+  const cdn = http.createServer(handler);
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  await new Promise<void>((r) => cdn.listen(0, 'localhost', r));
   const { port } = server.address() as AddressInfo;
+  cdnOrigin = `http://localhost:${(cdn.address() as AddressInfo).port}`;
   return {
     url: `http://127.0.0.1:${port}`,
-    commit,
+    commit: repos[0]?.commit ?? '',
+    commitOf: (id) => {
+      const r = repos.find((x) => x.id === id);
+      if (!r) throw new Error(`the fake hub does not serve ${id}`);
+      return r.commit;
+    },
     requests,
-    close: () => new Promise((r) => {
-      server.closeAllConnections();
-      server.close(() => r());
-    }),
+    close: async () => {
+      for (const srv of [server, cdn]) {
+        await new Promise<void>((r) => {
+          srv.closeAllConnections();
+          srv.close(() => r());
+        });
+      }
+    },
   };
 }
