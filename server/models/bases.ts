@@ -4,6 +4,7 @@
  * `base` a Hub id or a folder in the Hub layout; without `base`, the public checkpoints LeRobot
  * publishes (FACTS.md 2.1).
  */
+
 /** The real variants a request may name. */
 export const REAL_MODELS = ['pi0', 'pi05'] as const;
 export type RealModel = (typeof REAL_MODELS)[number];
