@@ -15,7 +15,7 @@ import { zeroGateRule } from '../kernels/lora.ts';
 import { Engine, PriorityGate, type EngineLike, type EngineOptions } from './engine/host.ts';
 import type { BackendInfo } from './engine/messages.ts';
 import type { NativeThreads } from '../kernels/backend/native.ts';
-import { HttpError } from './http.ts';
+import { HttpError, bytesText } from './http.ts';
 import { meant } from './resemble.ts';
 import { log } from './log.ts';
 import { storedPreset } from './presets.ts';
@@ -96,6 +96,15 @@ export function parseSessionConfig(body: Record<string, unknown>): SessionConfig
   return out;
 }
 
+/**
+ * A session row's config as clients see it: `base_model` the public name and `base` as the client
+ * gave it; the engine's key (`engine_model`, the resolved folder) stays inside the server.
+ */
+export function publicConfig(config: Record<string, unknown>): Record<string, unknown> {
+  const { engine_model: _engineKey, ...rest } = config;
+  return rest;
+}
+
 /** A session that is open in an engine. */
 export class LiveSession {
   cameras: string[] = []; // camera name -> slot index, in the order first seen (saved with weights)
@@ -109,6 +118,8 @@ export class LiveSession {
   connection: { takeOver(reason: string): void } | null = null;
   actionHorizon = 0;
   trainableParams: number | null = null;
+  /** Bytes of engine memory this session holds beside the shared base (adapters and AdamW moments, at creation). */
+  tenantBytes: number | null = null;
   /** How the main thread lays out this session's batches (set once its engine is up). */
   layout: ModelLayout | null = null;
   /** Tail of the session's ordered engine calls (ops.ts). */
@@ -273,19 +284,23 @@ export class SessionManager {
         throw new Error(`action_horizon ${horizon} is larger than ${live.config.base_model}'s ${engine.info.actionHorizon}`);
       }
       live.actionHorizon = horizon;
-      const created = await engine.call<{ result: { trainableParams: number } }>(live.id, 'create_session', {
+      const created = await engine.call<{ result: { trainableParams: number; tenantBytes: number; baseBytes: number } }>(live.id, 'create_session', {
         finetune: live.config.finetune, rank: live.config.rank, alpha: live.config.alpha, targets: live.config.targets,
         actionRank: live.config.action_rank, actionAlpha: live.config.action_alpha,
         seed: live.config.seed, dir: this.sessionDir(live.row.owner, live.id),
       });
       live.trainableParams = created.result.trainableParams;
+      live.tenantBytes = created.result.tenantBytes;
       live.engine = engine;
       if (this.live.get(live.id) !== live) {
         await engine.call(live.id, 'close_session').catch(() => {}); // closed while starting
         return;
       }
       await this.store.updateSession(live.id, { status: 'ready' });
-      log.info(`session ${live.id} ready (${live.config.base_model}, ${live.config.finetune})`);
+      // Every session of an engine shares its one frozen base: what a session adds is its own tensors.
+      const { baseBytes } = created.result;
+      const on = live.config.base != null ? ` on ${live.config.base}` : '';
+      log.info(`session ${live.id} ready (${live.config.base_model}${on}, ${live.config.finetune}): ${live.trainableParams} trainable params, ${bytesText(live.tenantBytes ?? 0)} beside the shared base's ${bytesText(baseBytes)}`);
     } catch (e) {
       const reason = (e as Error).message;
       log.warn(`session ${live.id} failed to start: ${reason}`);
@@ -327,8 +342,9 @@ export class SessionManager {
       object: 'training_session',
       status: row.status,
       created_at: row.created_at,
-      ...row.config,
+      ...publicConfig(row.config),
       action_horizon: live?.actionHorizon || (row.config as any).action_horizon,
+      base_params: live?.engine?.info.baseParams ?? null,
       url: `${baseWsUrl}/v1/training_sessions/${row.id}/ws`,
       token: row.token,
       error: row.error,

@@ -18,6 +18,9 @@ export interface TenantOptions {
   finetune: 'lora' | 'full';
   rank: number;
   alpha: number;
+  /** The action expert's LoRA rank and alpha where they differ (openpi's 32 on the real models); default rank / alpha. */
+  actionRank?: number;
+  actionAlpha?: number;
   targets: string[];
   seed: number;
   /** Moving average of the weights (kernels/trainer.ts TrainingOptions.emaDecay); 0 = none. */

@@ -85,6 +85,11 @@ function savedDir(t: Tenant, kind: 'states' | 'weights', name: string): string {
   return path.join(t.dir, kind, name);
 }
 
+/** The shared base's bytes in the engine (every base tensor is float32). */
+function baseBytes(): number {
+  return base.paramCount * 4;
+}
+
 function answer(state: TrainingState | null, result: unknown): { result: unknown; pending_gradients: number } {
   return { result, pending_gradients: state ? state.pendingGradients : 0 };
 }
@@ -93,9 +98,15 @@ function answer(state: TrainingState | null, result: unknown): { result: unknown
 async function run(sessionId: string, op: string, args: Record<string, any>): Promise<[unknown, ArrayBuffer[]]> {
   switch (op) {
     case 'create_session': {
-      const opts = { finetune: args.finetune, rank: args.rank, alpha: args.alpha, targets: args.targets, seed: args.seed, emaDecay: args.emaDecay ?? 0, timeSampling: args.timeSampling ?? 'beta' };
+      const opts = {
+        finetune: args.finetune, rank: args.rank, alpha: args.alpha, actionRank: args.actionRank ?? undefined, actionAlpha: args.actionAlpha ?? undefined,
+        targets: args.targets, seed: args.seed, emaDecay: args.emaDecay ?? 0, timeSampling: args.timeSampling ?? 'beta',
+      };
+      const before = tf.memory().numBytes;
       const t = await pool.create(sessionId, args.dir, opts);
-      return [answer(null, { trainableParams: t.state!.trainableParamCount }), []];
+      // What this tenant holds beside the shared base: its adapters (or full copy) and AdamW moments
+      // (measured before any op: gradients and activations come and go with its ops).
+      return [answer(null, { trainableParams: t.state!.trainableParamCount, tenantBytes: tf.memory().numBytes - before, baseBytes: baseBytes() }), []];
     }
     case 'close_session': {
       pool.close(sessionId);
@@ -103,7 +114,7 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
     }
     case 'stats': {
       const mem = tf.memory();
-      return [answer(null, { numTensors: mem.numTensors, numBytes: mem.numBytes, baseParams: base.paramCount, policies: policies.size, ...pool.stats() }), []];
+      return [answer(null, { numTensors: mem.numTensors, numBytes: mem.numBytes, baseParams: base.paramCount, baseBytes: baseBytes(), policies: policies.size, ...pool.stats() }), []];
     }
     case 'sleep':
       await pool.sleep(sessionId);
@@ -252,7 +263,9 @@ async function loadPolicy(policyId: string, dir: string): Promise<[unknown, Arra
   if ((c.base_seed ?? 0) !== baseSeed) {
     throw new EngineError('bad_checkpoint', `checkpoint ${dir} was trained on base weights of seed ${c.base_seed}; this engine holds seed ${baseSeed}`);
   }
-  const state = new TrainingState(base, { finetune: c.finetune ?? 'lora', rank: c.lora_rank, alpha: c.lora_alpha, targets: c.lora_targets, seed: 0 });
+  const state = new TrainingState(base, {
+    finetune: c.finetune ?? 'lora', rank: c.lora_rank, alpha: c.lora_alpha, actionRank: c.lora_action_rank, actionAlpha: c.lora_action_alpha, targets: c.lora_targets, seed: 0,
+  });
   try {
     state.importWeights(toExported(ck));
   } catch (e) {
