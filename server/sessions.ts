@@ -7,6 +7,10 @@ import { jsonId, type RequestId } from '../protocol/messages.ts';
 import type { RawMsgpack } from '../protocol/msgpack.ts';
 import { PRESET_NAMES, makeConfig, resolvePreset } from '../kernels/small/config.ts';
 import { OPENPI_LORA } from '../kernels/pi/policy.ts';
+import { realPiConfigFromHub } from '../kernels/pi/config.ts';
+import { ConfigError } from '../kernels/errors.ts';
+import { CheckpointError } from '../kernels/safetensors.ts';
+import { readHubConfig } from './models/hub-checkpoint.ts';
 import { DEFAULT_BASES, isRealModel, type RealModel } from './models/bases.ts';
 import { modelLayout, tokenizerFileFor, type ModelLayout } from './models/layout.ts';
 import { ModelError, resolveBase } from './models/resolve.ts';
@@ -103,6 +107,24 @@ export function parseSessionConfig(body: Record<string, unknown>): SessionConfig
 export function publicConfig(config: Record<string, unknown>): Record<string, unknown> {
   const { engine_model: _engineKey, ...rest } = config;
   return rest;
+}
+
+/**
+ * Checks that checkpoint folder `dir` (the client's `base`, resolved) holds the real `variant`.
+ * @throws HttpError 400 naming both variants and the fix, or the config's own problem (no
+ *   config.json, not a pi0 / pi0.5 config).
+ */
+async function checkBaseVariant(variant: RealModel, base: string, dir: string): Promise<void> {
+  let found: RealModel;
+  try {
+    found = realPiConfigFromHub(await readHubConfig(dir)).variant;
+  } catch (e) {
+    if (e instanceof ConfigError || e instanceof CheckpointError) throw new HttpError(400, `base ${base}: ${e.message}`);
+    throw e;
+  }
+  if (found !== variant) {
+    throw new HttpError(400, `base ${base} is a ${found} checkpoint and base_model is ${variant}: use base_model "${found}" with this base, or a ${variant} base (e.g. ${DEFAULT_BASES[variant]})`);
+  }
 }
 
 /** A session that is open in an engine. */
@@ -246,16 +268,18 @@ export class SessionManager {
     const taken = () => new HttpError(409, `model_id "${modelName}" is taken by an open model of this key; kill_session or unload_model it first, or pick another name`);
     if (modelName !== null && (await this.store.findOpenSessionByName(owner, modelName))) throw taken();
     if (cfg.base != null && cfg.engine_model === undefined) {
-      // Resolved before the row exists, so a base that is not there is the request's one-line 400.
+      // Resolved and checked before the row exists, so a base that cannot serve is the request's
+      // one-line 400 and nothing is left open (no row, no engine).
       const { dir } = await resolveBase(cfg.base).catch((e) => {
         throw e instanceof ModelError ? new HttpError(e.code === 'not_downloaded' || e.code === 'not_found' ? 400 : 502, e.message) : e;
       });
-      cfg.engine_model = realModelKey(cfg.base_model as RealModel, dir);
+      await checkBaseVariant(cfg.base_model as RealModel, cfg.base, dir);
       try {
         tokenizerFileFor(dir); // the real model's prompts need PaliGemma's tokenizer: refused now, not at the first op
       } catch (e) {
         throw new HttpError(400, (e as Error).message);
       }
+      cfg.engine_model = realModelKey(cfg.base_model as RealModel, dir);
     }
     const id = randomId('ts-');
     const row: SessionRow = {

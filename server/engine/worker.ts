@@ -85,6 +85,21 @@ function savedDir(t: Tenant, kind: 'states' | 'weights', name: string): string {
   return path.join(t.dir, kind, name);
 }
 
+/**
+ * Refuses trained tensors (adapters, full weights) made on another base than this engine's: on
+ * the real models a checkpoint records its `base_checkpoint` folder, and an adapter means nothing
+ * on other base weights even where every shape fits (two pi0.5 bases; a stored bare `pi05` is
+ * also the old name of flow05-small).
+ * @throws EngineError('bad_checkpoint') naming both bases.
+ */
+function checkSameBase(saved: Record<string, unknown>, what: string): void {
+  const savedBase = typeof saved.base_checkpoint === 'string' ? saved.base_checkpoint : null;
+  if (savedBase === config.baseDir) return;
+  const mine = config.baseDir ? `the ${config.preset} base ${config.baseDir}` : `preset ${config.preset}'s seeded base`;
+  const theirs = savedBase ? `the ${saved.preset} base ${savedBase}` : `preset ${saved.preset}'s seeded base`;
+  throw new EngineError('bad_checkpoint', `${what} was trained on ${theirs}; this session runs on ${mine}: load it into a session on its own base`);
+}
+
 /** The shared base's bytes in the engine (every base tensor is float32). */
 function baseBytes(): number {
   return base.paramCount * 4;
@@ -142,6 +157,7 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
       if (!fs.existsSync(dir)) throw new EngineError('not_found', typeof args.dir === 'string' ? `no saved state at ${args.dir}` : `no saved state named "${args.name}" in this session`);
       const { state } = await pool.use(sessionId);
       const ck = await loadCheckpoint(dir, { preset: config.preset });
+      checkSameBase(ck.config, typeof args.dir === 'string' ? `saved state ${path.basename(path.dirname(path.dirname(dir)))}/states/${path.basename(dir)}` : `saved state "${args.name}"`);
       state.importState(toExported(ck));
       t.poisoned = null;
       return [answer(state, { cameras: (ck.config.cameras as string[] | undefined) ?? [] }), []];
