@@ -147,6 +147,8 @@ for (const variant of ['pi0', 'pi05'] as const) {
       const st = decodeSafetensors(fs.readFileSync(path.join(dir, 'adapter_model.safetensors')));
       const ranks = new Set(Object.entries(st.tensors).filter(([n]) => n.endsWith('lora_a')).map(([, t]) => t.shape[1]));
       expect([...ranks].sort()).toEqual([16, 32]);
+      // sample from the saved weights (a fresh adapter of the same ranks on the shared base) equals the live one.
+      expect(Array.from((await conn.sample(probe, { codec: 'JPEG', seed: 3, weights: 'final' })).actions.data as Float32Array)).toEqual(Array.from(a1.actions.data as Float32Array));
       await conn.close();
       await client.closeSession(s.id);
     }, 120_000);
