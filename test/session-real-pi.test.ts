@@ -179,6 +179,7 @@ describe('tenants on one real base', () => {
     expect(two.sessions).toBe(one.sessions + 1);
     expect(b.trainable_params).toBe(a.trainable_params);
     expect(two.numBytes - one.numBytes).toBe(3 * 4 * (b.trainable_params as number));
+    expect(server.sessions.live.get(b.id)!.tenantBytes).toBe(two.numBytes - one.numBytes); // what the ready log line reports
     expect((await api(server, 'GET', `/v1/training_sessions/${b.id}`)).json.base_params).toBe(one.baseParams);
     // At a small rank the tenant is a few percent of the base (openpi's 16/32 on this 0.37 M-parameter
     // base is larger than the base itself; on the full pi0.5 it is 3 %: see docs/PROTOCOL.md section 2).

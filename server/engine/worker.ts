@@ -117,11 +117,8 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
         finetune: args.finetune, rank: args.rank, alpha: args.alpha, actionRank: args.actionRank ?? undefined, actionAlpha: args.actionAlpha ?? undefined,
         targets: args.targets, seed: args.seed, emaDecay: args.emaDecay ?? 0, timeSampling: args.timeSampling ?? 'beta',
       };
-      const before = tf.memory().numBytes;
       const t = await pool.create(sessionId, args.dir, opts);
-      // What this tenant holds beside the shared base: its adapters (or full copy) and AdamW moments
-      // (measured before any op: gradients and activations come and go with its ops).
-      return [answer(null, { trainableParams: t.state!.trainableParamCount, tenantBytes: tf.memory().numBytes - before, baseBytes: baseBytes() }), []];
+      return [answer(null, { trainableParams: t.state!.trainableParamCount, tenantBytes: t.bytes, baseBytes: baseBytes() }), []];
     }
     case 'close_session': {
       pool.close(sessionId);
