@@ -93,9 +93,10 @@ export function parseSessionConfig(body: Record<string, unknown>): SessionConfig
   const out: SessionConfig = { base_model: preset, finetune, rank, alpha, targets: targets as string[], action_horizon: ah as number | null, seed };
   if (real) {
     out.base = (body.base as string | undefined) ?? DEFAULT_BASES[base];
-    // The expert's rank follows openpi's doubling unless the client set a rank for both.
-    if (body.rank == null) out.action_rank = OPENPI_LORA.actionRank;
-    if (body.rank == null && body.alpha == null) out.action_alpha = OPENPI_LORA.actionAlpha;
+    // The expert's rank follows openpi's doubling unless the client set a rank for both (LoRA only:
+    // a full session has no adapters to size).
+    if (finetune === 'lora' && body.rank == null) out.action_rank = OPENPI_LORA.actionRank;
+    if (finetune === 'lora' && body.rank == null && body.alpha == null) out.action_alpha = OPENPI_LORA.actionAlpha;
   } else out.engine_model = preset;
   return out;
 }

@@ -273,6 +273,7 @@ describe('xorl create_model on a real base', () => {
     // "default": the full-weight model (xorl) on the real base trains a copy of every base parameter.
     const full = await fc.createModel({ model_id: 'default', base_model: 'pi05', base });
     expect(full).toMatchObject({ finetune: 'full', base_model: 'pi05', base, trainable_params: baseParams });
+    expect(full).not.toHaveProperty('action_rank');
     await fc.forwardBackward('default', batches[0]!, { codec: 'JPEG' });
     expect((await fc.optimStep('default', { adam_params: { learning_rate: 1e-4 } })).skipped).toBe(false);
     await fc.call('kill_session', { model_id: 'default' });
