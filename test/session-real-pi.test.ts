@@ -2,7 +2,9 @@
  * Sessions on the real pi0 / pi0.5 (issue 24, part E): every session op over the websocket on a
  * tiny real-architecture base checkpoint folder in the Hub layout (writeTinyBase, the CI stand-in
  * for lerobot/pi0_base and lerobot/pi05_base), through the real server (uWS + engine worker), on
- * real G1 frames with 10-step chunks (the tiny base's horizon).
+ * real G1 frames with 10-step chunks (the tiny base's horizon). Also: sessions sharing one base
+ * in one engine (memory measured), eviction to disk, sleep / wake_up, load_state across sessions
+ * and bases, xorl's create_model and get_info, and the one-line 400s for bases that cannot serve.
  */
 import fs from 'node:fs';
 import os from 'node:os';
