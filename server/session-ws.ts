@@ -146,7 +146,7 @@ export function mountSessionSocket(
       const info = live.engine!.info;
       ws.send(pack(toWire({
         info: {
-          session_id: live.id, model: live.config.base_model, action_horizon: live.actionHorizon, action_dim: info.actionDim,
+          session_id: live.id, model: live.config.base_model, base: live.config.base ?? null, base_params: info.baseParams, action_horizon: live.actionHorizon, action_dim: info.actionDim,
           trainable_params: live.trainableParams, image_slots: info.imageSlots, image_size: info.imageSize,
           state_dim: info.stateDim, max_token_len: info.maxTokenLen, backend: info.backend, backend_device: info.backendDevice, cameras: live.cameras,
           last_request_id: live.lastRequestId?.raw ?? null, pending_gradients: live.pendingGradients, max_message_bytes: limit, read_ahead: config.readAhead,

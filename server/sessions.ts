@@ -7,6 +7,10 @@ import { jsonId, type RequestId } from '../protocol/messages.ts';
 import type { RawMsgpack } from '../protocol/msgpack.ts';
 import { PRESET_NAMES, makeConfig, resolvePreset } from '../kernels/small/config.ts';
 import { OPENPI_LORA } from '../kernels/pi/policy.ts';
+import { realPiConfigFromHub } from '../kernels/pi/config.ts';
+import { ConfigError } from '../kernels/errors.ts';
+import { CheckpointError } from '../kernels/safetensors.ts';
+import { readHubConfig } from './models/hub-checkpoint.ts';
 import { DEFAULT_BASES, isRealModel, type RealModel } from './models/bases.ts';
 import { modelLayout, tokenizerFileFor, type ModelLayout } from './models/layout.ts';
 import { ModelError } from './models/errors.ts';
@@ -16,7 +20,7 @@ import { zeroGateRule } from '../kernels/lora.ts';
 import { Engine, PriorityGate, type EngineLike, type EngineOptions } from './engine/host.ts';
 import type { BackendInfo } from './engine/messages.ts';
 import type { NativeThreads } from '../kernels/backend/native.ts';
-import { HttpError } from './http.ts';
+import { HttpError, bytesText } from './http.ts';
 import { meant } from './resemble.ts';
 import { log } from './log.ts';
 import { storedPreset } from './presets.ts';
@@ -90,11 +94,39 @@ export function parseSessionConfig(body: Record<string, unknown>): SessionConfig
   const out: SessionConfig = { base_model: preset, finetune, rank, alpha, targets: targets as string[], action_horizon: ah as number | null, seed };
   if (real) {
     out.base = (body.base as string | undefined) ?? DEFAULT_BASES[base];
-    // The expert's rank follows openpi's doubling unless the client set a rank for both.
-    if (body.rank == null) out.action_rank = OPENPI_LORA.actionRank;
-    if (body.rank == null && body.alpha == null) out.action_alpha = OPENPI_LORA.actionAlpha;
+    // The expert's rank follows openpi's doubling unless the client set a rank for both (LoRA only:
+    // a full session has no adapters to size).
+    if (finetune === 'lora' && body.rank == null) out.action_rank = OPENPI_LORA.actionRank;
+    if (finetune === 'lora' && body.rank == null && body.alpha == null) out.action_alpha = OPENPI_LORA.actionAlpha;
   } else out.engine_model = preset;
   return out;
+}
+
+/**
+ * A session row's config as clients see it: `base_model` the public name and `base` as the client
+ * gave it; the engine's key (`engine_model`, the resolved folder) stays inside the server.
+ */
+export function publicConfig(config: Record<string, unknown>): Record<string, unknown> {
+  const { engine_model: _engineKey, ...rest } = config;
+  return rest;
+}
+
+/**
+ * Checks that checkpoint folder `dir` (the client's `base`, resolved) holds the real `variant`.
+ * @throws HttpError 400 naming both variants and the fix, or the config's own problem (no
+ *   config.json, not a pi0 / pi0.5 config).
+ */
+async function checkBaseVariant(variant: RealModel, base: string, dir: string): Promise<void> {
+  let found: RealModel;
+  try {
+    found = realPiConfigFromHub(await readHubConfig(dir)).variant;
+  } catch (e) {
+    if (e instanceof ConfigError || e instanceof CheckpointError) throw new HttpError(400, `base ${base}: ${e.message}`);
+    throw e;
+  }
+  if (found !== variant) {
+    throw new HttpError(400, `base ${base} is a ${found} checkpoint and base_model is ${variant}: use base_model "${found}" with this base, or a ${variant} base (e.g. ${DEFAULT_BASES[variant]})`);
+  }
 }
 
 /** A session that is open in an engine. */
@@ -110,6 +142,8 @@ export class LiveSession {
   connection: { takeOver(reason: string): void } | null = null;
   actionHorizon = 0;
   trainableParams: number | null = null;
+  /** Bytes of engine memory this session holds beside the shared base (adapters and AdamW moments, at creation). */
+  tenantBytes: number | null = null;
   /** How the main thread lays out this session's batches (set once its engine is up). */
   layout: ModelLayout | null = null;
   /** Tail of the session's ordered engine calls (ops.ts). */
@@ -236,16 +270,18 @@ export class SessionManager {
     const taken = () => new HttpError(409, `model_id "${modelName}" is taken by an open model of this key; kill_session or unload_model it first, or pick another name`);
     if (modelName !== null && (await this.store.findOpenSessionByName(owner, modelName))) throw taken();
     if (cfg.base != null && cfg.engine_model === undefined) {
-      // Resolved before the row exists, so a base that is not there is the request's one-line 400.
+      // Resolved and checked before the row exists, so a base that cannot serve is the request's
+      // one-line 400 and nothing is left open (no row, no engine).
       const { dir } = await resolveBase(cfg.base).catch((e) => {
         throw e instanceof ModelError ? new HttpError(e.code === 'not_downloaded' || e.code === 'not_found' ? 400 : 502, e.message) : e;
       });
-      cfg.engine_model = realModelKey(cfg.base_model as RealModel, dir);
+      await checkBaseVariant(cfg.base_model as RealModel, cfg.base, dir);
       try {
         tokenizerFileFor(dir); // the real model's prompts need PaliGemma's tokenizer: refused now, not at the first op
       } catch (e) {
         throw new HttpError(400, (e as Error).message);
       }
+      cfg.engine_model = realModelKey(cfg.base_model as RealModel, dir);
     }
     const id = randomId('ts-');
     const row: SessionRow = {
@@ -274,19 +310,23 @@ export class SessionManager {
         throw new Error(`action_horizon ${horizon} is larger than ${live.config.base_model}'s ${engine.info.actionHorizon}`);
       }
       live.actionHorizon = horizon;
-      const created = await engine.call<{ result: { trainableParams: number } }>(live.id, 'create_session', {
+      const created = await engine.call<{ result: { trainableParams: number; tenantBytes: number; baseBytes: number } }>(live.id, 'create_session', {
         finetune: live.config.finetune, rank: live.config.rank, alpha: live.config.alpha, targets: live.config.targets,
         actionRank: live.config.action_rank, actionAlpha: live.config.action_alpha,
         seed: live.config.seed, dir: this.sessionDir(live.row.owner, live.id),
       });
       live.trainableParams = created.result.trainableParams;
+      live.tenantBytes = created.result.tenantBytes;
       live.engine = engine;
       if (this.live.get(live.id) !== live) {
         await engine.call(live.id, 'close_session').catch(() => {}); // closed while starting
         return;
       }
       await this.store.updateSession(live.id, { status: 'ready' });
-      log.info(`session ${live.id} ready (${live.config.base_model}, ${live.config.finetune})`);
+      // Every session of an engine shares its one frozen base: what a session adds is its own tensors.
+      const { baseBytes } = created.result;
+      const on = live.config.base != null ? ` on ${live.config.base}` : '';
+      log.info(`session ${live.id} ready (${live.config.base_model}${on}, ${live.config.finetune}): ${live.trainableParams} trainable params, ${bytesText(live.tenantBytes ?? 0)} beside the shared base's ${bytesText(baseBytes)}`);
     } catch (e) {
       const reason = (e as Error).message;
       log.warn(`session ${live.id} failed to start: ${reason}`);
@@ -328,8 +368,9 @@ export class SessionManager {
       object: 'training_session',
       status: row.status,
       created_at: row.created_at,
-      ...row.config,
+      ...publicConfig(row.config),
       action_horizon: live?.actionHorizon || (row.config as any).action_horizon,
+      base_params: live?.engine?.info.baseParams ?? null,
       url: `${baseWsUrl}/v1/training_sessions/${row.id}/ws`,
       token: row.token,
       error: row.error,

@@ -10,6 +10,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
+import * as tf from '@tensorflow/tfjs';
 import { loadCheckpoint, saveCheckpoint } from '../../kernels/checkpoint.ts';
 import { BaseWeights, TrainingState, type ExportedState } from '../../kernels/trainer.ts';
 import { EngineError } from './messages.ts';
@@ -18,6 +19,9 @@ export interface TenantOptions {
   finetune: 'lora' | 'full';
   rank: number;
   alpha: number;
+  /** The action expert's LoRA rank and alpha where they differ (openpi's 32 on the real models); default rank / alpha. */
+  actionRank?: number;
+  actionAlpha?: number;
   targets: string[];
   seed: number;
   /** Moving average of the weights (kernels/trainer.ts TrainingOptions.emaDecay); 0 = none. */
@@ -33,6 +37,11 @@ export class Tenant {
   evicted = false;
   poisoned: string | null = null;
   lastUsed = 0;
+  /**
+   * Bytes of tensors this tenant holds beside the shared base, measured when it was made: its
+   * adapters (or full copy) and AdamW moments (gradients come and go with its ops).
+   */
+  bytes = 0;
   constructor(
     readonly id: string,
     readonly dir: string,
@@ -71,7 +80,10 @@ export class TenantPool {
   /** A new tenant; may evict others to stay under the cap. */
   async create(id: string, dir: string, opts: TenantOptions): Promise<Tenant> {
     if (this.tenants.has(id)) throw new EngineError('conflict', `session ${id} already exists`);
+    const before = tf.memory().numBytes;
     const t = new Tenant(id, dir, opts, new TrainingState(this.base, opts));
+    // Counted before enforceCap, whose evictions free other tenants' tensors.
+    t.bytes = tf.memory().numBytes - before;
     t.lastUsed = ++this.clock;
     this.tenants.set(id, t);
     await this.enforceCap(t);

@@ -85,6 +85,26 @@ function savedDir(t: Tenant, kind: 'states' | 'weights', name: string): string {
   return path.join(t.dir, kind, name);
 }
 
+/**
+ * Refuses trained tensors (adapters, full weights) made on another base than this engine's: on
+ * the real models a checkpoint records its `base_checkpoint` folder, and an adapter means nothing
+ * on other base weights even where every shape fits (two pi0.5 bases; a stored bare `pi05` is
+ * also the old name of flow05-small).
+ * @throws EngineError('bad_checkpoint') naming both bases.
+ */
+function checkSameBase(saved: Record<string, unknown>, what: string): void {
+  const savedBase = typeof saved.base_checkpoint === 'string' ? saved.base_checkpoint : null;
+  if (savedBase === config.baseDir) return;
+  const mine = config.baseDir ? `the ${config.preset} base ${config.baseDir}` : `preset ${config.preset}'s seeded base`;
+  const theirs = savedBase ? `the ${saved.preset} base ${savedBase}` : `preset ${saved.preset}'s seeded base`;
+  throw new EngineError('bad_checkpoint', `${what} was trained on ${theirs}; this session runs on ${mine}: load it into a session on its own base`);
+}
+
+/** The shared base's bytes in the engine (every base tensor is float32). */
+function baseBytes(): number {
+  return base.paramCount * 4;
+}
+
 function answer(state: TrainingState | null, result: unknown): { result: unknown; pending_gradients: number } {
   return { result, pending_gradients: state ? state.pendingGradients : 0 };
 }
@@ -93,9 +113,12 @@ function answer(state: TrainingState | null, result: unknown): { result: unknown
 async function run(sessionId: string, op: string, args: Record<string, any>): Promise<[unknown, ArrayBuffer[]]> {
   switch (op) {
     case 'create_session': {
-      const opts = { finetune: args.finetune, rank: args.rank, alpha: args.alpha, targets: args.targets, seed: args.seed, emaDecay: args.emaDecay ?? 0, timeSampling: args.timeSampling ?? 'beta' };
+      const opts = {
+        finetune: args.finetune, rank: args.rank, alpha: args.alpha, actionRank: args.actionRank ?? undefined, actionAlpha: args.actionAlpha ?? undefined,
+        targets: args.targets, seed: args.seed, emaDecay: args.emaDecay ?? 0, timeSampling: args.timeSampling ?? 'beta',
+      };
       const t = await pool.create(sessionId, args.dir, opts);
-      return [answer(null, { trainableParams: t.state!.trainableParamCount }), []];
+      return [answer(null, { trainableParams: t.state!.trainableParamCount, tenantBytes: t.bytes, baseBytes: baseBytes() }), []];
     }
     case 'close_session': {
       pool.close(sessionId);
@@ -103,7 +126,7 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
     }
     case 'stats': {
       const mem = tf.memory();
-      return [answer(null, { numTensors: mem.numTensors, numBytes: mem.numBytes, baseParams: base.paramCount, policies: policies.size, ...pool.stats() }), []];
+      return [answer(null, { numTensors: mem.numTensors, numBytes: mem.numBytes, baseParams: base.paramCount, baseBytes: baseBytes(), policies: policies.size, ...pool.stats() }), []];
     }
     case 'sleep':
       await pool.sleep(sessionId);
@@ -131,6 +154,7 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
       if (!fs.existsSync(dir)) throw new EngineError('not_found', typeof args.dir === 'string' ? `no saved state at ${args.dir}` : `no saved state named "${args.name}" in this session`);
       const { state } = await pool.use(sessionId);
       const ck = await loadCheckpoint(dir, { preset: config.preset });
+      checkSameBase(ck.config, typeof args.dir === 'string' ? `saved state ${path.basename(path.dirname(path.dirname(dir)))}/states/${path.basename(dir)}` : `saved state "${args.name}"`);
       state.importState(toExported(ck));
       t.poisoned = null;
       return [answer(state, { cameras: (ck.config.cameras as string[] | undefined) ?? [] }), []];
@@ -252,7 +276,9 @@ async function loadPolicy(policyId: string, dir: string): Promise<[unknown, Arra
   if ((c.base_seed ?? 0) !== baseSeed) {
     throw new EngineError('bad_checkpoint', `checkpoint ${dir} was trained on base weights of seed ${c.base_seed}; this engine holds seed ${baseSeed}`);
   }
-  const state = new TrainingState(base, { finetune: c.finetune ?? 'lora', rank: c.lora_rank, alpha: c.lora_alpha, targets: c.lora_targets, seed: 0 });
+  const state = new TrainingState(base, {
+    finetune: c.finetune ?? 'lora', rank: c.lora_rank, alpha: c.lora_alpha, actionRank: c.lora_action_rank, actionAlpha: c.lora_action_alpha, targets: c.lora_targets, seed: 0,
+  });
   try {
     state.importWeights(toExported(ck));
   } catch (e) {

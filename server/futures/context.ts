@@ -8,7 +8,7 @@ import type { TemplatedApp } from 'uWebSockets.js';
 import { requireOwner } from '../auth.ts';
 import { EngineError } from '../engine/messages.ts';
 import { HttpError, route, type Req } from '../http.ts';
-import type { LiveSession, SessionManager } from '../sessions.ts';
+import { publicConfig, type LiveSession, type SessionManager } from '../sessions.ts';
 import type { ServerConfig } from '../config.ts';
 import type { ClientSessionRow, SessionRow, Store } from '../store.ts';
 import { log } from '../log.ts';
@@ -180,7 +180,7 @@ export class FuturesContext {
     const row = (await this.deps.store.getSession(id))!;
     const live = this.deps.sessions.live.get(id);
     return {
-      model_id: publicModelId(row), training_session_id: row.id, status: row.status, created_at: row.created_at, ...row.config,
+      model_id: publicModelId(row), training_session_id: row.id, status: row.status, created_at: row.created_at, ...publicConfig(row.config), base_params: live?.engine?.info.baseParams ?? null,
       action_horizon: live?.actionHorizon || (row.config as { action_horizon?: unknown }).action_horizon,
       trainable_params: live?.trainableParams ?? null, pending_gradients: live?.pendingGradients ?? 0,
       pending_futures: this.futures.pendingCount(id), cameras: live?.cameras ?? [],

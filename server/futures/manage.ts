@@ -6,6 +6,8 @@
  *   it resolves after a restart (its models do not survive one: they are closed); one without an
  *   open model and without a heartbeat for --session-idle-timeout-s is deleted.
  * - `session_info` (GET or POST): the owner's open models, or one (`model_id`).
+ * - `get_info` (Tinker; GET or POST, `model_id`): the model's info with Tinker's `model_data`
+ *   (`arch`: base_model, `model_name`: the base checkpoint, `tokenizer_id`), `is_lora`, `lora_rank`.
  * - `session_heartbeat`: refreshes the idle clock (`model_id`, or `session_id`: a client
  *   session's models, or one model).
  * - `unload_model` / `kill_session`: close the model (its requests not yet run fail); the
@@ -28,6 +30,8 @@ import { checkFields, withIgnored } from './fields.ts';
 import { modelIdOf } from './requests.ts';
 import { publicModelId, type FuturesContext } from './context.ts';
 import type { LiveSession } from '../sessions.ts';
+import { isRealModel } from '../models/bases.ts';
+import { PALIGEMMA_TOKENIZER_REPO } from '../models/tokenizer.ts';
 
 export function mountManagement(ctx: FuturesContext): void {
   const { store, sessions } = ctx.deps;
@@ -45,6 +49,21 @@ export function mountManagement(ctx: FuturesContext): void {
     const only = body.value.model_id === undefined ? null : (await ctx.modelOf(owner, modelIdOf(body.value))).id;
     const rows = (await store.listSessions(owner)).filter((s) => (s.status === 'starting' || s.status === 'ready') && (only === null || s.id === only));
     sendAs(r, body.format, 200, withIgnored(r, { sessions: await Promise.all(rows.map((s) => ctx.modelJson(s.id))) }));
+  });
+
+  // Tinker's get_info: what a model is made of. `model_data.arch` is the public base_model (pi05),
+  // `model_name` the base checkpoint as the client named it (a Hub id or folder; a preset's own name).
+  ctx.getOrPost('get_info', async (r, owner, body) => {
+    checkFields(r, body.value, ['model_id', 'type'], 'get_info');
+    const row = await ctx.ownRow(owner, modelIdOf(body.value));
+    const cfg = row.config as Record<string, unknown>;
+    const real = isRealModel(cfg.base_model);
+    const name = (cfg.base as string | null | undefined) ?? (cfg.base_model as string);
+    const lora = cfg.finetune !== 'full';
+    sendAs(r, body.format, 200, withIgnored(r, {
+      ...(await ctx.modelJson(row.id)), type: 'get_info', model_name: name, is_lora: lora, lora_rank: lora ? cfg.rank : null,
+      model_data: { arch: cfg.base_model, model_name: name, tokenizer_id: real ? PALIGEMMA_TOKENIZER_REPO : null },
+    }));
   });
 
   ctx.post('session_heartbeat', async (r, owner, body) => {

@@ -27,7 +27,7 @@ import { RawMsgpack } from '../../protocol/msgpack.ts';
 import { HttpError } from '../http.ts';
 import { runOp } from '../ops.ts';
 import { errorText } from '../session-ws.ts';
-import { parseSessionConfig, type LiveSession } from '../sessions.ts';
+import { parseSessionConfig, publicConfig, type LiveSession } from '../sessions.ts';
 import { sendAs } from './codec.ts';
 import { FuturesContext, publicModelId, type FuturesDeps } from './context.ts';
 import { mountManagement } from './manage.ts';
@@ -195,7 +195,7 @@ export function mountFutures(app: TemplatedApp, deps: FuturesDeps): FuturesHandl
     if (sessionEntry) await deps.store.addClientSessionModel(sessionEntry.id, row.id);
     const f = futures.create(owner, row.id, 'create_model');
     settleWith(f, ctx.gateOf(sessions.live.get(row.id)!).promise.then(async () => ({ ...(await ctx.modelJson(row.id)), status: 'ready' })));
-    sendAs(r, body.format, 200, withIgnored(r, { request_id: f.id, model_id: publicModelId(row), training_session_id: row.id, status: row.status, ...row.config }));
+    sendAs(r, body.format, 200, withIgnored(r, { request_id: f.id, model_id: publicModelId(row), training_session_id: row.id, status: row.status, ...publicConfig(row.config) }));
   });
 
   mountManagement(ctx);
