@@ -298,7 +298,7 @@ describe('refused bases: one line naming the cause and the fix, nothing left ope
       [{ base_model: 'pi05', base: noTokenizer }, /^the PaliGemma tokenizer is not in the Hugging Face cache and .* has no tokenizer\.json: google\/paligemma-3b-pt-224 is gated, so accept its licence on huggingface\.co, set HF_TOKEN, and run `vela models download google\/paligemma-3b-pt-224/],
       [{ base_model: 'pi05', base: 'lerobot/not_a_base' }, /^base lerobot\/not_a_base is not in the Hugging Face cache .*`vela models download lerobot\/not_a_base`/],
       [{ base_model: 'pi0' }, /^base lerobot\/pi0_base is not in the Hugging Face cache .*`vela models download lerobot\/pi0_base`/],
-      [{ base_model: 'pi05', base: noConfig }, /has no config\.json; a base is a checkpoint folder in the Hub layout \(config\.json \+ model\.safetensors\) or a Hub id$/],
+      [{ base_model: 'pi05', base: noConfig }, /config\.json does not exist; a Hub checkpoint folder has config\.json beside model\.safetensors$/],
       [{ base_model: 'flow05-tiny', base: bases.pi05 }, /^base applies to base_model pi0 \/ pi05 \(a checkpoint of the real models\); flow05-tiny is a preset with its own seeded weights$/],
       [{ base_model: 'pi0', base: bases.pi05 }, new RegExp(`^base ${bases.pi05} is a pi05 checkpoint and base_model is pi0: use base_model "pi05" with this base, or a pi0 base \\(e\\.g\\. lerobot/pi0_base\\)$`)],
       [{ base_model: 'pi05', base: bases.pi0 }, new RegExp(`^base ${bases.pi0} is a pi0 checkpoint and base_model is pi05: use base_model "pi0" with this base, or a pi05 base \\(e\\.g\\. lerobot/pi05_base\\)$`)],
