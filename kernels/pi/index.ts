@@ -4,3 +4,4 @@ export { NAMES, contractInitValues, createRealPiParams, disposeRealPiParams, rea
 export { MASKED_LOGIT, checkBatch, computeLoss, drawRealPiNoiseTime, sample, velocity, type RealPiBatch, type RealPiModel, type RealPiWeights } from './model.ts';
 export { OPENPI_LORA, realPiLinears, realPiPolicy } from './policy.ts';
 export { fakeRealPiBatch } from './fake.ts';
+export { estimateMemory, loraParamCount, passTokens, type MemoryEstimate, type MemoryPlan } from './memory.ts';
