@@ -92,8 +92,7 @@ describe.skipIf(SKIP)('vela policy: a state far outside the norm stats', () => {
     const line = lines[0]!;
     expect(line).toContain('dim 1 (shoulder) = 68.75 (z 137.5; mean 0, std 0.5; accepted -3..3)');
     expect(line).toContain('worst dim 1 (shoulder)');
-    expect(line).toContain('(dim 1 (shoulder) read as degrees is 1.2 rad, inside the stats)');
-    expect(line).toContain('Likely causes: units (degrees where training used radians');
+    expect(line).toContain('Likely causes: units (degrees where training used radians: dim 1 (shoulder) read as degrees is 1.2 rad, inside the stats; or mm vs m)');
     expect(line).toContain("the stats of another dataset or robot, or the state's dims in another order than training's");
     expect(line).not.toContain('\\n');
   });

@@ -40,10 +40,10 @@ export function outOfRangeLogLine(policy: string, r: OutOfRangeReport, stats: No
   const unit = r.mode === 'zscore' ? 'z' : 'quantile-normalised';
   const listed = r.dims.slice(0, MAX_LISTED).map((d) => `${dimName(d, names)} = ${num(d.value)} (${unit} ${num(d.normalized)}; ${statsText(d, r, stats)}; accepted ${num(d.low)}..${num(d.high)})`);
   const more = r.dims.length > MAX_LISTED ? ` and ${r.dims.length - MAX_LISTED} more` : '';
-  const degrees = looksLikeDegrees(r) ? ` (${dimName(r.worst, names)} read as degrees is ${num(r.worst.value / DEG_PER_RAD)} rad, inside the stats)` : '';
+  const degrees = looksLikeDegrees(r) ? `: ${dimName(r.worst, names)} read as degrees is ${num(r.worst.value / DEG_PER_RAD)} rad, inside the stats;` : ',';
   return (
     `policy ${policy}: observation state is far outside the norm stats this policy serves with (|${unit}| > ${r.limit}): ${listed.join(', ')}${more}; worst ${dimName(r.worst, names)}. ` +
-    `Likely causes: units (degrees where training used radians${degrees}, mm vs m), the stats of another dataset or robot, or the state's dims in another order than training's. ` +
+    `Likely causes: units (degrees where training used radians${degrees} or mm vs m), the stats of another dataset or robot, or the state's dims in another order than training's. ` +
     `The actions are still sent; this is logged once per connection and counted in vela_policy_observations_out_of_range_total`
   );
 }
