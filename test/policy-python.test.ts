@@ -60,8 +60,10 @@ describe.skipIf(missing('the Python test environment', PY.reason))('an OpenPI-st
   });
 
   it('gets actions [H, A] float32 with OpenPI timing for two cameras, equal to a TS client\'s', async () => {
+    // The state's dim 6 (0.125) is 11 std from the stub stats' mean (-1, std 0.1): the answer
+    // carries the out-of-range warning (PROTOCOL.md section 6, item 4) next to OpenPI's keys.
     expect(seen.plain).toMatchObject({
-      type: 'ndarray', dtype: '<f4', shape: [5, 6], keys: ['actions', 'policy_timing', 'server_timing'],
+      type: 'ndarray', dtype: '<f4', shape: [5, 6], keys: ['actions', 'policy_timing', 'server_timing', 'warnings'],
       policy_timing: ['infer_ms'], server_timing: ['infer_ms'], timing_are_numbers: true,
     });
     expect(seen.second.server_timing).toEqual(['infer_ms', 'prev_total_ms']);

@@ -5,3 +5,4 @@ export { MASKED_LOGIT, checkBatch, computeLoss, drawRealPiNoiseTime, sample, vel
 export { OPENPI_LORA, realPiLinears, realPiPolicy } from './policy.ts';
 export { fakeRealPiBatch } from './fake.ts';
 export { toRealPiBatch } from './batch.ts';
+export { estimateMemory, loraParamCount, passTokens, type MemoryEstimate, type MemoryPlan } from './memory.ts';

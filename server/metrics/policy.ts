@@ -135,3 +135,14 @@ export class PolicyConnectionMetrics {
 export function recordPolicyBatch(size: number): void {
   batchSize.observe(size);
 }
+
+const outOfRange = new client.Counter({
+  name: 'vela_policy_observations_out_of_range_total',
+  help: 'policy observations whose state was far outside the norm stats served with (|z| > 6, or outside [-3, 3] quantile-normalised), by policy; each such observation counts',
+  labelNames: ['policy'], registers: [registry],
+});
+
+/** An observation of `policy` had a state far outside its norm stats (kernels/norm-range.ts). */
+export function recordObservationOutOfRange(policy: string): void {
+  outOfRange.inc({ policy });
+}

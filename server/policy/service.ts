@@ -21,11 +21,13 @@ import { dictionaryId, initZstd, loadObservationDictionary } from '../../protoco
 import { batchBuffers, makeBatch } from '../../kernels/small/batch.ts';
 import type { EngineLike } from '../engine/host.ts';
 import { HttpError } from '../http.ts';
+import { outOfRange } from '../../kernels/norm-range.ts';
 import { log } from '../log.ts';
 import { modelLayout } from '../models/layout.ts';
 import { Batcher, type BatchStats } from './batcher.ts';
 import { baseServeConfig, classifyFolder, servedNormStats } from './checkpoint.ts';
 import { policyMeta, PolicyConfigError, type PolicyMeta } from './meta.ts';
+import type { ObservationOutOfRange } from './range-warning.ts';
 import { DEFAULT_POLICY_LIMITS, observationKeys, parseObservation, toDatum, toRobotActions, type PolicyLimits } from './observation.ts';
 
 export interface PolicyServerOptions {
@@ -70,6 +72,8 @@ export interface PolicyAnswer {
   submittedMs: number;
   /** Time in the batcher before its batch's engine call, ms. */
   queueMs: number;
+  /** The raw state was far outside the norm stats (range-warning.ts); null when in range or unnormalised. */
+  outOfRange: ObservationOutOfRange | null;
 }
 
 export interface PolicyStats extends BatchStats {
@@ -265,6 +269,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         answer_keys: {
           actions: `float32 [${meta.actionHorizon}, ${meta.actionDim}]: action_horizon steps of the robot's actions, in its units${meta.actionSpace === 'delta' ? ' (absolute: the server adds the state back on the delta dims)' : ''}`,
           policy_timing: 'map: infer_ms', server_timing: 'map: infer_ms, prev_total_ms',
+          ...(meta.norm ? { warnings: 'list of str, only when the state is far outside the norm stats (wrong units, stats or dim order); the actions are still sent' } : {}),
         },
         ...(meta.stateNames ? { state_names: meta.stateNames } : {}),
         ...(meta.actionNames ? { action_names: meta.actionNames } : {}),
@@ -284,11 +289,15 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
       v.refs++;
       try {
         const parsed = parseObservation(obs, v.meta, limits);
+        const norm = v.meta.norm;
+        const report = norm && parsed.state.length > 0 ? outOfRange(parsed.state, norm.stats.state, norm.normalizer.mode) : null;
         const datum = await toDatum(parsed, v.meta, limits);
         const submittedMs = performance.now();
         const r = await batcher.submit(datum, seed, v);
         const actions = toRobotActions(r.row, v.meta, parsed.state);
-        return { actions: ndarray(actions, [v.meta.actionHorizon, v.meta.actionDim]), policyInferMs: r.inferMs, batchSize: r.batchSize, submittedMs, queueMs: r.queueMs };
+        return { actions: ndarray(actions, [v.meta.actionHorizon, v.meta.actionDim]), policyInferMs: r.inferMs, batchSize: r.batchSize, submittedMs, queueMs: r.queueMs,
+          outOfRange: report && norm ? { report, stats: norm.stats.state, stateNames: v.meta.stateNames } : null,
+        };
       } finally {
         v.refs--;
         release(v);

@@ -18,6 +18,7 @@ import { PolicyConnectionMetrics } from '../metrics/policy.ts';
 import { redactPaths } from '../redact.ts';
 import { randomId } from '../store.ts';
 import { decodeMessage, DEFAULT_POLICY_LIMITS } from './observation.ts';
+import { RangeWarnings } from './range-warning.ts';
 import { MAX_STREAM_CHARS, seedStream } from './seeds.ts';
 import type { PolicyAnswer, PolicyServer } from './service.ts';
 
@@ -52,6 +53,8 @@ interface Conn {
   failed: boolean;
   ws?: WebSocket<Conn>;
   metrics?: PolicyConnectionMetrics;
+  /** Out-of-range observations: warned once per connection, counted each time. */
+  range?: RangeWarnings;
 }
 
 const CLIENT_ERRORS = new Set(['ShapeError', 'NormError', 'PolicyConfigError']);
@@ -106,7 +109,8 @@ function flush(conn: Conn): void {
     else {
       const serverTiming: Record<string, number> = { infer_ms: e.doneMs - e.arrivedMs };
       if (conn.prevTotalMs !== null) serverTiming.prev_total_ms = conn.prevTotalMs;
-      bytes = packNumpy({ actions: e.answer.actions, policy_timing: { infer_ms: e.answer.policyInferMs }, server_timing: serverTiming });
+      const warnings = conn.range?.check(e.answer.outOfRange);
+      bytes = packNumpy({ actions: e.answer.actions, policy_timing: { infer_ms: e.answer.policyInferMs }, server_timing: serverTiming, ...(warnings ? { warnings } : {}) });
     }
     let status = 1;
     ws.cork(() => (status = ws.send(bytes, true)));
@@ -176,6 +180,7 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
       const conn = ws.getUserData();
       conn.ws = ws;
       conn.metrics = new PolicyConnectionMetrics(conn.policy.id);
+      conn.range = new RangeWarnings(conn.policy.id);
       conn.policy.counters.connections++;
       opts.sockets?.add(ws as WebSocket<unknown>);
       ws.send(packNumpy(conn.policy.metadata()), true);

@@ -1,0 +1,147 @@
+/**
+ * What this process may still use, and whether a planned load fits (kernels/pi/memory.ts
+ * estimates the plan). The server asks before it loads a base, opens a session or starts a job,
+ * and refuses with one line naming the cause and the fix instead of being killed mid-load.
+ *
+ *   const est = estimateMemory(REAL_PI05, { use: 'lora', batch: 1, cameras: 3 });
+ *   const why = checkFits(est, await availableMemory(), 'a LoRA fine-tune of pi05 at batch_size 1');
+ *   if (why) throw new HttpError(507, why);
+ */
+import { readFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import type { MemoryEstimate } from '../../kernels/pi/memory.ts';
+
+const UNITS: Record<string, number> = {
+  '': 1, b: 1,
+  k: 2 ** 10, kib: 2 ** 10, kb: 1e3,
+  m: 2 ** 20, mib: 2 ** 20, mb: 1e6,
+  g: 2 ** 30, gib: 2 ** 30, gb: 1e9,
+  t: 2 ** 40, tib: 2 ** 40, tb: 1e12,
+};
+
+/**
+ * A byte count from text: `8GiB`, `512MiB`, `16GB` (decimal), `8g` (binary, as docker's), or a
+ * plain number of bytes. `what` names the setting in the error.
+ * @throws RangeError: `VELA_MAX_MEMORY is "8 gigs"; expected bytes with a unit, e.g. 8GiB, 512MiB, 16GB`.
+ */
+export function parseBytes(text: string, what: string): number {
+  const m = /^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$/i.exec(text);
+  const unit = m ? UNITS[m[2]!.toLowerCase()] : undefined;
+  const n = m && unit !== undefined ? Math.floor(Number(m[1]) * unit) : NaN;
+  if (!Number.isFinite(n) || n <= 0) throw new RangeError(`${what} is ${JSON.stringify(text)}; expected bytes with a unit, e.g. 8GiB, 512MiB, 16GB`);
+  return n;
+}
+
+/** Bytes as the messages show them: `13.4 GB (12.49 GiB)`. */
+export function bytesHuman(n: number): string {
+  if (n >= 2 ** 30) return `${(n / 1e9).toFixed(1)} GB (${(n / 2 ** 30).toFixed(2)} GiB)`;
+  return `${(n / 1e6).toFixed(1)} MB`;
+}
+
+/** What availableMemory found. */
+export interface AvailableMemory {
+  /** What this process may still allocate: the limit less its current RSS (>= 0). */
+  bytes: number;
+  /** The limit: the smallest of the cap, the cgroup's limit and the machine's memory. */
+  limitBytes: number;
+  rssBytes: number;
+  /** Where the limit comes from, for messages: `VELA_MAX_MEMORY`, `cgroup v2 memory.max`, ... */
+  source: string;
+  /** The name of the cap an operator can raise (the option's flag or VELA_MAX_MEMORY). */
+  capName: string;
+}
+
+export interface AvailableOptions {
+  /** A cap (bytes or text like `8GiB`); default process.env.VELA_MAX_MEMORY. */
+  maxMemory?: number | string;
+  /** How an operator sets the cap, for messages (default `VELA_MAX_MEMORY`; the server passes `--max-memory`). */
+  capName?: string;
+  /** For tests: the cgroup filesystem root (default /sys/fs/cgroup), /proc/self/cgroup's text, RSS and total memory. */
+  cgroupRoot?: string;
+  procSelfCgroup?: string;
+  rssBytes?: number;
+  totalMemBytes?: number;
+}
+
+async function readText(file: string): Promise<string | null> {
+  try {
+    return (await readFile(file, 'utf8')).trim();
+  } catch {
+    return null;
+  }
+}
+
+/** A cgroup limit file's value: null for `max`, an absent file, or v1's "no limit" (>= 2^60). */
+function limitValue(text: string | null): number | null {
+  if (text === null || text === 'max') return null;
+  const n = Number(text);
+  return Number.isFinite(n) && n > 0 && n < 2 ** 60 ? n : null;
+}
+
+/** The memory limit of this process's cgroup (v2 memory.max, else v1 memory.limit_in_bytes), or null. */
+async function cgroupLimit(root: string, procSelf: string | null): Promise<{ bytes: number; source: string } | null> {
+  // v2: "0::/path"; the limit may sit on the process's own group or (in a container) the root.
+  const v2path = procSelf?.split('\n').find((l) => l.startsWith('0::'))?.slice(3) ?? '/';
+  for (const dir of new Set([path.join(root, v2path), root])) {
+    const v = limitValue(await readText(path.join(dir, 'memory.max')));
+    if (v !== null) return { bytes: v, source: 'cgroup v2 memory.max' };
+  }
+  const v1path = procSelf?.split('\n').map((l) => l.split(':')).find((f) => f[1]?.split(',').includes('memory'))?.[2] ?? '/';
+  for (const dir of new Set([path.join(root, 'memory', v1path), path.join(root, 'memory')])) {
+    const v = limitValue(await readText(path.join(dir, 'memory.limit_in_bytes')));
+    if (v !== null) return { bytes: v, source: 'cgroup v1 memory.limit_in_bytes' };
+  }
+  return null;
+}
+
+/**
+ * What this process may still use: the limit (the cgroup's memory.max / v1 limit when set,
+ * else the machine's total memory; capped by `maxMemory` / VELA_MAX_MEMORY) less its current
+ * RSS. Other processes' use of the machine is not subtracted: cap it with VELA_MAX_MEMORY on a
+ * shared machine. Reads a few small files, asynchronously.
+ * @throws RangeError for a cap that does not parse (parseBytes).
+ */
+export async function availableMemory(opts: AvailableOptions = {}): Promise<AvailableMemory> {
+  const capName = opts.capName ?? 'VELA_MAX_MEMORY';
+  const capRaw = opts.maxMemory ?? (process.env.VELA_MAX_MEMORY || undefined);
+  const cap = capRaw === undefined ? null : typeof capRaw === 'number' ? capRaw : parseBytes(capRaw, capName);
+  if (cap !== null && !(cap > 0)) throw new RangeError(`${capName} is ${cap}; it must be > 0 bytes`);
+  const procSelf = opts.procSelfCgroup ?? (await readText('/proc/self/cgroup'));
+  const cg = await cgroupLimit(opts.cgroupRoot ?? '/sys/fs/cgroup', procSelf);
+  const total = opts.totalMemBytes ?? os.totalmem();
+  let limit = { bytes: total, source: 'the machine\'s memory' };
+  if (cg && cg.bytes < limit.bytes) limit = cg;
+  if (cap !== null && cap < limit.bytes) limit = { bytes: cap, source: capName };
+  const rss = opts.rssBytes ?? process.memoryUsage.rss();
+  return { bytes: Math.max(0, limit.bytes - rss), limitBytes: limit.bytes, rssBytes: rss, source: limit.source, capName };
+}
+
+const PART_NAMES: Record<keyof MemoryEstimate['parts'], string> = {
+  weights: 'weights', trainable: 'trainable copy/adapters', optimizer: 'optimizer moments', gradients: 'gradients', activations: 'activations', workspace: 'runtime',
+};
+
+/**
+ * Whether `estimate` fits in `available`. `what` names the load in the message (`a full
+ * fine-tune of pi05 at batch_size 32`).
+ * @returns null when it fits; else ONE line naming what, the estimate with its two biggest
+ *   parts, what is available and from where, and the fixes that apply: LoRA instead of a full
+ *   fine-tune (when trainable is the base's size), a lower batch_size (when activations are a
+ *   large part), a machine with >= N GB, a higher cap (when the cap is what limits).
+ */
+export function checkFits(estimate: MemoryEstimate, available: AvailableMemory, what: string): string | null {
+  if (estimate.totalBytes <= available.bytes) return null;
+  const parts = (Object.entries(estimate.parts) as [keyof MemoryEstimate['parts'], number][]).filter(([, v]) => v > 0).sort((a, b) => b[1] - a[1]);
+  const biggest = parts.slice(0, 2).map(([k, v]) => `${PART_NAMES[k]} ${bytesHuman(v)}`).join(', ');
+  const fixes: string[] = [];
+  const { weights, trainable, activations } = estimate.parts;
+  if (trainable >= 0.5 * weights) fixes.push('use LoRA (the default) instead of a full fine-tune');
+  if (activations >= 0.25 * estimate.totalBytes) fixes.push('lower batch_size');
+  const needMachine = estimate.totalBytes + available.rssBytes;
+  fixes.push(`free memory or run on a machine with >= ${Math.ceil(needMachine / 1e9)} GB`);
+  if (available.source === available.capName) fixes.push(`raise ${available.capName} (now ${bytesHuman(available.limitBytes)})`);
+  return (
+    `${what} needs about ${bytesHuman(estimate.totalBytes)} (${biggest}); ` +
+    `${bytesHuman(available.bytes)} is available (${available.source} ${bytesHuman(available.limitBytes)} less ${bytesHuman(available.rssBytes)} in use): ${fixes.join(', or ')}`
+  );
+}
