@@ -28,6 +28,9 @@ import { encodeFrame } from '../protocol/frames.ts';
 import { ndarray, packNumpy } from '../protocol/ndarray.ts';
 import { CAMERA_NAMES, g1Samples, toDatums } from './data.ts';
 import { OpenPiClient } from './openpi-client.ts';
+import { realPiConfigFromHub } from '../kernels/pi/config.ts';
+import { estimateMemory } from '../kernels/pi/memory.ts';
+import { availableMemory, checkFits } from '../server/models/memory.ts';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const USAGE = `Usage: npx tsx bench/real-pi-serve.ts --checkpoint DIR [options]
@@ -105,7 +108,7 @@ async function policyPart(result: Record<string, unknown>): Promise<void> {
       const times: number[] = [];
       for (let i = 0; i < samples.length; i++) {
         const s = samples[i]!;
-        const obs: Record<string, unknown> = { 'observation/state': ndarray(s.state, [s.state.length]), prompt: s.prompt };
+        const obs: Record<string, unknown> = { 'observation/state': ndarray(s.state, [s.state.length]), prompt: s.prompt, image_codec: 'JPEG' };
         for (let k = 0; k < cameras; k++) obs[`observation/${['base_0_rgb', 'left_wrist_0_rgb', 'right_wrist_0_rgb'][k]}`] = await encodeFrame('JPEG', s.frames[k]!);
         const t0 = performance.now();
         const answer = await client.infer(packNumpy(obs));
@@ -125,6 +128,18 @@ async function policyPart(result: Record<string, unknown>): Promise<void> {
 }
 
 async function trainPart(result: Record<string, unknown>): Promise<void> {
+  // Planned, not discovered: the server refuses a step that would not fit; the bench says so
+  // first, with the estimate (kernels/pi/memory.ts), rather than letting the kernel kill it.
+  const config = realPiConfigFromHub(JSON.parse(fs.readFileSync(path.join(dir, 'config.json'), 'utf8')));
+  const est = estimateMemory(config, { use: 'lora', batch: 1, cameras: 1 });
+  const avail = await availableMemory();
+  const why = checkFits(est, { ...avail, rssBytes: 0, bytes: avail.limitBytes }, 'one LoRA step of this model at batch 1 with 1 camera');
+  result.train_estimate = { total_bytes: est.totalBytes, parts: est.parts, limit_bytes: avail.limitBytes, source: avail.source };
+  if (why && values.train !== 'force') {
+    console.log(`train: skipped: ${why}`);
+    result.train = { skipped: why };
+    return;
+  }
   const data = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-bench-serve-'));
   const key = 'bench-key';
   const { proc, match, ms } = await start(['serve', '--port', '0', '--log-level', 'warn'], /(http:\/\/\S+)/, { VELA_DATA_DIR: data, VELA_API_KEY: key });

@@ -65,6 +65,8 @@ export interface ServerConfig {
   futureSeqGapS: number;
   readAhead: number;
   maxResidentSessions: number;
+  /** Cap on this process's memory for planning real-model loads and ops (bytes text, e.g. 20GiB); undefined: the cgroup's or machine's. */
+  maxMemory: string | undefined;
   storagePerKeyBytes: number;
   inferIdleS: number;
   allowEndpoint: string | undefined;
@@ -115,6 +117,7 @@ export const SETTINGS: Setting[] = [
   { key: 'futureSeqGapS', flag: '--future-seq-gap-s', env: 'VELA_FUTURE_SEQ_GAP_S', kind: 'number', def: () => 30, help: 'how long a futures request waits for a missing smaller seq_id' },
   { key: 'readAhead', flag: '--read-ahead', env: 'VELA_READ_AHEAD', kind: 'int', def: () => 32, help: 'queued requests per session connection before new ones are refused as busy' },
   { key: 'maxResidentSessions', flag: '--max-resident-sessions', env: 'VELA_MAX_RESIDENT_SESSIONS', kind: 'int', def: () => 64, help: 'sessions whose tensors stay in an engine at once; the least recently used others wait on disk' },
+  { key: 'maxMemory', flag: '--max-memory', env: 'VELA_MAX_MEMORY', kind: 'string', def: () => undefined, help: 'memory the server plans real pi0 / pi0.5 loads and steps against (e.g. 20GiB); a base, session or job that would not fit is refused with the estimate', defaultText: 'the cgroup limit, else the machine\'s memory' },
   { key: 'storagePerKeyBytes', flag: '--storage-per-key-bytes', env: 'VELA_STORAGE_PER_KEY_BYTES', kind: 'int', def: () => 20 * 1024 * 1024 * 1024, help: 'saved states and weights per API key; a save past it is refused (507)' },
   { key: 'inferIdleS', flag: '--infer-idle-s', env: 'VELA_INFER_IDLE_S', kind: 'number', def: () => 60, help: 'seconds a served policy stays loaded after its last request or connection' },
   { key: 'allowEndpoint', flag: '--allow-endpoint', env: 'VELA_ALLOW_ENDPOINT', kind: 'string', def: () => undefined, help: 'inference endpoints the server may contact although they are loopback, private, link-local or its own: comma-separated CIDRs, addresses or host names (e.g. 127.0.0.0/8,10.1.2.0/24,robot-1.lan)', defaultText: 'none (only public addresses)' },

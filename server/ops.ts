@@ -13,6 +13,8 @@ import { batchBuffers, makeBatch, type BatchLayout, type DatumInput, type ModelB
 import type { ServerConfig } from './config.ts';
 import { checkStorage, storageOf } from './storage.ts';
 import { EngineError } from './engine/messages.ts';
+import { HttpError } from './http.ts';
+import { planOrRefuse } from './models/plan.ts';
 import { recordSessionOp, recordSessionRequestRefused } from './metrics/training.ts';
 import type { LiveSession } from './sessions.ts';
 
@@ -131,6 +133,36 @@ export function runOp(live: LiveSession, req: SessionRequest, server: ServerConf
   return done;
 }
 
+/**
+ * A real model's pass is planned before it runs (server/models/plan.ts): its activations, for
+ * this batch and these cameras, against what the process may still use (the base and the
+ * session's own tensors are resident already). Presets are small enough not to plan.
+ * @throws EngineError('insufficient_memory') with the one-line estimate and fix; the session goes on.
+ */
+async function planPass(live: LiveSession, op: string, batch: ModelBatch, server: ServerConfig): Promise<void> {
+  const real = live.layout?.real;
+  if (!real) return;
+  // The engine computes the camera slots that any datum fills (kernels/pi/batch.ts drops the rest).
+  const slots = batch.imageMask.length / batch.size;
+  let cameras = 0;
+  for (let k = 0; k < slots; k++) {
+    for (let i = 0; i < batch.size; i++) {
+      if (batch.imageMask[i * slots + k]) {
+        cameras++;
+        break;
+      }
+    }
+  }
+  cameras = Math.max(1, cameras);
+  const use = op === 'sample' ? 'serve' : live.config.finetune === 'full' ? 'full' : 'lora';
+  try {
+    await planOrRefuse(real, { use, batch: batch.size, cameras, loraRank: live.config.rank, loraActionRank: live.config.action_rank ?? live.config.rank, loraTargets: live.config.targets },
+      { weights: false, tenant: false, pass: true }, `${op} of ${batch.size} datum(s) with ${cameras} camera(s) on ${live.config.base_model}`, server.maxMemory);
+  } catch (e) {
+    throw e instanceof HttpError ? new EngineError('insufficient_memory', e.message) : e;
+  }
+}
+
 /** Starts the request's preparation now and returns the part that must run in order. */
 function prepareOp(live: LiveSession, req: SessionRequest, server: ServerConfig): () => Promise<unknown> {
   const engine = live.engine!;
@@ -151,6 +183,7 @@ function prepareOp(live: LiveSession, req: SessionRequest, server: ServerConfig)
       return async () => {
         const batch = await prepared;
         const b = batch.size;
+        await planPass(live, req.op, batch, server);
         const transfer = batchBuffers(batch);
         if (req.op === 'forward_backward') {
           const r = await call<{ loss: number; lossPerDatum: Float32Array }>('forward_backward', { batch, lossFn: req.loss_fn }, transfer);

@@ -15,7 +15,8 @@ import { DEFAULT_BASES, isRealModel, type RealModel } from './models/bases.ts';
 import { modelLayout, tokenizerFileFor, type ModelLayout } from './models/layout.ts';
 import { ModelError } from './models/errors.ts';
 import { resolveBase } from './models/resolve.ts';
-import { realModelKey } from './engine/model-key.ts';
+import { parseEngineModel, realModelKey } from './engine/model-key.ts';
+import { planOrRefuse, realConfigOf } from './models/plan.ts';
 import { zeroGateRule } from '../kernels/lora.ts';
 import { Engine, PriorityGate, type EngineLike, type EngineOptions } from './engine/host.ts';
 import type { BackendInfo } from './engine/messages.ts';
@@ -144,6 +145,8 @@ export class LiveSession {
   trainableParams: number | null = null;
   /** Bytes of engine memory this session holds beside the shared base (adapters and AdamW moments, at creation). */
   tenantBytes: number | null = null;
+  /** The memory planned for this session at creation (server/models/plan.ts; real models only). */
+  plannedBytes: number | null = null;
   /** How the main thread lays out this session's batches (set once its engine is up). */
   layout: ModelLayout | null = null;
   /** Tail of the session's ordered engine calls (ops.ts). */
@@ -283,6 +286,20 @@ export class SessionManager {
       }
       cfg.engine_model = realModelKey(cfg.base_model as RealModel, dir);
     }
+    let planned: number | null = null;
+    if (cfg.base != null) {
+      // The base (unless its engine holds it already) and this tenant's own state must fit now;
+      // each pass's activations are planned when its batch is known (ops.ts).
+      const key = cfg.engine_model!;
+      const plan = await planOrRefuse(
+        await realConfigOf(parseRealDir(key)),
+        { use: cfg.finetune === 'full' ? 'full' : 'lora', batch: 1, cameras: 1, loraRank: cfg.rank, loraActionRank: cfg.action_rank ?? cfg.rank, loraTargets: cfg.targets },
+        { weights: !this.engines.has(key), tenant: true, pass: false },
+        `a ${cfg.finetune === 'full' ? 'full-weight' : 'LoRA'} session of ${cfg.base_model} (${cfg.base})`,
+        this.config.maxMemory,
+      );
+      planned = plan.counted.totalBytes;
+    }
     const id = randomId('ts-');
     const row: SessionRow = {
       id, owner, status: 'starting', created_at: nowS(), config: cfg as unknown as Record<string, unknown>, token: newToken(), error: null, closed_at: null,
@@ -296,6 +313,7 @@ export class SessionManager {
       throw e;
     }
     const live = new LiveSession(row, cfg, null);
+    live.plannedBytes = planned;
     this.live.set(id, live);
     void this.open(live);
     return row;
@@ -371,6 +389,9 @@ export class SessionManager {
       ...publicConfig(row.config),
       action_horizon: live?.actionHorizon || (row.config as any).action_horizon,
       base_params: live?.engine?.info.baseParams ?? null,
+      // Planned (server/models/plan.ts) against used: this session's own tensors, and the engine's
+      // all (the shared base and every tenant), as tf.memory() counted them after its last op.
+      memory: live && live.plannedBytes !== null ? { planned_bytes: live.plannedBytes, tenant_bytes: live.tenantBytes, engine_tensor_bytes: live.engine?.memory?.()?.numBytes ?? null } : null,
       url: `${baseWsUrl}/v1/training_sessions/${row.id}/ws`,
       token: row.token,
       error: row.error,
@@ -396,4 +417,11 @@ export class SessionManager {
     this.engines.clear();
     this.policyEngines.clear();
   }
+}
+
+/** The checkpoint folder of a real engine key. */
+function parseRealDir(key: string): string {
+  const m = parseEngineModel(key);
+  if (m.kind !== 'real') throw new Error(`${key} is not a real model's engine key`);
+  return m.dir;
 }

@@ -19,7 +19,8 @@ import type { RealPiBatch } from './model.ts';
  *   imageMask [b, nc], tokens int32 [b, L] PaliGemma ids, tokenMask [b, L], state float32
  *   [b, sd] normalised (pi0's state token; pi0.5 reads its state from the prompt), actions /
  *   actionMask float32 [b, ah, ad], weight [b].
- * @returns images float32 [b, nc, 3, S, S] in [-1, 1]; the other fields as views or copies.
+ * @returns images float32 [b, nc', 3, S, S] in [-1, 1], nc' the slots some datum fills (at least
+ *   one), imageMasks [b, nc']; the other fields as views.
  * @throws ShapeError('shape_mismatch') when images do not split into S x S x 3 frames per slot.
  */
 export function toRealPiBatch(c: RealPiConfig, mb: ModelBatch): RealPiBatch {
@@ -30,10 +31,28 @@ export function toRealPiBatch(c: RealPiConfig, mb: ModelBatch): RealPiBatch {
   if (!Number.isInteger(nc) || nc < 1 || mb.images.length !== b * nc * frame) {
     throw new ShapeError('shape_mismatch', `images has ${mb.images.length} bytes for ${b} datums and ${mb.imageMask.length / b} cameras; expected [b, nc, ${S}, ${S}, 3] uint8`);
   }
-  const images = new Float32Array(b * nc * frame);
+  // A slot no datum fills is dropped: its tokens would be computed only to be masked out of
+  // every attention row and position (FACTS 1.7), so the answer is the same without them and a
+  // one-camera robot does not pay for three SigLIP passes and a 3x longer prefix.
+  const keep: number[] = [];
+  for (let k = 0; k < nc; k++) {
+    for (let i = 0; i < b; i++) {
+      if (mb.imageMask[i * nc + k]) {
+        keep.push(k);
+        break;
+      }
+    }
+  }
+  if (keep.length === 0) keep.push(0);
+  const kc = keep.length;
+  const images = new Float32Array(b * kc * frame);
+  const imageMasks = new Uint8Array(b * kc);
   const plane = S * S;
-  for (let f = 0; f < b * nc; f++) {
-    const src = f * frame;
+  for (let f = 0; f < b * kc; f++) {
+    const i = Math.floor(f / kc);
+    const k = keep[f % kc]!;
+    imageMasks[f] = mb.imageMask[i * nc + k]!;
+    const src = (i * nc + k) * frame;
     const dst = f * frame;
     for (let p = 0; p < plane; p++) {
       // HWC uint8 -> CHW in [-1, 1]: x / 255 * 2 - 1 (FACTS 1.15; an absent camera's zeros give -1).
@@ -45,9 +64,9 @@ export function toRealPiBatch(c: RealPiConfig, mb: ModelBatch): RealPiBatch {
   const hasActions = mb.actionMask.some((m) => m !== 0);
   return {
     size: b,
-    numCameras: nc,
+    numCameras: kc,
     images,
-    imageMasks: mb.imageMask,
+    imageMasks,
     tokens: mb.tokens,
     tokenMasks: mb.tokenMask,
     state: c.variant === 'pi0' ? mb.state : undefined,

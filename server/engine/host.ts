@@ -107,6 +107,8 @@ export interface EngineLike {
   readonly info: EngineInfo;
   call<T = unknown>(session: string, op: string, args?: Record<string, unknown>, transfer?: ArrayBuffer[]): Promise<T>;
   stats(): { queued: number; sessions: number; calls: number };
+  /** tf.memory() of the engine after its last answer (null before any; stubs may leave it out). */
+  memory?(): EngineMemory | null;
   close(): Promise<void>;
 }
 

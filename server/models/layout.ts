@@ -12,7 +12,9 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import type { BatchLayout, MakeBatchOptions } from '../../kernels/small/batch.ts';
+import type { RealPiConfig } from '../../kernels/pi/config.ts';
 import type { EngineInfo } from '../engine/messages.ts';
+import { realConfigOf } from './plan.ts';
 import { findPaligemmaTokenizer, loadPaligemmaTokenizer, PALIGEMMA_TOKENIZER_REPO, TokenizerError, type PaligemmaTokenizer } from './tokenizer.ts';
 
 /** A batch layout and, for the real family, its prompt encoder. */
@@ -21,6 +23,8 @@ export interface ModelLayout extends BatchLayout {
   encodePrompt?: MakeBatchOptions['encodePrompt'];
   /** The tokenizer.json in use (real family), for logs and info. */
   tokenizerFile: string | null;
+  /** The real model's config (memory planning of each pass); null for presets. */
+  real?: RealPiConfig | null;
 }
 
 const tokenizers = new Map<string, Promise<PaligemmaTokenizer>>();
@@ -48,7 +52,7 @@ export function tokenizerFileFor(baseDir: string, env: NodeJS.ProcessEnv = proce
 export async function modelLayout(info: EngineInfo, env: NodeJS.ProcessEnv = process.env): Promise<ModelLayout> {
   const layout: ModelLayout = {
     family: info.family, slots: info.imageSlots, imageSize: info.imageSize, maxTokenLen: info.maxTokenLen, stateDim: info.stateDim,
-    horizon: info.actionHorizon, actionDim: info.actionDim, padToken: info.padToken, tokenizerFile: null,
+    horizon: info.actionHorizon, actionDim: info.actionDim, padToken: info.padToken, tokenizerFile: null, real: null,
   };
   if (info.family === 'small' || !info.baseDir) return layout;
   const file = tokenizerFileFor(info.baseDir, env);
@@ -59,6 +63,7 @@ export async function modelLayout(info: EngineInfo, env: NodeJS.ProcessEnv = pro
     tok.catch(() => tokenizers.delete(file));
   }
   const t = await tok;
+  layout.real = await realConfigOf(info.baseDir);
   const L = info.maxTokenLen;
   layout.tokenizerFile = file;
   layout.encodePrompt = info.family === 'pi05' ? (prompt, state) => t.pi05Prompt(prompt, state, L) : (prompt) => t.pi0Prompt(prompt, L);

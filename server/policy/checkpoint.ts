@@ -12,6 +12,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
+import { readCheckpointNormStats } from '../models/norm-stats.ts';
 import { parseNormStats, type NormMode, type NormStatsSet } from '../../kernels/normalize.ts';
 import { isRealModelKey, realModelKey } from '../engine/model-key.ts';
 import { storedPreset } from '../presets.ts';
@@ -101,24 +102,18 @@ export interface ServedNorm {
 }
 
 /**
- * The norm stats the policy server serves `dir` with. The one lookup of the policy server (the
- * standalone, the job policy, HTTP inference and pushed weights all come here), so that adding
- * LeRobot's processor files (server/models/norm-stats.ts readCheckpointNormStats) changes this
- * function alone. Today: what the engine read from a Vela checkpoint (its norm_stats.json, as
- * `load_policy` answers it), else `dir`'s own openpi-layout norm_stats.json (a base), else null
- * (served unnormalised; the caller warns once).
+ * The norm stats the policy server serves `dir` with: the one lookup of the policy server (the
+ * standalone, the job policy, HTTP inference and pushed weights all come here). What the engine
+ * read from a Vela checkpoint (its norm_stats.json, as `load_policy` answers it), else the
+ * folder's own (server/models/norm-stats.ts readCheckpointNormStats: LeRobot's processor files,
+ * openpi's assets/<id>/norm_stats.json, Vela's norm_stats.json), else null (served unnormalised;
+ * the caller warns once).
  * @param fromEngine `load_policy`'s `normStats` (null or undefined when none).
- * @throws NormError when a norm_stats.json is there but not valid.
+ * @throws NormError / CheckpointError when stats are there but not valid (one line naming the file).
  */
 export async function servedNormStats(dir: string | null, fromEngine: unknown): Promise<ServedNorm | null> {
   if (fromEngine !== null && fromEngine !== undefined) return { stats: parseNormStats(fromEngine), mode: null, source: dir ? path.join(dir, 'norm_stats.json') : 'the checkpoint' };
   if (!dir) return null;
-  const file = path.join(dir, 'norm_stats.json');
-  let text: string;
-  try {
-    text = await fs.promises.readFile(file, 'utf8');
-  } catch {
-    return null;
-  }
-  return { stats: parseNormStats(text), mode: null, source: file };
+  const own = await readCheckpointNormStats(dir);
+  return own ? { stats: own.stats, mode: own.mode, source: own.source } : null;
 }

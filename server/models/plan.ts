@@ -1,0 +1,83 @@
+/**
+ * Memory planning of the real pi0 / pi0.5 on this server (issue 24): before a base is loaded, a
+ * session opened, a job started or a step run, the estimate (kernels/pi/memory.ts, calibrated on
+ * measured peaks) is set against what this process may still use (server/models/memory.ts: the
+ * cgroup limit or the machine's memory, capped by --max-memory, less the current RSS), and what
+ * would not fit is refused with one line naming the estimate, what is available and the fix,
+ * instead of being discovered by the kernel's OOM killer halfway through a load.
+ *
+ * What is counted where: the base's weights once per engine (they are in the RSS once loaded); a
+ * tenant's adapters, moments (and a full fine-tune's trainable copy and gradients) when it is
+ * created; the activations of a pass when the pass's batch is known (each op).
+ */
+import { realPiConfigFromHub, type RealPiConfig } from '../../kernels/pi/config.ts';
+import { estimateMemory, type MemoryEstimate, type MemoryPlan } from '../../kernels/pi/memory.ts';
+import { HttpError } from '../http.ts';
+import { readHubConfig } from './hub-checkpoint.ts';
+import { availableMemory, checkFits, type AvailableMemory } from './memory.ts';
+
+/** HTTP status of a refusal for memory: the request is valid, this server cannot hold it. */
+export const INSUFFICIENT_MEMORY = 507;
+
+const configs = new Map<string, Promise<RealPiConfig>>();
+
+/**
+ * The RealPiConfig of checkpoint folder `dir` (its config.json), read once per folder.
+ * @throws CheckpointError / ConfigError naming the file.
+ */
+export function realConfigOf(dir: string): Promise<RealPiConfig> {
+  let c = configs.get(dir);
+  if (!c) {
+    c = readHubConfig(dir).then(realPiConfigFromHub);
+    configs.set(dir, c);
+    c.catch(() => configs.delete(dir));
+  }
+  return c;
+}
+
+/** Which parts of an estimate a check counts (the rest is already resident or not yet needed). */
+export interface PlanParts {
+  /** The base's weights (false once its engine has loaded them). */
+  weights: boolean;
+  /** The tenant's own state: adapters or trainable copy, moments, gradients. */
+  tenant: boolean;
+  /** One pass's activations and the runtime's workspace. */
+  pass: boolean;
+}
+
+/** The part of `est` that `parts` selects, as an estimate of its own. */
+export function selectParts(est: MemoryEstimate, parts: PlanParts): MemoryEstimate {
+  const p = est.parts;
+  const sel = {
+    weights: parts.weights ? p.weights : 0,
+    trainable: parts.tenant ? p.trainable : 0,
+    optimizer: parts.tenant ? p.optimizer : 0,
+    gradients: parts.tenant ? p.gradients : 0,
+    activations: parts.pass ? p.activations : 0,
+    workspace: parts.pass ? p.workspace : 0,
+  };
+  const total = Object.values(sel).reduce((a, b) => a + b, 0);
+  return { totalBytes: total, tensorBytes: total - sel.workspace, parts: sel };
+}
+
+/** The outcome of a check that passed: the estimate counted and what was available. */
+export interface PlanResult {
+  estimate: MemoryEstimate;
+  counted: MemoryEstimate;
+  available: AvailableMemory;
+}
+
+/**
+ * Estimates `plan` on `config`, counts `parts` of it against this process's available memory.
+ * @param what names the load in the refusal ("a LoRA session of pi05 (lerobot/pi05_base)").
+ * @throws HttpError 507 with checkFits's one line when it would not fit; RangeError for a
+ *   --max-memory that does not parse.
+ */
+export async function planOrRefuse(config: RealPiConfig, plan: MemoryPlan, parts: PlanParts, what: string, maxMemory?: string): Promise<PlanResult> {
+  const estimate = estimateMemory(config, plan);
+  const counted = selectParts(estimate, parts);
+  const available = await availableMemory({ maxMemory, capName: '--max-memory' });
+  const why = checkFits(counted, available, what);
+  if (why) throw new HttpError(INSUFFICIENT_MEMORY, why);
+  return { estimate, counted, available };
+}
