@@ -136,5 +136,94 @@ describe('fine-tunes of the real pi0.5 (tiny base)', () => {
     const second = await finished(server, again.json.id);
     expect(second.status, second.error).toBe('succeeded');
     expect(fs.existsSync(path.join(second.model_dir, 'model.safetensors'))).toBe(true);
+
+    // That base was fine-tuned on G1's 26 dims: a dataset of other dims is refused by name.
+    fs.cpSync(FIXTURE, path.join(g1.root, 'pick'), { recursive: true });
+    const misfit = await api(server, 'POST', '/v1/fine-tunes', { ...body, base: modelDir, dataset_name: 'pick' });
+    expect(misfit.status).toBe(400);
+    expect(misfit.json.error).toMatch(/^dataset "pick" has 2 state dims; base .+ was fine-tuned on 26 \(norm_stats\.json\): fine-tune from the pretrained base it came from \(e\.g\. lerobot\/pi05_base\) instead, or on data with the same features$/);
+  });
+});
+
+describe('the seed request and the refusals', () => {
+  const saved = { cache: process.env.HF_HUB_CACHE, endpoint: process.env.HF_ENDPOINT };
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-ft-seed-'));
+  const cache = path.join(tmp, 'hub');
+  const roots = { open: path.join(tmp, 'datasets-open'), closed: path.join(tmp, 'datasets-closed') };
+  let hub: FakeHub;
+  let downloading: TestServer;
+  let closed: TestServer;
+  let baseFolder = '';
+  beforeAll(async () => {
+    // lerobot/pi05_base as the Hugging Face cache holds it: refs/main names the snapshot.
+    const commit = 'c0ffee0000000000000000000000000000000005';
+    const repo = path.join(cache, 'models--lerobot--pi05_base');
+    baseFolder = await writeTinyBase('pi05', { dir: path.join(repo, 'snapshots', commit) });
+    fs.mkdirSync(path.join(repo, 'refs'), { recursive: true });
+    fs.writeFileSync(path.join(repo, 'refs', 'main'), commit);
+    hub = await startFakeHub({ repoId: 'lerobot/pusht_image', dir: FIXTURE });
+    process.env.HF_HUB_CACHE = cache;
+    process.env.HF_ENDPOINT = hub.url;
+    fs.mkdirSync(roots.open, { recursive: true });
+    fs.cpSync(fileURLToPath(new URL('./fixtures/lerobot_wide', import.meta.url)), path.join(roots.closed, 'wide'), { recursive: true });
+    downloading = await startTestServer({ env: { VELA_DATASETS_DIR: roots.open, VELA_ALLOW_DOWNLOADS: '1' } });
+    closed = await startTestServer({ env: { VELA_DATASETS_DIR: roots.closed } });
+  });
+  afterAll(async () => {
+    await downloading?.close();
+    await closed?.close();
+    await hub?.close();
+    for (const [k, v] of [['HF_HUB_CACHE', saved.cache], ['HF_ENDPOINT', saved.endpoint]] as const) {
+      if (v === undefined) delete process.env[k];
+      else process.env[k] = v;
+    }
+    fs.rmSync(tmp, { recursive: true, force: true });
+  });
+
+  it('is accepted as written, downloads lerobot/pusht_image with progress in the events, and trains on lerobot/pi05_base from the cache', { timeout: 240_000 }, async () => {
+    const seed = { model: 'pi05', dataset_name: 'lerobot/pusht_image', batch_size: 32, targets: ['all'] };
+    const created = await api(downloading, 'POST', '/v1/fine-tunes', seed);
+    expect(created.status, JSON.stringify(created.json)).toBe(200);
+    expect(created.json).toMatchObject({ model: 'pi05', base: 'lerobot/pi05_base', finetune: 'lora', lora_rank: 16, lora_alpha: 16, batch_size: 32, steps: 1500 });
+    const id = created.json.id as string;
+    // 1500 steps are the recipe's: the test stops it once it trains.
+    await waitFor(async () => (await events(downloading, id)).some((e) => e.type === 'progress' || (e.type === 'status' && e.status === 'failed')));
+    expect((await api(downloading, 'POST', `/v1/fine-tunes/${id}/cancel`)).status).toBe(200);
+    const done = await finished(downloading, id);
+    expect(done.status, done.error).toBe('cancelled');
+    const ev = await events(downloading, id);
+    const progress = ev.filter((e) => e.download);
+    // Every file of the repository: its start and its checked end, then the summary line.
+    expect(progress.length).toBeGreaterThanOrEqual(5);
+    expect(new Set(progress.map((e) => e.download.file))).toEqual(new Set(['meta/info.json', 'meta/episodes.jsonl', 'meta/tasks.jsonl', 'data/chunk-000/episode_000000.parquet', 'data/chunk-000/episode_000001.parquet']));
+    const last = progress.at(-1)!;
+    expect(last.download).toMatchObject({ files: 5, file_index: 5, phase: 'done' });
+    expect(last.download.done_bytes).toBe(last.download.total_bytes);
+    expect(last.message).toMatch(/^downloading lerobot\/pusht_image: 5\/5 files/);
+    expect(ev.some((e) => e.stage === 'download' && /^downloaded lerobot\/pusht_image at commit [0-9a-f]{40}: 5 files/.test(e.message))).toBe(true);
+    expect(ev.some((e) => e.type === 'log' && /^engine ready: pi05 on base lerobot\/pi05_base/.test(e.message))).toBe(true);
+    const firstStep = ev.find((e) => e.type === 'progress')!;
+    expect(firstStep.step).toBe(1);
+    expect(firstStep.loss).toBeGreaterThan(0);
+    // In place under the datasets root, nothing half-fetched left where datasets are looked for.
+    expect(fs.existsSync(path.join(roots.open, 'lerobot', 'pusht_image', 'meta', 'info.json'))).toBe(true);
+    expect(fs.existsSync(path.join(roots.open, '.downloads', 'lerobot', 'pusht_image'))).toBe(false);
+    expect(hub.requests.some((r) => r.url.includes('/datasets/lerobot/pusht_image/resolve/'))).toBe(true);
+  });
+
+  it('refuses a misfit dataset, a dataset not on disk and a base not downloaded: one line each, naming the cause and the fix; nothing queued', async () => {
+    const refused = async (body: Record<string, unknown>) => {
+      const r = await api(closed, 'POST', '/v1/fine-tunes', body);
+      expect(r.status, JSON.stringify(r.json)).toBe(400);
+      expect(r.json.error).not.toContain('\n');
+      return r.json.error as string;
+    };
+    expect(await refused({ model: 'pi05', base: baseFolder, dataset_name: 'wide' })).toMatch(
+      /^dataset "wide" has 40 state dims \(observation\.state\); pi05 \(base .+\) takes at most 32: use a dataset \(or a copy of it\) with at most 32 state dims$/);
+    expect(await refused({ model: 'pi05', dataset_name: 'lerobot/pusht_image' })).toMatch(
+      /^dataset_name "lerobot\/pusht_image" not found: .*`vela datasets download lerobot\/pusht_image`.* --allow-downloads \(VELA_ALLOW_DOWNLOADS=1\)$/);
+    expect(await refused({ model: 'pi0', dataset_name: 'wide' })).toMatch(
+      /^base: base lerobot\/pi0_base is not in the Hugging Face cache .*`vela models download lerobot\/pi0_base`.*--allow-downloads/);
+    expect((await api(closed, 'GET', '/v1/fine-tunes')).json.data).toEqual([]);
   });
 });
