@@ -18,6 +18,7 @@ import { realModelKey } from '../server/engine/model-key.ts';
 import { modelLayout } from '../server/models/layout.ts';
 import { readHubCheckpoint, readHubConfig } from '../server/models/hub-checkpoint.ts';
 import { parseFineTuneConfig } from '../server/jobs/config.ts';
+import { finetuneCommand } from '../server/jobs/cli.ts';
 import { startFakeHub, type FakeHub } from './helpers/fake-hub.ts';
 import { g1Subset } from './helpers/g1.ts';
 import { tinyRealConfig, writeTinyBase } from './helpers/real-pi-base.ts';
@@ -142,6 +143,31 @@ describe('fine-tunes of the real pi0.5 (tiny base)', () => {
     const misfit = await api(server, 'POST', '/v1/fine-tunes', { ...body, base: modelDir, dataset_name: 'pick' });
     expect(misfit.status).toBe(400);
     expect(misfit.json.error).toMatch(/^dataset "pick" has 2 state dims; base .+ was fine-tuned on 26 \(norm_stats\.json\): fine-tune from the pretrained base it came from \(e\.g\. lerobot\/pi05_base\) instead, or on data with the same features$/);
+  });
+});
+
+describe('vela finetune --model pi05 --base', () => {
+  it('trains LoRA on the base folder and writes model/ (Hub layout) beside weights/final', { timeout: 120_000 }, async () => {
+    const base = await writeTinyBase('pi05');
+    const out = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'vela-ft-cli-')), 'run');
+    const written: string[] = [];
+    const write = process.stderr.write.bind(process.stderr);
+    process.stderr.write = ((t: string) => (written.push(String(t)), true)) as typeof process.stderr.write;
+    try {
+      await finetuneCommand(['--dataset', FIXTURE, '--model', 'pi05', '--base', base, '--steps', '2', '--batch-size', '2', '--eval-fraction', '0', '--output', out]);
+    } finally {
+      process.stderr.write = write;
+    }
+    const text = written.join('');
+    expect(text).toContain(`vela finetune: pi05 (base ${base}) on ${FIXTURE}`);
+    expect(text).toMatch(/model built: pi05, lora \(\d[\d,]* trainable parameters\)/);
+    expect(text).toContain(`as a base: --base ${path.join(out, 'model')}`);
+    expect(fs.existsSync(path.join(out, 'weights', 'final', 'adapter_model.safetensors'))).toBe(true);
+    expect((await readHubConfig(path.join(out, 'model'))).output_features).toMatchObject({ action: { shape: [3] } });
+    // A base that is not there: one line naming the flag, the cause and the fix.
+    await expect(finetuneCommand(['--dataset', FIXTURE, '--model', 'pi05', '--base', path.join(out, 'nope')])).rejects.toThrow(/^--base .*nope: .*no such folder|^--base .*nope: .*has no config\.json/);
+    fs.rmSync(path.dirname(out), { recursive: true, force: true });
+    fs.rmSync(path.dirname(base), { recursive: true, force: true });
   });
 });
 

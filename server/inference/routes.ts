@@ -11,6 +11,7 @@
  * `PUT .../policy/weights` takes pushed weights (push.ts) into a fine-tune's or sampling
  * session's policy. Loaded policies stay warm for VELA_INFER_IDLE_S (served.ts).
  */
+import { storedEngineModel } from '../jobs/base.ts';
 import { performance } from 'node:perf_hooks';
 import type { TemplatedApp } from 'uWebSockets.js';
 import { loadObservationDictionary } from '../../protocol/zstd.ts';
@@ -84,7 +85,7 @@ export async function targetOf(deps: InferenceDeps, kind: PolicyKind, id: string
     if (job.status !== 'succeeded') throw new HttpError(409, `fine-tune ${job.id} is ${job.status}; only a succeeded job has a policy to serve`);
     return {
       key: `ft:${id}`,
-      load: () => engineFor(job.config.model as string).then((engine) => createPolicyServer({ engine, checkpointDir: job.output_dir, policyId: `policy-${job.id}`, version: 'final', limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes } })),
+      load: () => storedEngineModel(job.config).then(engineFor).then((engine) => createPolicyServer({ engine, checkpointDir: job.output_dir, policyId: `policy-${job.id}`, version: 'final', limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes } })),
     };
   }
   // Not yet used since this server started: the store has it (sampling sessions outlive a restart).

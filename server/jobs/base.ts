@@ -12,6 +12,7 @@ import { parseNormStats } from '../../kernels/normalize.ts';
 import { readHubConfig } from '../models/hub-checkpoint.ts';
 import { realModelKey } from '../engine/model-key.ts';
 import { isRealModel } from '../models/bases.ts';
+import { resolveBase } from '../models/resolve.ts';
 import type { Dataset } from '../datasets/index.ts';
 import type { FineTuneConfig } from './config.ts';
 
@@ -34,6 +35,17 @@ export function engineModelOf(cfg: Pick<FineTuneConfig, 'model' | 'engine_model'
   if (cfg.engine_model) return cfg.engine_model;
   if (isRealModel(cfg.model)) throw new Error(`the base of ${cfg.model} is not resolved to a folder yet`);
   return cfg.model;
+}
+
+/**
+ * The engine model of a stored job's config, for serving its policy: the one resolved when it
+ * was accepted, else (a base the job downloaded) its base looked up again in the cache.
+ * @throws ModelError when a real model's base is no longer there.
+ */
+export async function storedEngineModel(config: Record<string, unknown>): Promise<string> {
+  if (typeof config.engine_model === 'string') return config.engine_model;
+  if (isRealModel(config.model) && typeof config.base === 'string') return realModelKey(config.model, (await resolveBase(config.base)).dir);
+  return String(config.model);
 }
 
 /** `realModelKey` of a real config's variant at `dir`. */

@@ -3,6 +3,7 @@
  * `/v1/fine-tunes/{id}/policy` (PROTOCOL.md section 6), on the engine of the job's preset. Each
  * job's policy is loaded on first use and kept.
  */
+import { storedEngineModel } from './base.ts';
 import type { TemplatedApp } from 'uWebSockets.js';
 import { loadObservationDictionary } from '../../protocol/zstd.ts';
 import { credentialOf } from '../auth.ts';
@@ -32,7 +33,7 @@ export function mountJobPolicies(app: TemplatedApp, deps: { store: Store; config
     if (job.status !== 'succeeded') throw new HttpError(409, `fine-tune ${job.id} is ${job.status}; only a succeeded job has a policy to serve`);
     let p = served.get(job.id);
     if (!p) {
-      p = engineFor(job.config.model as string).then((engine) =>
+      p = storedEngineModel(job.config).then(engineFor).then((engine) =>
         createPolicyServer({ engine, checkpointDir: job.output_dir, policyId: `policy-${job.id}`, limits: { maxMessageBytes: config.maxPolicyMessageBytes } }));
       served.set(job.id, p);
       p.catch(() => served.delete(job.id));
