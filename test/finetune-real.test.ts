@@ -19,6 +19,9 @@ import { modelLayout } from '../server/models/layout.ts';
 import { readHubCheckpoint, readHubConfig } from '../server/models/hub-checkpoint.ts';
 import { parseFineTuneConfig } from '../server/jobs/config.ts';
 import { finetuneCommand } from '../server/jobs/cli.ts';
+import { exportHubModel } from '../server/jobs/export-hub.ts';
+import { datasetMisfit } from '../server/jobs/base.ts';
+import { saveCheckpoint } from '../kernels/checkpoint.ts';
 import { startFakeHub, type FakeHub } from './helpers/fake-hub.ts';
 import { g1Subset } from './helpers/g1.ts';
 import { tinyRealConfig, writeTinyBase } from './helpers/real-pi-base.ts';
@@ -146,26 +149,28 @@ describe('fine-tunes of the real pi0.5 (tiny base)', () => {
   });
 });
 
-describe('vela finetune --model pi05 --base', () => {
-  it('trains LoRA on the base folder and writes model/ (Hub layout) beside weights/final', { timeout: 120_000 }, async () => {
-    const base = await writeTinyBase('pi05');
+describe('vela finetune --model pi0 / pi05 --base', () => {
+  it.each(['pi0', 'pi05'] as const)('%s: trains LoRA on the base folder and writes model/ (Hub layout) beside weights/final', { timeout: 120_000 }, async (variant) => {
+    const base = await writeTinyBase(variant);
     const out = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'vela-ft-cli-')), 'run');
     const written: string[] = [];
     const write = process.stderr.write.bind(process.stderr);
     process.stderr.write = ((t: string) => (written.push(String(t)), true)) as typeof process.stderr.write;
     try {
-      await finetuneCommand(['--dataset', FIXTURE, '--model', 'pi05', '--base', base, '--steps', '2', '--batch-size', '2', '--eval-fraction', '0', '--output', out]);
+      await finetuneCommand(['--dataset', FIXTURE, '--model', variant, '--base', base, '--steps', '2', '--batch-size', '2', '--eval-fraction', '0', '--output', out]);
     } finally {
       process.stderr.write = write;
     }
     const text = written.join('');
-    expect(text).toContain(`vela finetune: pi05 (base ${base}) on ${FIXTURE}`);
-    expect(text).toMatch(/model built: pi05, lora \(\d[\d,]* trainable parameters\)/);
+    expect(text).toContain(`vela finetune: ${variant} (base ${base}) on ${FIXTURE}`);
+    expect(text).toContain(`model built: ${variant}, lora (`);
+    // The dataset's norm stats in openpi's layout (the job normalises with the family's mode: normalizerFor).
+    expect(Object.keys(JSON.parse(fs.readFileSync(path.join(out, 'model', 'norm_stats.json'), 'utf8')).norm_stats.state).sort()).toEqual(['mean', 'q01', 'q99', 'std']);
     expect(text).toContain(`as a base: --base ${path.join(out, 'model')}`);
     expect(fs.existsSync(path.join(out, 'weights', 'final', 'adapter_model.safetensors'))).toBe(true);
     expect((await readHubConfig(path.join(out, 'model'))).output_features).toMatchObject({ action: { shape: [3] } });
     // A base that is not there: one line naming the flag, the cause and the fix.
-    await expect(finetuneCommand(['--dataset', FIXTURE, '--model', 'pi05', '--base', path.join(out, 'nope')])).rejects.toThrow(/^--base .*nope: .*no such folder|^--base .*nope: .*has no config\.json/);
+    await expect(finetuneCommand(['--dataset', FIXTURE, '--model', variant, '--base', path.join(out, 'nope')])).rejects.toThrow(/^--base .*nope: .*no such folder|^--base .*nope: .*has no config\.json/);
     fs.rmSync(path.dirname(out), { recursive: true, force: true });
     fs.rmSync(path.dirname(base), { recursive: true, force: true });
   });
@@ -251,5 +256,66 @@ describe('the seed request and the refusals', () => {
     expect(await refused({ model: 'pi0', dataset_name: 'wide' })).toMatch(
       /^base: base lerobot\/pi0_base is not in the Hugging Face cache .*`vela models download lerobot\/pi0_base`.*--allow-downloads/);
     expect((await api(closed, 'GET', '/v1/fine-tunes')).json.data).toEqual([]);
+  });
+});
+
+describe('exportHubModel: the merge', () => {
+  it("adds (alpha / r) (A B)^T to each adapted weight, at each expert's own rank and alpha", async () => {
+    const base = await writeTinyBase('pi0');
+    const c = tinyRealConfig('pi0');
+    const vlmQ = 'model.paligemma_with_expert.paligemma.model.language_model.layers.1.self_attn.q_proj';
+    const expertDown = 'model.paligemma_with_expert.gemma_expert.model.layers.2.mlp.down_proj';
+    const before = (await readHubCheckpoint(base, c)).params!;
+    const factor = (shape: number[], k: number) => ({ shape, data: Float32Array.from({ length: shape[0]! * shape[1]! }, (_, i) => Math.sin(i * 0.37 + k) * 0.1) });
+    const [qOut, qIn] = before.get(`${vlmQ}.weight`)!.shape as [number, number];
+    const [dOut, dIn] = before.get(`${expertDown}.weight`)!.shape as [number, number];
+    const tensors = {
+      [`${vlmQ}.lora_a`]: factor([qIn, 4], 1), [`${vlmQ}.lora_b`]: factor([4, qOut], 2),
+      [`${expertDown}.lora_a`]: factor([dIn, 8], 3), [`${expertDown}.lora_b`]: factor([8, dOut], 4),
+    };
+    const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-merge-'));
+    const weightsDir = path.join(tmp, 'final');
+    await saveCheckpoint(weightsDir, { config: { preset: 'pi0', finetune: 'lora', lora_rank: 4, lora_alpha: 2, lora_action_rank: 8, lora_action_alpha: 24 }, adapter: { tensors, config: { peft_type: 'LORA' } } });
+    const out = await exportHubModel({ baseDir: base, weightsDir, outDir: path.join(tmp, 'model'), stateDim: 3, actionDim: 5, normStats: '{}', dataset: { state_names: null } });
+    expect(out.merged).toBe(2);
+    const after = (await readHubCheckpoint(out.dir, c)).params!;
+    const expectMerged = (name: string, a: { data: Float32Array }, b: { data: Float32Array }, r: number, scale: number) => {
+      const w0 = before.get(`${name}.weight`)!;
+      const w1 = after.get(`${name}.weight`)!;
+      const [o, i] = w0.shape as [number, number];
+      let worst = 0;
+      for (let y = 0; y < o; y++) {
+        for (let x = 0; x < i; x++) {
+          let ab = 0;
+          for (let k = 0; k < r; k++) ab += a.data[x * r + k]! * b.data[k * o + y]!;
+          worst = Math.max(worst, Math.abs(w1.data[y * i + x]! - (w0.data[y * i + x]! + scale * ab)));
+        }
+      }
+      expect(worst).toBeLessThan(1e-6);
+    };
+    expectMerged(vlmQ, tensors[`${vlmQ}.lora_a`]!, tensors[`${vlmQ}.lora_b`]!, 4, 2 / 4);
+    expectMerged(expertDown, tensors[`${expertDown}.lora_a`]!, tensors[`${expertDown}.lora_b`]!, 8, 24 / 8);
+    // Weights without an adapter are the base's, bit for bit.
+    const other = 'model.paligemma_with_expert.paligemma.model.language_model.layers.0.self_attn.q_proj.weight';
+    expect(after.get(other)!.data).toEqual(before.get(other)!.data);
+    expect(JSON.parse(fs.readFileSync(path.join(out.dir, 'config.json'), 'utf8'))).toMatchObject({ type: 'pi0', output_features: { action: { shape: [5] } } });
+    fs.rmSync(tmp, { recursive: true, force: true });
+    fs.rmSync(path.dirname(base), { recursive: true, force: true });
+  });
+
+  it('names the dims and the names a fine-tuned base was trained on when a dataset differs', async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-fit-'));
+    fs.writeFileSync(path.join(dir, 'config.json'), JSON.stringify({ type: 'pi05', input_features: { 'observation.state': { type: 'STATE', shape: [2] } }, output_features: { action: { type: 'ACTION', shape: [3] } } }));
+    fs.writeFileSync(path.join(dir, 'vela_dataset.json'), JSON.stringify({ state_names: ['a', 'b'], action_names: ['a', 'b', 'grip'] }));
+    const shape = { name: 'pi05 (base mine)', slots: 3, stateDim: 32, actionDim: 32, horizon: 10, imageSize: 56 };
+    const meta = (stateNames: string[], actionNames: string[]) => ({ stateDim: stateNames.length, actionDim: actionNames.length, stateNames, actionNames }) as any;
+    expect(await datasetMisfit(meta(['a', 'b'], ['a', 'b', 'grip']), 'same', shape, dir, 'mine')).toBeNull();
+    expect(await datasetMisfit(meta(['x', 'y'], ['a', 'b', 'grip']), 'other', shape, dir, 'mine')).toBe(
+      'dataset "other" names its state dims ["x","y"]; base mine was fine-tuned on ["a","b"] (vela_dataset.json): fine-tune from the pretrained base it came from (e.g. lerobot/pi05_base) instead, or on data with the same features');
+    expect(await datasetMisfit(meta(['a', 'b'], ['a', 'b']), 'short', shape, dir, 'mine')).toMatch(/^dataset "short" has 2 action dims; base mine was fine-tuned on 3 \(config\.json output_features\)/);
+    // A pretrained base (no stats, no vela_dataset.json) takes any dims up to the model's.
+    fs.rmSync(path.join(dir, 'vela_dataset.json'));
+    expect(await datasetMisfit(meta(['q'], ['r']), 'any', shape, dir, 'mine')).toBeNull();
+    fs.rmSync(dir, { recursive: true, force: true });
   });
 });
