@@ -276,8 +276,12 @@ describe('exportHubModel: the merge', () => {
     const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-merge-'));
     const weightsDir = path.join(tmp, 'final');
     await saveCheckpoint(weightsDir, { config: { preset: 'pi0', finetune: 'lora', lora_rank: 4, lora_alpha: 2, lora_action_rank: 8, lora_action_alpha: 24 }, adapter: { tensors, config: { peft_type: 'LORA' } } });
-    const out = await exportHubModel({ baseDir: base, weightsDir, outDir: path.join(tmp, 'model'), stateDim: 3, actionDim: 5, normStats: '{}', dataset: { state_names: null } });
+    // A 1-byte read-ahead: the reader waits for the writer after every tensor.
+    const out = await exportHubModel({ baseDir: base, weightsDir, outDir: path.join(tmp, 'model'), stateDim: 3, actionDim: 5, normStats: '{}', dataset: { state_names: null }, bufferBytes: 1 });
     expect(out.merged).toBe(2);
+    // The base streamed through (both files in safetensors order): never more than a tensor or two held.
+    const largest = Math.max(...[...before.values()].map((t) => t.data.byteLength));
+    expect(out.peakBufferedBytes).toBeLessThanOrEqual(2 * largest);
     const after = (await readHubCheckpoint(out.dir, c)).params!;
     const expectMerged = (name: string, a: { data: Float32Array }, b: { data: Float32Array }, r: number, scale: number) => {
       const w0 = before.get(`${name}.weight`)!;

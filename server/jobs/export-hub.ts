@@ -13,9 +13,11 @@
  * `<linear>.lora_b` [r, out], applied as x · A · B · scale; the weight is PyTorch's [out, in]
  * (x · Wᵀ), so the merge adds scale · Σ_k A[i, k] · B[k, o] to W[o, i].
  *
- * Memory: the base's float32 weights are read once on this thread (one model's worth, freed
- * tensor by tensor as they are written). The merge yields to the event loop every few million
- * multiply-adds, so the server keeps answering while a full-size model merges.
+ * Memory: the base streams through, tensor by tensor: its reader runs ahead of the writer by at
+ * most 256 MiB (more only when the two files order their tensors differently); the job's
+ * adapters (or, for a full fine-tune, its weights) are held whole. The merge yields to the event
+ * loop every few million multiply-adds, so the server keeps answering while a full-size model
+ * merges.
  */
 import fs from 'node:fs';
 import path from 'node:path';
@@ -23,7 +25,8 @@ import { loadCheckpoint } from '../../kernels/checkpoint.ts';
 import { realPiConfigFromHub } from '../../kernels/pi/config.ts';
 import { HUB_EXPERT_LM_HEAD_KEY } from '../../kernels/pi/keys.ts';
 import { realPiLinears } from '../../kernels/pi/policy.ts';
-import { readHubCheckpoint, readHubConfig, writeHubCheckpoint } from '../models/hub-checkpoint.ts';
+import { HUB_INDEX_FILE, HUB_WEIGHTS_FILE, readHubCheckpoint, readHubConfig, writeHubCheckpoint } from '../models/hub-checkpoint.ts';
+import { parseSafetensorsHeader, safetensorsHeaderLength } from '../../kernels/safetensors.ts';
 import { tokenizerFileFor } from '../models/layout.ts';
 import { VELA_DATASET_FILE } from './base.ts';
 
@@ -78,6 +81,8 @@ export interface ExportHubOptions {
   normStats: string;
   /** vela_dataset.json's content (the job's checkpointExtra). */
   dataset: Record<string, unknown>;
+  /** Base bytes read ahead of the writer before the reader waits (default 256 MiB). */
+  bufferBytes?: number;
 }
 
 /**
@@ -86,22 +91,13 @@ export interface ExportHubOptions {
  * @throws CheckpointError from the readers and writer (naming the file), Error for adapters that
  *   do not fit the base.
  */
-export async function exportHubModel(o: ExportHubOptions): Promise<{ dir: string; weightBytes: number; merged: number }> {
+export async function exportHubModel(o: ExportHubOptions): Promise<{ dir: string; weightBytes: number; merged: number; peakBufferedBytes: number }> {
   const baseConfig = await readHubConfig(o.baseDir);
   const c = realPiConfigFromHub(baseConfig);
-  const base = await readHubCheckpoint(o.baseDir, c);
-  const params = base.params!;
   const ck = await loadCheckpoint(o.weightsDir);
   const cfg = ck.config as Record<string, unknown>;
-  let merged = 0;
-  if (ck.weights) {
-    // A full fine-tune: its weights replace the base's.
-    for (const [name, t] of Object.entries(ck.weights)) {
-      const p = params.get(name);
-      if (!p || p.data.length !== t.data.length) throw new Error(`the job's weight ${name} [${t.shape}] is not a weight of the base [${p?.shape ?? 'absent'}]`);
-      p.data = t.data;
-    }
-  }
+  // Each adapted weight's factors and scale (alpha / r, per expert), by the weight's name.
+  const adapters = new Map<string, { a: { shape: number[]; data: Float32Array }; b: { shape: number[]; data: Float32Array }; scale: number; linear: string }>();
   if (ck.adapter) {
     const rank = Number(cfg.lora_rank);
     const alpha = Number(cfg.lora_alpha);
@@ -111,15 +107,11 @@ export async function exportHubModel(o: ExportHubOptions): Promise<{ dir: string
     for (const s of realPiLinears(c)) {
       const a = tensors[`${s.name}.lora_a`];
       const b = tensors[`${s.name}.lora_b`];
-      if (!a || !b) continue;
-      const scale = s.expert === 'action' ? actionAlpha / actionRank : alpha / rank;
-      const w = params.get(`${s.name}.weight`);
-      if (!w) throw new Error(`the job adapts ${s.name}, whose weight the base lacks`);
-      await mergeLora(s.name, w.data, w.shape, a, b, scale);
-      merged++;
+      if (a && b) adapters.set(`${s.name}.weight`, { a, b, scale: s.expert === 'action' ? actionAlpha / actionRank : alpha / rank, linear: s.name });
     }
-    if (merged * 2 !== Object.keys(tensors).length) throw new Error(`the job's adapter has ${Object.keys(tensors).length} tensors; ${merged} linears of the base took ${merged * 2} of them`);
+    if (adapters.size * 2 !== Object.keys(tensors).length) throw new Error(`the job's adapter has ${Object.keys(tensors).length} tensors; ${adapters.size} linears of the base took ${adapters.size * 2} of them`);
   }
+  const full = ck.weights ?? null; // a full fine-tune: its weights replace the base's
 
   const features = (v: unknown) => (v && typeof v === 'object' && !Array.isArray(v) ? (v as Record<string, unknown>) : {});
   const config = {
@@ -127,15 +119,33 @@ export async function exportHubModel(o: ExportHubOptions): Promise<{ dir: string
     input_features: { ...features(baseConfig.input_features), 'observation.state': { type: 'STATE', shape: [o.stateDim] } },
     output_features: { ...features(baseConfig.output_features), action: { type: 'ACTION', shape: [o.actionDim] } },
   };
+  const lmHead = (await hubKeys(o.baseDir)).has(HUB_EXPERT_LM_HEAD_KEY) ? 'zeros' : 'omit';
   const parent = path.dirname(o.outDir);
   await fs.promises.mkdir(parent, { recursive: true });
   const tmp = path.join(parent, `.${path.basename(o.outDir)}.export-${process.pid}-${Date.now()}`);
+  // The base streams in as the writer streams out (both in the safetensors order: dtype, then
+  // name), so what waits between them stays small when the orders agree.
+  const meet = new Rendezvous(o.bufferBytes ?? BUFFER_BYTES);
+  let merged = 0;
   try {
-    const written = await writeHubCheckpoint(tmp, c, (name) => {
-      const p = params.get(name)!;
-      params.delete(name); // written once: its memory goes with it
-      return p.data;
-    }, { config, expertLmHead: base.skipped.some((s) => s.key === HUB_EXPERT_LM_HEAD_KEY) ? 'zeros' : 'omit' });
+    const reading = readHubCheckpoint(o.baseDir, c, { onTensor: (name, data, shape) => meet.put(name, data, shape) }).then(() => meet.end(), (e) => meet.fail(e));
+    const written = await writeHubCheckpoint(tmp, c, async (name) => {
+      const w = await meet.take(name);
+      const own = full?.[name];
+      if (full && (!own || own.data.length !== w.data.length)) throw new Error(`the job's weights lack ${name} [${w.shape}] or give it another shape`);
+      const data = own ? own.data : w.data;
+      const ad = adapters.get(name);
+      if (ad) {
+        await mergeLora(ad.linear, data, w.shape, ad.a, ad.b, ad.scale);
+        merged++;
+      }
+      return data;
+    }, { config, expertLmHead: lmHead }).catch((e) => {
+      meet.fail(e); // the reader stops at its next tensor
+      throw e;
+    });
+    await reading;
+    if (merged !== adapters.size) throw new Error(`merged ${merged} of the job's ${adapters.size} adapters`);
     const own = TOKENIZER_FILES.filter((f) => fs.existsSync(path.join(o.baseDir, f)));
     if (own.length > 0) for (const f of own) await fs.promises.copyFile(path.join(o.baseDir, f), path.join(tmp, f));
     else {
@@ -149,9 +159,94 @@ export async function exportHubModel(o: ExportHubOptions): Promise<{ dir: string
     await fs.promises.writeFile(path.join(tmp, VELA_DATASET_FILE), `${JSON.stringify(o.dataset, null, 2)}\n`);
     await fs.promises.rm(o.outDir, { recursive: true, force: true });
     await fs.promises.rename(tmp, o.outDir);
-    return { dir: o.outDir, weightBytes: written.bytes, merged };
+    return { dir: o.outDir, weightBytes: written.bytes, merged, peakBufferedBytes: meet.peakBytes };
   } catch (e) {
     await fs.promises.rm(tmp, { recursive: true, force: true }).catch(() => undefined);
     throw e;
+  }
+}
+
+/** Default bytes of base tensors read ahead of the writer before the reader waits for it. */
+const BUFFER_BYTES = 256 * 2 ** 20;
+
+type Tensor = { shape: number[]; data: Float32Array };
+
+/**
+ * Hands tensors from the base's reader to the output's writer. The reader waits while more than
+ * `limit` bytes are buffered and the writer has something buffered to take; it never waits while
+ * the writer waits for a tensor not read yet (the orders may differ: then the buffer grows).
+ */
+class Rendezvous {
+  private buffer = new Map<string, Tensor>();
+  private bytes = 0;
+  peakBytes = 0;
+  private wanted: { name: string; wake: () => void } | null = null;
+  private readerWake: (() => void) | null = null;
+  private ended = false;
+  private error: Error | null = null;
+  constructor(private limit: number) {}
+
+  async put(name: string, data: Float32Array, shape: number[]): Promise<void> {
+    if (this.error) throw this.error;
+    this.buffer.set(name, { shape, data });
+    this.bytes += data.byteLength;
+    this.peakBytes = Math.max(this.peakBytes, this.bytes);
+    if (this.wanted?.name === name) this.wanted.wake();
+    while (!this.error && this.bytes > this.limit && !(this.wanted && !this.buffer.has(this.wanted.name))) {
+      await new Promise<void>((r) => (this.readerWake = r));
+    }
+    if (this.error) throw this.error;
+  }
+
+  async take(name: string): Promise<Tensor> {
+    while (!this.buffer.has(name)) {
+      if (this.error) throw this.error;
+      if (this.ended) throw new Error(`the base has no tensor ${name}`);
+      await new Promise<void>((wake) => {
+        this.wanted = { name, wake };
+        this.wakeReader(); // it may be waiting for room: the writer needs what it has not read
+      });
+      this.wanted = null;
+    }
+    const t = this.buffer.get(name)!;
+    this.buffer.delete(name);
+    this.bytes -= t.data.byteLength;
+    this.wakeReader();
+    return t;
+  }
+
+  end(): void {
+    this.ended = true;
+    this.wanted?.wake();
+  }
+
+  fail(e: Error): void {
+    this.error ??= e;
+    this.wanted?.wake();
+    this.wakeReader();
+  }
+
+  private wakeReader(): void {
+    const w = this.readerWake;
+    this.readerWake = null;
+    w?.();
+  }
+}
+
+/** The tensor keys of a Hub checkpoint folder, from its index or its one file's header. */
+async function hubKeys(dir: string): Promise<Set<string>> {
+  const index = path.join(dir, HUB_INDEX_FILE);
+  if (fs.existsSync(index)) return new Set(Object.keys((JSON.parse(await fs.promises.readFile(index, 'utf8')) as { weight_map?: object }).weight_map ?? {}));
+  const fh = await fs.promises.open(path.join(dir, HUB_WEIGHTS_FILE), 'r');
+  try {
+    const size = (await fh.stat()).size;
+    const first = Buffer.alloc(8);
+    await fh.read(first, 0, 8, 0);
+    const n = safetensorsHeaderLength(first, size);
+    const header = Buffer.alloc(n);
+    await fh.read(header, 0, n, 8);
+    return new Set(parseSafetensorsHeader(header, size - 8 - n).entries.map((e) => e.name));
+  } finally {
+    await fh.close();
   }
 }
