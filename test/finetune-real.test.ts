@@ -141,6 +141,12 @@ describe('fine-tunes of the real pi0.5 (tiny base)', () => {
     expect(second.status, second.error).toBe('succeeded');
     expect(fs.existsSync(path.join(second.model_dir, 'model.safetensors'))).toBe(true);
 
+    // Another key cannot name that folder: it reads as a folder that is not there.
+    const { key: otherKey } = await server.store.createApiKey('other');
+    const theirs = await api(server, 'POST', '/v1/fine-tunes', { ...body, base: modelDir }, otherKey);
+    expect(theirs.status).toBe(400);
+    expect(theirs.json.error).toMatch(/^base: base .+: no such folder$/);
+
     // That base was fine-tuned on G1's 26 dims: a dataset of other dims is refused by name.
     fs.cpSync(FIXTURE, path.join(g1.root, 'pick'), { recursive: true });
     const misfit = await api(server, 'POST', '/v1/fine-tunes', { ...body, base: modelDir, dataset_name: 'pick' });

@@ -72,7 +72,7 @@ export interface JobRoutesDeps {
 export async function submitFineTune(deps: Pick<JobRoutesDeps, 'store' | 'config' | 'runner'>, owner: string, body: Record<string, unknown>): Promise<JobRow> {
   const { store, config, runner } = deps;
   const cfg = parseFineTuneConfig(body);
-  const baseDir = await submittedBase(cfg, config.allowDownloads);
+  const baseDir = await submittedBase(deps, owner, cfg);
   // Another key's upload is not found, in the same words as a name that nothing has.
   const dir = datasetDirFor(config, owner, cfg.dataset_name);
   const download = !dir && config.allowDownloads && isHubDatasetId(cfg.dataset_name);
@@ -122,11 +122,13 @@ export async function submitFineTune(deps: Pick<JobRoutesDeps, 'store' | 'config
  * @throws HttpError 400 with the resolver's one line and its fix (`vela models download`, or
  *   --allow-downloads), or the missing tokenizer's.
  */
-async function submittedBase(cfg: FineTuneConfig, allowDownloads: boolean): Promise<string | undefined> {
+async function submittedBase(deps: Pick<JobRoutesDeps, 'store' | 'config'>, owner: string, cfg: FineTuneConfig): Promise<string | undefined> {
   if (!isRealModel(cfg.model) || !cfg.base) return undefined;
+  const allowDownloads = deps.config.allowDownloads;
   let dir: string;
   try {
     dir = (await resolveBase(cfg.base)).dir;
+    await checkJobOutputOwner(deps, owner, cfg.base, dir);
   } catch (e) {
     const err = e as Error & { code?: string };
     if (err.name !== 'ModelError') throw e;
@@ -141,6 +143,26 @@ async function submittedBase(cfg: FineTuneConfig, allowDownloads: boolean): Prom
   }
   cfg.engine_model = realEngineModel(cfg, dir);
   return dir;
+}
+
+/**
+ * A base folder inside this server's job outputs is one key's: another key's job reads as a
+ * folder that is not there (the same words), so no key trains on, or learns of, another's weights.
+ * @throws HttpError 400 for another key's (or no) job's folder.
+ */
+async function checkJobOutputOwner(deps: Pick<JobRoutesDeps, 'store' | 'config'>, owner: string, ref: string, dir: string): Promise<void> {
+  const real = (p: string) => {
+    try {
+      return fs.realpathSync(p);
+    } catch {
+      return path.resolve(p);
+    }
+  };
+  const jobs = real(path.dirname(jobWorkDir(deps.config, 'x')));
+  const rel = path.relative(jobs, real(dir));
+  if (rel === '' || rel.startsWith('..') || path.isAbsolute(rel)) return;
+  const job = await deps.store.getJob(rel.split(path.sep)[0]!);
+  if (!job || job.owner !== owner) throw new HttpError(400, `base: base ${ref}: no such folder`);
 }
 
 /** @throws HttpError 400 unless `rel` is a relative path of plain segments (no `..`, `.`, empty, backslash). */
