@@ -14,7 +14,8 @@
  * (x · Wᵀ), so the merge adds scale · Σ_k A[i, k] · B[k, o] to W[o, i].
  *
  * Memory: the base streams through, tensor by tensor: its reader runs ahead of the writer by at
- * most 256 MiB (more only when the two files order their tensors differently); the job's
+ * most 256 MiB plus one tensor (more only when the two files order their tensors differently;
+ * the largest, PaliGemma's embedding, is 2.1 GB in float32); the job's
  * adapters (or, for a full fine-tune, its weights) are held whole. The merge yields to the event
  * loop every million multiply-adds (p99 loop delay 11 ms, max 33 ms measured exporting a 343 MB
  * model with 56 adapters on this CPU), so the server keeps answering while a full-size model
