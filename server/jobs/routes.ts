@@ -19,7 +19,7 @@ import { prepareRun } from './train.ts';
 import { isRealModel } from '../models/bases.ts';
 import { tokenizerFileFor } from '../models/layout.ts';
 import { resolveBase } from '../models/resolve.ts';
-import { realEngineModel } from './base.ts';
+import { jobModelShape, realEngineModel } from './base.ts';
 import { isHubDatasetId } from './fetch.ts';
 import { isTerminal, jobWorkDir, type JobRunner } from './runner.ts';
 
@@ -137,6 +137,7 @@ async function submittedBase(deps: Pick<JobRoutesDeps, 'store' | 'config'>, owne
     throw new HttpError(400, `base: ${err.message}${more}`);
   }
   try {
+    await jobModelShape(cfg, dir); // its config.json says what the model is (a folder without one is no base)
     tokenizerFileFor(dir); // the real model's prompts need PaliGemma's tokenizer: refused now, not at the first step
   } catch (e) {
     throw new HttpError(400, `base: ${(e as Error).message}`);
