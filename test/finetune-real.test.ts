@@ -21,7 +21,7 @@ import { parseFineTuneConfig } from '../server/jobs/config.ts';
 import { finetuneCommand } from '../server/jobs/cli.ts';
 import { exportHubModel } from '../server/jobs/export-hub.ts';
 import { datasetMisfit } from '../server/jobs/base.ts';
-import { saveCheckpoint } from '../kernels/checkpoint.ts';
+import { loadCheckpoint, saveCheckpoint } from '../kernels/checkpoint.ts';
 import { startFakeHub, type FakeHub } from './helpers/fake-hub.ts';
 import { g1Subset } from './helpers/g1.ts';
 import { tinyRealConfig, writeTinyBase } from './helpers/real-pi-base.ts';
@@ -177,6 +177,33 @@ describe('vela finetune --model pi0 / pi05 --base', () => {
     expect((await readHubConfig(path.join(out, 'model'))).output_features).toMatchObject({ action: { shape: [3] } });
     // A base that is not there: one line naming the flag, the cause and the fix.
     await expect(finetuneCommand(['--dataset', FIXTURE, '--model', variant, '--base', path.join(out, 'nope')])).rejects.toThrow(/^--base .*nope: .*no such folder|^--base .*nope: .*has no config\.json/);
+    fs.rmSync(path.dirname(out), { recursive: true, force: true });
+    fs.rmSync(path.dirname(base), { recursive: true, force: true });
+  });
+});
+
+describe('a full fine-tune of the real pi0', () => {
+  it("writes model/ with the job's own weights (every one), servable as a base", { timeout: 120_000 }, async () => {
+    const base = await writeTinyBase('pi0');
+    const out = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'vela-ft-full-')), 'run');
+    const write = process.stderr.write.bind(process.stderr);
+    process.stderr.write = (() => true) as typeof process.stderr.write;
+    try {
+      await finetuneCommand(['--dataset', FIXTURE, '--model', 'pi0', '--base', base, '--finetune', 'full', '--steps', '2', '--batch-size', '2', '--eval-fraction', '0', '--ema-decay', '0', '--output', out]);
+    } finally {
+      process.stderr.write = write;
+    }
+    const c = tinyRealConfig('pi0');
+    const job = await loadCheckpoint(path.join(out, 'weights', 'final'));
+    const exported = (await readHubCheckpoint(path.join(out, 'model'), c)).params!;
+    const original = (await readHubCheckpoint(base, c)).params!;
+    expect(Object.keys(job.weights!).length).toBe(exported.size);
+    let changed = 0;
+    for (const [name, t] of exported) {
+      expect(t.data, name).toEqual(job.weights![name]!.data);
+      if (t.data.some((x, i) => x !== original.get(name)!.data[i])) changed++;
+    }
+    expect(changed).toBeGreaterThan(exported.size / 2); // trained: most weights moved off the base
     fs.rmSync(path.dirname(out), { recursive: true, force: true });
     fs.rmSync(path.dirname(base), { recursive: true, force: true });
   });
