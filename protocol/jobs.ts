@@ -25,6 +25,8 @@ export interface FineTuneJob {
   eval_loss: number | null;
   error: string | null;
   output_dir: string;
+  /** Real pi0 / pi0.5 jobs that succeeded: the output in the Hub layout, usable as `base` (LoRA merged in). */
+  model_dir?: string;
   started_at: number | null;
   finished_at: number | null;
   name?: string | null;

@@ -119,6 +119,7 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
     sendJson(r, 200, {
       status: 'healthy', engine_running: sessions.runningEngines().length > 0, engines: sessions.runningEngines(),
       backend: b.name, backend_kind: b.kind, backend_device: b.device, backend_requested: config.backend, backend_not_used: b.fallbacks,
+      memory: await sessions.memoryReport(),
     });
   }));
 

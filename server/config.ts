@@ -52,6 +52,8 @@ export interface ServerConfig {
   tfInterOpThreads: number;
   publicUrl: string | undefined;
   allowAbsoluteDatasets: boolean;
+  /** Fine-tunes may download a Hub dataset (and base checkpoint) that is not on disk. */
+  allowDownloads: boolean;
   maxSessionMessageBytes: number;
   maxPolicyMessageBytes: number;
   maxObservationBytes: number;
@@ -104,6 +106,7 @@ export const SETTINGS: Setting[] = [
   { key: 'tfInterOpThreads', flag: '--tf-inter-op-threads', env: 'VELA_TF_INTER_OP_THREADS', kind: 'int', max: 1024, def: (env) => Number(env.TF_NUM_INTEROP_THREADS) || defaultThreads().interOp, help: 'native TensorFlow: threads running independent ops at once' },
   { key: 'publicUrl', flag: '--public-url', env: 'VELA_PUBLIC_URL', kind: 'string', def: () => undefined, help: 'base of session and policy URLs behind a proxy', defaultText: 'none (the address it listens on)' },
   { key: 'allowAbsoluteDatasets', flag: '--allow-absolute-datasets', env: 'VELA_ALLOW_ABSOLUTE_DATASETS', kind: 'bool', def: () => false, help: 'let dataset_name be an absolute path' },
+  { key: 'allowDownloads', flag: '--allow-downloads', env: 'VELA_ALLOW_DOWNLOADS', kind: 'bool', def: () => false, help: 'let a fine-tune download a Hub dataset (into the datasets root) or base checkpoint (into the HF cache) that is not here yet ($HF_ENDPOINT, $HF_TOKEN)' },
   { key: 'maxSessionMessageBytes', flag: '--max-session-message-bytes', env: 'VELA_MAX_SESSION_MESSAGE_BYTES', kind: 'int', def: () => 64 * MiB, help: 'session websocket message limit' },
   { key: 'maxPolicyMessageBytes', flag: '--max-policy-message-bytes', env: 'VELA_MAX_POLICY_MESSAGE_BYTES', kind: 'int', def: () => 16 * MiB, help: 'policy websocket message limit' },
   { key: 'maxObservationBytes', flag: '--max-observation-bytes', env: 'VELA_MAX_OBSERVATION_BYTES', kind: 'int', def: () => 64 * MiB, help: 'decompressed observation limit' },

@@ -15,7 +15,8 @@ import { DEFAULT_BASES, isRealModel, type RealModel } from './models/bases.ts';
 import { modelLayout, tokenizerFileFor, type ModelLayout } from './models/layout.ts';
 import { ModelError } from './models/errors.ts';
 import { resolveBase } from './models/resolve.ts';
-import { parseEngineModel, realModelKey } from './engine/model-key.ts';
+import { isRealModelKey, parseEngineModel, realModelKey } from './engine/model-key.ts';
+import { availableMemory } from './models/memory.ts';
 import { planOrRefuse, realConfigOf } from './models/plan.ts';
 import { zeroGateRule } from '../kernels/lora.ts';
 import { Engine, PriorityGate, type EngineLike, type EngineOptions } from './engine/host.ts';
@@ -188,6 +189,8 @@ export function threadsOf(config: ServerConfig): NativeThreads {
 export class SessionManager {
   private engines = new Map<string, Promise<EngineLike>>();
   private started = new Set<string>();
+  /** Engines that finished starting, by their start promise (what the maps hold). */
+  private readyEngines = new WeakMap<Promise<EngineLike>, EngineLike>();
   private policyEngines = new Map<string, Promise<EngineLike>>();
   /** Policy requests first, training between them (host.ts PriorityGate). */
   readonly gate: PriorityGate;
@@ -237,6 +240,12 @@ export class SessionManager {
   }
 
   private laneEngine(map: Map<string, Promise<EngineLike>>, name: string, role: EngineLane['role']): Promise<EngineLike> {
+    // A real base is held once per process (13.4 GB in float32 at full size): its policies run in
+    // the engine of its sessions and jobs, taking turns with their ops, rather than in a second copy.
+    if (isRealModelKey(name)) {
+      map = this.engines;
+      role = 'training';
+    }
     // A checkpoint or job stored before issue 23 names its preset by an old name (pi05-tiny, or a
     // bare pi05 for flow05-small): the same model, so the same engine as the new name.
     const preset = storedPreset(name);
@@ -245,14 +254,37 @@ export class SessionManager {
       e = this.engineFactory(preset, { role, gate: this.gate });
       map.set(preset, e);
       // A later call may retry a failed start; /health's engines are the training ones (xorl's shape).
-      e.then(() => role === 'training' && this.started.add(preset), () => map.delete(preset));
+      const started = e;
+      e.then((x) => {
+        this.readyEngines.set(started, x);
+        if (map === this.engines) this.started.add(preset);
+      }, () => map.delete(preset));
     }
     return e;
   }
 
-  /** Presets whose engine is started (for /health's engine_running). */
+  /** Models whose engine is started (for /health's engine_running): preset names, and pi0 / pi05 for real bases (never their folders). */
   runningEngines(): string[] {
-    return [...this.started].filter((p) => this.engines.has(p));
+    return [...this.started].filter((p) => this.engines.has(p)).map(publicModelName);
+  }
+
+  /**
+   * What the engines hold against what this process may use (/health's `memory`): the limit it
+   * plans against (--max-memory, the cgroup's or the machine's) and its RSS, and per started
+   * engine its model, the base's parameter count and the tensor bytes tf.memory() counted
+   * after its last op (the base and every tenant).
+   */
+  async memoryReport(): Promise<Record<string, unknown>> {
+    const avail = await availableMemory({ maxMemory: this.config.maxMemory, capName: '--max-memory' });
+    const engines: Record<string, unknown>[] = [];
+    for (const [lane, map] of [['training', this.engines], ['policy', this.policyEngines]] as const) {
+      for (const [key, e] of map) {
+        const engine = this.readyEngines.get(e);
+        if (!engine) continue; // still loading
+        engines.push({ model: publicModelName(key), lane, base_params: engine.info.baseParams, tensor_bytes: engine.memory?.()?.numBytes ?? null, sessions: engine.stats().sessions });
+      }
+    }
+    return { limit_bytes: avail.limitBytes, limit_source: avail.source, rss_bytes: avail.rssBytes, available_bytes: avail.bytes, engines };
   }
 
   /** Root folder of a session's saved states and weights. */
@@ -424,4 +456,10 @@ function parseRealDir(key: string): string {
   const m = parseEngineModel(key);
   if (m.kind !== 'real') throw new Error(`${key} is not a real model's engine key`);
   return m.dir;
+}
+
+/** The name an engine key is shown by: the preset, or pi0 / pi05 for a real base (its folder stays private). */
+function publicModelName(key: string): string {
+  const m = parseEngineModel(key);
+  return m.kind === 'real' ? m.variant : m.preset;
 }

@@ -40,7 +40,7 @@ const ft = (...args: string[]) => ['finetune', '--dataset', rel, ...args];
 const USAGE_CASES: [string[], string][] = [
   [ft('--steps', 'abc'), 'vela finetune: --steps abc: must be an integer in 1..1000000'],
   [ft('--steps=1.5'), 'vela finetune: --steps=1.5: must be an integer in 1..1000000'],
-  [ft('--model', 'pi9'), `vela finetune: --model pi9: must be one of ${MODELS}`],
+  [ft('--model', 'pi9'), `vela finetune: --model pi9: must be one of pi0, pi05 (the real models, on a base checkpoint) or the presets ${MODELS}`],
   [ft('--batch-size', '0'), 'vela finetune: --batch-size 0: must be an integer in 1..1024'],
   [ft('--learning-rate', 'fast'), 'vela finetune: --learning-rate fast: must be > 0 and <= 1'],
   [ft('--learning-rate', '2'), 'vela finetune: --learning-rate 2: must be > 0 and <= 1'],

@@ -1,8 +1,9 @@
 /**
  * Issue 23's preset names: the small presets are flow0-tiny, flow05-tiny, flow0-small,
  * flow05-small; their old names (pi0-tiny, ...) stay accepted everywhere, with one warning line
- * in a new request; bare pi0 / pi05 name the real models and are refused in new requests, while
- * records stored before the rename (jobs, sessions, checkpoints) still read them as the small ones.
+ * in a new request; bare pi0 / pi05 name the real models (fine-tunes and sessions run them on a
+ * base checkpoint; preset-only surfaces refuse them), while records stored before the rename
+ * (jobs, sessions, checkpoints) still read them as the small ones.
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -158,23 +159,27 @@ describe('new requests', () => {
     expect(warnings(() => parseSessionConfig({ base_model: 'flow0-small' }))).toEqual([]);
   });
 
-  it('bare pi0 / pi05 in a fine-tune or a session are a 400 naming the real model and the small preset', () => {
-    expect(refusal(() => parseFineTuneConfig({ model: 'pi05', dataset_name: 'd' }))).toEqual({ status: 400, message: `model: ${REAL_PI05}` });
-    expect(refusal(() => parseSessionConfig({ base_model: 'pi0' }))).toEqual({ status: 400, message: `base_model: ${REAL_PI0}` });
+  it('bare pi0 / pi05 in a fine-tune or a session mean the real models, on their public base checkpoints by default', () => {
+    expect(parseFineTuneConfig({ model: 'pi05', dataset_name: 'd' })).toMatchObject({ model: 'pi05', base: 'lerobot/pi05_base', finetune: 'lora' });
+    expect(parseSessionConfig({ base_model: 'pi0' })).toMatchObject({ base_model: 'pi0', base: 'lerobot/pi0_base', finetune: 'lora' });
   });
 
-  it('vela finetune --model pi05 exits 2 with the one line', async () => {
+  it('vela finetune --model pi05 with its base not downloaded exits 2 with one line naming the fix', async () => {
     const REPO = path.resolve(import.meta.dirname, '..');
     const rel = path.relative(REPO, G1_DIR);
     const cwd = process.cwd();
+    const cache = process.env.HF_HUB_CACHE;
+    process.env.HF_HUB_CACHE = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-empty-hf-'));
     process.chdir(REPO);
     try {
       let text = '';
       expect(await runCli(['finetune', '--dataset', rel, '--model', 'pi05'], (t) => (text += t))).toBe(2);
-      expect(text).toContain(REAL_PI05);
+      expect(text).toMatch(/--model pi05: base lerobot\/pi05_base is not in the Hugging Face cache .*`vela models download lerobot\/pi05_base`/);
       expect(text.trim().split('\n')).toHaveLength(1);
     } finally {
       process.chdir(cwd);
+      if (cache === undefined) delete process.env.HF_HUB_CACHE;
+      else process.env.HF_HUB_CACHE = cache;
     }
   });
 
@@ -186,10 +191,17 @@ describe('new requests', () => {
     afterAll(async () => server?.close());
     afterEach(() => vi.restoreAllMocks());
 
-    it('POST /v1/training_sessions: pi05 is a 400 with the line, pi0-tiny makes a flow0-tiny session and one warning', async () => {
-      const refused = await api(server, 'POST', '/v1/training_sessions', { base_model: 'pi05' });
-      expect(refused.status).toBe(400);
-      expect(JSON.stringify(refused.json)).toContain(REAL_PI05);
+    it('POST /v1/training_sessions: pi05 is the real model (a 400 while its base is not downloaded), pi0-tiny makes a flow0-tiny session and one warning', async () => {
+      const cache = process.env.HF_HUB_CACHE;
+      process.env.HF_HUB_CACHE = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-empty-hf-'));
+      try {
+        const refused = await api(server, 'POST', '/v1/training_sessions', { base_model: 'pi05' });
+        expect(refused.status).toBe(400);
+        expect(refused.json.error).toMatch(/^base lerobot\/pi05_base is not in the Hugging Face cache .*vela models download lerobot\/pi05_base/);
+      } finally {
+        if (cache === undefined) delete process.env.HF_HUB_CACHE;
+        else process.env.HF_HUB_CACHE = cache;
+      }
       const spy = vi.spyOn(log, 'warn');
       const ok = await api(server, 'POST', '/v1/training_sessions', { base_model: 'pi0-tiny' });
       expect(ok.status).toBe(200);
@@ -204,10 +216,13 @@ describe('new requests', () => {
       expect(await server.sessions.policyEngineFor('pi0')).toBe(await server.sessions.policyEngineFor('flow0-small'));
     });
 
-    it("the sidecar's job_start: model_size pi05 is a 400 with the line", async () => {
+    it("the sidecar's job_start: model_size pi05 is the real model (not refused for its name); 4b lists what is", async () => {
       const r = await api(server, 'POST', '/training/job_start', { dataset: 'pick', model_size: 'pi05' });
       expect(r.status).toBe(400);
-      expect(JSON.stringify(r.json)).toContain(`model_size: ${REAL_PI05}`);
+      expect(r.json.error).toBe('dataset "pick" is not under the datasets root and no dataset_content was sent');
+      const size = await api(server, 'POST', '/training/job_start', { dataset: 'pick', model_size: '4b' });
+      expect(size.status).toBe(400);
+      expect(size.json.error).toMatch(/^model_size must be pi0 or pi05 \(the real models, on `base`: a Hub id or a checkpoint folder\) or a Vela preset: flow0-tiny, /);
     });
   });
 });

@@ -33,7 +33,7 @@ describe('a sidecar-API Python client', () => {
   it('gets the document\'s 400s, naming what is wrong; model_size lists Vela\'s presets', () => {
     const r = seen.refused;
     for (const v of Object.values(r) as [number, any][]) expect(v[0]).toBe(400);
-    expect(r.size_4b[1].error).toBe(`model_size must be a Vela preset: ${Object.keys(PRESETS).join(', ')} (or a deprecated name: ${Object.keys(PRESET_ALIASES).join(', ')}); got "4b" (the sidecar's 4b, 12b and 31b are not Vela models)`);
+    expect(r.size_4b[1].error).toBe(`model_size must be pi0 or pi05 (the real models, on \`base\`: a Hub id or a checkpoint folder) or a Vela preset: ${Object.keys(PRESETS).join(', ')} (or a deprecated name: ${Object.keys(PRESET_ALIASES).join(', ')}); got "4b" (the sidecar's 4b, 12b and 31b are not Vela models)`);
     expect(r.steps_zero[1].error).toBe('num_train_steps must be a positive integer, got 0');
     expect(r.no_dataset[1].error).toMatch(/^dataset is required/);
     expect(r.dataset_path[1].error).toMatch(/^dataset must be a plain name/);

@@ -11,6 +11,7 @@
  * `PUT .../policy/weights` takes pushed weights (push.ts) into a fine-tune's or sampling
  * session's policy. Loaded policies stay warm for VELA_INFER_IDLE_S (served.ts).
  */
+import { storedEngineModel } from '../jobs/base.ts';
 import { performance } from 'node:perf_hooks';
 import type { TemplatedApp } from 'uWebSockets.js';
 import { loadObservationDictionary } from '../../protocol/zstd.ts';
@@ -84,8 +85,8 @@ export async function targetOf(deps: InferenceDeps, kind: PolicyKind, id: string
     if (job.status !== 'succeeded') throw new HttpError(409, `fine-tune ${job.id} is ${job.status}; only a succeeded job has a policy to serve`);
     return {
       key: `ft:${id}`,
-      // The job's engine: a preset, or the real model on its base (engine_model, set once the base is resolved).
-      load: () => createFolderPolicy(engineFor, job.output_dir, { engineModel: (job.config.engine_model ?? job.config.model) as string, policyId: `policy-${job.id}`, version: 'final', limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes } }),
+      // The job's engine: a preset, or the real model on its base (engine_model, or its base looked up again).
+      load: () => storedEngineModel(job.config).then((engineModel) => createFolderPolicy(engineFor, job.output_dir, { engineModel, policyId: `policy-${job.id}`, version: 'final', limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes } })),
     };
   }
   // Not yet used since this server started: the store has it (sampling sessions outlive a restart).

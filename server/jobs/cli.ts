@@ -11,6 +11,10 @@ import { BACKEND_CHOICES } from '../config.ts';
 import { DatasetError, openDataset } from '../datasets/index.ts';
 import { FieldError, parseFineTuneConfig, RECIPE, type FineTuneConfig } from './config.ts';
 import { noEvaluationReason, prepareRun, runFineTune, writeJsonAtomic } from './train.ts';
+import { engineModelOf, realEngineModel } from './base.ts';
+import { isRealModel } from '../models/bases.ts';
+import { tokenizerFileFor } from '../models/layout.ts';
+import { resolveBase } from '../models/resolve.ts';
 
 /** Where `vela finetune` writes without --output: outside any repository, under the user's cache. */
 export function defaultFinetuneRoot(env: NodeJS.ProcessEnv = process.env): string {
@@ -26,15 +30,18 @@ the recorded ones, as a ratio to those two baselines (below 1 beats them), and t
 loss (the training objective) on the same frames.
 
 Writes weights/step-N at each checkpoint and weights/final (each one a folder that vela policy
-serves), norm stats, and events.jsonl to the output folder. Interrupted (Ctrl-C), the same
+serves), norm stats, and events.jsonl to the output folder; for pi0 / pi05 also model/, the
+result as a base checkpoint (Hub layout, LoRA merged in) for --base of a later run. Interrupted (Ctrl-C), the same
 command resumes from the last checkpoint; an output folder holding a finished run, or a run
 started with other settings, is refused rather than mixed.
 
 Options (defaults in brackets: the recipe measured in bench/results/recipe.md):
   --dataset DIR            LeRobot dataset folder (v2.x or v3.0)       [required]
-  --model NAME             flow0-tiny, flow05-tiny, flow0-small, flow05-small  [${RECIPE.model}]
-                           (old names pi0-tiny ... still work; pi0 and pi05 are the
-                           real models, not trainable here yet; see vela presets)
+  --model NAME             pi0, pi05 (the real models, on --base), or the small presets
+                           flow0-tiny, flow05-tiny, flow0-small, flow05-small  [${RECIPE.model}]
+                           (old names pi0-tiny ... still work; see vela presets)
+  --base REF               pi0 / pi05: a Hub id in the Hugging Face cache (vela models
+                           download) or a checkpoint folder  [lerobot/pi0_base, lerobot/pi05_base]
   --steps N                optimizer steps                              [${RECIPE.steps}]
   --batch-size N           datums per step                              [${RECIPE.batch_size}]
   --learning-rate X        peak learning rate                           [${RECIPE.learning_rate}]
@@ -44,8 +51,8 @@ Options (defaults in brackets: the recipe measured in bench/results/recipe.md):
   --ema-decay X            moving average of the weights, evaluated and exported; 0 = none [${RECIPE.ema_decay}]
   --augment true|false     random crop, rotation and colour jitter of training frames [${RECIPE.augment}]
   --time-sampling beta|uniform   flow-matching time distribution in training [${RECIPE.time_sampling}]
-  --finetune lora|full     [full: the base is a seeded initialisation, not trained weights]
-  --lora-rank N / --lora-alpha X   with --finetune lora                [16 / 32]
+  --finetune lora|full     [lora on pi0 / pi05 (a pretrained base); full on a preset (seeded)]
+  --lora-rank N / --lora-alpha X   with --finetune lora  [pi0 / pi05: 16 / 16, the action expert 32 / 32 (openpi's); presets 16 / 32]
   --targets a,b            LoRA targets: attn, mlp, action_expert, prefix_expert, all [all]
   --cameras a,b            camera names                                 [every camera]
   --action-space delta|absolute                                         [delta when names match]
@@ -63,7 +70,7 @@ Options (defaults in brackets: the recipe measured in bench/results/recipe.md):
 
 /** Flag -> [config field, how the value is read]. */
 const FLAGS: Record<string, [string, 'int' | 'number' | 'string' | 'list' | 'ints' | 'bool']> = {
-  '--model': ['model', 'string'], '--steps': ['steps', 'int'], '--batch-size': ['batch_size', 'int'], '--learning-rate': ['learning_rate', 'number'],
+  '--model': ['model', 'string'], '--base': ['base', 'string'], '--steps': ['steps', 'int'], '--batch-size': ['batch_size', 'int'], '--learning-rate': ['learning_rate', 'number'],
   '--finetune': ['finetune', 'string'], '--lora-rank': ['lora_rank', 'int'], '--lora-alpha': ['lora_alpha', 'number'], '--targets': ['targets', 'list'],
   '--cameras': ['cameras', 'list'], '--action-space': ['action_space', 'string'], '--eval-every': ['eval_every', 'int'],
   '--checkpoint-every': ['checkpoint_every', 'int'], '--seed': ['seed', 'int'], '--name': ['name', 'string'],
@@ -78,7 +85,8 @@ const HELP = 'vela finetune --help';
 
 /** A config message with its field names spelled as this command's flags (`eval_fraction` -> `--eval-fraction`). */
 function flagNames(message: string): string {
-  const fields = [...Object.values(FLAGS).map(([key]) => key), 'eval_dataset', 'dataset_name'];
+  // `base` is also a plain word of messages ("seeded base weights"); its errors name --base themselves.
+  const fields = [...Object.values(FLAGS).map(([key]) => key).filter((k) => k !== 'base'), 'eval_dataset', 'dataset_name'];
   return message.replace(new RegExp(`\\b(${fields.join('|')})\\b`, 'g'), (key) => (key === 'dataset_name' ? '--dataset' : `--${key.replace(/_/g, '-')}`));
 }
 
@@ -106,7 +114,8 @@ function checkOutputFolder(arg: FlagArg, dir: string, cfg: FineTuneConfig): void
       return; // a run from before run.json: resumed as it comes
     }
     const now = cfg as unknown as Record<string, unknown>;
-    const differs = Object.keys(now).filter((k) => JSON.stringify(now[k]) !== JSON.stringify(saved[k]));
+    // engine_model is the base's folder, resolved after this check (the same base gives the same one).
+    const differs = Object.keys(now).filter((k) => k !== 'engine_model' && JSON.stringify(now[k]) !== JSON.stringify(saved[k]));
     if (differs.length > 0) {
       const was = differs.map((k) => `${k} ${JSON.stringify(saved[k])} (now ${JSON.stringify(now[k])})`).join(', ');
       throw badValue(arg, flagNames(`holds an interrupted run started with ${was}: give the same settings to resume it, or a new --output`));
@@ -206,6 +215,26 @@ export function progressLine(step: number, steps: number, loss: number | null, s
 }
 
 /**
+ * The real model's base folder (undefined for a preset), cfg.engine_model set; a Hub id must be
+ * in the Hugging Face cache (this command does not download: `vela models download`).
+ * @throws UsageError naming the flag: the resolver's or the tokenizer's one line.
+ */
+async function localBase(cfg: FineTuneConfig, arg: FlagArg | undefined): Promise<string | undefined> {
+  if (!isRealModel(cfg.model) || !cfg.base) return undefined;
+  const refuse = (e: unknown): never => {
+    throw arg ? badValue(arg, (e as Error).message) : new UsageError(`--base ${cfg.base}: ${(e as Error).message}`);
+  };
+  const dir = await resolveBase(cfg.base).then((r) => r.dir, refuse);
+  try {
+    tokenizerFileFor(dir);
+  } catch (e) {
+    refuse(e);
+  }
+  cfg.engine_model = realEngineModel(cfg, dir);
+  return dir;
+}
+
+/**
  * `vela finetune`: validate the config and dataset, start an engine, run the job with a progress bar
  * on stderr, write events.jsonl and the outputs under --output.
  * @throws Error for bad flags or a bad dataset (one line, naming the flag or file).
@@ -219,11 +248,12 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
   let firstStepAt = 0;
   let firstStep = 0;
   // Validate the dataset before any work (a missing or corrupt file is named), then reuse it.
-  process.stderr.write(`vela finetune: ${cfg.model} on ${datasetDir} -> ${outDir}\n`);
+  process.stderr.write(`vela finetune: ${cfg.model}${cfg.base ? ` (base ${cfg.base})` : ''} on ${datasetDir} -> ${outDir}\n`);
   const evalDatasetDir = cfg.eval_dataset ?? undefined;
+  const baseDir = await localBase(cfg, byField.get('base') ?? byField.get('model'));
   let opened;
   try {
-    opened = await prepareRun(cfg, datasetDir, openDataset, evalDatasetDir);
+    opened = await prepareRun(cfg, datasetDir, openDataset, evalDatasetDir, baseDir);
   } catch (e) {
     // A camera, action space, held-out episode or eval dataset the data cannot give is a mistake in a flag: name it.
     if (e instanceof FieldError && byField.get(e.field)) throw badValue(byField.get(e.field)!, e.rule);
@@ -242,7 +272,7 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
   index = fs.existsSync(eventsPath) ? fs.readFileSync(eventsPath, 'utf8').split('\n').filter((l) => l.trim()).length : 0;
   const eventsFile = fs.openSync(eventsPath, 'a');
   const { Engine } = await import('../engine/host.ts');
-  const engine = await Engine.start({ preset: cfg.model, backend });
+  const engine = await Engine.start({ preset: engineModelOf(cfg), backend });
   process.stderr.write(`engine: ${engine.info.preset}, ${engine.info.backendLine}\n`);
   let stop = false;
   let lastEval: Record<string, unknown> | null = null;
@@ -255,6 +285,7 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
       jobId: 'local',
       datasetDir,
       evalDatasetDir,
+      baseDir,
       openDataset: async (dir) => (dir === evalDatasetDir ? opened.evalDs : opened.ds),
       workDir: outDir,
       engine,
@@ -283,6 +314,7 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
     const kept = fs.existsSync(path.join(outDir, 'weights')) ? fs.readdirSync(path.join(outDir, 'weights')).filter((n) => n.startsWith('step-')).sort() : [];
     if (kept.length > 0) process.stderr.write(`checkpoints kept in ${path.join(outDir, 'weights')}: ${kept.join(', ')}\n`);
     if (result.outputDir) process.stderr.write(`serve it: vela policy ${result.outputDir}\n`);
+    if (result.modelDir) process.stderr.write(`as a base: --base ${result.modelDir}\n`);
     if (lastEval) process.stderr.write(evalSummary(lastEval));
     else if (result.status === 'succeeded') process.stderr.write(`held-out evaluation: none (${flagNames(noEvaluationReason(cfg, opened.split))})\n`);
   } finally {

@@ -3,15 +3,26 @@
  * naming the field, defaults filled in, and the dataset name resolved under the data root.
  */
 import path from 'node:path';
-import { LEGACY_BARE_NAMES, PRESET_NAMES, makeConfig, realModelMessage, resolvePreset, resolveStoredPreset } from '../../kernels/small/config.ts';
+import { PRESET_NAMES, makeConfig, resolvePreset, resolveStoredPreset } from '../../kernels/small/config.ts';
 import { zeroGateRule } from '../../kernels/lora.ts';
+import { OPENPI_LORA } from '../../kernels/pi/policy.ts';
+import { DEFAULT_BASES, isRealModel } from '../models/bases.ts';
 import { validateAdamWOptions, type AdamWOptions } from '../../kernels/optim.ts';
 import { HttpError } from '../http.ts';
 import { log } from '../log.ts';
 import { meant } from '../resemble.ts';
 
 export interface FineTuneConfig {
+  /** A small preset (flow0-tiny, ...), or `pi0` / `pi05`: the real models (kernels/pi) on checkpoint `base`. */
   model: string;
+  /** The real model's base checkpoint as the client named it (a Hub id or a folder); null for presets. */
+  base: string | null;
+  /**
+   * The engine that holds the model (server/engine/model-key.ts): the preset, or `pi05@<folder>`
+   * once the base is resolved to a local folder (at submission; in the job when it is downloaded
+   * there). Absent: not resolved yet.
+   */
+  engine_model?: string;
   dataset_name: string;
   batch_size: number;
   learning_rate: number;
@@ -19,6 +30,9 @@ export interface FineTuneConfig {
   finetune: 'lora' | 'full';
   lora_rank: number;
   lora_alpha: number;
+  /** The action expert's LoRA rank and alpha where they differ from lora_rank / lora_alpha (openpi's 32 / 32 on the real models); null: the same. */
+  lora_action_rank: number | null;
+  lora_action_alpha: number | null;
   targets: string[];
   cameras: string[] | null; // null: every camera of the dataset, up to the model's slots
   action_space: 'delta' | 'absolute' | null; // null: the dataset's default (MODEL.md)
@@ -46,9 +60,12 @@ export const JOB_ADAMW: Omit<AdamWOptions, 'learningRate'> = { beta1: 0.9, beta2
 
 const TARGETS = ['attn', 'mlp', 'action_expert', 'prefix_expert', 'all'];
 const FIELDS = [
-  'model', 'dataset_name', 'batch_size', 'learning_rate', 'steps', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed',
+  'model', 'base', 'dataset_name', 'batch_size', 'learning_rate', 'steps', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed',
   'eval_every', 'checkpoint_every', 'eval_fraction', 'eval_episodes', 'eval_dataset', 'eval_stride', 'warmup_steps', 'lr_floor', 'adam_eps', 'weight_decay', 'ema_decay', 'augment', 'time_sampling',
 ];
+
+/** Fields a stored config carries that a request does not give (filled in by this server). */
+const STORED_FIELDS = ['engine_model', 'lora_action_rank', 'lora_action_alpha'];
 
 /**
  * The default recipe, the best row of bench/results/recipe.md (issue 16: held-out G1 episodes,
@@ -79,8 +96,8 @@ export function defaultWarmupSteps(steps: number): number {
 
 /**
  * The fine-tune mode when the request does not name one: `full` on a base that is a seeded random
- * initialisation (LoRA adapters on random weights cannot make up for them), `lora` on a trained
- * base (an operator's safetensors, a previous job's weights). Job engines hold the seeded base today.
+ * initialisation (the small presets: LoRA adapters on random weights cannot make up for them),
+ * `lora` on a trained base (the real pi0 / pi0.5 checkpoints, a previous job's output).
  */
 export function defaultFinetune(trainedBase: boolean): 'lora' | 'full' {
   return trainedBase ? 'lora' : 'full';
@@ -155,18 +172,29 @@ function real(body: Record<string, unknown>, k: string, def: number, lo: number,
  *   setting on a full fine-tune is one).
  */
 export function parseFineTuneConfig(body: Record<string, unknown>, opts: { trainedBase?: boolean; stored?: boolean } = {}): FineTuneConfig {
-  for (const k of Object.keys(body)) if (!FIELDS.includes(k)) bad(`unknown field "${k}"${meant(k, FIELDS, FIELD_ALIASES)}; known fields: ${FIELDS.join(', ')}`);
+  const known = opts.stored ? [...FIELDS, ...STORED_FIELDS] : FIELDS;
+  for (const k of Object.keys(body)) if (!known.includes(k)) bad(`unknown field "${k}"${meant(k, FIELDS, FIELD_ALIASES)}; known fields: ${FIELDS.join(', ')}`);
   const modelName = body.model ?? RECIPE.model;
-  // Bare pi0 / pi05 name the real models now; a stored config keeps the small preset they meant.
-  const legacy = typeof modelName === 'string' && modelName in LEGACY_BARE_NAMES;
-  if (legacy && !opts.stored) bad(`model: ${realModelMessage(modelName)}`);
-  if (typeof modelName !== 'string' || !(PRESET_NAMES.includes(modelName) || legacy)) badField('model', `must be one of ${PRESET_NAMES.join(', ')}`, modelName);
-  const model = opts.stored ? resolveStoredPreset(modelName) : resolvePreset(modelName, (line) => log.warn(`fine-tune: ${line}`));
+  // Bare pi0 / pi05 name the real models; a config stored before they did (it has no base) keeps
+  // the small preset it meant (resolveStoredPreset: pi05 -> flow05-small).
+  const realModel = isRealModel(modelName) && (!opts.stored || body.base != null);
+  if (typeof modelName !== 'string' || !(realModel || PRESET_NAMES.includes(modelName) || (opts.stored && isRealModel(modelName)))) {
+    badField('model', `must be one of pi0, pi05 (the real models, on a base checkpoint) or the presets ${PRESET_NAMES.join(', ')}`, modelName);
+  }
+  const model = realModel ? modelName : opts.stored ? resolveStoredPreset(modelName) : resolvePreset(modelName, (line) => log.warn(`fine-tune: ${line}`));
+  const baseRef = body.base ?? null;
+  if (baseRef !== null && !realModel) badField('base', `applies to model pi0 / pi05 (a checkpoint of the real models); ${model} is a preset with its own seeded weights`, baseRef);
+  if (baseRef !== null && (typeof baseRef !== 'string' || baseRef.length === 0 || baseRef.length > 4096)) {
+    badField('base', `must be a Hub id (e.g. ${DEFAULT_BASES[modelName as 'pi0' | 'pi05']}) or a checkpoint folder`, baseRef);
+  }
+  const base = realModel ? ((baseRef as string | null) ?? DEFAULT_BASES[modelName as 'pi0' | 'pi05']) : null;
+  // A real model's base is a pretrained checkpoint: LoRA by default, as openpi's and Relay's fine-tunes.
+  const trainedBase = realModel || (opts.trainedBase ?? false);
   const ds = body.dataset_name;
   if (typeof ds !== 'string' || ds.length === 0 || ds.length > 512) bad('dataset_name is required: a LeRobot dataset folder under the datasets root, e.g. "lerobot/pusht_image"');
   const lr = body.learning_rate ?? RECIPE.learning_rate;
   if (typeof lr !== 'number' || !(lr > 0) || lr > 1) badField('learning_rate', 'must be > 0 and <= 1', lr);
-  const finetune = body.finetune ?? defaultFinetune(opts.trainedBase ?? false);
+  const finetune = body.finetune ?? defaultFinetune(trainedBase);
   if (finetune !== 'lora' && finetune !== 'full') badField('finetune', 'must be "lora" or "full"', finetune);
   // A request that names a LoRA setting wants LoRA: a full fine-tune would ignore it silently.
   // A stored config (re-validated before it runs) carries them as filled-in defaults.
@@ -174,12 +202,13 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
     const given = LORA_FIELDS.find((k) => body[k] != null);
     if (given) badField(given, 'applies to finetune "lora" only', body[given], `this fine-tune is "full"${body.finetune == null ? ' (the default on seeded base weights)' : ''}, which trains every weight; leave ${given} out, or add finetune "lora"`);
   }
-  const alpha = body.lora_alpha ?? 32;
+  // openpi's LoRA on the real models: rank 16 / alpha 16 on the VLM, 32 / 32 on the action expert.
+  const alpha = body.lora_alpha ?? (realModel ? OPENPI_LORA.alpha : 32);
   if (typeof alpha !== 'number' || !(alpha > 0) || !Number.isFinite(alpha)) badField('lora_alpha', 'must be a number > 0', alpha);
   const targets = body.targets ?? ['all'];
   if (!Array.isArray(targets) || targets.length === 0 || !targets.every((t) => TARGETS.includes(t as string))) badField('targets', `must be a non-empty list of ${TARGETS.join(', ')}`, targets);
   // The engines' base weights are seeded unless trained ones are configured: pi0.5's gates are shut.
-  const gateRule = finetune === 'lora' && !opts.trainedBase && !opts.stored ? zeroGateRule(makeConfig(model), targets as string[]) : null;
+  const gateRule = finetune === 'lora' && !trainedBase && !opts.stored ? zeroGateRule(makeConfig(model), targets as string[]) : null;
   if (gateRule) badField('targets', gateRule, targets);
   const cameras = body.cameras ?? null;
   if (cameras !== null && (!Array.isArray(cameras) || cameras.length === 0 || !cameras.every((c) => typeof c === 'string' && c.length > 0))) badField('cameras', 'must be a non-empty list of camera names', cameras);
@@ -211,8 +240,21 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
   } catch (e) {
     bad((e as Error).message);
   }
+  // The expert's rank follows openpi's doubling unless the request set a rank for both (as sessions do).
+  const storedInt = (k: string): number | null => {
+    const v = body[k];
+    if (v == null) return null;
+    if (typeof v !== 'number' || !(v > 0) || !Number.isFinite(v)) badField(k, 'must be a number > 0', v);
+    return v;
+  };
+  const actionRank = opts.stored ? storedInt('lora_action_rank') : realModel && finetune === 'lora' && body.lora_rank == null ? OPENPI_LORA.actionRank : null;
+  const actionAlpha = opts.stored ? storedInt('lora_action_alpha') : realModel && finetune === 'lora' && body.lora_rank == null && body.lora_alpha == null ? OPENPI_LORA.actionAlpha : null;
+  const engineModel = body.engine_model;
+  if (opts.stored && engineModel != null && typeof engineModel !== 'string') badField('engine_model', 'must be a string', engineModel);
   return {
     model,
+    base,
+    ...(opts.stored && typeof engineModel === 'string' ? { engine_model: engineModel } : realModel ? {} : { engine_model: model }),
     dataset_name: ds,
     batch_size: int(body, 'batch_size', RECIPE.batch_size, 1, 1024),
     learning_rate: lr,
@@ -220,6 +262,8 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
     finetune,
     lora_rank: int(body, 'lora_rank', 16, 1, 256),
     lora_alpha: alpha,
+    lora_action_rank: actionRank,
+    lora_action_alpha: actionAlpha,
     targets: targets as string[],
     cameras: cameras as string[] | null,
     action_space: space,

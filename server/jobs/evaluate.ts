@@ -7,11 +7,10 @@
  * normaliser with the training chunk entries' absolute statistics: one scale whatever the
  * training action space) and in raw units, overall and per action group.
  */
-import type { PolicyConfig } from '../../kernels/small/config.ts';
 import type { Normalizer, NormStats, NormStatsSet } from '../../kernels/normalize.ts';
 import { batchBuffers } from '../../kernels/small/batch.ts';
 import { makeDatum, type ActionGroup, type Dataset, type TrainingDatum } from '../datasets/index.ts';
-import { toBatch } from './datums.ts';
+import { toBatch, type JobLayout } from './datums.ts';
 
 /** Euler steps of each sampled chunk. */
 export const EVAL_SAMPLE_STEPS = 10;
@@ -163,7 +162,7 @@ export function absoluteChunk(d: TrainingDatum, pairs: readonly [number, number]
 
 /** What an evaluation needs besides the engine: model, cameras, the training stats and baselines. */
 export interface EvalContext {
-  model: PolicyConfig;
+  model: JobLayout;
   cameras: string[];
   /** The training normalisation (state; actions in the training space). */
   norm: NormStatsSet;

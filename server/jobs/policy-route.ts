@@ -4,6 +4,7 @@
  * `engine_model`: a preset, or the real pi0 / pi0.5 on the job's base). Each job's policy is
  * loaded on first use and kept.
  */
+import { storedEngineModel } from './base.ts';
 import type { TemplatedApp } from 'uWebSockets.js';
 import { loadObservationDictionary } from '../../protocol/zstd.ts';
 import { credentialOf } from '../auth.ts';
@@ -33,8 +34,7 @@ export function mountJobPolicies(app: TemplatedApp, deps: { store: Store; config
     if (job.status !== 'succeeded') throw new HttpError(409, `fine-tune ${job.id} is ${job.status}; only a succeeded job has a policy to serve`);
     let p = served.get(job.id);
     if (!p) {
-      const engineModel = (job.config.engine_model ?? job.config.model) as string;
-      p = createFolderPolicy(engineFor, job.output_dir, { engineModel, policyId: `policy-${job.id}`, limits: { maxMessageBytes: config.maxPolicyMessageBytes } });
+      p = storedEngineModel(job.config).then((engineModel) => createFolderPolicy(engineFor, job.output_dir, { engineModel, policyId: `policy-${job.id}`, limits: { maxMessageBytes: config.maxPolicyMessageBytes } }));
       served.set(job.id, p);
       p.catch(() => served.delete(job.id));
     }

@@ -13,9 +13,14 @@ import { eventCursor, openSse, streamFile } from '../stream.ts';
 import type { FineTuneJob } from '../../protocol/jobs.ts';
 import { nowS, randomId, type JobEvent, type JobRow, type Store } from '../store.ts';
 import type { ServerConfig } from '../config.ts';
-import { parseFineTuneConfig } from './config.ts';
+import { parseFineTuneConfig, type FineTuneConfig } from './config.ts';
 import { datasetDirFor } from '../datasets/owned.ts';
 import { prepareRun } from './train.ts';
+import { isRealModel } from '../models/bases.ts';
+import { tokenizerFileFor } from '../models/layout.ts';
+import { resolveBase } from '../models/resolve.ts';
+import { jobModelShape, realEngineModel } from './base.ts';
+import { isHubDatasetId } from './fetch.ts';
 import { isTerminal, jobWorkDir, type JobRunner } from './runner.ts';
 
 /** Public JSON of a job: every config field with defaults, plus progress fields. */
@@ -23,6 +28,8 @@ export function jobJson(j: JobRow): FineTuneJob {
   return {
     id: j.id, object: 'fine_tune', status: j.status, created_at: j.created_at, ...(j.config as Pick<FineTuneJob, 'model' | 'dataset_name' | 'steps'>),
     step: j.step, loss: j.loss, eval_loss: j.eval_loss, error: j.error, output_dir: j.output_dir,
+    // The real models' output as a base checkpoint sits beside weights/final (train.ts).
+    ...(j.status === 'succeeded' && isRealModel(j.config.model) && j.config.base ? { model_dir: path.join(path.dirname(path.dirname(j.output_dir)), 'model') } : {}),
     started_at: j.started_at, finished_at: j.finished_at, node: j.node_id ?? null,
   };
 }
@@ -65,30 +72,38 @@ export interface JobRoutesDeps {
 export async function submitFineTune(deps: Pick<JobRoutesDeps, 'store' | 'config' | 'runner'>, owner: string, body: Record<string, unknown>): Promise<JobRow> {
   const { store, config, runner } = deps;
   const cfg = parseFineTuneConfig(body);
+  const baseDir = await submittedBase(deps, owner, cfg);
   // Another key's upload is not found, in the same words as a name that nothing has.
   const dir = datasetDirFor(config, owner, cfg.dataset_name);
-  if (!dir) {
+  const download = !dir && config.allowDownloads && isHubDatasetId(cfg.dataset_name);
+  if (!dir && !download) {
     log.info(`fine-tune refused: dataset_name "${cfg.dataset_name}" is neither an upload of ${owner} nor a shared dataset`);
-    throw new HttpError(400, `dataset_name "${cfg.dataset_name}" not found: no such dataset folder under this server's datasets root, nor among this key's uploads (GET /v1/datasets lists them; the operator sets the root with --datasets-dir / VELA_DATASETS_DIR)`);
+    const hub = isHubDatasetId(cfg.dataset_name)
+      ? `; as a Hub dataset it can be fetched by the operator (\`vela datasets download ${cfg.dataset_name}\` into the datasets root) or by the job itself once the server runs with --allow-downloads (VELA_ALLOW_DOWNLOADS=1)`
+      : '';
+    throw new HttpError(400, `dataset_name "${cfg.dataset_name}" not found: no such dataset folder under this server's datasets root, nor among this key's uploads (GET /v1/datasets lists them; the operator sets the root with --datasets-dir / VELA_DATASETS_DIR)${hub}`);
   }
   let evalDir: string | undefined;
   if (cfg.eval_dataset !== null) {
     evalDir = datasetDirFor(config, owner, cfg.eval_dataset, 'eval_dataset') ?? undefined;
     if (!evalDir) throw new HttpError(400, `eval_dataset "${cfg.eval_dataset}" not found: no such dataset folder under this server's datasets root, nor among this key's uploads (GET /v1/datasets lists them)`);
   }
-  try {
-    const { ds, evalDs, cameras, actionSpace } = await prepareRun(cfg, dir, (d) => runner.openDataset(d), evalDir);
-    await ds.checkVideos();
-    if (evalDs !== ds) await evalDs.checkVideos();
-    // The job records what it will use, not "default": the dataset's cameras and action space.
-    cfg.cameras = cameras;
-    cfg.action_space = actionSpace;
-  } catch (e) {
-    if (e instanceof HttpError) throw e;
-    // Dataset readers name files by their full path; the client named the dataset.
-    let msg = (e as Error).message.split(dir).join(cfg.dataset_name);
-    if (evalDir) msg = msg.split(evalDir).join(cfg.eval_dataset!);
-    throw new HttpError(400, `dataset "${cfg.dataset_name}": ${msg}`);
+  // A dataset or base the job downloads is checked there, before training (the job fails with the same line).
+  if (dir && (baseDir || !isRealModel(cfg.model))) {
+    try {
+      const { ds, evalDs, cameras, actionSpace } = await prepareRun(cfg, dir, (d) => runner.openDataset(d), evalDir, baseDir);
+      await ds.checkVideos();
+      if (evalDs !== ds) await evalDs.checkVideos();
+      // The job records what it will use, not "default": the dataset's cameras and action space.
+      cfg.cameras = cameras;
+      cfg.action_space = actionSpace;
+    } catch (e) {
+      if (e instanceof HttpError) throw e;
+      // Dataset readers name files by their full path; the client named the dataset.
+      let msg = (e as Error).message.split(dir).join(cfg.dataset_name);
+      if (evalDir) msg = msg.split(evalDir).join(cfg.eval_dataset!);
+      throw new HttpError(400, `dataset "${cfg.dataset_name}": ${msg}`);
+    }
   }
   const id = randomId('ft-');
   const row: JobRow = {
@@ -98,6 +113,57 @@ export async function submitFineTune(deps: Pick<JobRoutesDeps, 'store' | 'config
   await store.insertJob(row);
   await runner.submit(row);
   return (await store.getJob(id))!;
+}
+
+/**
+ * A real model's base at submission: resolved to its folder (cfg.engine_model set) and its
+ * tokenizer found; undefined for a preset, or for a Hub id not in the cache that the job will
+ * download (--allow-downloads).
+ * @throws HttpError 400 with the resolver's one line and its fix (`vela models download`, or
+ *   --allow-downloads), or the missing tokenizer's.
+ */
+async function submittedBase(deps: Pick<JobRoutesDeps, 'store' | 'config'>, owner: string, cfg: FineTuneConfig): Promise<string | undefined> {
+  if (!isRealModel(cfg.model) || !cfg.base) return undefined;
+  const allowDownloads = deps.config.allowDownloads;
+  let dir: string;
+  try {
+    dir = (await resolveBase(cfg.base)).dir;
+    await checkJobOutputOwner(deps, owner, cfg.base, dir);
+  } catch (e) {
+    const err = e as Error & { code?: string };
+    if (err.name !== 'ModelError') throw e;
+    if (err.code === 'not_downloaded' && allowDownloads) return undefined;
+    const more = err.code === 'not_downloaded' && !err.message.includes('--allow-downloads') ? ', or start the server with --allow-downloads (VELA_ALLOW_DOWNLOADS=1) to let the job download it' : '';
+    throw new HttpError(400, `base: ${err.message}${more}`);
+  }
+  try {
+    await jobModelShape(cfg, dir); // its config.json says what the model is (a folder without one is no base)
+    tokenizerFileFor(dir); // the real model's prompts need PaliGemma's tokenizer: refused now, not at the first step
+  } catch (e) {
+    throw new HttpError(400, `base: ${(e as Error).message}`);
+  }
+  cfg.engine_model = realEngineModel(cfg, dir);
+  return dir;
+}
+
+/**
+ * A base folder inside this server's job outputs is one key's: another key's job reads as a
+ * folder that is not there (the same words), so no key trains on, or learns of, another's weights.
+ * @throws HttpError 400 for another key's (or no) job's folder.
+ */
+async function checkJobOutputOwner(deps: Pick<JobRoutesDeps, 'store' | 'config'>, owner: string, ref: string, dir: string): Promise<void> {
+  const real = (p: string) => {
+    try {
+      return fs.realpathSync(p);
+    } catch {
+      return path.resolve(p);
+    }
+  };
+  const jobs = real(path.dirname(jobWorkDir(deps.config, 'x')));
+  const rel = path.relative(jobs, real(dir));
+  if (rel === '' || rel.startsWith('..') || path.isAbsolute(rel)) return;
+  const job = await deps.store.getJob(rel.split(path.sep)[0]!);
+  if (!job || job.owner !== owner) throw new HttpError(400, `base: base ${ref}: no such folder`);
 }
 
 /** @throws HttpError 400 unless `rel` is a relative path of plain segments (no `..`, `.`, empty, backslash). */

@@ -17,6 +17,11 @@ import type { ServerConfig } from '../config.ts';
 import { storageOf } from '../storage.ts';
 import { parseFineTuneConfig, type FineTuneConfig } from './config.ts';
 import { datasetDirFor } from '../datasets/owned.ts';
+import { isRealModel } from '../models/bases.ts';
+import { resolveBase } from '../models/resolve.ts';
+import { parseEngineModel } from '../engine/model-key.ts';
+import { engineModelOf, realEngineModel } from './base.ts';
+import { fetchDataset, isHubDatasetId, throttledProgress } from './fetch.ts';
 import { runFineTune } from './train.ts';
 import { openDataset, type Dataset } from '../datasets/index.ts';
 import { LocalQueue, type JobQueue, type RunOutcome } from './queue.ts';
@@ -201,14 +206,14 @@ export class JobRunner {
   }
 
   /** Move a job to its end state once (whoever gets there first), and log it last. */
-  private async finish(id: string, status: 'succeeded' | 'failed' | 'cancelled', fields: { error?: string | null; output_dir?: string }): Promise<void> {
+  private async finish(id: string, status: 'succeeded' | 'failed' | 'cancelled', fields: { error?: string | null; output_dir?: string; model_dir?: string }): Promise<void> {
     // Kept like a record: a job that ends while the database is away ends when it returns. A retry
     // after a dropped connection finds the first attempt's status when that one was committed.
     const moved = await this.store.db.keep(async (attempt) =>
       (await this.store.transitionJob(id, ['queued', 'running'], { status, finished_at: nowS(), error: fields.error ?? null })) ||
       (attempt > 0 && (await this.store.getJob(id))?.status === status));
     if (!moved) return;
-    await this.emit(id, 'status', { status, ...(fields.error ? { error: fields.error } : {}), ...(fields.output_dir ? { output_dir: fields.output_dir } : {}) });
+    await this.emit(id, 'status', { status, ...(fields.error ? { error: fields.error } : {}), ...(fields.output_dir ? { output_dir: fields.output_dir } : {}), ...(fields.model_dir ? { model_dir: fields.model_dir } : {}) });
   }
 
   /**
@@ -257,13 +262,19 @@ export class JobRunner {
     const mustStop = () => this.stopped || (this.node?.fenced() ?? false);
     let engine: EngineLike | null = null;
     try {
-      engine = await this.engineFor(cfg.model);
-      await this.emit(id, 'log', { message: `engine ready: ${engine.info.preset}, ${engine.info.backendLine}` });
+      const logLine = (data: Record<string, unknown>) => void this.emit(id, 'log', data).catch((e) => log.error(`job ${id}: a log record was not stored: ${e.message}`));
+      // Resolved as its key sees it (its own upload first), as when the job was accepted; a Hub
+      // dataset accepted for download is fetched now, with its progress in the events.
+      const datasetDir = await this.jobDataset(job.owner, cfg.dataset_name, 'dataset_name', logLine);
+      const evalDatasetDir = cfg.eval_dataset ? await this.jobDataset(job.owner, cfg.eval_dataset, 'eval_dataset', logLine) : undefined;
+      const baseDir = await this.jobBase(cfg, logLine);
+      engine = await this.engineFor(engineModelOf(cfg));
+      await this.emit(id, 'log', { message: `engine ready: ${engine.info.preset}${baseDir ? ` on base ${cfg.base}` : ''}, ${engine.info.backendLine}` });
       const result = await runFineTune(cfg, {
         jobId: id,
-        // Resolved as its key sees it (its own upload first), as when the job was accepted.
-        datasetDir: ownedDatasetDir(this.config, job.owner, cfg.dataset_name, 'dataset_name'),
-        evalDatasetDir: cfg.eval_dataset ? ownedDatasetDir(this.config, job.owner, cfg.eval_dataset, 'eval_dataset') : undefined,
+        datasetDir,
+        baseDir,
+        evalDatasetDir,
         workDir: jobWorkDir(this.config, id),
         engine,
         emit: (type, data) => {
@@ -283,7 +294,7 @@ export class JobRunner {
       });
       if (result.status === 'cancelled' && mustStop() && !(await this.store.getJob(id))?.cancel_requested) return await this.handOff(id, result.step);
       if (result.status === 'cancelled') await this.finish(id, 'cancelled', { error: `cancelled at step ${result.step}` });
-      else await this.finish(id, 'succeeded', { output_dir: result.outputDir! });
+      else await this.finish(id, 'succeeded', { output_dir: result.outputDir!, ...(result.modelDir ? { model_dir: result.modelDir } : {}) });
     } catch (e) {
       // A node that is stopping (its engines close) hands the job on instead of failing it.
       if (mustStop()) return await this.handOff(id, null);
@@ -296,6 +307,36 @@ export class JobRunner {
       await engine?.call(id, 'close_session').catch(() => undefined);
     }
     return 'done';
+  }
+
+  /**
+   * The folder of a job's dataset: on disk as its key sees it, else (a Hub id the operator lets
+   * jobs download) fetched into the datasets root now.
+   * @throws Error naming the field when the dataset is gone; HubError when the download fails.
+   */
+  private async jobDataset(owner: string, name: string, field: string, logLine: (data: Record<string, unknown>) => void): Promise<string> {
+    const dir = datasetDirFor(this.config, owner, name, field);
+    if (dir) return dir;
+    if (!this.config.allowDownloads || !isHubDatasetId(name)) return ownedDatasetDir(this.config, owner, name, field);
+    logLine({ message: `${field} "${name}" is not in the datasets root: downloading it from the Hub`, stage: 'download' });
+    return fetchDataset(this.config.datasetsDir, name, { endpoint: process.env.HF_ENDPOINT, token: process.env.HF_TOKEN || null, emit: logLine });
+  }
+
+  /**
+   * The real model's base folder (undefined for presets), with cfg.engine_model set to its
+   * engine: the one resolved at submission while it is still there, else resolved again (and
+   * downloaded, with progress, when the operator allows it).
+   * @throws ModelError's one line (the base is not there, and how to get it).
+   */
+  private async jobBase(cfg: FineTuneConfig, logLine: (data: Record<string, unknown>) => void): Promise<string | undefined> {
+    if (!isRealModel(cfg.model) || !cfg.base) return undefined;
+    if (cfg.engine_model) {
+      const m = parseEngineModel(cfg.engine_model);
+      if (m.kind === 'real' && fs.existsSync(path.join(m.dir, 'config.json'))) return m.dir;
+    }
+    const { dir } = await resolveBase(cfg.base, { allowDownload: this.config.allowDownloads, onProgress: throttledProgress(cfg.base, logLine) as (p: unknown) => void });
+    cfg.engine_model = realEngineModel(cfg, dir);
+    return dir;
   }
 
   /** This node stops midway: the job stays `running` on purpose, and resumes from its last checkpoint elsewhere (or at the next start). */

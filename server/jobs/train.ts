@@ -7,7 +7,6 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { batchBuffers } from '../../kernels/small/batch.ts';
-import { makeConfig } from '../../kernels/small/config.ts';
 import { computeNormStats, normalizerFor, normStatsToJson, type NormStats, type NormStatsSet } from '../../kernels/normalize.ts';
 import { augmentFrame, drawAugment } from '../datasets/augment.ts';
 import { actionGroups, defaultActionSpace, deltaPairs, gatherNormRows, openDataset, pairsFor, sampleBatch, seededRng, splitEpisodes, type ActionSpace, type Dataset, type EpisodeSplit } from '../datasets/index.ts';
@@ -16,6 +15,10 @@ import { FieldError, JOB_ADAMW, type FineTuneConfig } from './config.ts';
 import { toBatch } from './datums.ts';
 import { buildEvalSet, evaluate, type EvalContext } from './evaluate.ts';
 import { recordJobStep } from '../metrics/training.ts';
+import { HttpError } from '../http.ts';
+import { modelLayout } from '../models/layout.ts';
+import { datasetMisfit, jobModelShape } from './base.ts';
+import { exportHubModel } from './export-hub.ts';
 
 /**
  * Where a run writes: `<workDir>/weights/step-NNNNNNN` at each checkpoint and `<workDir>/weights/final`
@@ -35,11 +38,15 @@ export interface RunContext {
   openDataset?: (dir: string) => Promise<Dataset>;
   /** The folder of `eval_dataset`, resolved as dataset_name is (required when the config names one). */
   evalDatasetDir?: string;
+  /** The real model's base checkpoint folder (required for model pi0 / pi05): the dataset's fit is checked against it. */
+  baseDir?: string;
 }
 
 export interface RunResult {
   status: 'succeeded' | 'cancelled';
   outputDir: string | null;
+  /** The real models: the output in the Hub layout (`<workDir>/model`), a base for a new job or session. */
+  modelDir?: string;
   step: number;
   loss: number | null;
   evalLoss: number | null;
@@ -71,18 +78,21 @@ async function call<T>(ctx: RunContext, op: string, args: Record<string, unknown
 }
 
 /**
- * Validate everything that can be checked before training: dataset, cameras, dims.
- * @throws DatasetError / Error with a readable message naming what is wrong.
+ * Validate everything that can be checked before training: dataset, cameras, dims (against the
+ * preset, or the real model's base checkpoint folder `baseDir`, which a fine-tuned base's data
+ * must match too: base.ts datasetMisfit).
+ * @throws DatasetError / Error with a readable message naming what is wrong; HttpError 400 (one
+ *   line naming the dataset, the cause and the fix) for a dataset that does not fit the model.
  */
-export async function prepareRun(cfg: FineTuneConfig, datasetDir: string, open: (dir: string) => Promise<Dataset> = openDataset, evalDatasetDir?: string) {
-  const model = makeConfig(cfg.model);
+export async function prepareRun(cfg: FineTuneConfig, datasetDir: string, open: (dir: string) => Promise<Dataset> = openDataset, evalDatasetDir?: string, baseDir?: string) {
+  const model = await jobModelShape(cfg, baseDir);
   const ds = await open(datasetDir);
   const meta = ds.meta;
   if (meta.cameras.length === 0) throw new Error(`dataset ${datasetDir} has no camera (video or image feature)`);
   const cameras = (cfg.cameras ?? meta.cameras.slice(0, model.slots).map((c) => c.name)).map((c) => ds.camera(c).name);
-  if (cameras.length > model.slots) throw new Error(`cameras lists ${cameras.length} cameras; ${cfg.model} has ${model.slots} image slots`);
-  if (meta.stateDim > model.stateDim) throw new Error(`the dataset's observation.state has ${meta.stateDim} dims; ${cfg.model} takes at most ${model.stateDim}`);
-  if (meta.actionDim > model.actionDim) throw new Error(`the dataset's action has ${meta.actionDim} dims; ${cfg.model} takes at most ${model.actionDim}`);
+  if (cameras.length > model.slots) throw new Error(`cameras lists ${cameras.length} cameras; ${model.name} has ${model.slots} image slots`);
+  const misfit = await datasetMisfit(meta, cfg.dataset_name, model, baseDir, cfg.base);
+  if (misfit) throw new HttpError(400, misfit);
   const actionSpace = cfg.action_space ?? defaultActionSpace(meta);
   const pairs = pairsFor(meta, actionSpace); // refuses delta without shared names
   let evalDs = ds;
@@ -177,7 +187,9 @@ export function scoringContext(meta: Dataset['meta'], actionSpace: ActionSpace) 
 /** Run (or resume) a fine-tune; resolves when it succeeded or was cancelled, throws when it failed. */
 export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise<RunResult> {
   const started = Date.now();
-  const { model, ds, evalDs, cameras, actionSpace, split } = await prepareRun(cfg, ctx.datasetDir, ctx.openDataset, ctx.evalDatasetDir);
+  const { ds, evalDs, cameras, actionSpace, split } = await prepareRun(cfg, ctx.datasetDir, ctx.openDataset, ctx.evalDatasetDir, ctx.baseDir);
+  // The engine's own layout: a preset's sizes, or the real model's with its PaliGemma prompt.
+  const model = await modelLayout(ctx.engine.info);
   const meta = ds.meta;
   const evalEpisodes = cfg.eval_dataset !== null ? [...evalDs.episodeIndices].sort((a, b) => a - b) : split.heldOut;
   const evalWhere = cfg.eval_dataset !== null ? `evaluated on every episode of ${cfg.eval_dataset}` : `held-out ${split.heldOut.join(',') || `none (${noEvaluationReason(cfg, split)})`}`;
@@ -204,6 +216,7 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
 
   const created = await call<{ trainableParams: number }>(ctx, 'create_session', {
     finetune: cfg.finetune, rank: cfg.lora_rank, alpha: cfg.lora_alpha, targets: cfg.targets, seed: cfg.seed, dir: ctx.workDir, emaDecay: cfg.ema_decay, timeSampling: cfg.time_sampling,
+    ...(cfg.lora_action_rank != null ? { actionRank: cfg.lora_action_rank } : {}), ...(cfg.lora_action_alpha != null ? { actionAlpha: cfg.lora_action_alpha } : {}),
   });
   ctx.emit('log', { message: `model built: ${cfg.model}, ${cfg.finetune} (${created.trainableParams.toLocaleString('en-US')} trainable parameters)` });
 
@@ -272,12 +285,22 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
   // With a moving average, it is what gets served (and what the evaluation scored).
   const outputDir = await call<string>(ctx, 'save_weights', { name: 'final', overwrite: true, extraConfig: checkpointExtra, normStats: normJson, ema: cfg.ema_decay > 0 });
   ctx.emit('log', { message: `final weights written to ${outputDir}` });
+  let modelDir: string | undefined;
+  if (ctx.baseDir) {
+    // The real models: the output again as a base checkpoint (Hub layout, LoRA merged in).
+    const started = Date.now();
+    const out = await exportHubModel({
+      baseDir: ctx.baseDir, weightsDir: outputDir, outDir: path.join(ctx.workDir, 'model'), stateDim: meta.stateDim, actionDim: ad, normStats: normJson, dataset: checkpointExtra,
+    });
+    modelDir = out.dir;
+    ctx.emit('log', { message: `the output as a base checkpoint (Hub layout${out.merged ? `, LoRA merged into ${out.merged} linears` : ''}, ${(out.weightBytes / 1e6).toFixed(1)} MB) in ${modelDir} after ${((Date.now() - started) / 1000).toFixed(1)} s`, model_dir: modelDir });
+  }
   // The resumable states (optimizer moments: twice the weights) are superseded by the final
   // weights: free their disk, and make a rerun into the same folder start afresh instead of
   // resuming a finished run. The checkpoints' weights (weights/step-*) stay, as LeRobot's do.
   fs.rmSync(resumeFile, { force: true });
   fs.rmSync(path.join(ctx.workDir, 'states'), { recursive: true, force: true });
-  return { status: 'succeeded', outputDir, step, loss: lastLoss, evalLoss: lastEval };
+  return { status: 'succeeded', outputDir, ...(modelDir ? { modelDir } : {}), step, loss: lastLoss, evalLoss: lastEval };
 }
 
 /** Write `value` as JSON to `file` atomically: a temp file, fsync, rename. */

@@ -204,6 +204,12 @@ export async function policyCommand(argv: string[]): Promise<void> {
     // The real model's prompts need PaliGemma's tokenizer: refused now, before a 14 GB load.
     const { tokenizerFileFor } = await import('../models/layout.ts');
     tokenizerFileFor(target.baseDir);
+    // Planned, not discovered: the weights and one 3-camera pass (batch 1) must fit before loading.
+    const { planOrRefuse, realConfigOf } = await import('../models/plan.ts');
+    const config = await realConfigOf(target.baseDir);
+    const lora = target.kind === 'checkpoint' && target.config.finetune === 'lora';
+    await planOrRefuse(config, { use: 'serve', batch: 1, cameras: 3, ...(lora ? { loraRank: Number(target.config.lora_rank) || 16, loraActionRank: Number(target.config.lora_action_rank ?? target.config.lora_rank) || 32 } : {}) },
+      { weights: true, tenant: true, pass: true }, `serving ${config.variant} from ${target.baseDir}`, process.env.VELA_MAX_MEMORY || undefined);
   }
   const { Engine } = await import('../engine/host.ts');
   const { startPolicyServer } = await import('./standalone.ts');

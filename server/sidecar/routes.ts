@@ -7,8 +7,9 @@
  *   (datasets/owned.ts); `dataset_content`, a base64 tar / tar.gz / zip of it, is installed as
  *   the key's upload first (datasets/upload.ts); the body is streamed to disk and
  *   dataset_content decoded from there (sidecar/content.ts), never held in memory;
- *   `num_train_steps` (default 100) is the job's `steps`; `model_size` (default flow05-tiny) is a
- *   Vela preset (the document's 4b / 12b / 31b are not: a 400 lists the presets). Vela's other
+ *   `num_train_steps` (default 100) is the job's `steps`; `model_size` (default flow05-tiny) is
+ *   `pi0` / `pi05` (the real models, with Vela's `base`) or a Vela preset (the document's
+ *   4b / 12b / 31b are not: a 400 lists them). Vela's other
  *   fine-tune fields (batch_size, learning_rate, ...) are taken too. Answers the TrainingJob.
  * - `GET /training/job_progress?job_id=`: `{"progress": [events]}` (sidecar/events.ts).
  * - `GET /training/job_events?job_id=&from=`: the same as Server-Sent Events, `: keepalive`
@@ -26,7 +27,8 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { TemplatedApp } from 'uWebSockets.js';
 import { requireOwner } from '../auth.ts';
-import { LEGACY_BARE_NAMES, PRESET_ALIASES, PRESET_NAMES, PRESETS } from '../../kernels/small/config.ts';
+import { PRESET_ALIASES, PRESET_NAMES, PRESETS } from '../../kernels/small/config.ts';
+import { isRealModel } from '../models/bases.ts';
 import { HttpError, route, sendJson, type Req } from '../http.ts';
 import { requestPreset, storedPreset } from '../presets.ts';
 import { streamFile } from '../stream.ts';
@@ -46,7 +48,7 @@ import { splitDatasetContent } from './content.ts';
 
 /** Bytes of job_start's body besides dataset_content (which is limited by --max-dataset-bytes, decoded). */
 const JOB_START_FIELDS_BYTES = 1024 * 1024;
-const VELA_FIELDS = ['batch_size', 'learning_rate', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed', 'eval_every', 'checkpoint_every'];
+const VELA_FIELDS = ['base', 'batch_size', 'learning_rate', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed', 'eval_every', 'checkpoint_every'];
 const JOB_ID = /^ft-[a-z0-9]{1,64}$/;
 /** Vela's config fields under the names job_start gives them, for its errors. */
 const SIDECAR_NAMES: Record<string, string> = { steps: 'num_train_steps', model: 'model_size', dataset_name: 'dataset' };
@@ -107,8 +109,9 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
       if (!['dataset', 'num_train_steps', 'model_size', 'dataset_content', ...VELA_FIELDS].includes(k)) throw new HttpError(400, `job_start has no field "${k}"; it takes dataset, num_train_steps, model_size, dataset_content and Vela's ${VELA_FIELDS.join(', ')}`);
     }
     const sizeName = body.model_size ?? 'flow05-tiny';
-    if (typeof sizeName !== 'string' || !(PRESET_NAMES.includes(sizeName) || sizeName in LEGACY_BARE_NAMES)) throw new HttpError(400, `model_size must be a Vela preset: ${Object.keys(PRESETS).join(', ')} (or a deprecated name: ${Object.keys(PRESET_ALIASES).join(', ')}); got ${JSON.stringify(sizeName)} (the sidecar's 4b, 12b and 31b are not Vela models)`);
-    const size = requestPreset('model_size', sizeName); // the job stores the canonical name
+    if (typeof sizeName !== 'string' || !(PRESET_NAMES.includes(sizeName) || isRealModel(sizeName))) throw new HttpError(400, `model_size must be pi0 or pi05 (the real models, on \`base\`: a Hub id or a checkpoint folder) or a Vela preset: ${Object.keys(PRESETS).join(', ')} (or a deprecated name: ${Object.keys(PRESET_ALIASES).join(', ')}); got ${JSON.stringify(sizeName)} (the sidecar's 4b, 12b and 31b are not Vela models)`);
+    // The job stores the canonical name; pi0 / pi05 are the real models (fine-tunes' `model`).
+    const size = isRealModel(sizeName) ? sizeName : requestPreset('model_size', sizeName);
     const steps = body.num_train_steps ?? 100;
     if (typeof steps !== 'number' || !Number.isInteger(steps) || steps < 1) throw new HttpError(400, `num_train_steps must be a positive integer, got ${JSON.stringify(steps)}`);
     if (body.dataset === undefined) throw new HttpError(400, 'dataset is required: the name of a LeRobot dataset folder (there is no default dataset)');
