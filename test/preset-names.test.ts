@@ -23,8 +23,8 @@ import { STUB_CONFIG, STUB_INFO, STUB_STATS, stubEngine } from './helpers/policy
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 
 const OLD_TO_NEW = { 'pi0-tiny': 'flow0-tiny', 'pi05-tiny': 'flow05-tiny', 'pi0-small': 'flow0-small', 'pi05-small': 'flow05-small' };
-const REAL_PI05 = 'pi05 is the real pi0.5 (PaliGemma 3B + Gemma 300M expert, kernels/pi); fine-tuning and serving it are not wired to this server yet; the small pi0.5-style preset is flow05-small';
-const REAL_PI0 = 'pi0 is the real pi0 (PaliGemma 3B + Gemma 300M expert, kernels/pi); fine-tuning and serving it are not wired to this server yet; the small pi0-style preset is flow0-small';
+const REAL_PI05 = 'pi05 is the real pi0.5 (PaliGemma 3B + Gemma 300M expert), not a small preset; the small pi0.5-style preset is flow05-small';
+const REAL_PI0 = 'pi0 is the real pi0 (PaliGemma 3B + Gemma 300M expert), not a small preset; the small pi0-style preset is flow0-small';
 
 /** The warning lines logged while `f` runs. */
 function warnings(f: () => void): string[] {

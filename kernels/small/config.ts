@@ -74,16 +74,16 @@ export const LEGACY_BARE_NAMES: Readonly<Record<string, string>> = Object.freeze
 export const PRESET_NAMES: readonly string[] = Object.freeze([...Object.keys(PRESETS), ...Object.keys(PRESET_ALIASES)]);
 
 /**
- * The one-line refusal for a request naming the real model `pi0` / `pi05` (any other name: an
- * unknown-preset line), e.g. "pi05 is the real pi0.5 (PaliGemma 3B + Gemma 300M expert,
- * kernels/pi); fine-tuning and serving it are not wired to this server yet; the small
- * pi0.5-style preset is flow05-small".
+ * The one-line refusal where a small preset is required and `pi0` / `pi05` (the real models) was
+ * given (any other name: an unknown-preset line), e.g. "pi05 is the real pi0.5 (PaliGemma 3B +
+ * Gemma 300M expert), not a small preset; the small pi0.5-style preset is flow05-small". Where
+ * the real models are served (sessions, fine-tunes, policies) the server takes them by name.
  */
 export function realModelMessage(name: string): string {
   const small = LEGACY_BARE_NAMES[name];
   if (small === undefined) return `unknown preset '${name}'; known presets: ${PRESET_NAMES.join(', ')}`;
   const shown = name === 'pi05' ? 'pi0.5' : 'pi0';
-  return `${name} is the real ${shown} (PaliGemma 3B + Gemma 300M expert, kernels/pi); fine-tuning and serving it are not wired to this server yet; the small ${shown}-style preset is ${small}`;
+  return `${name} is the real ${shown} (PaliGemma 3B + Gemma 300M expert), not a small preset; the small ${shown}-style preset is ${small}`;
 }
 
 /** The warning line for a deprecated preset name, or undefined for a current one. */
