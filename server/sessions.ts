@@ -263,6 +263,11 @@ export class SessionManager {
     return e;
   }
 
+  /** Whether an engine for `key` is started or starting (a real base is then in memory, or about to be). */
+  hasEngine(key: string): boolean {
+    return this.engines.has(key);
+  }
+
   /** Models whose engine is started (for /health's engine_running): preset names, and pi0 / pi05 for real bases (never their folders). */
   runningEngines(): string[] {
     return [...this.started].filter((p) => this.engines.has(p)).map(publicModelName);

@@ -19,6 +19,7 @@ import { prepareRun } from './train.ts';
 import { isRealModel } from '../models/bases.ts';
 import { tokenizerFileFor } from '../models/layout.ts';
 import { resolveBase } from '../models/resolve.ts';
+import { planOrRefuse, realConfigOf } from '../models/plan.ts';
 import { jobModelShape, realEngineModel } from './base.ts';
 import { isHubDatasetId } from './fetch.ts';
 import { isTerminal, jobWorkDir, type JobRunner } from './runner.ts';
@@ -63,13 +64,15 @@ export interface JobRoutesDeps {
   runner: JobRunner;
   /** Seconds between SSE keepalive comments (PROTOCOL.md: 15). */
   keepaliveS?: number;
+  /** Whether an engine holds this engine model already (its base is then not planned again); default: none does. */
+  engineLoaded?: (engineModel: string) => boolean;
 }
 
 /**
  * Validate a fine-tune body (config and dataset, before any work) and queue the job.
  * @throws HttpError 400 naming the field or the dataset file that is wrong.
  */
-export async function submitFineTune(deps: Pick<JobRoutesDeps, 'store' | 'config' | 'runner'>, owner: string, body: Record<string, unknown>): Promise<JobRow> {
+export async function submitFineTune(deps: Pick<JobRoutesDeps, 'store' | 'config' | 'runner' | 'engineLoaded'>, owner: string, body: Record<string, unknown>): Promise<JobRow> {
   const { store, config, runner } = deps;
   const cfg = parseFineTuneConfig(body);
   const baseDir = await submittedBase(deps, owner, cfg);
@@ -104,6 +107,18 @@ export async function submitFineTune(deps: Pick<JobRoutesDeps, 'store' | 'config
       if (evalDir) msg = msg.split(evalDir).join(cfg.eval_dataset!);
       throw new HttpError(400, `dataset "${cfg.dataset_name}": ${msg}`);
     }
+  }
+  if (baseDir) {
+    // Planned, not discovered: the base (unless an engine holds it), this job's own state and one
+    // step at its batch_size and cameras (all three slots when the dataset is still to download).
+    const finetune = cfg.finetune === 'full' ? 'full' : 'lora';
+    await planOrRefuse(
+      await realConfigOf(baseDir),
+      { use: finetune, batch: cfg.batch_size, cameras: Math.min(3, cfg.cameras?.length || 3), loraRank: cfg.lora_rank, loraActionRank: cfg.lora_action_rank ?? cfg.lora_rank, loraTargets: cfg.targets },
+      { weights: !(deps.engineLoaded?.(cfg.engine_model!) ?? false), tenant: true, pass: true },
+      `a ${finetune === 'full' ? 'full' : 'LoRA'} fine-tune of ${cfg.model} (${cfg.base}) at batch_size ${cfg.batch_size}`,
+      config.maxMemory,
+    );
   }
   const id = randomId('ft-');
   const row: JobRow = {

@@ -5,7 +5,7 @@
  */
 import { json, type Session } from './api.ts';
 import { badge, errorLine, h, replace } from './dom.ts';
-import { clock, dateTime } from './format.ts';
+import { bytes, clock, dateTime } from './format.ts';
 import { poll, type View } from './view.ts';
 
 const REFRESH_MS = 3000;
@@ -21,6 +21,18 @@ function lastOp(s: Session): string {
   if (op && typeof op === 'object' && op.op) return `${op.op}${op.id !== undefined ? ` #${op.id}` : ''}${op.at ? ` at ${dateTime(op.at)}` : ''}`;
   if (typeof s.last_request_id === 'number' || typeof s.last_request_id === 'string') return `request #${s.last_request_id}`;
   return '—';
+}
+
+/**
+ * A real-model session's memory: what the server planned for it at creation (its base unless
+ * already loaded, and its own adapters and moments) against what its engine holds (the shared
+ * base and every tenant, after the last op). Null for presets.
+ */
+function memoryLine(s: Session): HTMLElement | null {
+  const m = s.memory as { planned_bytes?: number; engine_tensor_bytes?: number | null } | null | undefined;
+  if (!m || typeof m.planned_bytes !== 'number') return null;
+  const used = typeof m.engine_tensor_bytes === 'number' ? `, engine holds ${bytes(m.engine_tensor_bytes)}` : '';
+  return h('div', { class: 'muted small-text' }, `memory planned ${bytes(m.planned_bytes)}${used}`);
 }
 
 function sessionRow(s: Session, refresh: () => void, problem: HTMLElement): HTMLTableRowElement {
@@ -42,7 +54,7 @@ function sessionRow(s: Session, refresh: () => void, problem: HTMLElement): HTML
   return h('tr', { 'data-session': s.id },
     h('td', { class: 'mono' }, s.id),
     h('td', {}, badge(s.status), s.error ? h('div', { class: 'error small-text' }, s.error) : null),
-    h('td', {}, s.base_model),
+    h('td', {}, s.base_model, typeof s.base === 'string' ? h('div', { class: 'muted small-text mono' }, s.base) : null, memoryLine(s)),
     h('td', {}, settings || '—'),
     h('td', {}, lastOp(s)),
     h('td', {}, dateTime(s.created_at)),
