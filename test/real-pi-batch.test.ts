@@ -50,6 +50,25 @@ describe('toRealPiBatch', () => {
     expect(rb.actions).toBeUndefined(); // no action entry counts: a sampling batch
   });
 
+  it('trims the prompt padding after the longest real prompt, with the same velocity', () => {
+    const config = REAL_PI_TINY_PI05;
+    const params: RealPiParams = createRealPiParams(config, 'contract-init');
+    try {
+      const mb = serverBatch([[1, 1, 0], [1, 0, 0]]); // prompts of 9 real tokens in 12
+      const trimmed = toRealPiBatch(config, mb);
+      expect(trimmed.tokens.length).toBe(2 * 9);
+      expect(Array.from(trimmed.tokens.slice(9, 18))).toEqual(Array.from(mb.tokens.slice(12, 21)));
+      const padded = { ...trimmed, tokens: mb.tokens, tokenMasks: mb.tokenMask };
+      const x = new Float32Array(2 * 10 * 32).map((_, j) => Math.sin(j * 0.7));
+      const time = new Float32Array([0.5, 0.2]);
+      const [a, b] = tf.tidy(() => [velocity({ config, params }, trimmed, x, time).dataSync(), velocity({ config, params }, padded, x, time).dataSync()]);
+      const scale = Math.max(...Array.from(b!, Math.abs));
+      expect(Math.max(...Array.from(a!, (v, j) => Math.abs(v - b![j]!)))).toBeLessThan(1e-5 * scale);
+    } finally {
+      disposeRealPiParams(params);
+    }
+  });
+
   it('drops a slot no datum fills, with the velocity and sample of feeding it black and masked', () => {
     for (const config of [REAL_PI_TINY_PI0, REAL_PI_TINY_PI05]) {
       const params: RealPiParams = createRealPiParams(config, 'contract-init');

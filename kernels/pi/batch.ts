@@ -20,7 +20,8 @@ import type { RealPiBatch } from './model.ts';
  *   [b, sd] normalised (pi0's state token; pi0.5 reads its state from the prompt), actions /
  *   actionMask float32 [b, ah, ad], weight [b].
  * @returns images float32 [b, nc', 3, S, S] in [-1, 1], nc' the slots some datum fills (at least
- *   one), imageMasks [b, nc']; the other fields as views.
+ *   one), imageMasks [b, nc']; tokens / tokenMasks [b, L'], L' up to the last real token of the
+ *   longest prompt; the other fields as views.
  * @throws ShapeError('shape_mismatch') when images do not split into S x S x 3 frames per slot.
  */
 export function toRealPiBatch(c: RealPiConfig, mb: ModelBatch): RealPiBatch {
@@ -61,14 +62,34 @@ export function toRealPiBatch(c: RealPiConfig, mb: ModelBatch): RealPiBatch {
       images[dst + 2 * plane + p] = (mb.images[src + p * 3 + 2]! / 255) * 2 - 1;
     }
   }
+  // Likewise the prompt's padding after the longest real prompt of the batch (pi0.5 pads every
+  // prompt to 200 tokens; a task is 10-30 of them): masked keys, no position, no effect.
+  const L = mb.tokenMask.length / b;
+  let used = 1;
+  for (let i = 0; i < b; i++) {
+    for (let j = L - 1; j >= used; j--) {
+      if (mb.tokenMask[i * L + j]) {
+        used = j + 1;
+        break;
+      }
+    }
+  }
+  const tokens = used === L ? mb.tokens : new Int32Array(b * used);
+  const tokenMasks = used === L ? mb.tokenMask : new Uint8Array(b * used);
+  if (used !== L) {
+    for (let i = 0; i < b; i++) {
+      (tokens as Int32Array).set(mb.tokens.subarray(i * L, i * L + used), i * used);
+      (tokenMasks as Uint8Array).set(mb.tokenMask.subarray(i * L, i * L + used), i * used);
+    }
+  }
   const hasActions = mb.actionMask.some((m) => m !== 0);
   return {
     size: b,
     numCameras: kc,
     images,
     imageMasks,
-    tokens: mb.tokens,
-    tokenMasks: mb.tokenMask,
+    tokens,
+    tokenMasks,
     state: c.variant === 'pi0' ? mb.state : undefined,
     actions: hasActions ? mb.actions : undefined,
     actionMask: hasActions ? mb.actionMask : undefined,
