@@ -133,7 +133,7 @@ async function trainPart(result: Record<string, unknown>): Promise<void> {
   const config = realPiConfigFromHub(JSON.parse(fs.readFileSync(path.join(dir, 'config.json'), 'utf8')));
   const est = estimateMemory(config, { use: 'lora', batch: 1, cameras: 1 });
   const avail = await availableMemory();
-  const why = checkFits(est, { ...avail, rssBytes: 0, bytes: avail.limitBytes }, 'one LoRA step of this model at batch 1 with 1 camera');
+  const why = checkFits(est, { ...avail, rssBytes: 0, bytes: avail.limitBytes }, 'one LoRA step of this model at batch 1 with 1 camera', { batch: 1 });
   result.train_estimate = { total_bytes: est.totalBytes, parts: est.parts, limit_bytes: avail.limitBytes, source: avail.source };
   if (why && values.train !== 'force') {
     console.log(`train: skipped: ${why}`);

@@ -127,16 +127,16 @@ const PART_NAMES: Record<keyof MemoryEstimate['parts'], string> = {
  * @returns null when it fits; else ONE line naming what, the estimate with its two biggest
  *   parts, what is available and from where, and the fixes that apply: LoRA instead of a full
  *   fine-tune (when trainable is the base's size), a lower batch_size (when activations are a
- *   large part), a machine with >= N GB, a higher cap (when the cap is what limits).
+ *   large part and `opts.batch` is not already 1), a machine with >= N GB, a higher cap (when the cap is what limits).
  */
-export function checkFits(estimate: MemoryEstimate, available: AvailableMemory, what: string): string | null {
+export function checkFits(estimate: MemoryEstimate, available: AvailableMemory, what: string, opts: { batch?: number } = {}): string | null {
   if (estimate.totalBytes <= available.bytes) return null;
   const parts = (Object.entries(estimate.parts) as [keyof MemoryEstimate['parts'], number][]).filter(([, v]) => v > 0).sort((a, b) => b[1] - a[1]);
   const biggest = parts.slice(0, 2).map(([k, v]) => `${PART_NAMES[k]} ${bytesHuman(v)}`).join(', ');
   const fixes: string[] = [];
   const { weights, trainable, activations } = estimate.parts;
   if (trainable >= 0.5 * weights) fixes.push('use LoRA (the default) instead of a full fine-tune');
-  if (activations >= 0.25 * estimate.totalBytes) fixes.push('lower batch_size');
+  if (activations >= 0.25 * estimate.totalBytes && (opts.batch ?? 2) > 1) fixes.push('lower batch_size');
   const needMachine = estimate.totalBytes + available.rssBytes;
   fixes.push(`free memory or run on a machine with >= ${Math.ceil(needMachine / 1e9)} GB`);
   if (available.source === available.capName) fixes.push(`raise ${available.capName} (now ${bytesHuman(available.limitBytes)})`);

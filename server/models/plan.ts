@@ -70,14 +70,15 @@ export interface PlanResult {
 /**
  * Estimates `plan` on `config`, counts `parts` of it against this process's available memory.
  * @param what names the load in the refusal ("a LoRA session of pi05 (lerobot/pi05_base)").
+ * @param capName how the operator sets maxMemory, for the message (`--max-memory`, or `VELA_MAX_MEMORY` where no flag exists).
  * @throws HttpError 507 with checkFits's one line when it would not fit; RangeError for a
  *   --max-memory that does not parse.
  */
-export async function planOrRefuse(config: RealPiConfig, plan: MemoryPlan, parts: PlanParts, what: string, maxMemory?: string): Promise<PlanResult> {
+export async function planOrRefuse(config: RealPiConfig, plan: MemoryPlan, parts: PlanParts, what: string, maxMemory?: string, capName = '--max-memory'): Promise<PlanResult> {
   const estimate = estimateMemory(config, plan);
   const counted = selectParts(estimate, parts);
-  const available = await availableMemory({ maxMemory, capName: '--max-memory' });
-  const why = checkFits(counted, available, what);
+  const available = await availableMemory({ maxMemory, capName });
+  const why = checkFits(counted, available, what, { batch: parts.pass ? plan.batch : undefined });
   if (why) throw new HttpError(INSUFFICIENT_MEMORY, why);
   return { estimate, counted, available };
 }

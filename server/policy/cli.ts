@@ -209,7 +209,7 @@ export async function policyCommand(argv: string[]): Promise<void> {
     const config = await realConfigOf(target.baseDir);
     const lora = target.kind === 'checkpoint' && target.config.finetune === 'lora';
     await planOrRefuse(config, { use: 'serve', batch: 1, cameras: 3, ...(lora ? { loraRank: Number(target.config.lora_rank) || 16, loraActionRank: Number(target.config.lora_action_rank ?? target.config.lora_rank) || 32 } : {}) },
-      { weights: true, tenant: true, pass: true }, `serving ${config.variant} from ${target.baseDir}`, process.env.VELA_MAX_MEMORY || undefined);
+      { weights: true, tenant: true, pass: true }, `serving ${config.variant} from ${target.baseDir}`, process.env.VELA_MAX_MEMORY || undefined, 'VELA_MAX_MEMORY');
   }
   const { Engine } = await import('../engine/host.ts');
   const { startPolicyServer } = await import('./standalone.ts');

@@ -1,0 +1,87 @@
+/**
+ * Memory planning through the real server (issue 24): what would not fit in --max-memory is
+ * refused before anything loads, with one line naming the estimate, what is available and the
+ * fix: a session on a real base and a fine-tune (HTTP 507, nothing left open), and `vela policy
+ * --base` (exit 1). With room, the same requests go through and the plan is reported in the
+ * session's info and in /health.
+ */
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { VelaClient } from '../protocol/client.ts';
+import { g1Subset } from './helpers/g1.ts';
+import { writeTinyBase } from './helpers/real-pi-base.ts';
+import { api, startTestServer, type TestServer } from './helpers/server.ts';
+
+const LINE = /needs about [\d.]+ [KMG]?B .*; [\d.]+ [KMG]?B is available \(--max-memory [\d.]+ [KMG]?B .* less [\d.]+ [KMG]?B in use\): .*raise --max-memory/;
+
+let base: string;
+let datasets: string;
+beforeAll(async () => {
+  base = await writeTinyBase('pi05');
+  datasets = g1Subset(2).root;
+});
+
+describe('too little memory', () => {
+  let server: TestServer;
+  beforeAll(async () => {
+    // Less than this process already holds: nothing more fits.
+    server = await startTestServer({ env: { VELA_MAX_MEMORY: '64MiB', VELA_DATASETS_DIR: datasets } });
+  });
+  afterAll(() => server.close());
+
+  it('refuses a session and a fine-tune with one line naming the estimate and the fix; nothing is left open', async () => {
+    const s = await api(server, 'POST', '/v1/training_sessions', { base_model: 'pi05', base });
+    expect(s.status).toBe(507);
+    expect(s.json.error).toMatch(/^a LoRA session of pi05 \(.*\) needs about /);
+    expect(s.json.error).toMatch(LINE);
+    expect(s.json.error).not.toContain('\n');
+    expect((await api(server, 'GET', '/v1/training_sessions')).json.data).toEqual([]);
+    expect(server.sessions.runningEngines()).toEqual([]);
+
+    const j = await api(server, 'POST', '/v1/fine-tunes', { model: 'pi05', base, dataset_name: 'g1_subset', batch_size: 2, steps: 2 });
+    expect(j.status).toBe(507);
+    expect(j.json.error).toMatch(/^a LoRA fine-tune of pi05 \(.*\) at batch_size 2 needs about /);
+    expect(j.json.error).toMatch(LINE);
+    expect((await api(server, 'GET', '/v1/fine-tunes')).json.data).toEqual([]);
+  });
+});
+
+describe('room enough', () => {
+  let server: TestServer;
+  beforeAll(async () => {
+    server = await startTestServer({ env: { VELA_MAX_MEMORY: '64GiB' } });
+  });
+  afterAll(() => server.close());
+
+  it('plans the session, reports planned and held bytes in its info and /health', async () => {
+    const client = new VelaClient(server.baseUrl, server.apiKey);
+    const s = await client.waitReady((await client.createSession({ base_model: 'pi05', base } as never)).id);
+    const info = (await api(server, 'GET', `/v1/training_sessions/${s.id}`)).json;
+    // The base (not loaded before) and the tenant: the tiny base's 370,112 params in float32 and more.
+    expect(info.memory.planned_bytes).toBeGreaterThan(370_112 * 4);
+    expect(info.memory.tenant_bytes).toBeGreaterThan(0);
+    const health = (await api(server, 'GET', '/health', undefined, null)).json;
+    expect(health.engines).toEqual(['pi05']);
+    expect(health.memory.limit_bytes).toBe(64 * 2 ** 30);
+    expect(health.memory.limit_source).toBe('--max-memory');
+    const engine = health.memory.engines.find((e: { model: string }) => e.model === 'pi05');
+    expect(engine.base_params).toBe(370_112);
+    expect(engine.tensor_bytes).toBeGreaterThanOrEqual(370_112 * 4);
+    expect(JSON.stringify(health)).not.toContain(base); // no server paths to unauthenticated callers
+  });
+});
+
+it('vela policy --base refuses what does not fit before loading: one line, exit 1', async () => {
+  const proc = spawn(process.execPath, ['bin/vela.js', 'policy', '--base', base, '--port', '0', '--backend', 'wasm'], { env: { ...process.env, VELA_MAX_MEMORY: '64MiB' }, stdio: ['ignore', 'pipe', 'pipe'] });
+  let err = '';
+  proc.stderr!.on('data', (b) => (err += b));
+  const code = await new Promise<number | null>((r) => proc.once('exit', r));
+  expect(code).toBe(1);
+  const lines = err.trim().split('\n').filter((l) => l.startsWith('vela policy:'));
+  expect(lines).toHaveLength(1);
+  expect(lines[0]).toMatch(/^vela policy: serving pi05 from .* needs about .* is available \(VELA_MAX_MEMORY .*raise VELA_MAX_MEMORY/);
+});
+
+afterAll(() => fs.rmSync(path.dirname(base), { recursive: true, force: true }));
