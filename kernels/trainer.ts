@@ -1,6 +1,7 @@
 /**
  * Training state of one session (PROTOCOL.md section 3): a frozen, shared BaseWeights; the
- * trainable tensors (LoRA adapters or a full copy); the accumulated gradient G and denominator
+ * trainable tensors (LoRA adapters, with the parameters a family trains in full beside them,
+ * FlowPolicy.loraFullParams; or a full copy); the accumulated gradient G and denominator
  * D; AdamW moments; the seeded generators. Many TrainingStates reference one BaseWeights
  * without copying it (MODEL.md "LoRA and targets").
  *
