@@ -68,6 +68,12 @@ export interface FlowPolicy<B, C> {
   /** The linears a LoRA target list selects, in parameter order. @throws LoraError('bad_target'). */
   loraLinears(targets: readonly string[]): PolicyLinear[];
   /**
+   * Parameters that a LoRA fine-tune trains in full beside the adapters (PEFT's
+   * `modules_to_save`), e.g. the real models' action / state / time projections, which openpi's
+   * LoRA configs leave trainable. Optional: without it LoRA trains adapters only.
+   */
+  loraFullParams?(): readonly string[];
+  /**
    * Why LoRA with `targets` cannot learn on `base` (e.g. pi0.5's closed zero gates), or null.
    * Optional: a family without such a trap leaves it out.
    */

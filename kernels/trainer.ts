@@ -1,6 +1,7 @@
 /**
  * Training state of one session (PROTOCOL.md section 3): a frozen, shared BaseWeights; the
- * trainable tensors (LoRA adapters or a full copy); the accumulated gradient G and denominator
+ * trainable tensors (LoRA adapters, with the parameters a family trains in full beside them,
+ * FlowPolicy.loraFullParams; or a full copy); the accumulated gradient G and denominator
  * D; AdamW moments; the seeded generators. Many TrainingStates reference one BaseWeights
  * without copying it (MODEL.md "LoRA and targets").
  *
@@ -59,7 +60,8 @@ export interface TrainingOptions {
 /**
  * What save_state / save_weights write (PROTOCOL.md section 4); the engine maps it onto
  * kernels/checkpoint.ts's CheckpointContent. `weights` holds the trainable tensors: every
- * parameter (full) or the adapter, `<linear>.lora_a` [in, r] / `.lora_b` [r, out] (LoRA).
+ * parameter (full) or the adapter, `<linear>.lora_a` [in, r] / `.lora_b` [r, out] (LoRA), then
+ * the parameters LoRA trains in full (config.lora_full) under their own names.
  */
 export interface ExportedState {
   config: {
@@ -68,6 +70,8 @@ export interface ExportedState {
     lora_action_rank?: number; lora_action_alpha?: number;
     /** Full fine-tune: the parameters left frozen, when any. */
     frozen?: string[];
+    /** LoRA: the parameters trained in full beside the adapters (TrainingState.loraFull), when any. */
+    lora_full?: string[];
   };
   weights: NamedTensors;
   /** exportState only: `<param>.exp_avg` / `.exp_avg_sq`, and `<param>.ema` when an average is kept. */
@@ -113,7 +117,13 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
   readonly actionAlpha: number;
   readonly targets: readonly string[];
   readonly frozen: readonly string[];
-  /** The trainable tensors by name (adapters or every parameter). */
+  /**
+   * LoRA only: the parameters trained in full beside the adapters (the policy's loraFullParams,
+   * e.g. the real models' action / state / time projections; PEFT's `modules_to_save`); empty
+   * for a full fine-tune and for families that name none (the small presets).
+   */
+  readonly loraFull: readonly string[];
+  /** The trainable tensors by name (adapters, then any loraFull copies; or every parameter). */
   readonly params: Map<string, tf.Variable>;
   readonly emaDecay: number;
   readonly timeSampling: TimeSampling;
@@ -161,9 +171,13 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
     this.sampleRng = new Rng(seed + 0x5eed2);
     if (this.finetune === 'full') {
       this.params = fullCopies(base, this.frozen);
+      this.loraFull = [];
     } else {
       const lora: LoraShape = { rank: this.rank, alpha: this.alpha, actionRank: this.actionRank, actionAlpha: this.actionAlpha };
       ({ params: this.params, scales: this.loraScales } = loraAdapters(base, this.targets, lora, initRng));
+      // After the adapters, so their seeded init is the same with or without these copies.
+      this.loraFull = [...(this.policy.loraFullParams?.() ?? [])];
+      for (const name of this.loraFull) this.params.set(name, tf.variable(base.get(name), true));
     }
     for (const [name, v] of this.params) this.varNames.set(v.name, name);
     this.moments = AdamWMoments.create(this.params);
@@ -445,6 +459,7 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
       ...(this.actionRank !== this.rank ? { lora_action_rank: this.actionRank } : {}),
       ...(this.actionAlpha !== this.alpha ? { lora_action_alpha: this.actionAlpha } : {}),
       ...(this.frozen.length > 0 ? { frozen: [...this.frozen] } : {}),
+      ...(this.loraFull.length > 0 ? { lora_full: [...this.loraFull] } : {}),
     };
   }
 
@@ -485,8 +500,9 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
     if (finetune !== this.finetune) {
       throw new TrainerError('bad_weights', `the weights are for finetune '${finetune}'; this session is '${this.finetune}'`);
     }
-    const named = state.weights ?? state.adapter?.tensors;
-    if (!named) throw new TrainerError('bad_weights', 'the checkpoint has no weights or adapter tensors');
+    const given = state.weights ?? state.adapter?.tensors;
+    if (!given) throw new TrainerError('bad_weights', 'the checkpoint has no weights or adapter tensors');
+    const named = this.withLoraFullDefaults(given);
     checkNamed(named, new Map([...this.params].map(([n, v]) => [n, [...v.shape]])), this.finetune === 'full' ? 'weights' : 'adapter');
     for (const [name, v] of this.params) {
       const t = named[name]!;
@@ -496,6 +512,22 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
     for (const [name, e] of this.ema ?? []) e.assign(this.params.get(name)!);
     this.emaUpdates = 0;
     this.clearEpoch();
+  }
+
+  /**
+   * `named` with the base's values for every loraFull parameter it lacks: an adapter saved before
+   * its family trained them in full (or by PEFT without modules_to_save) still loads, on the base's
+   * projections. Returns `named` itself when nothing is missing.
+   */
+  private withLoraFullDefaults(named: NamedTensors): NamedTensors {
+    const missing = this.loraFull.filter((n) => !Object.hasOwn(named, n));
+    if (missing.length === 0) return named;
+    const out: NamedTensors = { ...named };
+    for (const n of missing) {
+      const t = this.base.get(n);
+      out[n] = { shape: [...t.shape], data: t.dataSync() as Float32Array };
+    }
+    return out;
   }
 
   /** Loads a state saved by exportState: weights, moments, step and generators. All checks
@@ -512,6 +544,15 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
     for (const [k, t] of Object.entries(state.optimizer)) {
       if (k.endsWith('.ema')) emaTensors[k.slice(0, -'.ema'.length)] = t;
       else momentTensors[k] = t;
+    }
+    // A state saved before the family trained its loraFull parameters: they start from the base
+    // (importWeights), with zero moments and an average equal to them.
+    const savedWeights = state.weights ?? state.adapter?.tensors ?? {};
+    for (const name of this.loraFull) {
+      if (Object.hasOwn(savedWeights, name)) continue;
+      const shape = [...this.params.get(name)!.shape];
+      for (const k of [`${name}.exp_avg`, `${name}.exp_avg_sq`]) momentTensors[k] ??= { shape, data: new Float32Array(size(shape)) };
+      if (this.ema) emaTensors[name] ??= { shape, data: this.base.get(name).dataSync() as Float32Array };
     }
     if (this.ema) {
       checkNamed(emaTensors, new Map([...this.params].map(([n, v]) => [n, [...v.shape]])), 'the saved moving average');

@@ -20,6 +20,7 @@ import { readHubCheckpoint, readHubConfig } from '../server/models/hub-checkpoin
 import { parseFineTuneConfig } from '../server/jobs/config.ts';
 import { finetuneCommand } from '../server/jobs/cli.ts';
 import { exportHubModel } from '../server/jobs/export-hub.ts';
+import { realPiLoraFull } from '../kernels/pi/policy.ts';
 import { datasetMisfit } from '../server/jobs/base.ts';
 import { loadCheckpoint, saveCheckpoint } from '../kernels/checkpoint.ts';
 import { startFakeHub, type FakeHub } from './helpers/fake-hub.ts';
@@ -77,7 +78,7 @@ describe('fine-tunes of the real pi0.5 (tiny base)', () => {
   });
 
   it('a LoRA job from the base folder on G1: loss falls, the output is a Hub-layout base that samples as the job policy does', { timeout: 240_000 }, async () => {
-    const body = { model: 'pi05', base, dataset_name: g1.name, steps: 24, batch_size: 6, learning_rate: 5e-2, eval_episodes: [1], eval_stride: 60, eval_every: 8, checkpoint_every: 24, seed: 3 };
+    const body = { model: 'pi05', base, dataset_name: g1.name, steps: 24, batch_size: 6, learning_rate: 1e-2, eval_episodes: [1], eval_stride: 60, eval_every: 8, checkpoint_every: 24, seed: 3 };
     const created = await api(server, 'POST', '/v1/fine-tunes', body);
     expect(created.status, JSON.stringify(created.json)).toBe(200);
     expect(created.json).toMatchObject({ model: 'pi05', base, finetune: 'lora', lora_rank: 16, lora_alpha: 16, lora_action_rank: 32 });
@@ -89,10 +90,12 @@ describe('fine-tunes of the real pi0.5 (tiny base)', () => {
     for (const e of progress) expect(e.loss).toBeGreaterThan(0);
     // The held-out flow-matching loss (seeded noise and time: the same draws each time) falls at every evaluation.
     const evalLoss = progress.filter((e) => typeof e.eval_loss === 'number').map((e) => e.eval_loss as number);
+    console.log(`LoRA job eval_loss ${evalLoss.map((x) => x.toFixed(4)).join(' ')}`);
     expect(evalLoss).toHaveLength(3);
     expect(evalLoss[1]).toBeLessThan(evalLoss[0]!);
     expect(evalLoss[2]).toBeLessThan(evalLoss[1]!);
-    expect(evalLoss[2]).toBeLessThan(evalLoss[0]! * 0.99);
+    // Measured (node): 1.104, 1.031, 0.992; with adapters alone (the projections frozen) 1.351, 1.361, 1.352 at this rate.
+    expect(evalLoss[2]).toBeLessThan(evalLoss[0]! * 0.95);
 
     // The output folder in the Hub layout, beside today's weights/final.
     const modelDir = done.model_dir as string;
@@ -110,6 +113,14 @@ describe('fine-tunes of the real pi0.5 (tiny base)', () => {
     const vision = 'model.paligemma_with_expert.paligemma.model.vision_tower.vision_model.embeddings.patch_embedding.weight';
     expect(merged.params!.get(q)!.data).not.toEqual(orig.params!.get(q)!.data); // the adapter is merged in
     if (merged.params!.has(vision)) expect(merged.params!.get(vision)!.data).toEqual(orig.params!.get(vision)!.data); // never adapted
+    // The projections LoRA trained in full (PEFT's modules_to_save in the job's adapter file) replace the base's, bit for bit.
+    const job = await loadCheckpoint(done.output_dir);
+    expect(job.adapter!.config.modules_to_save).toEqual(['model.action_in_proj', 'model.action_out_proj', 'model.time_mlp_in', 'model.time_mlp_out']);
+    for (const name of realPiLoraFull(tinyRealConfig('pi05'))) {
+      expect(merged.params!.get(name)!.data, name).toEqual(job.adapter!.tensors[name]!.data);
+      expect(merged.params!.get(name)!.data, name).not.toEqual(orig.params!.get(name)!.data);
+    }
+    expect(ev.some((e) => e.type === 'log' && /LoRA merged into 56 linears, 8 parameters trained in full/.test(e.message))).toBe(true);
 
     // Sampling the job's policy (base + its adapters) equals sampling the output as a base.
     const onBase = await server.sessions.engineFor(realModelKey('pi05', base));
@@ -303,9 +314,12 @@ describe('exportHubModel: the merge', () => {
     const factor = (shape: number[], k: number) => ({ shape, data: Float32Array.from({ length: shape[0]! * shape[1]! }, (_, i) => Math.sin(i * 0.37 + k) * 0.1) });
     const [qOut, qIn] = before.get(`${vlmQ}.weight`)!.shape as [number, number];
     const [dOut, dIn] = before.get(`${expertDown}.weight`)!.shape as [number, number];
+    const outProj = before.get('model.action_out_proj.weight')!;
     const tensors = {
       [`${vlmQ}.lora_a`]: factor([qIn, 4], 1), [`${vlmQ}.lora_b`]: factor([4, qOut], 2),
       [`${expertDown}.lora_a`]: factor([dIn, 8], 3), [`${expertDown}.lora_b`]: factor([8, dOut], 4),
+      // A parameter trained in full beside the adapters: it replaces the base's.
+      'model.action_out_proj.weight': factor(outProj.shape, 5),
     };
     const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-merge-'));
     const weightsDir = path.join(tmp, 'final');
@@ -313,6 +327,7 @@ describe('exportHubModel: the merge', () => {
     // A 1-byte read-ahead: the reader waits for the writer after every tensor.
     const out = await exportHubModel({ baseDir: base, weightsDir, outDir: path.join(tmp, 'model'), stateDim: 3, actionDim: 5, normStats: '{}', dataset: { state_names: null }, bufferBytes: 1 });
     expect(out.merged).toBe(2);
+    expect(out.replaced).toBe(1);
     // The base streamed through (both files in safetensors order): never more than a tensor or two held.
     const largest = Math.max(...[...before.values()].map((t) => t.data.byteLength));
     expect(out.peakBufferedBytes).toBeLessThanOrEqual(2 * largest);
@@ -333,9 +348,17 @@ describe('exportHubModel: the merge', () => {
     };
     expectMerged(vlmQ, tensors[`${vlmQ}.lora_a`]!, tensors[`${vlmQ}.lora_b`]!, 4, 2 / 4);
     expectMerged(expertDown, tensors[`${expertDown}.lora_a`]!, tensors[`${expertDown}.lora_b`]!, 8, 24 / 8);
-    // Weights without an adapter are the base's, bit for bit.
+    // Weights without an adapter are the base's, bit for bit; the one trained in full is the job's.
     const other = 'model.paligemma_with_expert.paligemma.model.language_model.layers.0.self_attn.q_proj.weight';
     expect(after.get(other)!.data).toEqual(before.get(other)!.data);
+    expect(after.get('model.action_out_proj.weight')!.data).toEqual(tensors['model.action_out_proj.weight']!.data);
+    expect(after.get('model.action_out_proj.bias')!.data).toEqual(before.get('model.action_out_proj.bias')!.data);
+    // A trained tensor that does not fit the base is refused, naming it; nothing is written.
+    const badDir = path.join(tmp, 'bad');
+    await saveCheckpoint(badDir, { config: { preset: 'pi0', finetune: 'lora', lora_rank: 4, lora_alpha: 2 }, adapter: { tensors: { 'model.action_out_proj.weight': factor([3, 3], 6) }, config: { peft_type: 'LORA' } } });
+    await expect(exportHubModel({ baseDir: base, weightsDir: badDir, outDir: path.join(tmp, 'bad-model'), stateDim: 3, actionDim: 5, normStats: '{}', dataset: {} })).rejects.toThrow(
+      `the job's adapter file holds model.action_out_proj.weight [3,3]; the base's is [${outProj.shape}]`);
+    expect(fs.existsSync(path.join(tmp, 'bad-model'))).toBe(false);
     expect(JSON.parse(fs.readFileSync(path.join(out.dir, 'config.json'), 'utf8'))).toMatchObject({ type: 'pi0', output_features: { action: { shape: [5] } } });
     fs.rmSync(tmp, { recursive: true, force: true });
     fs.rmSync(path.dirname(base), { recursive: true, force: true });

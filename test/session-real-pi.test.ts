@@ -18,6 +18,10 @@ import { writeTinyBase } from './helpers/real-pi-base.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 import { FuturesClient } from './helpers/futures-client.ts';
 import { realModelKey } from '../server/engine/model-key.ts';
+import { realPiLoraFull } from '../kernels/pi/policy.ts';
+import { realPiParamSpecs } from '../kernels/pi/params.ts';
+import { loraParamCount } from '../kernels/pi/memory.ts';
+import { tinyRealConfig } from './helpers/real-pi-base.ts';
 
 let server: TestServer;
 let client: VelaClient;
@@ -93,6 +97,13 @@ for (const variant of ['pi0', 'pi05'] as const) {
       expect(info.json).toMatchObject({ base_model: variant, base, status: 'ready' });
       expect(info.json.base_params).toBeGreaterThan(0);
       expect(conn.info.base_params).toBe(info.json.base_params);
+      // trainable_params: the adapters at 16/32 and the projections LoRA trains in full.
+      const c = tinyRealConfig(variant);
+      const fullNames = new Set(realPiLoraFull(c));
+      const fullValues = realPiParamSpecs(c).filter((p) => fullNames.has(p.name)).reduce((n, p) => n + p.shape.reduce((a, b) => a * b, 1), 0);
+      expect(fullValues).toBe(variant === 'pi0' ? 6304 : 4224);
+      expect(info.json.trainable_params).toBe(loraParamCount(c, 16, 32));
+      expect(conn.info.trainable_params).toBe(info.json.trainable_params);
 
       // forward(keep) + backward with forward_backward's own gradient equals forward_backward: the
       // state is saved first, so that after load_state the generator draws the same noise and time.
@@ -111,8 +122,12 @@ for (const variant of ['pi0', 'pi05'] as const) {
 
       // LoRA training lowers the loss over 20 steps: the training loss (each step draws its own
       // noise and time) and the error of seeded samples against the batch's chunks (one fixed draw).
-      // On this base both level off within a few steps, near 1.2 (the contract init's frozen
-      // action_out_proj, |w| < 0.05, bounds |v|: test/real-pi-train.test.ts).
+      // The action / state / time projections train in full beside the adapters (openpi's freeze
+      // filter). Measured (node), mean of the first / last 5 losses and the sample error before ->
+      // after, with adapters alone (the frozen action_out_proj of the contract init, |w| < 0.05,
+      // bounds |v|): pi0 1.262 / 1.202 (0.95x), 1.475 -> 1.274 (0.86x); pi0.5 1.322 / 1.203
+      // (0.91x), 1.403 -> 1.275 (0.91x). With the projections trained: pi0 1.140 / 1.029 (0.90x),
+      // 1.439 -> 1.098 (0.76x); pi0.5 1.133 / 0.677 (0.60x), 1.397 -> 0.589 (0.42x).
       const probe = B.slice(0, 1);
       const sampleError = async () => {
         const a = (await conn.sample(B, { codec: 'JPEG', seed: 3 })).actions.data as Float32Array;
@@ -128,7 +143,12 @@ for (const variant of ['pi0', 'pi05'] as const) {
       const mean = (a: number[]) => a.reduce((x, y) => x + y) / a.length;
       console.log(`${variant} LoRA 16/32 session: loss ${trained.map((x) => x.toFixed(3)).join(' ')}; seeded sample error ${errBefore.toFixed(3)} -> ${errAfter.toFixed(3)}`);
       expect(mean(trained.slice(-5))).toBeLessThan(0.9 * trained[0]!);
-      expect(errAfter).toBeLessThan(0.95 * errBefore);
+      if (variant === 'pi05') {
+        expect(mean(trained.slice(-5))).toBeLessThan(0.75 * mean(trained.slice(0, 5)));
+        expect(errAfter).toBeLessThan(0.6 * errBefore);
+      } else {
+        expect(errAfter).toBeLessThan(0.82 * errBefore);
+      }
 
       // Seeded sampling is reproducible; save_state / load_state restore it exactly.
       const a1 = await conn.sample(probe, { codec: 'JPEG', seed: 3 });
@@ -149,8 +169,21 @@ for (const variant of ['pi0', 'pi05'] as const) {
       const st = decodeSafetensors(fs.readFileSync(path.join(dir, 'adapter_model.safetensors')));
       const ranks = new Set(Object.entries(st.tensors).filter(([n]) => n.endsWith('lora_a')).map(([, t]) => t.shape[1]));
       expect([...ranks].sort()).toEqual([16, 32]);
+      // The projections trained in full ride along under their own names, listed as PEFT's modules_to_save.
+      expect(Object.keys(st.tensors).filter((n) => !/\.lora_[ab]$/.test(n)).sort()).toEqual([...fullNames].sort());
+      expect(st.tensors['model.action_out_proj.weight']!.shape).toEqual([32, 32]);
+      const adapterCfg = JSON.parse(fs.readFileSync(path.join(dir, 'adapter_config.json'), 'utf8'));
+      expect(adapterCfg.modules_to_save).toEqual([...new Set([...fullNames].map((n) => n.replace(/\.(weight|bias)$/, '')))]);
+      expect(cfg.lora_full).toEqual(realPiLoraFull(c));
       // sample from the saved weights (a fresh adapter of the same ranks on the shared base) equals the live one.
       expect(Array.from((await conn.sample(probe, { codec: 'JPEG', seed: 3, weights: 'final' })).actions.data as Float32Array)).toEqual(Array.from(a1.actions.data as Float32Array));
+      // A new session on the same base that loads the saved state samples the same (projections included).
+      const fresh = await client.waitReady((await client.createSession({ base_model: variant, base })).id);
+      const cf = await client.connect(fresh);
+      await cf.loadCheckpoint(`${s.id}/states/trained`);
+      expect(Array.from((await cf.sample(probe, { codec: 'JPEG', seed: 3 })).actions.data as Float32Array)).toEqual(Array.from(a1.actions.data as Float32Array));
+      await cf.close();
+      await client.closeSession(fresh.id);
       await conn.close();
       await client.closeSession(s.id);
     }, 120_000);

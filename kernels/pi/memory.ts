@@ -6,7 +6,8 @@
  * Parts, bytes (everything float32, as Vela holds it; a BF16 checkpoint is widened on load):
  * - weights: every parameter a forward pass uses (realPiParamCount), shared by every tenant.
  * - trainable: LoRA: each tenant's adapters, rank x (in + out) per adapted projection (the
- *   action expert's at its own rank; serving a LoRA checkpoint holds them too); full: a
+ *   action expert's at its own rank; serving a LoRA checkpoint holds them too), and its copies
+ *   of the projections LoRA trains in full (kernels/pi/policy.ts realPiLoraFull); full: a
  *   trainable copy of every parameter (the frozen base stays loaded next to it).
  * - optimizer: AdamW's two moments per trainable value (per tenant).
  * - gradients: the accumulated gradient of the tenant that steps (one copy at the peak: a
@@ -43,8 +44,8 @@
  * before activations: ~105 GiB at batch 1.
  */
 import { tokensPerCamera, type RealPiConfig } from './config.ts';
-import { realPiParamCount } from './params.ts';
-import { realPiLinears } from './policy.ts';
+import { realPiParamCount, realPiParamSpecs } from './params.ts';
+import { realPiLinears, realPiLoraFull } from './policy.ts';
 
 const F32 = 4;
 const MIB = 1024 * 1024;
@@ -99,10 +100,16 @@ export function passTokens(c: RealPiConfig, cameras: number, promptTokens = c.ma
   return { p, s, n: p + s };
 }
 
-/** Trainable values of one LoRA tenant: rank x (in + out) per adapted projection. */
+/**
+ * Trainable values of one LoRA tenant: rank x (in + out) per adapted projection, plus the
+ * projections trained in full beside them (realPiLoraFull: 3,248,160 values on pi0, 2,165,792
+ * on pi0.5 at full size).
+ */
 export function loraParamCount(c: RealPiConfig, rank = 16, actionRank = 32, targets: readonly string[] = ['all']): number {
   const picked = realPiLinears(c).filter((l) => targets.some((t) => t === 'all' || t === l.kind || (t === 'action_expert' && l.expert === 'action') || (t === 'prefix_expert' && l.expert === 'prefix')));
-  return picked.reduce((n, l) => n + (l.expert === 'action' ? actionRank : rank) * (l.inDim + l.outDim), 0);
+  const full = new Set(realPiLoraFull(c));
+  const fullValues = realPiParamSpecs(c).filter((s) => full.has(s.name)).reduce((n, s) => n + s.shape.reduce((a, b) => a * b, 1), 0);
+  return picked.reduce((n, l) => n + (l.expert === 'action' ? actionRank : rank) * (l.inDim + l.outDim), 0) + fullValues;
 }
 
 function check(name: string, v: number | undefined, min: number): void {

@@ -10,6 +10,12 @@
  * (openpi's gemma_2b_lora / gemma_300m_lora variants adapt the same set: attention and FFN
  * einsums of the two Gemmas). openpi's ranks are 16 (alpha 16) on the VLM and 32 (alpha 32) on
  * the expert: OPENPI_LORA gives them as TrainingOptions.
+ *
+ * Beside the adapters, LoRA trains the projections around the Gemmas in full (realPiLoraFull):
+ * openpi's freeze filter for these variants freezes only the Gemmas' own weights, so the action
+ * in / out, state and time projections train; without them the model cannot re-scale its output
+ * to a new robot's actions. The SigLIP tower and projector, which openpi also trains, stay frozen
+ * here on purpose (412 M parameters whose AdamW moments alone would be 6.6 GB; docs/MODEL.md).
  */
 import { eulerSample } from '../flow.ts';
 import type { FlowPolicy, LossTargets, PolicyLinear, PolicyParamSpec, PolicyWeights } from '../flow-policy.ts';
@@ -47,6 +53,16 @@ export function realPiLinears(c: RealPiConfig): PiLinear[] {
   return out;
 }
 
+/**
+ * The parameters LoRA trains in full on the real models (FlowPolicy.loraFullParams), every weight
+ * and bias: action_in_proj, action_out_proj, and pi0's state_proj and action-time MLP
+ * (action_time_mlp_in / _out) or pi0.5's time MLP (time_mlp_in / _out).
+ */
+export function realPiLoraFull(c: RealPiConfig): string[] {
+  const modules = ['model.action_in_proj', 'model.action_out_proj', ...(c.variant === 'pi0' ? ['model.state_proj', 'model.action_time_mlp_in', 'model.action_time_mlp_out'] : ['model.time_mlp_in', 'model.time_mlp_out'])];
+  return modules.flatMap((m) => [`${m}.weight`, `${m}.bias`]);
+}
+
 function matches(s: PiLinear, t: LoraTarget): boolean {
   if (t === 'all') return true;
   if (t === 'attn' || t === 'mlp') return s.kind === t;
@@ -79,6 +95,7 @@ export function realPiPolicy(c: RealPiConfig, name = `real-${c.variant}`): FlowP
       }
       return realPiLinears(c).filter((s) => targets.some((t) => matches(s, t as LoraTarget)));
     },
+    loraFullParams: () => realPiLoraFull(c),
     batchSize: (batch) => batch.size,
     checkBatch: (batch, needActions) => checkBatch(c, batch, needActions),
     lossTargets(batch): LossTargets {

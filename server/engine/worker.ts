@@ -246,7 +246,13 @@ function checkpointContent(t: Tenant, state: TrainingState, withOptimizer: boole
   };
   const content: CheckpointContent = { config: cfg };
   if (ex.config.finetune === 'lora') {
-    content.adapter = { tensors: ex.weights, config: { peft_type: 'LORA', r: ex.config.lora_rank, lora_alpha: ex.config.lora_alpha, target_modules: ex.config.lora_targets, base_model: config.preset } };
+    // Parameters trained in full ride in the adapter file under their own names, listed by module
+    // in modules_to_save as PEFT does (server/jobs/export-hub.ts writes them into a merged base).
+    const modules = [...new Set((ex.config.lora_full ?? []).map((n) => n.replace(/\.(weight|bias)$/, '')))];
+    content.adapter = {
+      tensors: ex.weights,
+      config: { peft_type: 'LORA', r: ex.config.lora_rank, lora_alpha: ex.config.lora_alpha, target_modules: ex.config.lora_targets, base_model: config.preset, ...(modules.length > 0 ? { modules_to_save: modules } : {}) },
+    };
   } else content.weights = ex.weights;
   if (ex.optimizer && ex.trainerState) {
     content.optimizer = ex.optimizer;

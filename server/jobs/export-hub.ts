@@ -4,7 +4,9 @@
  * start from it. The folder holds
  *   config.json          the base's, with `type` set and the dataset's state / action shapes in
  *                        input_features / output_features (as LeRobot writes after a fine-tune)
- *   model.safetensors    every weight, LoRA merged in: W + (alpha / r) · (A · B)ᵀ
+ *   model.safetensors    every weight, LoRA merged in: W + (alpha / r) · (A · B)ᵀ; the
+ *                        parameters a LoRA job trained in full (the action / state / time
+ *                        projections, PEFT's modules_to_save in the adapter file) replace the base's
  *   tokenizer*.json      the base's tokenizer files (else the PaliGemma tokenizer in use)
  *   norm_stats.json      the dataset's stats (openpi's layout, Vela's file)
  *   vela_dataset.json    what the policy server needs besides: cameras, action space, names, ...
@@ -27,6 +29,7 @@ import { loadCheckpoint } from '../../kernels/checkpoint.ts';
 import { realPiConfigFromHub } from '../../kernels/pi/config.ts';
 import { HUB_EXPERT_LM_HEAD_KEY } from '../../kernels/pi/keys.ts';
 import { realPiLinears } from '../../kernels/pi/policy.ts';
+import { realPiParamSpecs } from '../../kernels/pi/params.ts';
 import { HUB_INDEX_FILE, HUB_WEIGHTS_FILE, readHubCheckpoint, readHubConfig, writeHubCheckpoint } from '../models/hub-checkpoint.ts';
 import { parseSafetensorsHeader, safetensorsHeaderLength } from '../../kernels/safetensors.ts';
 import { tokenizerFileFor } from '../models/layout.ts';
@@ -93,13 +96,15 @@ export interface ExportHubOptions {
  * @throws CheckpointError from the readers and writer (naming the file), Error for adapters that
  *   do not fit the base.
  */
-export async function exportHubModel(o: ExportHubOptions): Promise<{ dir: string; weightBytes: number; merged: number; peakBufferedBytes: number }> {
+export async function exportHubModel(o: ExportHubOptions): Promise<{ dir: string; weightBytes: number; merged: number; replaced: number; peakBufferedBytes: number }> {
   const baseConfig = await readHubConfig(o.baseDir);
   const c = realPiConfigFromHub(baseConfig);
   const ck = await loadCheckpoint(o.weightsDir);
   const cfg = ck.config as Record<string, unknown>;
   // Each adapted weight's factors and scale (alpha / r, per expert), by the weight's name.
   const adapters = new Map<string, { a: { shape: number[]; data: Float32Array }; b: { shape: number[]; data: Float32Array }; scale: number; linear: string }>();
+  // A LoRA job's parameters trained in full (stored beside the adapters under their own names).
+  let trainedFull: Record<string, { shape: number[]; data: Float32Array }> | null = null;
   if (ck.adapter) {
     const rank = Number(cfg.lora_rank);
     const alpha = Number(cfg.lora_alpha);
@@ -111,9 +116,20 @@ export async function exportHubModel(o: ExportHubOptions): Promise<{ dir: string
       const b = tensors[`${s.name}.lora_b`];
       if (a && b) adapters.set(`${s.name}.weight`, { a, b, scale: s.expert === 'action' ? actionAlpha / actionRank : alpha / rank, linear: s.name });
     }
-    if (adapters.size * 2 !== Object.keys(tensors).length) throw new Error(`the job's adapter has ${Object.keys(tensors).length} tensors; ${adapters.size} linears of the base took ${adapters.size * 2} of them`);
+    const shapes = new Map(realPiParamSpecs(c).map((s) => [s.name, s.shape]));
+    trainedFull = {};
+    for (const [name, t] of Object.entries(tensors)) {
+      if (/\.lora_[ab]$/.test(name)) continue;
+      const shape = shapes.get(name);
+      if (!shape) continue; // counted below: neither an adapter nor a parameter of the base
+      if (shape.join() !== t.shape.join()) throw new Error(`the job's adapter file holds ${name} [${t.shape}]; the base's is [${shape}]`);
+      trainedFull[name] = t;
+    }
+    const used = adapters.size * 2 + Object.keys(trainedFull).length;
+    if (used !== Object.keys(tensors).length) throw new Error(`the job's adapter has ${Object.keys(tensors).length} tensors; ${adapters.size} linears of the base took ${adapters.size * 2} of them and ${Object.keys(trainedFull).length} are base parameters trained in full`);
   }
   const full = ck.weights ?? null; // a full fine-tune: its weights replace the base's
+  let replaced = 0;
 
   const features = (v: unknown) => (v && typeof v === 'object' && !Array.isArray(v) ? (v as Record<string, unknown>) : {});
   const config = {
@@ -135,7 +151,9 @@ export async function exportHubModel(o: ExportHubOptions): Promise<{ dir: string
       const w = await meet.take(name);
       const own = full?.[name];
       if (full && (!own || own.data.length !== w.data.length)) throw new Error(`the job's weights lack ${name} [${w.shape}] or give it another shape`);
-      const data = own ? own.data : w.data;
+      const trained = trainedFull?.[name];
+      if (trained) replaced++;
+      const data = own ? own.data : trained ? trained.data.slice() : w.data;
       const ad = adapters.get(name);
       if (ad) {
         await mergeLora(ad.linear, data, w.shape, ad.a, ad.b, ad.scale);
@@ -148,6 +166,8 @@ export async function exportHubModel(o: ExportHubOptions): Promise<{ dir: string
     });
     await reading;
     if (merged !== adapters.size) throw new Error(`merged ${merged} of the job's ${adapters.size} adapters`);
+    const fullCount = Object.keys(trainedFull ?? {}).length;
+    if (replaced !== fullCount) throw new Error(`wrote ${replaced} of the job's ${fullCount} parameters trained in full`);
     const own = TOKENIZER_FILES.filter((f) => fs.existsSync(path.join(o.baseDir, f)));
     if (own.length > 0) for (const f of own) await fs.promises.copyFile(path.join(o.baseDir, f), path.join(tmp, f));
     else {
@@ -161,7 +181,7 @@ export async function exportHubModel(o: ExportHubOptions): Promise<{ dir: string
     await fs.promises.writeFile(path.join(tmp, VELA_DATASET_FILE), `${JSON.stringify(o.dataset, null, 2)}\n`);
     await fs.promises.rm(o.outDir, { recursive: true, force: true });
     await fs.promises.rename(tmp, o.outDir);
-    return { dir: o.outDir, weightBytes: written.bytes, merged, peakBufferedBytes: meet.peakBytes };
+    return { dir: o.outDir, weightBytes: written.bytes, merged, replaced, peakBufferedBytes: meet.peakBytes };
   } catch (e) {
     await fs.promises.rm(tmp, { recursive: true, force: true }).catch(() => undefined);
     throw e;

@@ -293,7 +293,7 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
       baseDir: ctx.baseDir, weightsDir: outputDir, outDir: path.join(ctx.workDir, 'model'), stateDim: meta.stateDim, actionDim: ad, normStats: normJson, dataset: checkpointExtra,
     });
     modelDir = out.dir;
-    ctx.emit('log', { message: `the output as a base checkpoint (Hub layout${out.merged ? `, LoRA merged into ${out.merged} linears` : ''}, ${(out.weightBytes / 1e6).toFixed(1)} MB) in ${modelDir} after ${((Date.now() - started) / 1000).toFixed(1)} s`, model_dir: modelDir });
+    ctx.emit('log', { message: `the output as a base checkpoint (Hub layout${out.merged ? `, LoRA merged into ${out.merged} linears` : ''}${out.replaced ? `, ${out.replaced} parameters trained in full` : ''}, ${(out.weightBytes / 1e6).toFixed(1)} MB) in ${modelDir} after ${((Date.now() - started) / 1000).toFixed(1)} s`, model_dir: modelDir });
   }
   // The resumable states (optimizer moments: twice the weights) are superseded by the final
   // weights: free their disk, and make a rerun into the same folder start afresh instead of
