@@ -23,6 +23,27 @@ export function downloadProgressLine(p: DownloadProgress, bytesPerS: number, wid
   return `[${'#'.repeat(filled)}${'.'.repeat(width - filled)}] ${mb(p.doneBytes)}/${mb(p.totalBytes)} MB  ${p.fileIndex}/${p.files} files  ${mb(bytesPerS)} MB/s  ETA ${etaText}  ${p.file}`;
 }
 
+/**
+ * A download's progress on stderr, as `vela datasets download` and `vela models download` show
+ * it: on a terminal one bar redrawn at most every 100 ms; otherwise (a log) one line per file done
+ * or skipped (`skipNote` after a skipped one) and one per resumed connection.
+ * @param started Date.now() when the download began (the transfer rate's origin).
+ */
+export function progressPrinter(started: number, skipNote: string): (p: DownloadProgress) => void {
+  const tty = process.stderr.isTTY;
+  let lastDraw = 0;
+  return (p) => {
+    const rate = p.transferredBytes / Math.max(0.001, (Date.now() - started) / 1000);
+    if (tty) {
+      if (p.phase === 'data' && Date.now() - lastDraw < 100) return;
+      lastDraw = Date.now();
+      process.stderr.write(`\r\x1b[K${downloadProgressLine(p, rate)}`);
+    } else if (p.phase === 'done' || p.phase === 'skip') {
+      process.stderr.write(`${downloadProgressLine(p, rate)}${p.phase === 'skip' ? ` ${skipNote}` : ''}\n`);
+    } else if (p.phase === 'retry') process.stderr.write(`connection broke on ${p.file}; resuming\n`);
+  };
+}
+
 /** Parses the arguments. @throws UsageError naming the argument. */
 export function parseDownloadArgs(argv: string[], env: NodeJS.ProcessEnv = process.env) {
   const { flags, positional } = splitArgs(argv, { '--revision': 'value', '--datasets-dir': 'value', '--endpoint': 'value', '--token': 'value' }, HELP);
@@ -54,19 +75,9 @@ export async function downloadCommand(argv: string[]): Promise<void> {
   const tty = process.stderr.isTTY;
   process.stderr.write(`downloading ${args.repoId}@${args.revision} from ${args.endpoint} into ${args.dest}\n`);
   const started = Date.now();
-  let lastDraw = 0;
   const result = await downloadDataset({
     ...args,
-    onProgress: (p) => {
-      const rate = p.transferredBytes / Math.max(0.001, (Date.now() - started) / 1000);
-      if (tty) {
-        if (p.phase === 'data' && Date.now() - lastDraw < 100) return;
-        lastDraw = Date.now();
-        process.stderr.write(`\r\x1b[K${downloadProgressLine(p, rate)}`);
-      } else if (p.phase === 'done' || p.phase === 'skip') {
-        process.stderr.write(`${downloadProgressLine(p, rate)}${p.phase === 'skip' ? ' (already here, verified)' : ''}\n`);
-      } else if (p.phase === 'retry') process.stderr.write(`connection broke on ${p.file}; resuming\n`);
-    },
+    onProgress: progressPrinter(started, '(already here, verified)'),
   }).catch((e) => {
     if (tty) process.stderr.write('\n');
     throw e instanceof HubError ? new Error(e.message) : e;

@@ -5,7 +5,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { shown, splitArgs, UsageError } from '../cli-args.ts';
-import { downloadProgressLine } from '../hub/cli.ts';
+import { progressPrinter } from '../hub/cli.ts';
 import { downloadModel } from './download.ts';
 import { ModelError } from './errors.ts';
 import { cachedSnapshot, hubCacheDir, isHubRepoId } from './hf-cache.ts';
@@ -79,19 +79,9 @@ async function download(argv: string[]): Promise<void> {
   const tty = process.stderr.isTTY;
   process.stderr.write(`downloading ${args.repoId}@${args.revision}${args.include.length ? ` (${args.include.join(' ')})` : ''} from ${args.endpoint} into ${args.cacheDir}\n`);
   const started = Date.now();
-  let lastDraw = 0;
   const result = await downloadModel({
     ...args,
-    onProgress: (p) => {
-      const rate = p.transferredBytes / Math.max(0.001, (Date.now() - started) / 1000);
-      if (tty) {
-        if (p.phase === 'data' && Date.now() - lastDraw < 100) return;
-        lastDraw = Date.now();
-        process.stderr.write(`\r\x1b[K${downloadProgressLine(p, rate)}`);
-      } else if (p.phase === 'done' || p.phase === 'skip') {
-        process.stderr.write(`${downloadProgressLine(p, rate)}${p.phase === 'skip' ? ' (already in the cache)' : ''}\n`);
-      } else if (p.phase === 'retry') process.stderr.write(`connection broke on ${p.file}; resuming\n`);
-    },
+    onProgress: progressPrinter(started, '(already in the cache)'),
   }).finally(() => {
     if (tty) process.stderr.write('\n');
   });
