@@ -312,7 +312,7 @@ export class SessionManager {
     if (cfg.base != null && cfg.engine_model === undefined) {
       // Resolved and checked before the row exists, so a base that cannot serve is the request's
       // one-line 400 and nothing is left open (no row, no engine).
-      const { dir } = await resolveBase(cfg.base).catch((e) => {
+      const { dir } = await resolveBase(cfg.base, { serverDownloads: false }).catch((e) => {
         throw e instanceof ModelError ? new HttpError(e.code === 'not_downloaded' || e.code === 'not_found' ? 400 : 502, e.message) : e;
       });
       await checkBaseVariant(cfg.base_model as RealModel, cfg.base, dir);

@@ -140,8 +140,12 @@ describe('availableMemory and checkFits', () => {
   it('takes the cgroup v2 limit of the process\'s group, v1\'s, else the machine\'s memory, capped by VELA_MAX_MEMORY, less the RSS', async () => {
     const v2 = cg({ 'system.slice/vela.service/memory.max': `${8 * GiB}\n`, 'memory.max': 'max\n' });
     expect(await availableMemory({ ...machine, cgroupRoot: v2, procSelfCgroup: '0::/system.slice/vela.service\n', maxMemory: undefined })).toEqual({
-      bytes: 7 * GiB, limitBytes: 8 * GiB, rssBytes: GiB, source: 'cgroup v2 memory.max', capName: 'VELA_MAX_MEMORY',
+      bytes: 7 * GiB, limitBytes: 8 * GiB, rssBytes: GiB, machineAvailableBytes: Infinity, source: 'cgroup v2 memory.max', capName: 'VELA_MAX_MEMORY',
     });
+    // Other processes hold most of the machine: what it can still give bounds the answer, and the refusal says why.
+    const busy = await availableMemory({ ...machine, cgroupRoot: v2, procSelfCgroup: '0::/system.slice/vela.service\n', maxMemory: undefined, machineAvailableBytes: 2 * GiB });
+    expect(busy).toMatchObject({ bytes: 2 * GiB, limitBytes: 8 * GiB });
+    expect(checkFits(estimateMemory(REAL_PI05, { use: 'serve', batch: 1, cameras: 1 }), busy, 'serving pi05')).toMatch(/is available \(cgroup v2 memory\.max .* in use; other processes hold the rest of the machine\): /);
     const v1 = cg({ 'memory/memory.limit_in_bytes': `${12 * GiB}` });
     expect(await availableMemory({ ...machine, cgroupRoot: v1, procSelfCgroup: '5:memory:/\n', maxMemory: undefined })).toMatchObject({ limitBytes: 12 * GiB, source: 'cgroup v1 memory.limit_in_bytes' });
     const none = cg({ 'memory.max': 'max', 'memory/memory.limit_in_bytes': '9223372036854771712' });
@@ -159,6 +163,8 @@ describe('availableMemory and checkFits', () => {
     // This process, for real: some memory, less than the machine has.
     const here = await availableMemory({ maxMemory: undefined });
     expect(here.rssBytes).toBeGreaterThan(10e6);
+    expect(here.machineAvailableBytes).toBeGreaterThan(0);
+    expect(here.bytes).toBeLessThanOrEqual(here.machineAvailableBytes);
     expect(here.limitBytes).toBeLessThanOrEqual(os.totalmem());
   });
 
@@ -172,7 +178,7 @@ describe('availableMemory and checkFits', () => {
   });
 
   it('says null when it fits, else one line naming what, the estimate, what is available, and the fix', () => {
-    const avail = (bytes: number, source = 'cgroup v2 memory.max'): AvailableMemory => ({ bytes: bytes - GiB, limitBytes: bytes, rssBytes: GiB, source, capName: 'VELA_MAX_MEMORY' });
+    const avail = (bytes: number, source = 'cgroup v2 memory.max'): AvailableMemory => ({ bytes: bytes - GiB, limitBytes: bytes, rssBytes: GiB, machineAvailableBytes: Infinity, source, capName: 'VELA_MAX_MEMORY' });
     const serve = estimateMemory(REAL_PI05, { use: 'serve', batch: 1, cameras: 3 });
     expect(checkFits(serve, avail(23.5 * GiB), 'pi05 (lerobot/pi05_base) for serving')).toBeNull();
     expect(checkFits(serve, avail(12 * GiB), 'pi05 (lerobot/pi05_base) for serving')).toBe(
@@ -183,6 +189,11 @@ describe('availableMemory and checkFits', () => {
     const msg = checkFits(full, avail(8 * GiB, 'VELA_MAX_MEMORY'), 'a full fine-tune of pi05 at batch_size 32')!;
     expect(msg).toMatch(/^a full fine-tune of pi05 at batch_size 32 needs about [\d.]+ GB \([\d.]+ GiB\) \(activations [\d.]+ GB \([\d.]+ GiB\), optimizer moments 26\.8 GB \(24\.99 GiB\)\); 7\.5 GB \(7\.00 GiB\) is available \(VELA_MAX_MEMORY 8\.6 GB \(8\.00 GiB\) less 1\.1 GB \(1\.00 GiB\) in use\): /);
     expect(msg).toMatch(/: use LoRA \(the default\) instead of a full fine-tune, or lower batch_size, or free memory or run on a machine with >= \d+ GB, or raise VELA_MAX_MEMORY \(now 8\.6 GB \(8\.00 GiB\)\)$/);
+    // A LoRA step on a base already loaded (its weights not counted again): never "use LoRA", nor a lower batch at batch 1.
+    const step = estimateMemory(REAL_PI05, { use: 'lora', batch: 1, cameras: 1 });
+    const passOnly = { ...step, totalBytes: step.parts.activations + step.parts.workspace, parts: { ...step.parts, weights: 0, trainable: 0, optimizer: 0, gradients: 0 } };
+    const lora = checkFits(passOnly, avail(8 * GiB), 'forward_backward of 1 datum(s)', { use: 'lora', batch: 1 })!;
+    expect(lora).toMatch(/: free memory or run on a machine with >= \d+ GB$/);
     expect(msg).not.toContain('\n');
   });
 });

@@ -84,4 +84,19 @@ it('vela policy --base refuses what does not fit before loading: one line, exit 
   expect(lines[0]).toMatch(/^vela policy: serving pi05 from .* needs about .* is available \(VELA_MAX_MEMORY .*raise VELA_MAX_MEMORY/);
 });
 
+it('vela finetune on a real base refuses what does not fit before loading: one line, exit 1, nothing written', async () => {
+  const out = path.join(path.dirname(base), 'ft-out');
+  const proc = spawn(process.execPath, ['bin/vela.js', 'finetune', '--model', 'pi05', '--base', base, '--dataset', path.join(datasets, 'g1_subset'), '--steps', '2', '--batch-size', '2', '--output', out, '--backend', 'wasm'],
+    { env: { ...process.env, VELA_MAX_MEMORY: '64MiB' }, stdio: ['ignore', 'pipe', 'pipe'] });
+  let err = '';
+  proc.stderr!.on('data', (b) => (err += b));
+  const code = await new Promise<number | null>((r) => proc.once('exit', r));
+  expect(code).toBe(1);
+  const lines = err.trim().split('\n').filter((l) => l.startsWith('vela finetune:') && l.includes('needs about'));
+  expect(lines).toHaveLength(1);
+  expect(lines[0]).toMatch(/^vela finetune: a LoRA fine-tune of pi05 \(.*\) at batch_size 2 needs about .* is available \(VELA_MAX_MEMORY .*raise VELA_MAX_MEMORY/);
+  expect(lines[0]).not.toMatch(/use LoRA/);
+  expect(fs.existsSync(out)).toBe(false);
+});
+
 afterAll(() => fs.rmSync(path.dirname(base), { recursive: true, force: true }));

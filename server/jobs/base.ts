@@ -13,6 +13,7 @@ import { readHubConfig } from '../models/hub-checkpoint.ts';
 import { realModelKey } from '../engine/model-key.ts';
 import { isRealModel } from '../models/bases.ts';
 import { resolveBase } from '../models/resolve.ts';
+import { planOrRefuse, realConfigOf } from '../models/plan.ts';
 import type { Dataset } from '../datasets/index.ts';
 import type { FineTuneConfig } from './config.ts';
 
@@ -137,4 +138,23 @@ export async function datasetMisfit(meta: Dataset['meta'], name: string, shape: 
   if (differ(data.stateNames, meta.stateNames)) return `dataset "${name}" names its state dims ${JSON.stringify(meta.stateNames)}; ${which} ${JSON.stringify(data.stateNames)} (${VELA_DATASET_FILE}): ${fix}`;
   if (differ(data.actionNames, meta.actionNames)) return `dataset "${name}" names its action dims ${JSON.stringify(meta.actionNames)}; ${which} ${JSON.stringify(data.actionNames)} (${VELA_DATASET_FILE}): ${fix}`;
   return null;
+}
+
+/**
+ * Memory planning of a fine-tune on a real base (server/models/plan.ts): the base (unless an
+ * engine holds it), the job's own state and one step at its batch_size and cameras (all three
+ * slots when the dataset's are not known yet). The server's submission, the runner (after a base
+ * it downloaded) and `vela finetune` call it before anything loads.
+ * @throws HttpError 507 with the one-line estimate and fix.
+ */
+export async function planFineTune(cfg: FineTuneConfig, baseDir: string, opts: { weightsLoaded?: boolean; maxMemory?: string; capName?: string } = {}): Promise<void> {
+  const finetune = cfg.finetune === 'full' ? 'full' : 'lora';
+  await planOrRefuse(
+    await realConfigOf(baseDir),
+    { use: finetune, batch: cfg.batch_size, cameras: Math.min(3, cfg.cameras?.length || 3), loraRank: cfg.lora_rank, loraActionRank: cfg.lora_action_rank ?? cfg.lora_rank, loraTargets: cfg.targets },
+    { weights: !opts.weightsLoaded, tenant: true, pass: true },
+    `a ${finetune === 'full' ? 'full' : 'LoRA'} fine-tune of ${cfg.model} (${cfg.base}) at batch_size ${cfg.batch_size}`,
+    opts.maxMemory,
+    opts.capName,
+  );
 }

@@ -11,7 +11,7 @@ import { BACKEND_CHOICES } from '../config.ts';
 import { DatasetError, openDataset } from '../datasets/index.ts';
 import { FieldError, parseFineTuneConfig, RECIPE, type FineTuneConfig } from './config.ts';
 import { noEvaluationReason, prepareRun, runFineTune, writeJsonAtomic } from './train.ts';
-import { engineModelOf, realEngineModel } from './base.ts';
+import { engineModelOf, planFineTune, realEngineModel } from './base.ts';
 import { isRealModel } from '../models/bases.ts';
 import { tokenizerFileFor } from '../models/layout.ts';
 import { resolveBase } from '../models/resolve.ts';
@@ -234,6 +234,11 @@ async function localBase(cfg: FineTuneConfig, arg: FlagArg | undefined): Promise
   return dir;
 }
 
+/** `vela finetune`'s memory plan of a real base, once the dataset's cameras are known: one line, exit 1, before loading. */
+async function planLocal(cfg: FineTuneConfig, baseDir: string | undefined): Promise<void> {
+  if (baseDir) await planFineTune(cfg, baseDir, { maxMemory: process.env.VELA_MAX_MEMORY || undefined, capName: 'VELA_MAX_MEMORY' });
+}
+
 /**
  * `vela finetune`: validate the config and dataset, start an engine, run the job with a progress bar
  * on stderr, write events.jsonl and the outputs under --output.
@@ -264,6 +269,7 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
   }
   await opened.ds.checkVideos();
   if (opened.evalDs !== opened.ds) await opened.evalDs.checkVideos();
+  await planLocal({ ...cfg, cameras: cfg.cameras ?? opened.cameras }, baseDir);
   fs.mkdirSync(outDir, { recursive: true });
   const runFile = path.join(outDir, RUN_FILE);
   if (!fs.existsSync(path.join(outDir, 'resume.json'))) writeJsonAtomic(runFile, cfg); // a new run (a resume keeps the first)

@@ -19,8 +19,7 @@ import { prepareRun } from './train.ts';
 import { isRealModel } from '../models/bases.ts';
 import { tokenizerFileFor } from '../models/layout.ts';
 import { resolveBase } from '../models/resolve.ts';
-import { planOrRefuse, realConfigOf } from '../models/plan.ts';
-import { jobModelShape, realEngineModel } from './base.ts';
+import { jobModelShape, planFineTune, realEngineModel } from './base.ts';
 import { isHubDatasetId } from './fetch.ts';
 import { isTerminal, jobWorkDir, type JobRunner } from './runner.ts';
 
@@ -108,18 +107,8 @@ export async function submitFineTune(deps: Pick<JobRoutesDeps, 'store' | 'config
       throw new HttpError(400, `dataset "${cfg.dataset_name}": ${msg}`);
     }
   }
-  if (baseDir) {
-    // Planned, not discovered: the base (unless an engine holds it), this job's own state and one
-    // step at its batch_size and cameras (all three slots when the dataset is still to download).
-    const finetune = cfg.finetune === 'full' ? 'full' : 'lora';
-    await planOrRefuse(
-      await realConfigOf(baseDir),
-      { use: finetune, batch: cfg.batch_size, cameras: Math.min(3, cfg.cameras?.length || 3), loraRank: cfg.lora_rank, loraActionRank: cfg.lora_action_rank ?? cfg.lora_rank, loraTargets: cfg.targets },
-      { weights: !(deps.engineLoaded?.(cfg.engine_model!) ?? false), tenant: true, pass: true },
-      `a ${finetune === 'full' ? 'full' : 'LoRA'} fine-tune of ${cfg.model} (${cfg.base}) at batch_size ${cfg.batch_size}`,
-      config.maxMemory,
-    );
-  }
+  // Planned, not discovered (a base the job downloads is planned by the runner once it is here).
+  if (baseDir) await planFineTune(cfg, baseDir, { weightsLoaded: deps.engineLoaded?.(cfg.engine_model!) ?? false, maxMemory: config.maxMemory });
   const id = randomId('ft-');
   const row: JobRow = {
     id, owner, status: 'queued', created_at: nowS(), config: cfg as unknown as Record<string, unknown>, step: 0, loss: null, eval_loss: null,

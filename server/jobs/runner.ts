@@ -20,7 +20,7 @@ import { datasetDirFor } from '../datasets/owned.ts';
 import { isRealModel } from '../models/bases.ts';
 import { resolveBase } from '../models/resolve.ts';
 import { parseEngineModel } from '../engine/model-key.ts';
-import { engineModelOf, realEngineModel } from './base.ts';
+import { engineModelOf, planFineTune, realEngineModel } from './base.ts';
 import { fetchDataset, isHubDatasetId, throttledProgress } from './fetch.ts';
 import { runFineTune } from './train.ts';
 import { openDataset, type Dataset } from '../datasets/index.ts';
@@ -336,6 +336,8 @@ export class JobRunner {
     }
     const { dir } = await resolveBase(cfg.base, { allowDownload: this.config.allowDownloads, onProgress: throttledProgress(cfg.base, logLine) as (p: unknown) => void });
     cfg.engine_model = realEngineModel(cfg, dir);
+    // Downloaded now, so not planned at submission: planned before it loads (the job fails with the line).
+    await planFineTune(cfg, dir, { maxMemory: this.config.maxMemory });
     return dir;
   }
 

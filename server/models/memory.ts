@@ -46,6 +46,8 @@ export interface AvailableMemory {
   /** The limit: the smallest of the cap, the cgroup's limit and the machine's memory. */
   limitBytes: number;
   rssBytes: number;
+  /** What the kernel says the machine could still give (MemAvailable): other processes' use is in it. */
+  machineAvailableBytes: number;
   /** Where the limit comes from, for messages: `VELA_MAX_MEMORY`, `cgroup v2 memory.max`, ... */
   source: string;
   /** The name of the cap an operator can raise (the option's flag or VELA_MAX_MEMORY). */
@@ -62,6 +64,14 @@ export interface AvailableOptions {
   procSelfCgroup?: string;
   rssBytes?: number;
   totalMemBytes?: number;
+  /** For tests: the machine's MemAvailable (default /proc/meminfo's, unless totalMemBytes describes another machine). */
+  machineAvailableBytes?: number;
+}
+
+/** /proc/meminfo's MemAvailable (bytes), else os.freemem(). */
+async function machineAvailable(): Promise<number> {
+  const m = /MemAvailable:\s+(\d+) kB/.exec((await readText('/proc/meminfo')) ?? '');
+  return m ? Number(m[1]) * 1024 : os.freemem();
 }
 
 async function readText(file: string): Promise<string | null> {
@@ -98,8 +108,8 @@ async function cgroupLimit(root: string, procSelf: string | null): Promise<{ byt
 /**
  * What this process may still use: the limit (the cgroup's memory.max / v1 limit when set,
  * else the machine's total memory; capped by `maxMemory` / VELA_MAX_MEMORY) less its current
- * RSS. Other processes' use of the machine is not subtracted: cap it with VELA_MAX_MEMORY on a
- * shared machine. Reads a few small files, asynchronously.
+ * RSS, and never more than the machine can still give (MemAvailable: what other processes hold
+ * is not there to take). Reads a few small files, asynchronously.
  * @throws RangeError for a cap that does not parse (parseBytes).
  */
 export async function availableMemory(opts: AvailableOptions = {}): Promise<AvailableMemory> {
@@ -114,7 +124,8 @@ export async function availableMemory(opts: AvailableOptions = {}): Promise<Avai
   if (cg && cg.bytes < limit.bytes) limit = cg;
   if (cap !== null && cap < limit.bytes) limit = { bytes: cap, source: capName };
   const rss = opts.rssBytes ?? process.memoryUsage.rss();
-  return { bytes: Math.max(0, limit.bytes - rss), limitBytes: limit.bytes, rssBytes: rss, source: limit.source, capName };
+  const machineFree = opts.machineAvailableBytes ?? (opts.totalMemBytes === undefined ? await machineAvailable() : Infinity);
+  return { bytes: Math.max(0, Math.min(limit.bytes - rss, machineFree)), limitBytes: limit.bytes, rssBytes: rss, machineAvailableBytes: machineFree, source: limit.source, capName };
 }
 
 const PART_NAMES: Record<keyof MemoryEstimate['parts'], string> = {
@@ -129,19 +140,21 @@ const PART_NAMES: Record<keyof MemoryEstimate['parts'], string> = {
  *   fine-tune (when trainable is the base's size), a lower batch_size (when activations are a
  *   large part and `opts.batch` is not already 1), a machine with >= N GB, a higher cap (when the cap is what limits).
  */
-export function checkFits(estimate: MemoryEstimate, available: AvailableMemory, what: string, opts: { batch?: number } = {}): string | null {
+export function checkFits(estimate: MemoryEstimate, available: AvailableMemory, what: string, opts: { batch?: number; use?: 'serve' | 'lora' | 'full' } = {}): string | null {
   if (estimate.totalBytes <= available.bytes) return null;
   const parts = (Object.entries(estimate.parts) as [keyof MemoryEstimate['parts'], number][]).filter(([, v]) => v > 0).sort((a, b) => b[1] - a[1]);
   const biggest = parts.slice(0, 2).map(([k, v]) => `${PART_NAMES[k]} ${bytesHuman(v)}`).join(', ');
   const fixes: string[] = [];
   const { weights, trainable, activations } = estimate.parts;
-  if (trainable >= 0.5 * weights) fixes.push('use LoRA (the default) instead of a full fine-tune');
+  // A full fine-tune's trainable copy is the base's size; with the base already loaded `weights` is 0 here, so `use` says it.
+  if (opts.use ? opts.use === 'full' : trainable >= 0.5 * weights) fixes.push('use LoRA (the default) instead of a full fine-tune');
   if (activations >= 0.25 * estimate.totalBytes && (opts.batch ?? 2) > 1) fixes.push('lower batch_size');
   const needMachine = estimate.totalBytes + available.rssBytes;
   fixes.push(`free memory or run on a machine with >= ${Math.ceil(needMachine / 1e9)} GB`);
   if (available.source === available.capName) fixes.push(`raise ${available.capName} (now ${bytesHuman(available.limitBytes)})`);
+  const others = available.machineAvailableBytes < available.limitBytes - available.rssBytes ? `; other processes hold the rest of the machine` : '';
   return (
     `${what} needs about ${bytesHuman(estimate.totalBytes)} (${biggest}); ` +
-    `${bytesHuman(available.bytes)} is available (${available.source} ${bytesHuman(available.limitBytes)} less ${bytesHuman(available.rssBytes)} in use): ${fixes.join(', or ')}`
+    `${bytesHuman(available.bytes)} is available (${available.source} ${bytesHuman(available.limitBytes)} less ${bytesHuman(available.rssBytes)} in use${others}): ${fixes.join(', or ')}`
   );
 }

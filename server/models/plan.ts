@@ -78,7 +78,7 @@ export async function planOrRefuse(config: RealPiConfig, plan: MemoryPlan, parts
   const estimate = estimateMemory(config, plan);
   const counted = selectParts(estimate, parts);
   const available = await availableMemory({ maxMemory, capName });
-  const why = checkFits(counted, available, what, { batch: parts.pass ? plan.batch : undefined });
+  const why = checkFits(counted, available, what, { batch: parts.pass ? plan.batch : undefined, use: plan.use });
   if (why) throw new HttpError(INSUFFICIENT_MEMORY, why);
   return { estimate, counted, available };
 }

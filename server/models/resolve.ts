@@ -23,6 +23,12 @@ export interface ResolveBaseOptions {
   /** Access token; default $HF_TOKEN. */
   token?: string | null;
   onProgress?: (p: DownloadProgress) => void;
+  /**
+   * Whether the caller could download when allowed (fine-tunes, with `vela serve --allow-downloads`):
+   * the refusal then names that setting besides `vela models download`. Default true; sessions and
+   * `vela policy`, which never download, pass false.
+   */
+  serverDownloads?: boolean;
 }
 
 /** Where a base checkpoint is: its folder, the Hub id, and the commit its revision resolved to (both null for a folder). */
@@ -66,7 +72,8 @@ export async function resolveBase(ref: string, opts: ResolveBaseOptions = {}): P
   if (!opts.allowDownload) {
     const shown = at < 0 ? repoId : `${repoId} --revision ${revision}`;
     const where = cached ? `is only partly in the Hugging Face cache (${cached.dir}: ${missing})` : `is not in the Hugging Face cache (${modelRepoFolder(cacheDir, repoId)})`;
-    throw new ModelError('not_downloaded', `base ${ref} ${where}; run \`vela models download ${shown}\` or start the server with --allow-downloads`);
+    const or = opts.serverDownloads === false ? '' : ' or start the server with --allow-downloads';
+    throw new ModelError('not_downloaded', `base ${ref} ${where}; run \`vela models download ${shown}\`${or}`);
   }
   const r = await downloadModel({
     repoId, revision, cacheDir,

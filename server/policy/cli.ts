@@ -151,7 +151,7 @@ function checkFolderArg(name: string, value: string): string {
  */
 export async function resolvePolicyTarget(args: Parsed): Promise<ServedFolder> {
   const { resolveBase } = await import('../models/resolve.ts');
-  const baseDir = args.base !== null ? (await resolveBase(args.base)).dir : null;
+  const baseDir = args.base !== null ? (await resolveBase(args.base, { serverDownloads: false })).dir : null;
   let target: ServedFolder;
   if (args.checkpoint !== null) {
     target = await classifyFolder(checkFolderArg('CHECKPOINT', args.checkpoint), { base: baseDir });
