@@ -142,7 +142,7 @@ async function trainPart(result: Record<string, unknown>): Promise<void> {
   }
   const data = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-bench-serve-'));
   const key = 'bench-key';
-  const { proc, match, ms } = await start(['serve', '--port', '0', '--log-level', 'warn'], /(http:\/\/\S+)/, { VELA_DATA_DIR: data, VELA_API_KEY: key });
+  const { proc, match, ms } = await start(['serve', '--port', '0', '--log-level', 'warn'], /(http:\/\/\S+)/, { VELA_DATA_DIR: data, VELA_API_KEY: key, VELA_ALLOW_ABSOLUTE_BASES: '1' });
   try {
     const client = new VelaClient(match[1]!.replace(/\/$/, ''), key);
     const t0 = performance.now();

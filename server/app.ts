@@ -6,7 +6,9 @@
 import uWS from 'uWebSockets.js';
 import { HttpError, route, sendJson, sendText, type Req } from './http.ts';
 import { assertNativeUws, assertPortFree, createApp, listenExclusive } from './guard.ts';
+import path from 'node:path';
 import { hideServerPath } from './redact.ts';
+import { hubCacheDir } from './models/hf-cache.ts';
 import { requireOwner } from './auth.ts';
 import { log } from './log.ts';
 import { randomId, Store, type SessionRow } from './store.ts';
@@ -77,6 +79,8 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
   hideServerPath(config.dataDir, '<data dir>');
   hideServerPath(config.datasetsDir, '<datasets dir>');
   if (config.storageDir) hideServerPath(config.storageDir, '<storage dir>');
+  hideServerPath(hubCacheDir(), '<Hugging Face cache>');
+  hideServerPath(config.modelsDir ?? path.join(config.dataDir, 'models'), '<models dir>');
   const store = await Store.open(config);
   // One node owns every session of its store; in a cluster, sessions of lost nodes are found by heartbeats (cluster/node.ts).
   const clustered = store.db.dialect === 'postgres';

@@ -8,6 +8,7 @@ import type { BackendChoice } from '../kernels/backend/backend.ts';
 import { shown, UsageError } from './cli-args.ts';
 import { defaultThreads } from '../kernels/backend/native.ts';
 import { parseAllowlist } from './inference/addresses.ts';
+import { parseBytes } from './models/memory.ts';
 
 /** A setting with a bad value, or an unknown one: `vela` prints it as one line and exits 2. */
 export class ConfigError extends UsageError {
@@ -52,6 +53,10 @@ export interface ServerConfig {
   tfInterOpThreads: number;
   publicUrl: string | undefined;
   allowAbsoluteDatasets: boolean;
+  /** Folder under which any key may name a base checkpoint folder; undefined: `<data dir>/models`. */
+  modelsDir: string | undefined;
+  /** Let `base` be any folder of the server's disk (a one-user server). */
+  allowAbsoluteBases: boolean;
   /** Fine-tunes may download a Hub dataset (and base checkpoint) that is not on disk. */
   allowDownloads: boolean;
   maxSessionMessageBytes: number;
@@ -106,6 +111,8 @@ export const SETTINGS: Setting[] = [
   { key: 'tfInterOpThreads', flag: '--tf-inter-op-threads', env: 'VELA_TF_INTER_OP_THREADS', kind: 'int', max: 1024, def: (env) => Number(env.TF_NUM_INTEROP_THREADS) || defaultThreads().interOp, help: 'native TensorFlow: threads running independent ops at once' },
   { key: 'publicUrl', flag: '--public-url', env: 'VELA_PUBLIC_URL', kind: 'string', def: () => undefined, help: 'base of session and policy URLs behind a proxy', defaultText: 'none (the address it listens on)' },
   { key: 'allowAbsoluteDatasets', flag: '--allow-absolute-datasets', env: 'VELA_ALLOW_ABSOLUTE_DATASETS', kind: 'bool', def: () => false, help: 'let dataset_name be an absolute path' },
+  { key: 'modelsDir', flag: '--models-dir', env: 'VELA_MODELS_DIR', kind: 'string', def: () => undefined, help: 'folder whose checkpoint folders any key may name as `base` (besides Hub ids in the Hugging Face cache and its own fine-tunes\' model_dir)', defaultText: '<data dir>/models' },
+  { key: 'allowAbsoluteBases', flag: '--allow-absolute-bases', env: 'VELA_ALLOW_ABSOLUTE_BASES', kind: 'bool', def: () => false, help: 'let `base` be any folder of this machine (a server with one user)' },
   { key: 'allowDownloads', flag: '--allow-downloads', env: 'VELA_ALLOW_DOWNLOADS', kind: 'bool', def: () => false, help: 'let a fine-tune download a Hub dataset (into the datasets root) or base checkpoint (into the HF cache) that is not here yet ($HF_ENDPOINT, $HF_TOKEN)' },
   { key: 'maxSessionMessageBytes', flag: '--max-session-message-bytes', env: 'VELA_MAX_SESSION_MESSAGE_BYTES', kind: 'int', def: () => 64 * MiB, help: 'session websocket message limit' },
   { key: 'maxPolicyMessageBytes', flag: '--max-policy-message-bytes', env: 'VELA_MAX_POLICY_MESSAGE_BYTES', kind: 'int', def: () => 16 * MiB, help: 'policy websocket message limit' },
@@ -204,6 +211,16 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
     throw new ConfigError(`--database-url must be a postgres:// or postgresql:// URL, got "${config.databaseUrl.replace(/:[^:@/]*@/, ':***@')}"`);
   }
   if (config.dbBufferRecords < 1) throw new ConfigError(`--db-buffer-records must be at least 1, got ${config.dbBufferRecords}`);
+  if (config.maxMemory !== undefined) {
+    // Checked here, not at the first real-model request: a cap that does not parse would fail every plan (and /health).
+    let bytes: number;
+    try {
+      bytes = parseBytes(config.maxMemory, '--max-memory');
+    } catch (e) {
+      throw new ConfigError((e as Error).message);
+    }
+    if (!(bytes > 0) || !Number.isFinite(bytes)) throw new ConfigError(`--max-memory is ${shown(config.maxMemory)}; it must be a size above 0, e.g. 20GiB`);
+  }
   if (config.nodeId !== undefined && !/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/.test(config.nodeId)) {
     throw new ConfigError(`--node-id must be letters, digits, '.', '_' or '-' (at most 64), got "${config.nodeId}"`);
   }

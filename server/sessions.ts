@@ -3,6 +3,7 @@
  * A session lives in its engine's memory (adapter, gradients, optimizer moments); the store keeps
  * its row so that clients can list it and so that a restart can close what was lost.
  */
+import path from 'node:path';
 import { jsonId, type RequestId } from '../protocol/messages.ts';
 import type { RawMsgpack } from '../protocol/msgpack.ts';
 import { PRESET_NAMES, makeConfig, resolvePreset } from '../kernels/small/config.ts';
@@ -18,6 +19,7 @@ import { resolveBase } from './models/resolve.ts';
 import { isRealModelKey, parseEngineModel, realModelKey } from './engine/model-key.ts';
 import { availableMemory } from './models/memory.ts';
 import { planOrRefuse, realConfigOf } from './models/plan.ts';
+import { checkBaseAccess } from './models/access.ts';
 import { zeroGateRule } from '../kernels/lora.ts';
 import { Engine, PriorityGate, type EngineLike, type EngineOptions } from './engine/host.ts';
 import type { BackendInfo } from './engine/messages.ts';
@@ -311,9 +313,11 @@ export class SessionManager {
     if (modelName !== null && (await this.store.findOpenSessionByName(owner, modelName))) throw taken();
     if (cfg.base != null && cfg.engine_model === undefined) {
       // Resolved and checked before the row exists, so a base that cannot serve is the request's
-      // one-line 400 and nothing is left open (no row, no engine).
+      // one-line 400 and nothing is left open (no row, no engine). Which folders a key may name first.
+      await checkBaseAccess(this.config, this.store, owner, cfg.base, path.dirname(storageOf(this.config).dir('jobs', 'x')));
       const { dir } = await resolveBase(cfg.base, { serverDownloads: false }).catch((e) => {
-        throw e instanceof ModelError ? new HttpError(e.code === 'not_downloaded' || e.code === 'not_found' ? 400 : 502, e.message) : e;
+        // The request's mistakes are 400s; only the Hub failing (network, integrity) is the server's 502.
+        throw e instanceof ModelError ? new HttpError(e.code === 'network' || e.code === 'integrity' ? 502 : 400, e.message) : e;
       });
       await checkBaseVariant(cfg.base_model as RealModel, cfg.base, dir);
       try {

@@ -156,7 +156,7 @@ describe('fine-tunes of the real pi0.5 (tiny base)', () => {
     const { key: otherKey } = await server.store.createApiKey('other');
     const theirs = await api(server, 'POST', '/v1/fine-tunes', { ...body, base: modelDir }, otherKey);
     expect(theirs.status).toBe(400);
-    expect(theirs.json.error).toMatch(/^base: base .+: no such folder$/);
+    expect(theirs.json.error).toMatch(/^base .+: no such folder$/);
 
     // That base was fine-tuned on G1's 26 dims: a dataset of other dims is refused by name.
     fs.cpSync(FIXTURE, path.join(g1.root, 'pick'), { recursive: true });

@@ -10,6 +10,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient } from '../protocol/client.ts';
+import { ConfigError, loadConfig } from '../server/config.ts';
 import { g1Subset } from './helpers/g1.ts';
 import { writeTinyBase } from './helpers/real-pi-base.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
@@ -21,6 +22,14 @@ let datasets: string;
 beforeAll(async () => {
   base = await writeTinyBase('pi05');
   datasets = g1Subset(2).root;
+});
+
+it('vela serve refuses a --max-memory that is no size at start, in one line', () => {
+  for (const v of ['abc', '0', '-1', '1e400', '0GiB']) {
+    expect(() => loadConfig(['--max-memory', v], {}), v).toThrow(ConfigError);
+  }
+  expect(() => loadConfig(['--max-memory', 'abc'], {})).toThrow(/^--max-memory is "abc"; expected bytes with a unit, e\.g\. 8GiB/);
+  expect(loadConfig(['--max-memory', '8 GiB'], {}).config.maxMemory).toBe('8 GiB');
 });
 
 describe('too little memory', () => {
@@ -54,6 +63,22 @@ describe('room enough', () => {
     server = await startTestServer({ env: { VELA_MAX_MEMORY: '20GiB' } }); // below this machine's memory, so the cap is the limit
   });
   afterAll(() => server.close());
+
+  it('refuses a base whose config asks for a million layers in one line, at once, and stays up', async () => {
+    const huge = await writeTinyBase('pi05');
+    const file = path.join(huge, 'config.json');
+    const cfg = JSON.parse(fs.readFileSync(file, 'utf8'));
+    cfg.vela_real_pi_config.vlm.depth = 1e6;
+    cfg.vela_real_pi_config.expert.depth = 1e6;
+    fs.writeFileSync(file, JSON.stringify(cfg));
+    for (const [route, body] of [['/v1/training_sessions', { base_model: 'pi05', base: huge }], ['/v1/fine-tunes', { model: 'pi05', base: huge, dataset_name: 'x' }]] as const) {
+      const r = await api(server, 'POST', route, body);
+      expect(r.status, route).toBe(400);
+      expect(r.json.error).toMatch(/vlm\.depth is 1000000; at most 512 for a pi0 \/ pi0\.5 config$/);
+    }
+    expect((await api(server, 'GET', '/healthz', undefined, null)).status).toBe(200);
+    fs.rmSync(path.dirname(huge), { recursive: true, force: true });
+  });
 
   it('plans the session, reports planned and held bytes in its info and /health', async () => {
     const client = new VelaClient(server.baseUrl, server.apiKey);

@@ -73,10 +73,16 @@ const TINY_VLM = { width: 64, depth: 4, mlpDim: 128, numHeads: 8, numKvHeads: 1,
 const TINY_EXPERT = { width: 32, depth: 4, mlpDim: 64, numHeads: 8, numKvHeads: 1, headDim: 16 };
 const TINY_VISION = { width: 32, depth: 2, mlpDim: 64, numHeads: 2, patchSize: 14, imageSize: 56 };
 
+/** Upper bounds of each size field (far above the public models: the full pi0.5 is the reference). */
+const LIMITS: Record<string, number> = {
+  width: 65536, depth: 512, mlpDim: 262144, numHeads: 1024, numKvHeads: 1024, headDim: 4096, vocabSize: 1 << 22,
+  patchSize: 1024, imageSize: 4096, actionDim: 4096, stateDim: 4096, actionHorizon: 4096, maxTokenLen: 16384, numSteps: 1000,
+};
+
 /**
  * A validated, frozen config (stateDim defaults to 32).
- * @throws ConfigError('bad_config') naming the field and its value: a non-positive size, an
- *   unknown variant, streams that disagree on depth / heads / head dim, heads not divisible by
+ * @throws ConfigError('bad_config') naming the field and its value: a non-positive size or one
+ *   past its bound (LIMITS), an unknown variant, streams that disagree on depth / heads / head dim, heads not divisible by
  *   key/value heads, an odd head dim (RoPE rotates halves) or expert width (sin/cos time
  *   embedding), a patch size that does not divide the image size, vision heads not dividing
  *   the vision width.
@@ -100,6 +106,10 @@ export function makeRealPiConfig(input: RealPiConfigInput): RealPiConfig {
   ];
   for (const [name, v] of ints) {
     if (typeof v !== 'number' || !Number.isInteger(v) || v <= 0) throw new ConfigError('bad_config', `${name} is ${String(v)}; it must be a positive integer`);
+    // A config read from a checkpoint folder is data: sizes past these would only exhaust memory
+    // (a parameter table of a million layers is built before any plan can refuse it).
+    const max = LIMITS[name.split('.').pop()!] ?? 1 << 20;
+    if (v > max) throw new ConfigError('bad_config', `${name} is ${v}; at most ${max} for a pi0 / pi0.5 config`);
   }
   for (const k of ['depth', 'numHeads', 'numKvHeads', 'headDim'] as const) {
     if (c.vlm[k] !== c.expert[k]) {

@@ -19,6 +19,7 @@ import { prepareRun } from './train.ts';
 import { isRealModel } from '../models/bases.ts';
 import { tokenizerFileFor } from '../models/layout.ts';
 import { resolveBase } from '../models/resolve.ts';
+import { checkBaseAccess } from '../models/access.ts';
 import { jobModelShape, planFineTune, realEngineModel } from './base.ts';
 import { isHubDatasetId } from './fetch.ts';
 import { isTerminal, jobWorkDir, type JobRunner } from './runner.ts';
@@ -131,8 +132,8 @@ async function submittedBase(deps: Pick<JobRoutesDeps, 'store' | 'config'>, owne
   const allowDownloads = deps.config.allowDownloads;
   let dir: string;
   try {
+    await checkBaseAccess(deps.config, deps.store, owner, cfg.base, path.dirname(jobWorkDir(deps.config, 'x')));
     dir = (await resolveBase(cfg.base)).dir;
-    await checkJobOutputOwner(deps, owner, cfg.base, dir);
   } catch (e) {
     const err = e as Error & { code?: string };
     if (err.name !== 'ModelError') throw e;
@@ -150,25 +151,6 @@ async function submittedBase(deps: Pick<JobRoutesDeps, 'store' | 'config'>, owne
   return dir;
 }
 
-/**
- * A base folder inside this server's job outputs is one key's: another key's job reads as a
- * folder that is not there (the same words), so no key trains on, or learns of, another's weights.
- * @throws HttpError 400 for another key's (or no) job's folder.
- */
-async function checkJobOutputOwner(deps: Pick<JobRoutesDeps, 'store' | 'config'>, owner: string, ref: string, dir: string): Promise<void> {
-  const real = (p: string) => {
-    try {
-      return fs.realpathSync(p);
-    } catch {
-      return path.resolve(p);
-    }
-  };
-  const jobs = real(path.dirname(jobWorkDir(deps.config, 'x')));
-  const rel = path.relative(jobs, real(dir));
-  if (rel === '' || rel.startsWith('..') || path.isAbsolute(rel)) return;
-  const job = await deps.store.getJob(rel.split(path.sep)[0]!);
-  if (!job || job.owner !== owner) throw new HttpError(400, `base: base ${ref}: no such folder`);
-}
 
 /** @throws HttpError 400 unless `rel` is a relative path of plain segments (no `..`, `.`, empty, backslash). */
 export function relativeSegments(rel: string): string[] {

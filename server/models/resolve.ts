@@ -52,7 +52,13 @@ export async function resolveBase(ref: string, opts: ResolveBaseOptions = {}): P
   const looksLikePath = ref.startsWith('.') || ref.startsWith('/') || ref.startsWith('~') || path.isAbsolute(ref);
   if (looksLikePath || fs.existsSync(ref)) {
     const dir = path.resolve(ref);
-    const st = fs.statSync(dir, { throwIfNoEntry: false });
+    let st: fs.Stats | undefined;
+    try {
+      st = fs.statSync(dir, { throwIfNoEntry: false });
+    } catch (e) {
+      // A symlink loop, a NUL byte, a component that is a file: the ref cannot name a folder.
+      throw new ModelError('bad_argument', `base ${ref}: not a folder that can be read (${(e as NodeJS.ErrnoException).code ?? 'unreadable'})`);
+    }
     if (!st) throw new ModelError('not_found', `base ${ref}: no such folder (${dir})`);
     if (!st.isDirectory()) throw new ModelError('bad_argument', `base ${ref} is a file; give the checkpoint folder (config.json and model.safetensors)`);
     return { dir, repoId: null, revision: null };

@@ -22,7 +22,8 @@ export const TEST_KEY = 'vela-test-key-0123456789';
 export async function startTestServer(opts: { env?: Record<string, string>; engineFactory?: EngineFactory; dataDir?: string; start?: StartOptions } = {}): Promise<TestServer> {
   log.setLevel(process.env.VELA_TEST_LOG ?? 'error');
   const dataDir = opts.dataDir ?? fs.mkdtempSync(path.join(os.tmpdir(), 'vela-test-'));
-  const { config } = loadConfig([], { VELA_PORT: '0', VELA_DATA_DIR: dataDir, VELA_API_KEY: TEST_KEY, VELA_BACKEND: TEST_BACKENDS[0]!, ...opts.env });
+  // Tests name their tiny bases by temp folders: a one-user server (test/base-access.test.ts runs without it).
+  const { config } = loadConfig([], { VELA_PORT: '0', VELA_DATA_DIR: dataDir, VELA_API_KEY: TEST_KEY, VELA_BACKEND: TEST_BACKENDS[0]!, VELA_ALLOW_ABSOLUTE_BASES: '1', ...opts.env });
   const server = await startServer(config, { ...opts.start, engineFactory: opts.engineFactory });
   return Object.assign(server, { apiKey: TEST_KEY, dataDir, config });
 }

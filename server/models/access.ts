@@ -1,0 +1,56 @@
+/**
+ * Which checkpoint folders a key may name as `base` (sessions, fine-tunes, xorl's create_model):
+ * a folder base reads the server's disk, so, as with datasets, a key names only what is its own or
+ * the operator's: a Hub id (the Hugging Face cache, shared), a folder under `--models-dir`
+ * (default `<data dir>/models`, shared), or the `model_dir` of one of its own fine-tunes. Any other
+ * folder only on a server started with `--allow-absolute-bases`. Another key's fine-tune output
+ * reads as a folder that is not there, in the same words, so a key neither trains on nor learns of
+ * another's weights; the check runs before the folder is looked at, so it is no existence oracle.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import type { ServerConfig } from '../config.ts';
+import { HttpError } from '../http.ts';
+import type { Store } from '../store.ts';
+
+/** `p` with symlinks resolved where it exists (else as given, absolute). */
+function real(p: string): string {
+  try {
+    return fs.realpathSync(p);
+  } catch {
+    return path.resolve(p);
+  }
+}
+
+function inside(root: string, p: string): string | null {
+  const rel = path.relative(root, p);
+  return rel === '' || rel.startsWith('..') || path.isAbsolute(rel) ? null : rel;
+}
+
+/** Whether a `base` names a folder rather than a Hub id (server/models/resolve.ts's rule). */
+export function isFolderRef(ref: string): boolean {
+  return ref.startsWith('.') || ref.startsWith('/') || ref.startsWith('~') || path.isAbsolute(ref) || fs.existsSync(ref);
+}
+
+/**
+ * Refuses a folder `ref` that key `owner` may not name (see the module comment); Hub ids pass.
+ * @param jobsRoot the folder of this server's fine-tune work dirs (`<data dir>/jobs`).
+ * @throws HttpError 400: another key's fine-tune output (`base <ref>: no such folder`), or a folder
+ *   outside the allowed places (naming them and the operator's setting).
+ */
+export async function checkBaseAccess(config: Pick<ServerConfig, 'dataDir' | 'modelsDir' | 'allowAbsoluteBases'>, store: Pick<Store, 'getJob'>, owner: string, ref: string, jobsRoot: string): Promise<void> {
+  if (typeof ref !== 'string' || !isFolderRef(ref)) return;
+  const dir = real(ref);
+  const job = inside(real(jobsRoot), dir);
+  if (job !== null) {
+    const row = await store.getJob(job.split(path.sep)[0]!);
+    if (!row || row.owner !== owner) throw new HttpError(400, `base ${ref}: no such folder`);
+    return;
+  }
+  if (inside(real(config.modelsDir ?? path.join(config.dataDir, 'models')), dir) !== null) return;
+  if (config.allowAbsoluteBases) return;
+  throw new HttpError(
+    400,
+    `base ${ref.length > 200 ? `${ref.slice(0, 200)}...` : ref}: a folder base must be under the server's models folder (--models-dir) or be one of this key's fine-tunes' model_dir; give a Hub id (e.g. lerobot/pi05_base), or the operator may allow any folder with --allow-absolute-bases`,
+  );
+}
