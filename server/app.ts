@@ -174,7 +174,7 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
   const futures = mountFutures(app, { store, sessions, config, baseUrl: () => baseUrl, inference, cluster: () => cluster, nodeId });
   const queue = clustered ? new GraphileQueue((store.db as PostgresDb).pool, nodeId!) : new LocalQueue();
   const runner = new JobRunner(store, config, (preset) => sessions.engineFor(preset), queue, nodeId ? { id: nodeId, fenced: () => cluster?.fenced() ?? false } : null);
-  mountJobRoutes(app, { store, config, runner, keepaliveS: opts.sseKeepaliveS, engineLoaded: (key) => sessions.hasEngine(key) });
+  mountJobRoutes(app, { store, config, runner, keepaliveS: opts.sseKeepaliveS, engineLoaded: (key) => sessions.hasEngine(key), releaseIdle: () => sessions.releaseIdleEngines() });
   mountNodeRoutes(app, { store, nodes: () => cluster, local: () => ({ id: 'local', url: config.publicUrl ?? baseUrl, capacity: config.nodeCapacity, load: { sessions: sessions.live.size, jobs: runner.running.size, resident_presets: sessions.runningEngines() }, runningJobs: [...runner.running].sort(), startedAt }) });
   mountInference(app, inference);
   mountDatasetUpload(app, { store, config });

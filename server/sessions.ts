@@ -265,6 +265,41 @@ export class SessionManager {
     return e;
   }
 
+  /**
+   * Closes the engines of real bases that hold nothing now (no session, job state or policy in
+   * them, no call queued): a closed session leaves its base in memory (13.4 GB at full size) until
+   * then. Run before a memory plan refuses, and by the idle timer. Returns how many were closed.
+   */
+  async releaseIdleEngines(): Promise<number> {
+    let closed = 0;
+    for (const [key, e] of [...this.engines]) {
+      if (!isRealModelKey(key)) continue;
+      const engine = this.readyEngines.get(e);
+      if (!engine || engine.stats().queued > 0 || [...this.live.values()].some((l) => l.config.engine_model === key)) continue;
+      const s = await engine.call<{ result: { sessions: number; policies: number } }>('-', 'stats').catch(() => null);
+      if (!s || s.result.sessions > 0 || s.result.policies > 0 || this.engines.get(key) !== e) continue;
+      this.engines.delete(key);
+      this.started.delete(key);
+      await engine.close().catch((err) => log.warn(`closing the idle engine of ${publicModelName(key)}: ${(err as Error).message}`));
+      log.info(`closed the idle engine of ${publicModelName(key)} (no session, job or policy on its base)`);
+      closed++;
+    }
+    return closed;
+  }
+
+  /**
+   * planOrRefuse that first frees idle real engines when the plan does not fit (their bases are
+   * memory nobody uses), then plans again. Same arguments and errors as planOrRefuse.
+   */
+  async planFreeing<T>(plan: () => Promise<T>): Promise<T> {
+    try {
+      return await plan();
+    } catch (e) {
+      if (!(e instanceof HttpError) || e.status !== 507 || (await this.releaseIdleEngines()) === 0) throw e;
+      return plan();
+    }
+  }
+
   /** Whether an engine for `key` is started or starting (a real base is then in memory, or about to be). */
   hasEngine(key: string): boolean {
     return this.engines.has(key);
@@ -332,13 +367,13 @@ export class SessionManager {
       // The base (unless its engine holds it already) and this tenant's own state must fit now;
       // each pass's activations are planned when its batch is known (ops.ts).
       const key = cfg.engine_model!;
-      const plan = await planOrRefuse(
+      const plan = await this.planFreeing(async () => planOrRefuse(
         await realConfigOf(parseRealDir(key)),
         { use: cfg.finetune === 'full' ? 'full' : 'lora', batch: 1, cameras: 1, loraRank: cfg.rank, loraActionRank: cfg.action_rank ?? cfg.rank, loraTargets: cfg.targets },
         { weights: !this.engines.has(key), tenant: true, pass: false },
         `a ${cfg.finetune === 'full' ? 'full-weight' : 'LoRA'} session of ${cfg.base_model} (${cfg.base})`,
         this.config.maxMemory,
-      );
+      ));
       planned = plan.counted.totalBytes;
     }
     const id = randomId('ts-');

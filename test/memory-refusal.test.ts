@@ -11,6 +11,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient } from '../protocol/client.ts';
 import { ConfigError, loadConfig } from '../server/config.ts';
+import { HttpError } from '../server/http.ts';
 import { g1Subset } from './helpers/g1.ts';
 import { writeTinyBase } from './helpers/real-pi-base.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
@@ -78,6 +79,27 @@ describe('room enough', () => {
     }
     expect((await api(server, 'GET', '/healthz', undefined, null)).status).toBe(200);
     fs.rmSync(path.dirname(huge), { recursive: true, force: true });
+  });
+
+  it('frees the engines of bases nothing uses before a plan refuses: closed sessions leave their base until then', async () => {
+    const client = new VelaClient(server.baseUrl, server.apiKey);
+    const bases = [await writeTinyBase('pi05'), await writeTinyBase('pi0')];
+    const ids: string[] = [];
+    for (const [i, b] of bases.entries()) ids.push((await client.waitReady((await client.createSession({ base_model: i === 0 ? 'pi05' : 'pi0', base: b } as never)).id)).id);
+    const busy = (await client.waitReady((await client.createSession({ base_model: 'pi05', base: bases[0] } as never)).id)).id;
+    for (const id of ids) await api(server, 'POST', `/v1/training_sessions/${id}/close`);
+    const before = server.sessions.runningEngines().length;
+    // The pi05 base still has a session; the pi0 base has none: only its engine goes.
+    expect(await server.sessions.releaseIdleEngines()).toBe(1);
+    expect(server.sessions.runningEngines().length).toBe(before - 1);
+    // A plan that does not fit frees idle bases and is tried again; one that still does not fit stays refused.
+    let tries = 0;
+    const refusal = new HttpError(507, 'does not fit');
+    await api(server, 'POST', `/v1/training_sessions/${busy}/close`);
+    expect(await server.sessions.planFreeing(async () => (++tries === 1 ? Promise.reject(refusal) : 'planned'))).toBe('planned');
+    expect(tries).toBe(2);
+    await expect(server.sessions.planFreeing(async () => Promise.reject(refusal))).rejects.toBe(refusal); // nothing left to free
+    for (const b of bases) fs.rmSync(path.dirname(b), { recursive: true, force: true });
   });
 
   it('plans the session, reports planned and held bytes in its info and /health', async () => {

@@ -66,13 +66,15 @@ export interface JobRoutesDeps {
   keepaliveS?: number;
   /** Whether an engine holds this engine model already (its base is then not planned again); default: none does. */
   engineLoaded?: (engineModel: string) => boolean;
+  /** Closes engines of real bases nothing uses (sessions.ts releaseIdleEngines), before a memory plan refuses. */
+  releaseIdle?: () => Promise<number>;
 }
 
 /**
  * Validate a fine-tune body (config and dataset, before any work) and queue the job.
  * @throws HttpError 400 naming the field or the dataset file that is wrong.
  */
-export async function submitFineTune(deps: Pick<JobRoutesDeps, 'store' | 'config' | 'runner' | 'engineLoaded'>, owner: string, body: Record<string, unknown>): Promise<JobRow> {
+export async function submitFineTune(deps: Pick<JobRoutesDeps, 'store' | 'config' | 'runner' | 'engineLoaded' | 'releaseIdle'>, owner: string, body: Record<string, unknown>): Promise<JobRow> {
   const { store, config, runner } = deps;
   const cfg = parseFineTuneConfig(body);
   const baseDir = await submittedBase(deps, owner, cfg);
@@ -109,7 +111,14 @@ export async function submitFineTune(deps: Pick<JobRoutesDeps, 'store' | 'config
     }
   }
   // Planned, not discovered (a base the job downloads is planned by the runner once it is here).
-  if (baseDir) await planFineTune(cfg, baseDir, { weightsLoaded: deps.engineLoaded?.(cfg.engine_model!) ?? false, maxMemory: config.maxMemory });
+  if (baseDir) {
+    const plan = () => planFineTune(cfg, baseDir, { weightsLoaded: deps.engineLoaded?.(cfg.engine_model!) ?? false, maxMemory: config.maxMemory });
+    await plan().catch(async (e) => {
+      // Bases that nothing uses any more are memory to free before refusing.
+      if (!(e instanceof HttpError) || e.status !== 507 || !deps.releaseIdle || (await deps.releaseIdle()) === 0) throw e;
+      await plan();
+    });
+  }
   const id = randomId('ft-');
   const row: JobRow = {
     id, owner, status: 'queued', created_at: nowS(), config: cfg as unknown as Record<string, unknown>, step: 0, loss: null, eval_loss: null,
