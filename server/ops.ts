@@ -26,17 +26,17 @@ export function toFloat32(a: NDArray): Float32Array {
   return out;
 }
 
-/** The slot of each camera of a datum, binding new camera names to free slots in first-seen order. */
-function slotsFor(live: LiveSession, cams: Iterable<string>, slots: number, i: number): Map<string, number> {
+/** The slot of each camera of a datum, binding new camera names to free slots of `bound` in first-seen order. */
+function slotsFor(cams: Iterable<string>, slots: number, i: number, bound: string[]): Map<string, number> {
   const out = new Map<string, number>();
   for (const cam of cams) {
-    let k = live.cameras.indexOf(cam);
+    let k = bound.indexOf(cam);
     if (k < 0) {
-      if (live.cameras.length >= slots) {
-        throw new ProtocolError('bad_request', `data[${i}] has camera "${cam}"; the model's ${slots} image slots are bound to ${live.cameras.join(', ')}`);
+      if (bound.length >= slots) {
+        throw new ProtocolError('bad_request', `data[${i}] has camera "${cam}"; the model's ${slots} image slots are bound to ${bound.join(', ')}`);
       }
-      live.cameras.push(cam);
-      k = live.cameras.length - 1;
+      bound.push(cam);
+      k = bound.length - 1;
     }
     out.set(cam, k);
   }
@@ -57,7 +57,10 @@ function stateDir(server: ServerConfig, owner: string, checkpointId: string): st
 export async function buildBatch(live: LiveSession, data: WireDatum[], codec: string, server: ServerConfig): Promise<ModelBatch> {
   const cfg = live.layout!;
   // Bind cameras synchronously, in request order, before any await.
-  const bindings = data.map((d, i) => slotsFor(live, d.images.keys(), cfg.slots, i));
+  // A request refused for its cameras binds none of them (the binding is saved with the weights).
+  const bound = [...live.cameras];
+  const bindings = data.map((d, i) => slotsFor(d.images.keys(), cfg.slots, i, bound));
+  live.cameras.splice(0, live.cameras.length, ...bound);
   const datums = await Promise.all(
     data.map(async (d, i): Promise<DatumInput> => {
       const images: (Uint8Array | null)[] = new Array(cfg.slots).fill(null);
