@@ -16,12 +16,17 @@ import { readCheckpointNormStats } from '../models/norm-stats.ts';
 import { parseNormStats, type NormMode, type NormStatsSet } from '../../kernels/normalize.ts';
 import { isRealModelKey, realModelKey } from '../engine/model-key.ts';
 import { storedPreset } from '../presets.ts';
+import { VELA_DATASET_FILE } from '../jobs/base.ts';
 import { PolicyConfigError } from './meta.ts';
 
 /** A folder the policy server can serve, classified (see the module comment). */
 export type ServedFolder =
   | { kind: 'checkpoint'; dir: string; config: Record<string, unknown>; preset: string; baseSeed: number; engineModel: string; baseDir: string | null }
-  | { kind: 'base'; dir: string; config: Record<string, unknown>; variant: 'pi0' | 'pi05'; engineModel: string; baseDir: string };
+  | {
+    kind: 'base'; dir: string; config: Record<string, unknown>; variant: 'pi0' | 'pi05'; engineModel: string; baseDir: string;
+    /** vela_dataset.json of a Vela fine-tune's output (server/jobs/export-hub.ts), else null (a pretrained base). */
+    dataset: Record<string, unknown> | null;
+  };
 
 /**
  * Reads `dir/config.json` and says what the folder is and which engine serves it.
@@ -29,7 +34,8 @@ export type ServedFolder =
  *   (`vela policy --base`; an absolute folder); `engineModel` the engine key the caller already
  *   knows (a job's `engine_model`), used for a real checkpoint when it is a real key.
  * @throws PolicyConfigError naming the file and the field: no config.json, not JSON, neither
- *   `preset` nor a pi0 / pi05 `type`.
+ *   `preset` nor a pi0 / pi05 `type`, a `type` that its `vela_real_pi_config.variant` contradicts,
+ *   a vela_dataset.json that is not a JSON object.
  */
 export async function classifyFolder(dir: string, opts: { base?: string | null; engineModel?: string | null } = {}): Promise<ServedFolder> {
   const file = path.join(dir, 'config.json');
@@ -61,9 +67,37 @@ export async function classifyFolder(dir: string, opts: { base?: string | null; 
     return { kind: 'checkpoint', dir, config: cfg, preset: storedPreset(preset), baseSeed, engineModel: opts.engineModel ?? storedPreset(preset), baseDir: null };
   }
   if (cfg.type === 'pi0' || cfg.type === 'pi05') {
-    return { kind: 'base', dir, config: cfg, variant: cfg.type, engineModel: realModelKey(cfg.type, dir), baseDir: dir };
+    // The engine is keyed by `type`; a Vela-written config's own RealPiConfig builds the model, so the two must agree.
+    const own = cfg.vela_real_pi_config as { variant?: unknown } | undefined;
+    if (own && typeof own === 'object' && own.variant !== undefined && own.variant !== cfg.type) {
+      throw new PolicyConfigError(`${file}: "type" is ${JSON.stringify(cfg.type)} but "vela_real_pi_config.variant" is ${JSON.stringify(own.variant)}; make the two fields agree`);
+    }
+    return { kind: 'base', dir, config: cfg, variant: cfg.type, engineModel: realModelKey(cfg.type, dir), baseDir: dir, dataset: await readDatasetFile(dir) };
   }
   throw new PolicyConfigError(`${file} has neither "preset" (a Vela checkpoint) nor "type": "pi0" / "pi05" (a pi0 / pi0.5 checkpoint in the Hub layout)`);
+}
+
+/**
+ * A base folder's vela_dataset.json (the data a Vela fine-tune trained it on), or null when absent.
+ * @throws PolicyConfigError naming the file when it is there but not a JSON object.
+ */
+async function readDatasetFile(dir: string): Promise<Record<string, unknown> | null> {
+  const file = path.join(dir, VELA_DATASET_FILE);
+  let text: string;
+  try {
+    text = await fs.promises.readFile(file, 'utf8');
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return null;
+    throw new PolicyConfigError(`${file} cannot be read: ${(e as Error).message}`);
+  }
+  let data: unknown;
+  try {
+    data = JSON.parse(text);
+  } catch (e) {
+    throw new PolicyConfigError(`${file} is not JSON: ${(e as Error).message}`);
+  }
+  if (data === null || typeof data !== 'object' || Array.isArray(data)) throw new PolicyConfigError(`${file} is not a JSON object`);
+  return data as Record<string, unknown>;
 }
 
 /** The cameras a base checkpoint's config.json declares: LeRobot's `input_features` of type VISUAL. */
@@ -78,19 +112,39 @@ export function baseCameras(config: Record<string, unknown>): string[] {
 /** openpi's camera names of the public bases, when a base's config.json declares none. */
 export const OPENPI_CAMERAS = ['base_0_rgb', 'left_wrist_0_rgb', 'right_wrist_0_rgb'];
 
+/** The fields of vela_dataset.json that the policy server reads (policyMeta's, as the job's own checkpoint config.json has them). */
+const DATASET_FIELDS = ['action_horizon', 'action_space', 'delta_mask', 'state_dim', 'action_dim', 'state_names', 'action_names'] as const;
+
 /**
  * What stands in for a Vela checkpoint's config.json when a base is served as it is: the
- * variant, the cameras (`--cameras`, else the base's input_features, else openpi's names), the
- * base's number of denoising steps; the horizon and dims are the model's.
+ * variant, the base's number of denoising steps, and
+ * - a pretrained base: the cameras (`--cameras`, else the base's input_features, else openpi's
+ *   names); the horizon and dims are the model's;
+ * - a Vela fine-tune's output (its vela_dataset.json, `dataset`): what the job's own checkpoint
+ *   says: the dataset's cameras in training order (`--cameras` renames them, one name each),
+ *   action horizon, state / action dims and names, and action space, so a delta-trained model
+ *   answers absolute actions exactly as the job's policy does (the state added back).
+ * @throws PolicyConfigError when `--cameras` has another number of names than the dataset's cameras.
  */
-export function baseServeConfig(config: Record<string, unknown>, variant: 'pi0' | 'pi05', cameras: string[] | null): Record<string, unknown> {
-  const declared = baseCameras(config).slice(0, 3);
+export function baseServeConfig(config: Record<string, unknown>, variant: 'pi0' | 'pi05', cameras: string[] | null, dataset: Record<string, unknown> | null = null): Record<string, unknown> {
   const steps = config.num_inference_steps;
-  return {
+  const out: Record<string, unknown> = {
     preset: variant,
-    cameras: cameras ?? (declared.length > 0 ? declared : OPENPI_CAMERAS),
     ...(typeof steps === 'number' && Number.isInteger(steps) && steps >= 1 && steps <= 1000 ? { num_steps: steps } : {}),
   };
+  if (dataset) {
+    for (const k of DATASET_FIELDS) if (dataset[k] !== undefined) out[k] = dataset[k];
+    const trained = dataset.cameras;
+    if (cameras && Array.isArray(trained) && cameras.length !== trained.length) {
+      throw new PolicyConfigError(`--cameras ${cameras.join(',')}: the model was fine-tuned on ${trained.length} camera${trained.length === 1 ? '' : 's'} (${VELA_DATASET_FILE} cameras ${JSON.stringify(trained)}); give ${trained.length} name${trained.length === 1 ? '' : 's'}, in that order, or drop --cameras`);
+    }
+    // Missing or malformed cameras reach policyMeta, whose error names the field.
+    out.cameras = cameras ?? trained;
+    return out;
+  }
+  const declared = baseCameras(config).slice(0, 3);
+  out.cameras = cameras ?? (declared.length > 0 ? declared : OPENPI_CAMERAS);
+  return out;
 }
 
 /** Norm stats a served folder carries, and the transform they were made for (null: the family's). */

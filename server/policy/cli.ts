@@ -213,10 +213,11 @@ export async function policyCommand(argv: string[]): Promise<void> {
   }
   const { Engine } = await import('../engine/host.ts');
   const { startPolicyServer } = await import('./standalone.ts');
-  const engine = await Engine.start({ preset: target.engineModel, backend: args.backend, seed: target.kind === 'checkpoint' ? target.baseSeed : 0 });
+  // Before the engine starts: a --cameras that does not fit a fine-tuned base is refused at once.
   const served = target.kind === 'checkpoint'
     ? { checkpointDir: target.dir }
-    : { base: { config: baseServeConfig(target.config, target.variant, args.cameras) }, checkpointDir: target.dir };
+    : { base: { config: baseServeConfig(target.config, target.variant, args.cameras, target.dataset) }, checkpointDir: target.dir };
+  const engine = await Engine.start({ preset: target.engineModel, backend: args.backend, seed: target.kind === 'checkpoint' ? target.baseSeed : 0 });
   let server;
   try {
     server = await startPolicyServer({

@@ -355,7 +355,7 @@ export async function createFolderPolicy(
   const target = await classifyFolder(dir, { engineModel });
   const engine = await engineFor(target.engineModel);
   try {
-    return await createPolicyServer({ ...rest, engine, checkpointDir: dir, ...(target.kind === 'base' ? { base: { config: baseServeConfig(target.config, target.variant, null) } } : {}) });
+    return await createPolicyServer({ ...rest, engine, checkpointDir: dir, ...(target.kind === 'base' ? { base: { config: baseServeConfig(target.config, target.variant, null, target.dataset) } } : {}) });
   } catch (e) {
     // The real model's tokenizer is the operator's to install: its line (with the fix) reaches the client, not a bare 500.
     if ((e as Error)?.name === 'TokenizerError') throw new HttpError(503, `this server cannot serve ${target.kind === 'base' ? 'the base' : 'the checkpoint'} yet: ${(e as Error).message}`);

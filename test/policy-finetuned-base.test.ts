@@ -1,0 +1,126 @@
+/**
+ * A real fine-tune's output served as a base (issue 24): a LoRA job on G1 trained with
+ * action_space "delta" writes model_dir (Hub layout + norm_stats.json + vela_dataset.json).
+ * `vela policy --base <model_dir>` must answer what the job's own policy (`vela policy
+ * <output_dir>`) answers for the same observation and seed: the dataset's cameras, names and
+ * absolute actions (the state added back on the delta dims), not deltas read as positions.
+ * Both run in their own process on wasm. Also: a base whose config.json `type` and
+ * `vela_real_pi_config.variant` disagree is refused naming both fields; a --cameras that does
+ * not fit the fine-tuned cameras is refused before any load.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { type Datum } from '../protocol/client.ts';
+import { g1Datums, g1Subset } from './helpers/g1.ts';
+import { PolicyClient } from './helpers/policy-stub.ts';
+import { writeTinyBase } from './helpers/real-pi-base.ts';
+import { api, startTestServer, type TestServer } from './helpers/server.ts';
+
+const SEED = 7;
+
+let tmp: string;
+let server: TestServer;
+const procs: ChildProcess[] = [];
+
+beforeAll(async () => {
+  tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-ft-base-'));
+  server = await startTestServer({ env: { VELA_DATASETS_DIR: g1Subset(2, path.join(tmp, 'datasets')).root, VELA_BACKEND: 'wasm' } });
+}, 120_000);
+
+afterAll(async () => {
+  for (const p of procs) p.kill('SIGTERM');
+  await server?.close();
+  if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
+});
+
+/** Runs `vela policy ARGS --port 0 --backend wasm`; resolves with its URL, or rejects with its exit code and stderr. */
+function startPolicy(args: string[]): Promise<string> {
+  const proc = spawn(process.execPath, ['bin/vela.js', 'policy', ...args, '--port', '0', '--backend', 'wasm', '--log-level', 'warn'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  procs.push(proc);
+  let err = '';
+  proc.stderr!.on('data', (b) => (err += b));
+  return new Promise((resolve, reject) => {
+    let out = '';
+    proc.stdout!.on('data', (b) => {
+      out += b;
+      const m = /Vela policy server on (ws:\/\/\S+)/.exec(out);
+      if (m) resolve(m[1]!);
+    });
+    proc.once('exit', (code) => reject(Object.assign(new Error(`vela policy exited with ${code}: ${err}`), { code, stderr: err })));
+  });
+}
+
+async function finished(id: string): Promise<Record<string, any>> {
+  for (const deadline = Date.now() + 240_000; Date.now() < deadline; await new Promise((r) => setTimeout(r, 250))) {
+    const { json } = await api(server, 'GET', `/v1/fine-tunes/${id}`);
+    if (['succeeded', 'failed', 'cancelled'].includes(json.status)) return json;
+  }
+  throw new Error(`fine-tune ${id} did not finish`);
+}
+
+/** The metadata and the first seeded answer of a policy server for `obs`. */
+async function ask(url: string, obs: Record<string, unknown>): Promise<{ metadata: any; actions: number[]; shape: number[] }> {
+  const c = await PolicyClient.connect(`${url}?seed=${SEED}`);
+  try {
+    const a = (await c.infer(obs)).actions;
+    return { metadata: c.metadata, actions: Array.from(a.data as Float32Array), shape: a.shape };
+  } finally {
+    c.close();
+  }
+}
+
+describe('a delta-trained fine-tune\'s model_dir served with --base', () => {
+  let job: Record<string, any>;
+  let probe: Datum;
+
+  beforeAll(async () => {
+    const base = await writeTinyBase('pi05', { dir: path.join(tmp, 'tiny_pi05_base') });
+    const created = await api(server, 'POST', '/v1/fine-tunes', { model: 'pi05', base, dataset_name: 'g1_subset', action_space: 'delta', steps: 4, batch_size: 2, eval_every: 0, checkpoint_every: 4, seed: 3 });
+    expect(created.status, JSON.stringify(created.json)).toBe(200);
+    job = await finished(created.json.id);
+    expect(job.status, job.error).toBe('succeeded');
+    probe = (await g1Datums(1, { horizon: 10 }))[0]!;
+  }, 300_000);
+
+  it('answers what the job\'s own policy answers: cameras, names, delta -> absolute, for the same seed', { timeout: 240_000 }, async () => {
+    const dataset = JSON.parse(fs.readFileSync(path.join(job.model_dir, 'vela_dataset.json'), 'utf8'));
+    expect(dataset).toMatchObject({ action_space: 'delta', cameras: ['cam_high'] });
+    const [own, asBase] = await Promise.all([startPolicy([job.output_dir, '--seed', String(SEED)]), startPolicy(['--base', job.model_dir, '--seed', String(SEED)])]);
+    const o = probe.observation;
+    const obs = { 'observation/cam_high': o.image!.cam_high, image_codec: 'JPEG', 'observation/state': o.state, prompt: o.prompt };
+    const a = await ask(own, obs);
+    const b = await ask(asBase, obs);
+
+    expect(a.metadata).toMatchObject({ model: 'pi05', action_space: 'delta', cameras: ['cam_high'], action_dim: 26, state_dim: 26, action_horizon: 10 });
+    for (const k of ['model', 'action_space', 'cameras', 'action_dim', 'state_dim', 'action_horizon', 'state_names', 'action_names', 'observation_keys', 'answer_keys']) {
+      expect(b.metadata[k], k).toEqual(a.metadata[k]);
+    }
+    expect(b.metadata.state_names).toEqual(dataset.state_names);
+    expect(b.shape).toEqual([10, 26]);
+    expect(b.shape).toEqual(a.shape);
+    // The merged weights (W + scale * A B^T) against the adapters applied at run time: float32 rounding only.
+    const worst = Math.max(...a.actions.map((v, i) => Math.abs(v - b.actions[i]!)));
+    expect(worst).toBeLessThan(1e-5);
+  });
+
+  it('--cameras must name as many cameras as the model was fine-tuned on: refused before any load', { timeout: 60_000 }, async () => {
+    const e = await startPolicy(['--base', job.model_dir, '--cameras', 'front,wrist']).then(() => null, (x) => x);
+    expect(e?.code).toBe(1);
+    expect(e.stderr).toContain('--cameras front,wrist: the model was fine-tuned on 1 camera (vela_dataset.json cameras ["cam_high"]); give 1 name, in that order, or drop --cameras');
+  });
+});
+
+describe('a base whose type and vela_real_pi_config disagree', () => {
+  it('is refused naming both fields', { timeout: 60_000 }, async () => {
+    const dir = await writeTinyBase('pi05', { dir: path.join(tmp, 'type_pi0_cfg_pi05') });
+    const cfgFile = path.join(dir, 'config.json');
+    fs.writeFileSync(cfgFile, JSON.stringify({ ...JSON.parse(fs.readFileSync(cfgFile, 'utf8')), type: 'pi0' }));
+    const e = await startPolicy(['--base', dir]).then(() => null, (x) => x);
+    expect(e?.code).toBe(1);
+    expect(e.stderr).toContain(`${cfgFile}: "type" is "pi0" but "vela_real_pi_config.variant" is "pi05"; make the two fields agree`);
+    expect(e.stderr).not.toContain('was asked for');
+  });
+});
