@@ -75,6 +75,9 @@ async function ask(url: string, obs: Record<string, unknown>): Promise<{ metadat
 describe('a delta-trained fine-tune\'s model_dir served with --base', () => {
   let job: Record<string, any>;
   let probe: Datum;
+  let obs: Record<string, unknown>;
+  /** The job's own policy's seeded answer to `obs`. */
+  let own: { metadata: any; actions: number[]; shape: number[] };
 
   beforeAll(async () => {
     const base = await writeTinyBase('pi05', { dir: path.join(tmp, 'tiny_pi05_base') });
@@ -88,10 +91,10 @@ describe('a delta-trained fine-tune\'s model_dir served with --base', () => {
   it('answers what the job\'s own policy answers: cameras, names, delta -> absolute, for the same seed', { timeout: 240_000 }, async () => {
     const dataset = JSON.parse(fs.readFileSync(path.join(job.model_dir, 'vela_dataset.json'), 'utf8'));
     expect(dataset).toMatchObject({ action_space: 'delta', cameras: ['cam_high'] });
-    const [own, asBase] = await Promise.all([startPolicy([job.output_dir, '--seed', String(SEED)]), startPolicy(['--base', job.model_dir, '--seed', String(SEED)])]);
+    const [ownUrl, asBase] = await Promise.all([startPolicy([job.output_dir, '--seed', String(SEED)]), startPolicy(['--base', job.model_dir, '--seed', String(SEED)])]);
     const o = probe.observation;
-    const obs = { 'observation/cam_high': o.image!.cam_high, image_codec: 'JPEG', 'observation/state': o.state, prompt: o.prompt };
-    const a = await ask(own, obs);
+    obs = { 'observation/cam_high': o.image!.cam_high, image_codec: 'JPEG', 'observation/state': o.state, prompt: o.prompt };
+    const a = (own = await ask(ownUrl, obs));
     const b = await ask(asBase, obs);
 
     expect(a.metadata).toMatchObject({ model: 'pi05', action_space: 'delta', cameras: ['cam_high'], action_dim: 26, state_dim: 26, action_horizon: 10 });
@@ -104,6 +107,17 @@ describe('a delta-trained fine-tune\'s model_dir served with --base', () => {
     // The merged weights (W + scale * A B^T) against the adapters applied at run time: float32 rounding only.
     const worst = Math.max(...a.actions.map((v, i) => Math.abs(v - b.actions[i]!)));
     expect(worst).toBeLessThan(1e-5);
+  });
+
+  it('its norm stats are read as the job made them (the family\'s transform), whatever normalization_mapping config.json copied from the base', { timeout: 120_000 }, async () => {
+    expect(own, 'the first test ran').toBeDefined();
+    const copy = path.join(tmp, 'model_mean_std');
+    fs.cpSync(job.model_dir, copy, { recursive: true });
+    const cfgFile = path.join(copy, 'config.json');
+    // A base fine-tuned by LeRobot with MEAN_STD would pass this on; the job's stats are pi0.5's quantiles all the same.
+    fs.writeFileSync(cfgFile, JSON.stringify({ ...JSON.parse(fs.readFileSync(cfgFile, 'utf8')), normalization_mapping: { VISUAL: 'IDENTITY', STATE: 'MEAN_STD', ACTION: 'MEAN_STD' } }));
+    const b = await ask(await startPolicy(['--base', copy, '--seed', String(SEED)]), obs);
+    expect(Math.max(...own.actions.map((v, i) => Math.abs(v - b.actions[i]!)))).toBeLessThan(1e-5);
   });
 
   it('--cameras must name as many cameras as the model was fine-tuned on: refused before any load', { timeout: 60_000 }, async () => {

@@ -13,7 +13,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { readCheckpointNormStats } from '../models/norm-stats.ts';
-import { parseNormStats, type NormMode, type NormStatsSet } from '../../kernels/normalize.ts';
+import { normalizerFor, parseNormStats, type NormMode, type NormStatsSet } from '../../kernels/normalize.ts';
 import { isRealModelKey, realModelKey } from '../engine/model-key.ts';
 import { storedPreset } from '../presets.ts';
 import { VELA_DATASET_FILE } from '../jobs/base.ts';
@@ -147,6 +147,18 @@ export function baseServeConfig(config: Record<string, unknown>, variant: 'pi0' 
   return out;
 }
 
+/**
+ * How `vela policy` and the main server serve a base folder as it is (PolicyServerOptions.base):
+ * its serve config (baseServeConfig), and for a Vela fine-tune's output the transform its
+ * norm_stats.json was made for: the family's (pi0 z-score, pi0.5 quantiles), as the job trained
+ * and its own policy serves, whatever `normalization_mapping` the config.json copied from the
+ * job's base says.
+ * @throws PolicyConfigError from baseServeConfig.
+ */
+export function baseServing(target: Extract<ServedFolder, { kind: 'base' }>, cameras: string[] | null): { config: Record<string, unknown>; normMode: NormMode | null } {
+  return { config: baseServeConfig(target.config, target.variant, cameras, target.dataset), normMode: target.dataset ? normalizerFor(target.variant).mode : null };
+}
+
 /** Norm stats a served folder carries, and the transform they were made for (null: the family's). */
 export interface ServedNorm {
   stats: NormStatsSet;
@@ -163,11 +175,13 @@ export interface ServedNorm {
  * openpi's assets/<id>/norm_stats.json, Vela's norm_stats.json), else null (served unnormalised;
  * the caller warns once).
  * @param fromEngine `load_policy`'s `normStats` (null or undefined when none).
+ * @param mode the transform JSON stats (openpi's, Vela's) were made for, when the caller knows it
+ *   (baseServing); else the folder's config.json says.
  * @throws NormError / CheckpointError when stats are there but not valid (one line naming the file).
  */
-export async function servedNormStats(dir: string | null, fromEngine: unknown): Promise<ServedNorm | null> {
+export async function servedNormStats(dir: string | null, fromEngine: unknown, mode: NormMode | null = null): Promise<ServedNorm | null> {
   if (fromEngine !== null && fromEngine !== undefined) return { stats: parseNormStats(fromEngine), mode: null, source: dir ? path.join(dir, 'norm_stats.json') : 'the checkpoint' };
   if (!dir) return null;
-  const own = await readCheckpointNormStats(dir);
+  const own = await readCheckpointNormStats(dir, mode ? { mode } : {});
   return own ? { stats: own.stats, mode: own.mode, source: own.source } : null;
 }

@@ -12,7 +12,7 @@ import { stopOnSignals } from '../signals.ts';
 import { DEFAULT_POLICY_LIMITS } from './observation.ts';
 import { storedPreset } from '../presets.ts';
 import { REAL_MODELS, type RealModel } from '../models/bases.ts';
-import { baseServeConfig, classifyFolder, OPENPI_CAMERAS, type ServedFolder } from './checkpoint.ts';
+import { baseServing, classifyFolder, OPENPI_CAMERAS, type ServedFolder } from './checkpoint.ts';
 
 const HELP = 'vela policy --help';
 
@@ -216,7 +216,7 @@ export async function policyCommand(argv: string[]): Promise<void> {
   // Before the engine starts: a --cameras that does not fit a fine-tuned base is refused at once.
   const served = target.kind === 'checkpoint'
     ? { checkpointDir: target.dir }
-    : { base: { config: baseServeConfig(target.config, target.variant, args.cameras, target.dataset) }, checkpointDir: target.dir };
+    : { base: baseServing(target, args.cameras), checkpointDir: target.dir };
   const engine = await Engine.start({ preset: target.engineModel, backend: args.backend, seed: target.kind === 'checkpoint' ? target.baseSeed : 0 });
   let server;
   try {
