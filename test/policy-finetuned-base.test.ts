@@ -16,6 +16,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type Datum } from '../protocol/client.ts';
 import { g1Datums, g1Subset } from './helpers/g1.ts';
 import { PolicyClient } from './helpers/policy-stub.ts';
+import { realModelKey } from '../server/engine/model-key.ts';
+import { nowS } from '../server/store.ts';
 import { writeTinyBase } from './helpers/real-pi-base.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 
@@ -118,6 +120,27 @@ describe('a delta-trained fine-tune\'s model_dir served with --base', () => {
     fs.writeFileSync(cfgFile, JSON.stringify({ ...JSON.parse(fs.readFileSync(cfgFile, 'utf8')), normalization_mapping: { VISUAL: 'IDENTITY', STATE: 'MEAN_STD', ACTION: 'MEAN_STD' } }));
     const b = await ask(await startPolicy(['--base', copy, '--seed', String(SEED)]), obs);
     expect(Math.max(...own.actions.map((v, i) => Math.abs(v - b.actions[i]!)))).toBeLessThan(1e-5);
+  });
+
+  it('the main server serves a model_dir as the job\'s own policy too (POST /v1/fine-tunes/{id}/infer, same seed)', { timeout: 180_000 }, async () => {
+    const owner = (await server.store.findApiKey(server.apiKey))!;
+    // A job row whose output is the model_dir (a Hub-layout folder), beside the real job whose output is weights/final.
+    const id = 'ft-modeldir01';
+    await server.store.insertJob({
+      id, owner, status: 'succeeded', created_at: nowS(), config: { model: 'pi05', base: job.model_dir, engine_model: realModelKey('pi05', job.model_dir), dataset_name: 'g1_subset' },
+      step: 4, loss: null, eval_loss: null, error: null, output_dir: job.model_dir, started_at: nowS(), finished_at: nowS(), cancel_requested: false,
+    });
+    const o = probe.observation;
+    const body = { 'observation/cam_high': Buffer.from(o.image!.cam_high as Uint8Array).toString('base64'), image_codec: 'JPEG', 'observation/state': Array.from(o.state!.data as Float32Array), prompt: o.prompt, seed: 11 };
+    const mine = await api(server, 'POST', `/v1/fine-tunes/${job.id}/infer`, body);
+    const asBase = await api(server, 'POST', `/v1/fine-tunes/${id}/infer`, body);
+    expect(mine.status, JSON.stringify(mine.json)).toBe(200);
+    expect(asBase.status, JSON.stringify(asBase.json)).toBe(200);
+    expect(asBase.json.actions.shape).toEqual([10, 26]);
+    const x = mine.json.actions.data as number[];
+    const y = asBase.json.actions.data as number[];
+    expect(x.length).toBe(260);
+    expect(Math.max(...x.map((v, i) => Math.abs(v - y[i]!)))).toBeLessThan(1e-5);
   });
 
   it('--cameras must name as many cameras as the model was fine-tuned on: refused before any load', { timeout: 60_000 }, async () => {
