@@ -159,5 +159,20 @@ describe('a base whose type and vela_real_pi_config disagree', () => {
     expect(e?.code).toBe(1);
     expect(e.stderr).toContain(`${cfgFile}: "type" is "pi0" but "vela_real_pi_config.variant" is "pi05"; make the two fields agree`);
     expect(e.stderr).not.toContain('was asked for');
+
+    // A pi0 checkpoint trained on it (its base_checkpoint): the same two fields named, not "pi0 was asked for".
+    const ck = path.join(tmp, 'ck_on_bad_base');
+    fs.mkdirSync(ck);
+    fs.writeFileSync(path.join(ck, 'config.json'), JSON.stringify({ preset: 'pi0', base_checkpoint: dir, cameras: ['cam_high'] }));
+    const f = await startPolicy([ck]).then(() => null, (x) => x);
+    expect(f?.code).toBe(1);
+    expect(f.stderr).toContain(`${cfgFile}: "type" is "pi0" but "vela_real_pi_config.variant" is "pi05"; make the two fields agree`);
+
+    // A consistent pi05 base under a pi0 checkpoint: the checkpoint's field and the base's, named.
+    const good = await writeTinyBase('pi05', { dir: path.join(tmp, 'good_pi05') });
+    fs.writeFileSync(path.join(ck, 'config.json'), JSON.stringify({ preset: 'pi0', base_checkpoint: good, cameras: ['cam_high'] }));
+    const g = await startPolicy([ck]).then(() => null, (x) => x);
+    expect(g?.code).toBe(1);
+    expect(g.stderr).toContain(`${path.join(ck, 'config.json')} "preset" is "pi0" but its base's ${path.join(good, 'config.json')} "vela_real_pi_config.variant" is "pi05": serve it on a pi0 base (--base), or fix the field`);
   });
 });

@@ -59,6 +59,7 @@ export async function classifyFolder(dir: string, opts: { base?: string | null; 
     const real = (preset === 'pi0' || preset === 'pi05') && (typeof cfg.base_checkpoint === 'string' || !!opts.base);
     if (real) {
       const baseDir = opts.base ?? path.resolve(cfg.base_checkpoint as string);
+      await checkBaseVariant(baseDir, preset, `${file} "preset"`);
       const engineModel = !opts.base && opts.engineModel && isRealModelKey(opts.engineModel) ? opts.engineModel : realModelKey(preset, baseDir);
       return { kind: 'checkpoint', dir, config: cfg, preset, baseSeed, engineModel, baseDir };
     }
@@ -68,13 +69,47 @@ export async function classifyFolder(dir: string, opts: { base?: string | null; 
   }
   if (cfg.type === 'pi0' || cfg.type === 'pi05') {
     // The engine is keyed by `type`; a Vela-written config's own RealPiConfig builds the model, so the two must agree.
-    const own = cfg.vela_real_pi_config as { variant?: unknown } | undefined;
-    if (own && typeof own === 'object' && own.variant !== undefined && own.variant !== cfg.type) {
-      throw new PolicyConfigError(`${file}: "type" is ${JSON.stringify(cfg.type)} but "vela_real_pi_config.variant" is ${JSON.stringify(own.variant)}; make the two fields agree`);
-    }
+    variantOf(cfg, file);
     return { kind: 'base', dir, config: cfg, variant: cfg.type, engineModel: realModelKey(cfg.type, dir), baseDir: dir, dataset: await readDatasetFile(dir) };
   }
   throw new PolicyConfigError(`${file} has neither "preset" (a Vela checkpoint) nor "type": "pi0" / "pi05" (a pi0 / pi0.5 checkpoint in the Hub layout)`);
+}
+
+/**
+ * The variant a Hub-layout config.json builds: its `vela_real_pi_config.variant` when it has
+ * one (it wins: kernels/pi/config.ts realPiConfigFromHub), else its `type`; undefined when neither.
+ * @throws PolicyConfigError naming both fields when they disagree.
+ */
+function variantOf(cfg: Record<string, unknown>, file: string): unknown {
+  const own = cfg.vela_real_pi_config as { variant?: unknown } | null | undefined;
+  const built = own && typeof own === 'object' ? own.variant : undefined;
+  if (built !== undefined && cfg.type !== undefined && built !== cfg.type) {
+    throw new PolicyConfigError(`${file}: "type" is ${JSON.stringify(cfg.type)} but "vela_real_pi_config.variant" is ${JSON.stringify(built)}; make the two fields agree`);
+  }
+  return built ?? cfg.type;
+}
+
+/**
+ * Refuses a real checkpoint's base whose config.json builds another variant than `want` (named
+ * by `wantFrom`), naming the fields on both sides. A base that cannot be read is left to the
+ * engine's loader, whose error names the file.
+ * @throws PolicyConfigError
+ */
+async function checkBaseVariant(baseDir: string, want: string, wantFrom: string): Promise<void> {
+  const file = path.join(baseDir, 'config.json');
+  let cfg: unknown;
+  try {
+    cfg = JSON.parse(await fs.promises.readFile(file, 'utf8'));
+  } catch {
+    return;
+  }
+  if (cfg === null || typeof cfg !== 'object' || Array.isArray(cfg)) return;
+  const c = cfg as Record<string, unknown>;
+  const built = variantOf(c, file);
+  if (built !== undefined && built !== want) {
+    const field = (c.vela_real_pi_config as { variant?: unknown } | undefined)?.variant !== undefined ? '"vela_real_pi_config.variant"' : '"type"';
+    throw new PolicyConfigError(`${wantFrom} is ${JSON.stringify(want)} but its base's ${file} ${field} is ${JSON.stringify(built)}: serve it on a ${want} base (--base), or fix the field`);
+  }
 }
 
 /**
