@@ -7,7 +7,9 @@
  *   (`realModelKey(variant, base)`). A bare `pi0` / `pi05` without `base_checkpoint` is a
  *   checkpoint written before issue 23 and means the small preset it meant then.
  * - a base checkpoint in the Hub layout (config.json with LeRobot's `type: "pi0" | "pi05"` and
- *   no `preset`: lerobot/pi05_base and the like): a policy as it is, on its own engine.
+ *   no `preset`: lerobot/pi05_base and the like): a policy as it is, on its own engine. A real
+ *   fine-tune's output (server/jobs/export-hub.ts) is one too, and its vela_dataset.json says
+ *   what its own checkpoint's config.json says (cameras, action space, names): served with it.
  * And the norm stats a served folder carries (`servedNormStats`: the one place that looks them up).
  */
 import fs from 'node:fs';

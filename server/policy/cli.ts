@@ -42,7 +42,9 @@ Options:
   --model M             ${REAL_MODELS.join(' | ')}: the variant of --base (default: its config.json's "type")
   --cameras A,B,C       --base only: camera names bound to the base's image slots, in order
                         (default: its config.json's input_features, else openpi's
-                        ${OPENPI_CAMERAS.join(',')})
+                        ${OPENPI_CAMERAS.join(',')}); a fine-tune's output (its
+                        vela_dataset.json) is served with the cameras, action space and
+                        names it was trained with, and --cameras only renames them
   --port N              port (default 8000; 0 picks a free one)
   --host H              address to bind (default 127.0.0.1; 0.0.0.0 for every interface)
   --seed N              reproducible sampling: request n of a connection on stream K (the
