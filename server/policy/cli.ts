@@ -12,7 +12,7 @@ import { stopOnSignals } from '../signals.ts';
 import { DEFAULT_POLICY_LIMITS } from './observation.ts';
 import { storedPreset } from '../presets.ts';
 import { REAL_MODELS, type RealModel } from '../models/bases.ts';
-import { baseServeConfig, classifyFolder, OPENPI_CAMERAS, type ServedFolder } from './checkpoint.ts';
+import { baseServing, classifyFolder, OPENPI_CAMERAS, type ServedFolder } from './checkpoint.ts';
 
 const HELP = 'vela policy --help';
 
@@ -42,7 +42,9 @@ Options:
   --model M             ${REAL_MODELS.join(' | ')}: the variant of --base (default: its config.json's "type")
   --cameras A,B,C       --base only: camera names bound to the base's image slots, in order
                         (default: its config.json's input_features, else openpi's
-                        ${OPENPI_CAMERAS.join(',')})
+                        ${OPENPI_CAMERAS.join(',')}); a fine-tune's output (its
+                        vela_dataset.json) is served with the cameras, action space and
+                        names it was trained with, and --cameras only renames them
   --port N              port (default 8000; 0 picks a free one)
   --host H              address to bind (default 127.0.0.1; 0.0.0.0 for every interface)
   --seed N              reproducible sampling: request n of a connection on stream K (the
@@ -213,10 +215,11 @@ export async function policyCommand(argv: string[]): Promise<void> {
   }
   const { Engine } = await import('../engine/host.ts');
   const { startPolicyServer } = await import('./standalone.ts');
-  const engine = await Engine.start({ preset: target.engineModel, backend: args.backend, seed: target.kind === 'checkpoint' ? target.baseSeed : 0 });
+  // Before the engine starts: a --cameras that does not fit a fine-tuned base is refused at once.
   const served = target.kind === 'checkpoint'
     ? { checkpointDir: target.dir }
-    : { base: { config: baseServeConfig(target.config, target.variant, args.cameras) }, checkpointDir: target.dir };
+    : { base: baseServing(target, args.cameras), checkpointDir: target.dir };
+  const engine = await Engine.start({ preset: target.engineModel, backend: args.backend, seed: target.kind === 'checkpoint' ? target.baseSeed : 0 });
   let server;
   try {
     server = await startPolicyServer({

@@ -25,7 +25,8 @@ import { outOfRange } from '../../kernels/norm-range.ts';
 import { log } from '../log.ts';
 import { modelLayout } from '../models/layout.ts';
 import { Batcher, type BatchStats } from './batcher.ts';
-import { baseServeConfig, classifyFolder, servedNormStats } from './checkpoint.ts';
+import { baseServing, classifyFolder, servedNormStats } from './checkpoint.ts';
+import type { NormMode } from '../../kernels/normalize.ts';
 import { policyMeta, PolicyConfigError, type PolicyMeta } from './meta.ts';
 import type { ObservationOutOfRange } from './range-warning.ts';
 import { DEFAULT_POLICY_LIMITS, observationKeys, parseObservation, toDatum, toRobotActions, type PolicyLimits } from './observation.ts';
@@ -45,9 +46,10 @@ export interface PolicyServerOptions {
    * Serve the engine's base checkpoint itself (a real pi0 / pi0.5 base such as
    * lerobot/pi05_base: a policy as it is, with no Vela checkpoint to load): `config` stands in
    * for the checkpoint's config.json (cameras, action_horizon, num_steps); the norm stats are the
-   * base folder's own. Pushed weights (swap) load on top of it as usual.
+   * base folder's own, read as made for `normMode` when given (a Vela fine-tune's output:
+   * checkpoint.ts baseServing). Pushed weights (swap) load on top of it as usual.
    */
-  base?: { config: Record<string, unknown> };
+  base?: { config: Record<string, unknown>; normMode?: NormMode | null };
   /** The label of the first weights (what `weights_version` reports before any swap). */
   version?: string | number | null;
   /** `--seed`: reproducible per-connection seed streams (seeds.ts); absent = random seeds. */
@@ -159,8 +161,8 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     for (const d of baseDirs.splice(0)) fs.promises.rm(d, { recursive: true, force: true }).catch(() => undefined);
   };
 
-  const metaOf = async (engineId: string, dir: string | null, config: unknown, fromEngine: unknown, what: string): Promise<PolicyMeta> => {
-    const norm = await servedNormStats(dir, fromEngine);
+  const metaOf = async (engineId: string, dir: string | null, config: unknown, fromEngine: unknown, what: string, normMode: NormMode | null = null): Promise<PolicyMeta> => {
+    const norm = await servedNormStats(dir, fromEngine, normMode);
     const meta = policyMeta(engine.info, config, norm ? { norm_stats: norm.stats } : null, { layout, normMode: norm?.mode });
     if (!meta.norm) log.warn(`policy ${engineId}: ${what} has no norm stats; states and actions pass unnormalised`);
     return meta;
@@ -185,7 +187,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   const loadBase = async (engineId: string, label: string | number | null): Promise<Version> => {
     const baseDir = engine.info.baseDir;
     if (engine.info.family === 'small' || !baseDir) throw new PolicyConfigError(`a base is served on a real pi0 / pi0.5 engine; this engine runs the preset ${engine.info.preset}`);
-    const meta = await metaOf(engineId, baseDir, opts.base!.config, null, `the base ${baseDir}`);
+    const meta = await metaOf(engineId, baseDir, opts.base!.config, null, `the base ${baseDir}`, opts.base!.normMode ?? null);
     const dir = await fs.promises.mkdtemp(path.join(os.tmpdir(), 'vela-policy-base-'));
     baseDirs.push(dir);
     await engine.call(engineId, 'create_session', { finetune: 'lora', rank: 1, alpha: 1, targets: ['action_expert'], seed: 0, dir });
@@ -355,7 +357,7 @@ export async function createFolderPolicy(
   const target = await classifyFolder(dir, { engineModel });
   const engine = await engineFor(target.engineModel);
   try {
-    return await createPolicyServer({ ...rest, engine, checkpointDir: dir, ...(target.kind === 'base' ? { base: { config: baseServeConfig(target.config, target.variant, null) } } : {}) });
+    return await createPolicyServer({ ...rest, engine, checkpointDir: dir, ...(target.kind === 'base' ? { base: baseServing(target, null) } : {}) });
   } catch (e) {
     // The real model's tokenizer is the operator's to install: its line (with the fix) reaches the client, not a bare 500.
     if ((e as Error)?.name === 'TokenizerError') throw new HttpError(503, `this server cannot serve ${target.kind === 'base' ? 'the base' : 'the checkpoint'} yet: ${(e as Error).message}`);
