@@ -7,6 +7,7 @@ import { jsonId, type RequestId } from '../protocol/messages.ts';
 import type { RawMsgpack } from '../protocol/msgpack.ts';
 import { PRESET_NAMES, makeConfig, resolvePreset } from '../kernels/small/config.ts';
 import { OPENPI_LORA } from '../kernels/pi/policy.ts';
+import { loraAlphaProblem } from './models/lora-limits.ts';
 import { realPiConfigFromHub } from '../kernels/pi/config.ts';
 import { ConfigError } from '../kernels/errors.ts';
 import { CheckpointError } from '../kernels/safetensors.ts';
@@ -81,7 +82,8 @@ export function parseSessionConfig(body: Record<string, unknown>): SessionConfig
   const rank = int('rank', 16, 1, 256);
   // openpi's LoRA on the real models: rank 16 / alpha 16 on the VLM, 32 / 32 on the action expert.
   const alpha = body.alpha ?? (real ? OPENPI_LORA.alpha : 32);
-  if (typeof alpha !== 'number' || !(alpha > 0) || !Number.isFinite(alpha)) throw new HttpError(400, `alpha must be a number > 0, got ${JSON.stringify(alpha)}`);
+  const alphaProblem = loraAlphaProblem(alpha);
+  if (alphaProblem || typeof alpha !== 'number') throw new HttpError(400, `alpha ${alphaProblem}, got ${JSON.stringify(alpha)}`);
   const targets = body.targets ?? ['all'];
   if (!Array.isArray(targets) || targets.length === 0 || !targets.every((t) => typeof t === 'string' && TARGETS.includes(t))) {
     throw new HttpError(400, `targets must be a non-empty list of ${TARGETS.join(', ')}, got ${JSON.stringify(targets)}`);

@@ -156,7 +156,7 @@ describe('fine-tunes of the real pi0.5 (tiny base)', () => {
     const { key: otherKey } = await server.store.createApiKey('other');
     const theirs = await api(server, 'POST', '/v1/fine-tunes', { ...body, base: modelDir }, otherKey);
     expect(theirs.status).toBe(400);
-    expect(theirs.json.error).toMatch(/^base: base .+: no such folder$/);
+    expect(theirs.json.error).toMatch(/^base .+: no such folder$/);
 
     // That base was fine-tuned on G1's 26 dims: a dataset of other dims is refused by name.
     fs.cpSync(FIXTURE, path.join(g1.root, 'pick'), { recursive: true });
@@ -298,7 +298,7 @@ describe('the seed request and the refusals', () => {
     expect(await refused({ model: 'pi05', dataset_name: 'lerobot/pusht_image' })).toMatch(
       /^dataset_name "lerobot\/pusht_image" not found: .*`vela datasets download lerobot\/pusht_image`.* --allow-downloads \(VELA_ALLOW_DOWNLOADS=1\)$/);
     expect(await refused({ model: 'pi0', dataset_name: 'wide' })).toMatch(
-      /^base: base lerobot\/pi0_base is not in the Hugging Face cache .*`vela models download lerobot\/pi0_base`.*--allow-downloads/);
+      /^base lerobot\/pi0_base is not in the Hugging Face cache .*`vela models download lerobot\/pi0_base`.*--allow-downloads/);
     expect(await refused({ model: 'pi05', base: roots.closed, dataset_name: 'wide' })).toMatch(/^base: .*config\.json/); // a folder that is no checkpoint
     expect((await api(closed, 'GET', '/v1/fine-tunes')).json.data).toEqual([]);
   });
