@@ -17,6 +17,7 @@ import { g1Datums, g1Subset } from './helpers/g1.ts';
 import { writeTinyBase } from './helpers/real-pi-base.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 import { FuturesClient } from './helpers/futures-client.ts';
+import { PolicyClient } from './helpers/policy-stub.ts';
 import { PolicyConnectionMetrics } from '../server/metrics/policy.ts';
 import { metricsText } from '../server/metrics/registry.ts';
 
@@ -62,6 +63,34 @@ describe('a real model\'s prompt over its token limit', () => {
       await client.closeSession(s.id);
     });
   }
+});
+
+describe('vela policy on a real base, a prompt over the token limit', () => {
+  it('answers that request an error frame naming the count and the limit; other connections go on', { timeout: 120_000 }, async () => {
+    const proc = spawn(process.execPath, ['bin/vela.js', 'policy', '--base', bases.pi05, '--cameras', 'cam_high', '--port', '0', '--backend', 'wasm', '--log-level', 'warn'], { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
+    try {
+      const url = await new Promise<string>((resolve, reject) => {
+        let out = '';
+        proc.stdout!.on('data', (b) => {
+          out += b;
+          const m = /Vela policy server on (ws:\/\/\S+)/.exec(out);
+          if (m) resolve(m[1]!);
+        });
+        proc.once('exit', (code) => reject(new Error(`vela policy exited with ${code}`)));
+      });
+      const d = (await g1Datums(1, { episode: 0, horizon: 10 }))[0]!.observation;
+      const obs = (prompt: string) => ({ 'observation/cam_high': d.image!.cam_high, image_codec: 'JPEG', 'observation/state': d.state, prompt });
+      const other = await PolicyClient.connect(url);
+      const bad = await PolicyClient.connect(url);
+      const err = await bad.infer(obs(LONG_TASK)).then(() => null, (e: Error) => e);
+      expect(err?.message).toMatch(/^Error in inference server:\nprompt is \d+ tokens with its state .*; pi05's limit is 200 \(max_token_len\): shorten the task$/);
+      expect((await other.infer(obs(d.prompt as string))).actions.shape).toEqual([10, 32]);
+      other.close();
+      bad.close();
+    } finally {
+      proc.kill('SIGTERM');
+    }
+  });
 });
 
 describe('LoRA alpha is bounded (alpha / rank scales the adapter output)', () => {
