@@ -177,7 +177,7 @@ async function checkJobOutputOwner(deps: Pick<JobRoutesDeps, 'store' | 'config'>
   const rel = path.relative(jobs, real(dir));
   if (rel === '' || rel.startsWith('..') || path.isAbsolute(rel)) return;
   const job = await deps.store.getJob(rel.split(path.sep)[0]!);
-  if (!job || job.owner !== owner) throw new HttpError(400, `base: base ${ref}: no such folder`);
+  if (!job || job.owner !== owner) throw new HttpError(400, `base ${ref}: no such folder`);
 }
 
 /** @throws HttpError 400 unless `rel` is a relative path of plain segments (no `..`, `.`, empty, backslash). */
