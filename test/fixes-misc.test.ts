@@ -124,6 +124,22 @@ describe('fine-tunes of the real models at submission', () => {
     expect(r.json.error).toMatch(/^base \/nonexistent\/base-folder: no such folder/);
   });
 
+  it('a dataset whose task is over the token limit: the job fails at its first step naming the prompt\'s tokens and the limit', { timeout: 180_000 }, async () => {
+    const long = g1Subset(2, g1.root, 'g1_long_task');
+    const tasks = fs.readFileSync(path.join(long.dir, 'meta', 'tasks.jsonl'), 'utf8').split('\n').filter((l) => l.trim());
+    fs.writeFileSync(path.join(long.dir, 'meta', 'tasks.jsonl'), tasks.map((l) => JSON.stringify({ ...JSON.parse(l), task: LONG_TASK })).join('\n') + '\n');
+    const created = await api(server, 'POST', '/v1/fine-tunes', { model: 'pi05', base: bases.pi05, dataset_name: long.name, steps: 2, batch_size: 2 });
+    expect(created.status, JSON.stringify(created.json)).toBe(200);
+    let job: any;
+    for (const t0 = Date.now(); Date.now() - t0 < 170_000; await new Promise((r) => setTimeout(r, 200))) {
+      job = (await api(server, 'GET', `/v1/fine-tunes/${created.json.id}`)).json;
+      if (['succeeded', 'failed', 'cancelled'].includes(job.status)) break;
+    }
+    expect(job.status).toBe('failed');
+    expect(job.error).toMatch(/prompt is \d+ tokens with its state .*; pi05's limit is 200 \(max_token_len\): shorten the task/);
+    expect(job.step).toBe(0);
+  });
+
   it('no job JSON (create, get, list, cancel) shows engine_model, the server\'s folder', { timeout: 120_000 }, async () => {
     const created = await api(server, 'POST', '/v1/fine-tunes', { model: 'pi05', base: bases.pi05, dataset_name: g1.name, steps: 50, batch_size: 2 });
     expect(created.status, JSON.stringify(created.json)).toBe(200);
