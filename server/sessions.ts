@@ -8,10 +8,7 @@ import { jsonId, type RequestId } from '../protocol/messages.ts';
 import type { RawMsgpack } from '../protocol/msgpack.ts';
 import { PRESET_NAMES, makeConfig, resolvePreset } from '../kernels/small/config.ts';
 import { OPENPI_LORA } from '../kernels/pi/policy.ts';
-import { realPiConfigFromHub } from '../kernels/pi/config.ts';
-import { ConfigError } from '../kernels/errors.ts';
-import { CheckpointError } from '../kernels/safetensors.ts';
-import { readHubConfig } from './models/hub-checkpoint.ts';
+import { loraAlphaProblem } from './models/lora-limits.ts';
 import { DEFAULT_BASES, isRealModel, type RealModel } from './models/bases.ts';
 import { modelLayout, tokenizerFileFor, type ModelLayout } from './models/layout.ts';
 import { ModelError } from './models/errors.ts';
@@ -20,6 +17,7 @@ import { isRealModelKey, parseEngineModel, realModelKey } from './engine/model-k
 import { availableMemory } from './models/memory.ts';
 import { planOrRefuse, realConfigOf } from './models/plan.ts';
 import { checkBaseAccess } from './models/access.ts';
+import { checkBaseVariant } from './models/base-variant.ts';
 import { zeroGateRule } from '../kernels/lora.ts';
 import { Engine, PriorityGate, type EngineLike, type EngineOptions } from './engine/host.ts';
 import type { BackendInfo } from './engine/messages.ts';
@@ -83,7 +81,8 @@ export function parseSessionConfig(body: Record<string, unknown>): SessionConfig
   const rank = int('rank', 16, 1, 256);
   // openpi's LoRA on the real models: rank 16 / alpha 16 on the VLM, 32 / 32 on the action expert.
   const alpha = body.alpha ?? (real ? OPENPI_LORA.alpha : 32);
-  if (typeof alpha !== 'number' || !(alpha > 0) || !Number.isFinite(alpha)) throw new HttpError(400, `alpha must be a number > 0, got ${JSON.stringify(alpha)}`);
+  const alphaProblem = loraAlphaProblem(alpha);
+  if (alphaProblem || typeof alpha !== 'number') throw new HttpError(400, `alpha ${alphaProblem}, got ${JSON.stringify(alpha)}`);
   const targets = body.targets ?? ['all'];
   if (!Array.isArray(targets) || targets.length === 0 || !targets.every((t) => typeof t === 'string' && TARGETS.includes(t))) {
     throw new HttpError(400, `targets must be a non-empty list of ${TARGETS.join(', ')}, got ${JSON.stringify(targets)}`);
@@ -113,24 +112,6 @@ export function parseSessionConfig(body: Record<string, unknown>): SessionConfig
 export function publicConfig(config: Record<string, unknown>): Record<string, unknown> {
   const { engine_model: _engineKey, ...rest } = config;
   return rest;
-}
-
-/**
- * Checks that checkpoint folder `dir` (the client's `base`, resolved) holds the real `variant`.
- * @throws HttpError 400 naming both variants and the fix, or the config's own problem (no
- *   config.json, not a pi0 / pi0.5 config).
- */
-async function checkBaseVariant(variant: RealModel, base: string, dir: string): Promise<void> {
-  let found: RealModel;
-  try {
-    found = realPiConfigFromHub(await readHubConfig(dir)).variant;
-  } catch (e) {
-    if (e instanceof ConfigError || e instanceof CheckpointError) throw new HttpError(400, `base ${base}: ${e.message}`);
-    throw e;
-  }
-  if (found !== variant) {
-    throw new HttpError(400, `base ${base} is a ${found} checkpoint and base_model is ${variant}: use base_model "${found}" with this base, or a ${variant} base (e.g. ${DEFAULT_BASES[variant]})`);
-  }
 }
 
 /** A session that is open in an engine. */
@@ -323,7 +304,7 @@ export class SessionManager {
       for (const [key, e] of map) {
         const engine = this.readyEngines.get(e);
         if (!engine) continue; // still loading
-        engines.push({ model: publicModelName(key), lane, base_params: engine.info.baseParams, tensor_bytes: engine.memory?.()?.numBytes ?? null, sessions: engine.stats().sessions });
+        engines.push({ model: publicModelName(key), lane, base_params: engine.info.baseParams, tensor_bytes: engine.memory?.()?.numBytes ?? null });
       }
     }
     return { limit_bytes: avail.limitBytes, limit_source: avail.source, rss_bytes: avail.rssBytes, available_bytes: avail.bytes, engines };

@@ -6,6 +6,7 @@ import path from 'node:path';
 import { PRESET_NAMES, makeConfig, resolvePreset, resolveStoredPreset } from '../../kernels/small/config.ts';
 import { zeroGateRule } from '../../kernels/lora.ts';
 import { OPENPI_LORA } from '../../kernels/pi/policy.ts';
+import { loraAlphaProblem } from '../models/lora-limits.ts';
 import { DEFAULT_BASES, isRealModel } from '../models/bases.ts';
 import { validateAdamWOptions, type AdamWOptions } from '../../kernels/optim.ts';
 import { HttpError } from '../http.ts';
@@ -204,7 +205,8 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
   }
   // openpi's LoRA on the real models: rank 16 / alpha 16 on the VLM, 32 / 32 on the action expert.
   const alpha = body.lora_alpha ?? (realModel ? OPENPI_LORA.alpha : 32);
-  if (typeof alpha !== 'number' || !(alpha > 0) || !Number.isFinite(alpha)) badField('lora_alpha', 'must be a number > 0', alpha);
+  const alphaProblem = loraAlphaProblem(alpha);
+  if (alphaProblem || typeof alpha !== 'number') badField('lora_alpha', alphaProblem ?? '', alpha);
   const targets = body.targets ?? ['all'];
   if (!Array.isArray(targets) || targets.length === 0 || !targets.every((t) => TARGETS.includes(t as string))) badField('targets', `must be a non-empty list of ${TARGETS.join(', ')}`, targets);
   // The engines' base weights are seeded unless trained ones are configured: pi0.5's gates are shut.

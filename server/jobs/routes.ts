@@ -16,7 +16,8 @@ import type { ServerConfig } from '../config.ts';
 import { parseFineTuneConfig, type FineTuneConfig } from './config.ts';
 import { datasetDirFor } from '../datasets/owned.ts';
 import { prepareRun } from './train.ts';
-import { isRealModel } from '../models/bases.ts';
+import { isRealModel, type RealModel } from '../models/bases.ts';
+import { checkBaseVariant } from '../models/base-variant.ts';
 import { tokenizerFileFor } from '../models/layout.ts';
 import { resolveBase } from '../models/resolve.ts';
 import { checkBaseAccess } from '../models/access.ts';
@@ -24,10 +25,12 @@ import { jobModelShape, planFineTune, realEngineModel } from './base.ts';
 import { isHubDatasetId } from './fetch.ts';
 import { isTerminal, jobWorkDir, type JobRunner } from './runner.ts';
 
-/** Public JSON of a job: every config field with defaults, plus progress fields. */
+/** Public JSON of a job: every config field with defaults (not the server-side engine_model), plus progress fields. */
 export function jobJson(j: JobRow): FineTuneJob {
+  // The engine's key (`engine_model`: the base's folder on this server) stays inside, as sessions' publicConfig does.
+  const { engine_model: _engineKey, ...config } = j.config;
   return {
-    id: j.id, object: 'fine_tune', status: j.status, created_at: j.created_at, ...(j.config as Pick<FineTuneJob, 'model' | 'dataset_name' | 'steps'>),
+    id: j.id, object: 'fine_tune', status: j.status, created_at: j.created_at, ...(config as Pick<FineTuneJob, 'model' | 'dataset_name' | 'steps'>),
     step: j.step, loss: j.loss, eval_loss: j.eval_loss, error: j.error, output_dir: j.output_dir,
     // The real models' output as a base checkpoint sits beside weights/final (train.ts).
     ...(j.status === 'succeeded' && isRealModel(j.config.model) && j.config.base ? { model_dir: path.join(path.dirname(path.dirname(j.output_dir)), 'model') } : {}),
@@ -148,16 +151,23 @@ async function submittedBase(deps: Pick<JobRoutesDeps, 'store' | 'config'>, owne
     if (err.name !== 'ModelError') throw e;
     if (err.code === 'not_downloaded' && allowDownloads) return undefined;
     const more = err.code === 'not_downloaded' && !err.message.includes('--allow-downloads') ? ', or start the server with --allow-downloads (VELA_ALLOW_DOWNLOADS=1) to let the job download it' : '';
-    throw new HttpError(400, `base: ${err.message}${more}`);
+    throw new HttpError(400, `${baseLine(err.message)}${more}`);
   }
   try {
     await jobModelShape(cfg, dir); // its config.json says what the model is (a folder without one is no base)
     tokenizerFileFor(dir); // the real model's prompts need PaliGemma's tokenizer: refused now, not at the first step
   } catch (e) {
-    throw new HttpError(400, `base: ${(e as Error).message}`);
+    throw new HttpError(400, baseLine((e as Error).message));
   }
+  // A pi0 folder given as pi0.5 (or the reverse) is refused now, naming both, as sessions do.
+  await checkBaseVariant(cfg.model as RealModel, cfg.base, dir, 'model');
   cfg.engine_model = realEngineModel(cfg, dir);
   return dir;
+}
+
+/** A base problem as one line that starts with the field: resolver messages already start `base ...`. */
+function baseLine(message: string): string {
+  return message.startsWith('base ') ? message : `base: ${message}`;
 }
 
 

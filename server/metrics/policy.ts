@@ -17,17 +17,19 @@ import { LATENCY_BUCKETS_S, registry } from './registry.ts';
 /** Most connections that get their own series at once. */
 export const MAX_CONNECTION_SERIES = 16;
 
+/** Seconds, 1 ms to 120 s: the full-size real pi0 / pi0.5 takes 10-50 s per request on a CPU. */
+const POLICY_LATENCY_BUCKETS_S = [...LATENCY_BUCKETS_S, 20, 30, 60, 120];
 const INTERVAL_BUCKETS_S = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30];
 const JITTER_BUCKETS_S = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1];
 const BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256];
 
 const stageSeconds = new client.Histogram({
   name: 'vela_policy_request_seconds', help: 'policy request time by stage (decode, queue_wait, compute, send, total), seconds',
-  labelNames: ['stage'], buckets: LATENCY_BUCKETS_S, registers: [registry],
+  labelNames: ['stage'], buckets: POLICY_LATENCY_BUCKETS_S, registers: [registry],
 });
 const connStageSeconds = new client.Histogram({
   name: 'vela_policy_connection_request_seconds', help: 'policy request time by stage, per live connection (series removed on close), seconds',
-  labelNames: ['connection', 'policy', 'stage'], buckets: LATENCY_BUCKETS_S, registers: [registry],
+  labelNames: ['connection', 'policy', 'stage'], buckets: POLICY_LATENCY_BUCKETS_S, registers: [registry],
 });
 const interval = new client.Histogram({
   name: 'vela_policy_request_interval_seconds', help: 'gap between consecutive requests of one connection (arrival to arrival), seconds',

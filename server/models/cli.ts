@@ -9,6 +9,7 @@ import { progressPrinter } from '../hub/cli.ts';
 import { downloadModel } from './download.ts';
 import { ModelError } from './errors.ts';
 import { cachedSnapshot, hubCacheDir, isHubRepoId } from './hf-cache.ts';
+import { findPaligemmaTokenizer, PALIGEMMA_TOKENIZER_REPO } from './tokenizer.ts';
 import { formatBytes, formatCount, inspectModel, listModels, type ModelSummary } from './inspect.ts';
 
 export const MODELS_USAGE = `Usage:
@@ -129,12 +130,25 @@ async function inspect(argv: string[]): Promise<void> {
       `actions     horizon ${c.actionHorizon ?? '?'} (${c.actionSteps ?? '?'} per call), max action dim ${c.maxActionDim ?? '?'}, max state dim ${c.maxStateDim ?? '?'}`,
       `prompt      up to ${c.tokenLimit ?? '?'} tokens`,
       `parameters  ${formatCount(s.parameters)}${s.parameters !== null ? ` (${s.parameters})` : ''}, dtypes ${Object.entries(s.dtypes).map(([d, n]) => `${d} x${n}`).join(', ') || '-'}, in ${s.weightFiles.join(', ') || 'no weight file'}`,
-      `norm stats  ${s.normStats ? s.normStatsFiles.join(', ') : 'none (a fine-tune computes its dataset\'s; serving needs them)'}`,
+      `norm stats  ${s.normStats ? s.normStatsFiles.join(', ') : 'none (a fine-tune computes its dataset\'s; serving this base as it is runs unnormalised, with a warning)'}`,
+      `tokenizer   ${tokenizerText(s.path)}`,
     );
   }
   lines.push(`size        ${formatBytes(s.sizeBytes)}`);
   if (s.problem) lines.push(`problem     ${s.problem}`);
   process.stdout.write(lines.join('\n') + '\n');
+}
+
+/**
+ * Where serving and training this checkpoint would get its tokenizer (server/models/layout.ts
+ * tokenizerFileFor): the folder's tokenizer.json, else PaliGemma's in the HF cache, else neither
+ * (both refuse then), with the command that fetches it.
+ */
+function tokenizerText(dir: string): string {
+  if (fs.existsSync(path.join(dir, 'tokenizer.json'))) return 'tokenizer.json in the folder';
+  const cached = findPaligemmaTokenizer();
+  if (cached) return `none in the folder; PaliGemma's from the Hugging Face cache (${cached})`;
+  return `none in the folder, nor PaliGemma's in the Hugging Face cache: serving and training refuse without one; ${PALIGEMMA_TOKENIZER_REPO} is gated: accept its licence, set HF_TOKEN, run \`vela models download ${PALIGEMMA_TOKENIZER_REPO} --include 'tokenizer*'\``;
 }
 
 /** A folder as given, else a Hub id in the cache (never downloads). */

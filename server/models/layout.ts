@@ -13,6 +13,8 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { BatchLayout, MakeBatchOptions } from '../../kernels/small/batch.ts';
 import type { RealPiConfig } from '../../kernels/pi/config.ts';
+import type { PromptTokens } from '../../kernels/pi/prompt.ts';
+import { ShapeError } from '../../kernels/errors.ts';
 import type { EngineInfo } from '../engine/messages.ts';
 import { realConfigOf } from './plan.ts';
 import { findPaligemmaTokenizer, loadPaligemmaTokenizer, PALIGEMMA_TOKENIZER_REPO, TokenizerError, type PaligemmaTokenizer } from './tokenizer.ts';
@@ -47,6 +49,8 @@ export function tokenizerFileFor(baseDir: string, env: NodeJS.ProcessEnv = proce
 /**
  * The layout of `info`'s model. Small presets: byte prompts (makeBatch's default). Real
  * pi0 / pi0.5: the PaliGemma prompt, pi0.5's with the datum's normalised state as 256 bins.
+ * The layout's encodePrompt throws ShapeError('too_large') for a prompt over max_token_len
+ * tokens (never cuts it: the cut would drop pi0.5's state).
  * @throws TokenizerError when the real model's tokenizer cannot be found or read.
  */
 export async function modelLayout(info: EngineInfo, env: NodeJS.ProcessEnv = process.env): Promise<ModelLayout> {
@@ -66,6 +70,12 @@ export async function modelLayout(info: EngineInfo, env: NodeJS.ProcessEnv = pro
   layout.real = await realConfigOf(info.baseDir);
   const L = info.maxTokenLen;
   layout.tokenizerFile = file;
-  layout.encodePrompt = info.family === 'pi05' ? (prompt, state) => t.pi05Prompt(prompt, state, L) : (prompt) => t.pi0Prompt(prompt, L);
+  const fits = (p: PromptTokens): PromptTokens => {
+    if (p.fullLength <= L) return p;
+    // A cut prompt would lose its end silently: pi0.5's is `Task: ...; State: ...;\nAction: `, so the state goes first.
+    const what = info.family === 'pi05' ? 'tokens with its state (pi0.5 writes the state and "Action: " after the task)' : 'tokens';
+    throw new ShapeError('too_large', `prompt is ${p.fullLength} ${what}; ${info.family}'s limit is ${L} (max_token_len): shorten the task`);
+  };
+  layout.encodePrompt = info.family === 'pi05' ? (prompt, state) => fits(t.pi05Prompt(prompt, state, L)) : (prompt) => fits(t.pi0Prompt(prompt, L));
   return layout;
 }

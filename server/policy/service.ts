@@ -294,6 +294,9 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         const norm = v.meta.norm;
         const report = norm && parsed.state.length > 0 ? outOfRange(parsed.state, norm.stats.state, norm.normalizer.mode) : null;
         const datum = await toDatum(parsed, v.meta, limits);
+        // A real model's prompt over its token limit (ShapeError too_large) is refused for this
+        // request alone, here, not in makeBatch where it would fail every robot batched with it.
+        v.meta.model.encodePrompt?.(datum.prompt, datum.state);
         const submittedMs = performance.now();
         const r = await batcher.submit(datum, seed, v);
         const actions = toRobotActions(r.row, v.meta, parsed.state);

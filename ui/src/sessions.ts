@@ -11,8 +11,8 @@ import { poll, type View } from './view.ts';
 const REFRESH_MS = 3000;
 
 /**
- * The session's last op, when the server reports one. PROTOCOL.md's session JSON has no such
- * field yet; `last_op` ({op, id, at}) or `last_request_id` are shown as soon as it does.
+ * The session's last op: the session JSON's `last_op` ({op, id, at, ms, ok}; null before the
+ * first), else its `last_request_id`. A string is shown as it is (an older server's shape).
  */
 function lastOp(s: Session): string {
   // Ids are integers or strings; one past 2^53 arrives as its decimal string (PROTOCOL.md section 3).
