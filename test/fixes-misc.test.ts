@@ -14,6 +14,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient } from '../protocol/client.ts';
 import { g1Datums, g1Subset } from './helpers/g1.ts';
+import { startPolicyProc } from './helpers/policy-proc.ts';
 import { writeTinyBase } from './helpers/real-pi-base.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 import { FuturesClient } from './helpers/futures-client.ts';
@@ -67,17 +68,8 @@ describe('a real model\'s prompt over its token limit', () => {
 
 describe('vela policy on a real base, a prompt over the token limit', () => {
   it('answers that request an error frame naming the count and the limit; other connections go on', { timeout: 120_000 }, async () => {
-    const proc = spawn(process.execPath, ['bin/vela.js', 'policy', '--base', bases.pi05, '--cameras', 'cam_high', '--port', '0', '--backend', 'wasm', '--log-level', 'warn'], { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
+    const { url, proc } = await startPolicyProc(['--base', bases.pi05, '--cameras', 'cam_high']);
     try {
-      const url = await new Promise<string>((resolve, reject) => {
-        let out = '';
-        proc.stdout!.on('data', (b) => {
-          out += b;
-          const m = /Vela policy server on (ws:\/\/\S+)/.exec(out);
-          if (m) resolve(m[1]!);
-        });
-        proc.once('exit', (code) => reject(new Error(`vela policy exited with ${code}`)));
-      });
       const d = (await g1Datums(1, { episode: 0, horizon: 10 }))[0]!.observation;
       const obs = (prompt: string) => ({ 'observation/cam_high': d.image!.cam_high, image_codec: 'JPEG', 'observation/state': d.state, prompt });
       const other = await PolicyClient.connect(url);

@@ -8,7 +8,7 @@
  * `vela_real_pi_config.variant` disagree is refused naming both fields; a --cameras that does
  * not fit the fine-tuned cameras is refused before any load.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -19,6 +19,7 @@ import { PolicyClient } from './helpers/policy-stub.ts';
 import { realModelKey } from '../server/engine/model-key.ts';
 import { nowS } from '../server/store.ts';
 import { writeTinyBase } from './helpers/real-pi-base.ts';
+import { startPolicyProc } from './helpers/policy-proc.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 
 const SEED = 7;
@@ -38,22 +39,8 @@ afterAll(async () => {
   if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
 });
 
-/** Runs `vela policy ARGS --port 0 --backend wasm`; resolves with its URL, or rejects with its exit code and stderr. */
-function startPolicy(args: string[]): Promise<string> {
-  const proc = spawn(process.execPath, ['bin/vela.js', 'policy', ...args, '--port', '0', '--backend', 'wasm', '--log-level', 'warn'], { stdio: ['ignore', 'pipe', 'pipe'] });
-  procs.push(proc);
-  let err = '';
-  proc.stderr!.on('data', (b) => (err += b));
-  return new Promise((resolve, reject) => {
-    let out = '';
-    proc.stdout!.on('data', (b) => {
-      out += b;
-      const m = /Vela policy server on (ws:\/\/\S+)/.exec(out);
-      if (m) resolve(m[1]!);
-    });
-    proc.once('exit', (code) => reject(Object.assign(new Error(`vela policy exited with ${code}: ${err}`), { code, stderr: err })));
-  });
-}
+
+const startPolicy = (args: string[]): Promise<string> => startPolicyProc(args).then((p) => (procs.push(p.proc), p.url));
 
 async function finished(id: string): Promise<Record<string, any>> {
   for (const deadline = Date.now() + 240_000; Date.now() < deadline; await new Promise((r) => setTimeout(r, 250))) {

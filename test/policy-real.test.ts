@@ -11,7 +11,7 @@
  * Every process runs on wasm (one thread, deterministic), so answers of different processes are
  * compared exactly. Peak RSS and round trips are printed, never asserted on.
  */
-import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { execFile, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -28,6 +28,7 @@ import { PolicyClient } from './helpers/policy-stub.ts';
 import { runPythonJson } from './helpers/python.ts';
 import { missing, pythonEnv } from './helpers/requires.ts';
 import { writeTinyBase } from './helpers/real-pi-base.ts';
+import { startPolicyProc, type PolicyProc } from './helpers/policy-proc.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 
 const SKIP = missing('the test virtualenv (websockets, msgpack, numpy, zstandard)', pythonEnv().reason);
@@ -35,31 +36,9 @@ const KEY = 'real-policy-key';
 const SEED = 7;
 const G1_CAMERAS = 'cam_high,cam_left_wrist,cam_right_wrist';
 
-interface PolicyProc {
-  url: string;
-  proc: ChildProcess;
-  stderr: () => string;
-}
-
 const procs: ChildProcess[] = [];
+const startPolicy = (args: string[]): Promise<PolicyProc> => startPolicyProc(args).then((p) => (procs.push(p.proc), p));
 
-/** Starts `vela policy ARGS --port 0 --backend wasm` and reads the URL it prints. */
-async function startPolicy(args: string[]): Promise<PolicyProc> {
-  const proc = spawn(process.execPath, ['bin/vela.js', 'policy', ...args, '--port', '0', '--backend', 'wasm', '--log-level', 'warn'], { stdio: ['ignore', 'pipe', 'pipe'] });
-  procs.push(proc);
-  let stderr = '';
-  proc.stderr!.on('data', (b) => (stderr += b));
-  const url = await new Promise<string>((resolve, reject) => {
-    let out = '';
-    proc.stdout!.on('data', (b) => {
-      out += b;
-      const m = /Vela policy server on (ws:\/\/\S+)/.exec(out);
-      if (m) resolve(m[1]!);
-    });
-    proc.once('exit', (code) => reject(new Error(`vela policy exited with ${code}: ${stderr}`)));
-  });
-  return { url, proc, stderr: () => stderr };
-}
 
 /** The process's peak resident memory (VmHWM), MiB. */
 function peakRssMiB(pid: number): number {

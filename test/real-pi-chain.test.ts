@@ -6,7 +6,7 @@
  * of a training session over the websocket, whose untrained sample equals the job policy's answer
  * for the same observation and noise.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -17,6 +17,7 @@ import { g1Datums, g1Subset } from './helpers/g1.ts';
 import { runPythonJson } from './helpers/python.ts';
 import { missing, pythonEnv } from './helpers/requires.ts';
 import { writeTinyBase } from './helpers/real-pi-base.ts';
+import { startPolicyProc } from './helpers/policy-proc.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 
 const SKIP = missing('the test virtualenv (websockets, msgpack, numpy, zstandard)', pythonEnv().reason);
@@ -45,22 +46,6 @@ async function finished(id: string): Promise<Record<string, any>> {
   throw new Error(`fine-tune ${id} did not finish`);
 }
 
-/** Starts `vela policy DIR` (wasm, the same backend as the server) and reads the URL it prints. */
-async function startPolicy(dir: string): Promise<string> {
-  const proc = spawn(process.execPath, ['bin/vela.js', 'policy', dir, '--port', '0', '--backend', 'wasm', '--api-key', KEY, '--log-level', 'warn'], { stdio: ['ignore', 'pipe', 'pipe'] });
-  policy = proc;
-  let err = '';
-  proc.stderr!.on('data', (b) => (err += b));
-  return new Promise((resolve, reject) => {
-    let out = '';
-    proc.stdout!.on('data', (b) => {
-      out += b;
-      const m = /Vela policy server on (ws:\/\/\S+)/.exec(out);
-      if (m) resolve(m[1]!);
-    });
-    proc.once('exit', (code) => reject(new Error(`vela policy exited with ${code}: ${err}`)));
-  });
-}
 
 describe.skipIf(SKIP)('base folder -> LoRA job on G1 -> vela policy -> OpenPI client; model_dir -> session', () => {
   it('runs the chain', { timeout: 300_000 }, async () => {
@@ -78,7 +63,9 @@ describe.skipIf(SKIP)('base folder -> LoRA job on G1 -> vela policy -> OpenPI cl
     const obsFile = path.join(tmp, 'obs.json');
     fs.writeFileSync(frameFile, frame.data);
     fs.writeFileSync(obsFile, JSON.stringify({ shape: [frame.height, frame.width, 3], state: Array.from(probe.observation.state!.data as Float32Array), prompt: probe.observation.prompt }));
-    const url = await startPolicy(job.output_dir);
+    const served = await startPolicyProc([job.output_dir, '--api-key', KEY]);
+    policy = served.proc;
+    const url = served.url;
     const seen = await runPythonJson('openpi_real_check.py', [url, '5', frameFile, obsFile, KEY], 60_000);
     expect(seen.metadata).toMatchObject({ server: 'vela', model: 'pi05', action_horizon: 10, action_dim: 26, image_size: 56 });
     expect(seen.first).toMatchObject({ dtype: '<f4', shape: [10, 26], finite: true });

@@ -1,0 +1,36 @@
+/**
+ * Test helper: `vela policy ARGS --port 0 --backend wasm` as its own process (wasm: one thread,
+ * so answers of different processes are bit-identical), resolving with the URL it prints.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
+
+/** A started `vela policy`: its websocket URL, the process, and its stderr so far. */
+export interface PolicyProc {
+  url: string;
+  proc: ChildProcess;
+  stderr: () => string;
+}
+
+/**
+ * Starts `vela policy` with `args` (plus `--port 0 --backend wasm --log-level warn`) and waits
+ * until it listens. `env` is added to this process's environment.
+ * @throws Error with the exit code and stderr (`code`, `stderr` fields) when it exits before listening.
+ */
+export function startPolicyProc(args: string[], env: NodeJS.ProcessEnv = {}): Promise<PolicyProc> {
+  const proc = spawn(process.execPath, ['bin/vela.js', 'policy', ...args, '--port', '0', '--backend', 'wasm', '--log-level', 'warn'], { cwd: ROOT, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  let err = '';
+  proc.stderr!.on('data', (b) => (err += b));
+  return new Promise((resolve, reject) => {
+    let out = '';
+    proc.stdout!.on('data', (b) => {
+      out += b;
+      const m = /Vela policy server on (ws:\/\/\S+)/.exec(out);
+      if (m) resolve({ url: m[1]!, proc, stderr: () => err });
+    });
+    proc.once('exit', (code) => reject(Object.assign(new Error(`vela policy exited with ${code}: ${err}`), { code, stderr: err })));
+  });
+}
