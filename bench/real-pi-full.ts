@@ -21,7 +21,8 @@ import * as tf from '@tensorflow/tfjs';
 import { initBackend } from '../kernels/backend/backend.ts';
 import { REAL_PI05, REAL_PI_TINY_PI05, createRealPiParams, disposeRealPiParams, realPiParamCount, sample, type RealPiConfig, type RealPiParams } from '../kernels/pi/index.ts';
 import { Rng } from '../kernels/rng.ts';
-import { readHubCheckpoint, readHubConfig } from '../server/models/hub-checkpoint.ts';
+import { readHubConfig } from '../server/models/hub-checkpoint.ts';
+import { loadHubTensors } from '../server/models/load-tensors.ts';
 import { findPaligemmaTokenizer, loadPaligemmaTokenizer } from '../server/models/tokenizer.ts';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
@@ -122,31 +123,7 @@ async function velaSide(checkpoint: string, inputsFile: string, threads: number,
   if (!gc) throw new Error('the Vela side needs node --expose-gc (the bench passes it to its child)');
 
   const t0 = performance.now();
-  const loaded = new Map<string, tf.Tensor>();
-  let garbageBytes = 0;
-  let intoTfMs = 0; // of loadMs: the copies into TensorFlow and the collections; the rest is read + BF16 widening
-  await readHubCheckpoint(checkpoint, config, {
-    onTensor: (name, data, shape) => {
-      const s0 = performance.now();
-      // tfjs-node keeps a new tensor's values in JS until an op first reads them, then copies
-      // them into TensorFlow's memory and drops its reference. Running that op now, and
-      // collecting the JS arrays every 256 MiB (not one full GC per tensor: 800 of them), keeps
-      // one float32 copy of the model plus at most ~256 MiB and one tensor in flight, not two.
-      // The op is a rank-changing Reshape and back (TensorFlow's Reshape shares the buffer): a
-      // same-shape reshape or a clone shares the JS values without running any op
-      // (kernels/backend/native-fast.ts), and every weight would be copied again at its first use.
-      const t = tf.tensor(data, shape, 'float32');
-      const flat = tf.reshape(t, [1, ...shape]);
-      loaded.set(name, tf.reshape(flat, shape));
-      tf.dispose([t, flat]);
-      garbageBytes += data.byteLength;
-      if (garbageBytes >= 256 * 2 ** 20) {
-        gc();
-        garbageBytes = 0;
-      }
-      intoTfMs += performance.now() - s0;
-    },
-  });
+  const { tensors: loaded, intoTfMs } = await loadHubTensors(checkpoint, config); // intoTfMs: the copies into TensorFlow and the collections
   const params: RealPiParams = createRealPiParams(config, loaded); // checks names and shapes; reshapes share buffers
   for (const t of loaded.values()) t.dispose();
   loaded.clear();
