@@ -5,7 +5,7 @@
 import * as tf from '@tensorflow/tfjs';
 import type { PolicyConfig } from './small/config.ts';
 import type { ModelBatch } from './small/batch.ts';
-import { isFlowPolicy, type FlowPolicy } from './flow-policy.ts';
+import { isFlowPolicy, type FlowPolicy, type PolicyWeights } from './flow-policy.ts';
 import type { ExportedTensor } from './optim.ts';
 import { smallPolicy } from './small/flow-policy.ts';
 
@@ -120,6 +120,11 @@ export class BaseWeights<B = ModelBatch, C = PolicyConfig> {
     const t = this.tensors.get(name);
     if (!t) throw new TrainerError('bad_weights', `the model has no parameter '${name}'`);
     return t;
+  }
+
+  /** The base alone as the weights a forward pass reads: nothing trainable, no adapters (serving a base as it is). */
+  view(): PolicyWeights {
+    return { get: (name) => this.get(name), trainable: () => false, lora: () => undefined, params: () => [] };
   }
 
   /** All parameters as named float32 arrays (copies). */

@@ -421,28 +421,9 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
    * generator is used (and advances).
    */
   sample(batch: B, options: { numSteps?: number; seed?: number; cache?: boolean; noise?: Float32Array; ema?: boolean } = {}): Float32Array {
-    this.policy.checkBatch(batch, false);
     const view = this.viewFor(options.ema);
-    const numSteps = options.numSteps ?? 10;
-    if (!Number.isInteger(numSteps) || numSteps < 1 || numSteps > 1000) {
-      throw new TrainerError('bad_option', `num_steps is ${numSteps}; it must be an integer in [1, 1000]`);
-    }
     if (options.seed !== undefined && !Number.isFinite(options.seed)) throw new TrainerError('bad_option', `seed is ${options.seed}; it must be a finite number`);
-    const shape = this.actionShape(this.policy.batchSize(batch));
-    const n = size(shape);
-    if (options.noise && options.noise.length !== n) throw new ShapeError('shape_mismatch', `noise has ${options.noise.length} values; the batch needs ${n}`);
-    const rng = options.seed !== undefined ? new Rng(options.seed) : this.sampleRng;
-    // Given noise (the policy server's per-request streams) draws nothing from the generators.
-    const noise = tf.tensor(options.noise ?? rng.normals(n), shape);
-    let out: tf.Tensor;
-    try {
-      out = this.policy.sample(view, batch, noise, numSteps, options.cache !== false);
-    } finally {
-      noise.dispose();
-    }
-    const data = out.dataSync() as Float32Array;
-    out.dispose();
-    return data;
+    return sampleActions(this.policy, view, batch, options.seed !== undefined ? new Rng(options.seed) : this.sampleRng, options);
   }
 
   /** [b, ah, ad] for a batch of b. */
@@ -586,4 +567,33 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
     for (const v of this.params.values()) v.dispose();
     for (const v of this.ema?.values() ?? []) v.dispose();
   }
+}
+
+/**
+ * Euler sampling (MODEL.md "Sampling") of `policy` computing with `view` (a training state's
+ * weights, or a frozen base's: BaseWeights.view): actions [b, ah, ad] float32, the prefix encoded
+ * once and its keys / values cached unless `cache: false`. Noise is `options.noise` ([b, ah, ad],
+ * the policy server's per-request streams, drawing nothing) or drawn from `rng`.
+ * @throws ShapeError (the batch, or noise of the wrong length), TrainerError('bad_option')
+ *   for num_steps outside [1, 1000].
+ */
+export function sampleActions<B, C>(policy: FlowPolicy<B, C>, view: PolicyWeights, batch: B, rng: Rng, options: { numSteps?: number; cache?: boolean; noise?: Float32Array } = {}): Float32Array {
+  policy.checkBatch(batch, false);
+  const numSteps = options.numSteps ?? 10;
+  if (!Number.isInteger(numSteps) || numSteps < 1 || numSteps > 1000) {
+    throw new TrainerError('bad_option', `num_steps is ${numSteps}; it must be an integer in [1, 1000]`);
+  }
+  const shape = [policy.batchSize(batch), policy.horizon, policy.actionDim];
+  const n = size(shape);
+  if (options.noise && options.noise.length !== n) throw new ShapeError('shape_mismatch', `noise has ${options.noise.length} values; the batch needs ${n}`);
+  const noise = tf.tensor(options.noise ?? rng.normals(n), shape);
+  let out: tf.Tensor;
+  try {
+    out = policy.sample(view, batch, noise, numSteps, options.cache !== false);
+  } finally {
+    noise.dispose();
+  }
+  const data = out.dataSync() as Float32Array;
+  out.dispose();
+  return data;
 }

@@ -6,12 +6,10 @@
 import { parentPort } from 'node:worker_threads';
 import fs from 'node:fs';
 import path from 'node:path';
-import v8 from 'node:v8';
-import vm from 'node:vm';
 import * as tf from '@tensorflow/tfjs';
 import { initBackend, type BackendReport } from '../../kernels/backend/backend.ts';
 import { makeConfig } from '../../kernels/small/config.ts';
-import { BaseWeights, TrainingState } from '../../kernels/trainer.ts';
+import { BaseWeights, TrainingState, sampleActions } from '../../kernels/trainer.ts';
 import { checkpointFiles, loadCheckpoint, saveCheckpoint, type CheckpointContent } from '../../kernels/checkpoint.ts';
 import { parseNormStats } from '../../kernels/normalize.ts';
 import { drawNoiseTime } from '../../kernels/flow.ts';
@@ -21,7 +19,8 @@ import { realPiConfigFromHub, type RealPiConfig } from '../../kernels/pi/config.
 import { toRealPiBatch } from '../../kernels/pi/batch.ts';
 import { realPiPolicy } from '../../kernels/pi/policy.ts';
 import { PALIGEMMA_PAD_ID } from '../../kernels/pi/prompt.ts';
-import { readHubCheckpoint, readHubConfig } from '../models/hub-checkpoint.ts';
+import { readHubConfig } from '../models/hub-checkpoint.ts';
+import { loadHubTensors } from '../models/load-tensors.ts';
 import { parseEngineModel } from './model-key.ts';
 import { EngineError, type BackendInfo, type EngineInfo, type EngineMemory, type FromWorker, type ToWorker } from './messages.ts';
 import { TenantPool, toExported, type Tenant } from './tenants.ts';
@@ -54,6 +53,8 @@ const faultAfterUpdate = new Set<string>();
 
 /** Policies served by this engine: trained weights on the shared base, inference only. */
 const policies = new Map<string, TrainingState>();
+/** Policies that are the base itself, as it is (`vela policy --base`): no weights of their own. */
+const basePolicies = new Set<string>();
 
 function send(m: FromWorker, transfer: ArrayBuffer[] = []): void {
   port.postMessage(m, transfer);
@@ -161,9 +162,16 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
     }
     case 'load_policy':
       return loadPolicy(sessionId, args.dir);
+    case 'load_base_policy':
+      // The base as it is, as a policy: it computes with the shared base alone (nothing trained).
+      policies.get(sessionId)?.dispose();
+      policies.delete(sessionId);
+      basePolicies.add(sessionId);
+      return [answer(null, {}), []];
     case 'unload_policy':
       policies.get(sessionId)?.dispose();
       policies.delete(sessionId);
+      basePolicies.delete(sessionId);
       return [answer(null, {}), []];
     case 'infer':
       return infer(sessionId, args);
@@ -303,6 +311,17 @@ async function loadPolicy(policyId: string, dir: string): Promise<[unknown, Arra
  * call too, so a batch never sees a half-updated model. Answers the weights' step for sessions.
  */
 async function infer(policyId: string, args: Record<string, any>): Promise<[unknown, ArrayBuffer[]]> {
+  const batch = args.batch as ModelBatch;
+  const seeds = args.seeds as number[];
+  if (!Array.isArray(seeds) || seeds.length !== batch.size) throw new EngineError('bad_request', `infer needs one seed per datum: ${seeds?.length} seeds for ${batch.size} datums`);
+  // Each datum's noise comes from its own seed alone, so batching never changes its actions.
+  const per = config.horizon * config.actionDim;
+  const noise = new Float32Array(batch.size * per);
+  seeds.forEach((seed, i) => noise.set(new Rng(seed).normals(per), i * per));
+  if (basePolicies.has(policyId)) {
+    const actions = sampleActions(base.policy, base.view(), config.toBatch(batch), new Rng(0), { numSteps: args.numSteps ?? 10, noise });
+    return [answer(null, { actions, step: null }), answerBuffers(actions)];
+  }
   let state = policies.get(policyId) ?? null;
   let step: number | null = null;
   if (!state && pool.has(policyId)) {
@@ -312,26 +331,9 @@ async function infer(policyId: string, args: Record<string, any>): Promise<[unkn
     step = state.step;
   }
   if (!state) throw new EngineError('not_found', `policy ${policyId} is not loaded in this engine`);
-  const batch = args.batch as ModelBatch;
-  const seeds = args.seeds as number[];
-  if (!Array.isArray(seeds) || seeds.length !== batch.size) throw new EngineError('bad_request', `infer needs one seed per datum: ${seeds?.length} seeds for ${batch.size} datums`);
-  // Each datum's noise comes from its own seed alone, so batching never changes its actions.
-  const per = config.horizon * config.actionDim;
-  const noise = new Float32Array(batch.size * per);
-  seeds.forEach((seed, i) => noise.set(new Rng(seed).normals(per), i * per));
   const actions = state.sample(config.toBatch(batch), { numSteps: args.numSteps ?? 10, noise });
   return [answer(null, { actions, step }), answerBuffers(actions)];
 }
-
-/** Forces a garbage collection (the loader frees a model's worth of JS arrays); a no-op where V8 refuses. */
-const collect: () => void = (() => {
-  try {
-    v8.setFlagsFromString('--expose-gc');
-    return vm.runInNewContext('gc') as () => void;
-  } catch {
-    return () => {};
-  }
-})();
 
 /**
  * Loads the engine's model: a small preset from its seed, or the real pi0 / pi0.5 from a Hub
@@ -355,32 +357,13 @@ async function loadModel(key: string, seed: number): Promise<Omit<EngineInfo, 'b
   const c: RealPiConfig = realPiConfigFromHub(await readHubConfig(parsed.dir));
   if (c.variant !== parsed.variant) throw new EngineError('bad_checkpoint', `${parsed.dir}/config.json is a ${c.variant} checkpoint; ${parsed.variant} was asked for`);
   const policy = realPiPolicy(c, c.variant);
-  const loaded = new Map<string, tf.Tensor>();
-  let garbage = 0;
+  const { tensors } = await loadHubTensors(parsed.dir, c);
   try {
-    await readHubCheckpoint(parsed.dir, c, {
-      onTensor: (name, data, shape) => {
-        // tfjs-node keeps a new tensor's values in JS until an op reads them: a rank-changing
-        // reshape moves them into TensorFlow now (a same-rank one shares the JS array, and the
-        // first sample() would copy every weight again), and collecting every 256 MiB keeps
-        // the peak near one float32 model (bench/real-pi-full.ts measured this).
-        const t = tf.tensor(data, shape, 'float32');
-        const flat = tf.reshape(t, [1, ...shape]);
-        loaded.set(name, tf.reshape(flat, shape));
-        tf.dispose([t, flat]);
-        garbage += data.byteLength;
-        if (garbage >= 256 * 2 ** 20) {
-          collect();
-          garbage = 0;
-        }
-      },
-    });
-    base = BaseWeights.adopt(policy, loaded);
+    base = BaseWeights.adopt(policy, tensors);
   } catch (e) {
-    tf.dispose([...loaded.values()]);
+    tf.dispose([...tensors.values()]);
     throw e;
   }
-  collect();
   const S = c.vision.imageSize;
   config = { preset: c.variant, horizon: c.actionHorizon, actionDim: c.actionDim, imageSize: S, slots: 3, baseDir: parsed.dir, toBatch: (mb) => toRealPiBatch(c, mb) };
   pool = new TenantPool(base as BaseWeights, c.variant, maxResident);

@@ -12,9 +12,6 @@
  * A live policy (a training session's) has no versions: every batch runs on the session's
  * weights of the moment, and an optim_step is one engine call, never half-applied.
  */
-import fs from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { ndarray, type NDArray } from '../../protocol/ndarray.ts';
 import { dictionaryId, initZstd, loadObservationDictionary } from '../../protocol/zstd.ts';
@@ -130,7 +127,7 @@ export interface PolicyServer {
 /** One set of weights in the engine, with the meta that goes with it. */
 interface Version {
   engineId: string;
-  /** A loaded checkpoint (unloaded with unload_policy), or the base as it is (held as a session with a zero adapter, closed with close_session). */
+  /** A loaded checkpoint, or the base as it is (both unloaded with unload_policy). */
   kind: 'checkpoint' | 'base';
   meta: PolicyMeta;
   label: string | number | null;
@@ -155,11 +152,6 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   let liveStep: number | null = null;
   // The batch layout of the engine's model (the real family's needs its tokenizer: one line naming the fix when it is missing).
   const layout = await modelLayout(engine.info);
-  // Session folders of base versions (the engine writes there only if it puts the session to sleep; removed on close).
-  const baseDirs: string[] = [];
-  const removeBaseDirs = () => {
-    for (const d of baseDirs.splice(0)) fs.promises.rm(d, { recursive: true, force: true }).catch(() => undefined);
-  };
 
   const metaOf = async (engineId: string, dir: string | null, config: unknown, fromEngine: unknown, what: string, normMode: NormMode | null = null): Promise<PolicyMeta> => {
     const norm = await servedNormStats(dir, fromEngine, normMode);
@@ -178,19 +170,12 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     }
     return { engineId, kind: 'checkpoint', meta, label, refs: 0, retired: false, unloaded: false };
   };
-  /**
-   * The engine's base as a policy. The engine serves sessions and loaded checkpoints, so the
-   * base is held as a session whose one adapter (rank 1 on the action expert's projections)
-   * starts at zero: LoRA's B is zero-initialised, so the adapter adds exact zeros and the answers
-   * are the base's, at the cost of one rank-1 product per adapted projection.
-   */
+  /** The engine's base as a policy (the engine's `load_base_policy`: it samples with the shared base alone). */
   const loadBase = async (engineId: string, label: string | number | null): Promise<Version> => {
     const baseDir = engine.info.baseDir;
     if (engine.info.family === 'small' || !baseDir) throw new PolicyConfigError(`a base is served on a real pi0 / pi0.5 engine; this engine runs the preset ${engine.info.preset}`);
     const meta = await metaOf(engineId, baseDir, opts.base!.config, null, `the base ${baseDir}`, opts.base!.normMode ?? null);
-    const dir = await fs.promises.mkdtemp(path.join(os.tmpdir(), 'vela-policy-base-'));
-    baseDirs.push(dir);
-    await engine.call(engineId, 'create_session', { finetune: 'lora', rank: 1, alpha: 1, targets: ['action_expert'], seed: 0, dir });
+    await engine.call(engineId, 'load_base_policy');
     return { engineId, kind: 'base', meta, label, refs: 0, retired: false, unloaded: false };
   };
   let current: Version = isLive
@@ -205,7 +190,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     if (!v.retired || v.refs > 0 || v.unloaded) return;
     v.unloaded = true;
     versions.delete(v);
-    engine.call(v.engineId, v.kind === 'base' ? 'close_session' : 'unload_policy').catch((e) => log.warn(`unloading policy ${v.engineId}: ${(e as Error).message}`));
+    engine.call(v.engineId, 'unload_policy').catch((e) => log.warn(`unloading policy ${v.engineId}: ${(e as Error).message}`));
   };
 
   const counters = { connections: 0, errors: 0 };
@@ -328,7 +313,6 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     },
     close: () => {
       batcher.close(new Error('the policy server is shutting down'));
-      removeBaseDirs();
     },
     async dispose() {
       batcher.close(new Error('the policy was unloaded'));
@@ -337,7 +321,6 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         if (!isLive) release(v);
       }
       await swapChain;
-      removeBaseDirs();
     },
   };
 }
