@@ -68,6 +68,8 @@ export interface AvailableOptions {
   machineAvailableBytes?: number;
 }
 
+let ownLimit: Promise<{ bytes: number; source: string } | null> | undefined;
+
 /** /proc/meminfo's MemAvailable (bytes), else os.freemem(). */
 async function machineAvailable(): Promise<number> {
   const m = /MemAvailable:\s+(\d+) kB/.exec((await readText('/proc/meminfo')) ?? '');
@@ -117,8 +119,9 @@ export async function availableMemory(opts: AvailableOptions = {}): Promise<Avai
   const capRaw = opts.maxMemory ?? (process.env.VELA_MAX_MEMORY || undefined);
   const cap = capRaw === undefined ? null : typeof capRaw === 'number' ? capRaw : parseBytes(capRaw, capName);
   if (cap !== null && !(cap > 0)) throw new RangeError(`${capName} is ${cap}; it must be > 0 bytes`);
-  const procSelf = opts.procSelfCgroup ?? (await readText('/proc/self/cgroup'));
-  const cg = await cgroupLimit(opts.cgroupRoot ?? '/sys/fs/cgroup', procSelf);
+  // A process's cgroup limit does not change while it runs: read once (each real-model pass plans).
+  const described = opts.procSelfCgroup !== undefined || opts.cgroupRoot !== undefined;
+  const cg = described ? await cgroupLimit(opts.cgroupRoot ?? '/sys/fs/cgroup', opts.procSelfCgroup ?? (await readText('/proc/self/cgroup'))) : await (ownLimit ??= cgroupLimit('/sys/fs/cgroup', await readText('/proc/self/cgroup')));
   const total = opts.totalMemBytes ?? os.totalmem();
   let limit = { bytes: total, source: 'the machine\'s memory' };
   if (cg && cg.bytes < limit.bytes) limit = cg;
