@@ -92,6 +92,21 @@ export interface FlowPolicy<B, C> {
    * step; false re-runs velocity at every step (the reference path of tests).
    */
   sample(W: PolicyWeights, batch: B, noise: tf.Tensor, numSteps: number, cache: boolean): tf.Tensor;
+  /**
+   * The cached sampler of `batch` split for a traced graph (kernels/sample-graph.ts): `key` names
+   * everything besides array shapes that decides which ops run (e.g. which camera slots are
+   * filled), `host` the arrays computed from the batch in JS that `sample` makes into tensors
+   * as they are (by identity), in a fixed order, and `sample` computes what `sample(W, batch,
+   * noise, numSteps, true)` does from those very arrays. Optional: without it sampling is eager.
+   */
+  sampleInputs?(batch: B): SampleInputs;
+}
+
+/** See FlowPolicy.sampleInputs. */
+export interface SampleInputs {
+  readonly key: string;
+  readonly host: (Float32Array | Int32Array)[];
+  sample(W: PolicyWeights, noise: tf.Tensor, numSteps: number): tf.Tensor;
 }
 
 /** Whether `x` is a FlowPolicy (rather than a small preset's PolicyConfig). */

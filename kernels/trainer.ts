@@ -12,6 +12,7 @@
  * (kernels/optim.ts), flow matching (kernels/flow.ts); this file is the step and the state's
  * export / import.
  */
+import { sampleWithGraph } from './sample-graph.ts';
 import * as tf from '@tensorflow/tfjs';
 import type { PolicyConfig } from './small/config.ts';
 import { ShapeError, type ModelBatch } from './small/batch.ts';
@@ -589,7 +590,8 @@ export function sampleActions<B, C>(policy: FlowPolicy<B, C>, view: PolicyWeight
   const noise = tf.tensor(options.noise ?? rng.normals(n), shape);
   let out: tf.Tensor;
   try {
-    out = policy.sample(view, batch, noise, numSteps, options.cache !== false);
+    const cache = options.cache !== false;
+    out = (cache ? sampleWithGraph(policy, view, batch, noise, numSteps) : null) ?? policy.sample(view, batch, noise, numSteps, cache);
   } finally {
     noise.dispose();
   }

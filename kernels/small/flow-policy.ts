@@ -9,7 +9,7 @@ import { ShapeError, type ModelBatch } from './batch.ts';
 import { eulerSample } from '../flow.ts';
 import type { FlowPolicy, PolicyWeights } from '../flow-policy.ts';
 import { selectTargets, zeroGateRule } from '../lora.ts';
-import { decodeSuffix, disposeCache, encodePrefix, initialValues, paramSpecs, velocity, type WeightsView } from './model.ts';
+import { decodeSuffix, disposeCache, encodePrefix, initialValues, paramSpecs, prefixHost, velocity, type PrefixHost, type WeightsView } from './model.ts';
 
 const policies = new WeakMap<PolicyConfig, FlowPolicy<ModelBatch, PolicyConfig>>();
 
@@ -19,6 +19,21 @@ function adaGatesClosed(base: ReadonlyMap<string, tf.Tensor>): boolean {
     if (/\.ada[12]\.(weight|bias)$/.test(name) && (t.dataSync() as Float32Array).some((x) => x !== 0)) return false;
   }
   return true;
+}
+
+/** Euler sampling with the prefix's keys / values computed once (MODEL.md "Sampling"). */
+function cachedSample(V: WeightsView, batch: ModelBatch, host: PrefixHost, noise: tf.Tensor, numSteps: number): tf.Tensor {
+  const times = (t: number) => new Float32Array(batch.size).fill(t);
+  const kept = tf.tidy(() => {
+    const k = encodePrefix(V, batch, host);
+    return { kT: k.kT, v: k.v, keyBias: k.keyBias };
+  });
+  const full = { ...kept, length: kept.keyBias.shape[3]! };
+  try {
+    return eulerSample(noise, numSteps, (x, t) => decodeSuffix(V, batch, full, x, times(t)));
+  } finally {
+    disposeCache(full);
+  }
 }
 
 /** The small preset `c` as a FlowPolicy over ModelBatch (one object per config). */
@@ -62,16 +77,16 @@ export function smallPolicy(c: PolicyConfig): FlowPolicy<ModelBatch, PolicyConfi
       const V = view(W);
       const times = (t: number) => new Float32Array(batch.size).fill(t);
       if (!cache) return eulerSample(noise, numSteps, (x, t) => velocity(V, batch, x, times(t)));
-      const kept = tf.tidy(() => {
-        const k = encodePrefix(V, batch);
-        return { kT: k.kT, v: k.v, keyBias: k.keyBias };
-      });
-      const full = { ...kept, length: kept.keyBias.shape[3]! };
-      try {
-        return eulerSample(noise, numSteps, (x, t) => decodeSuffix(V, batch, full, x, times(t)));
-      } finally {
-        disposeCache(full);
-      }
+      return cachedSample(V, batch, prefixHost(c, batch), noise, numSteps);
+    },
+    sampleInputs(batch) {
+      const host = prefixHost(c, batch);
+      const arrays = [host.patches, batch.tokens, host.bins, host.keyBias, c.variant === 'pi0' ? batch.state : null];
+      return {
+        key: `${batch.size}|${host.slots.join(',')}`,
+        host: arrays.filter((a): a is Float32Array | Int32Array => a !== null),
+        sample: (W, noise, numSteps) => cachedSample(view(W), batch, host, noise, numSteps),
+      };
     },
   };
   policies.set(c, p);

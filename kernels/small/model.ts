@@ -255,19 +255,54 @@ export interface PrefixCache {
   length: number; // p
 }
 
-/** The prefix tokens [b, p, w] and their validity [b * p] (1 valid). */
-function embedPrefix(W: WeightsView, batch: ModelBatch): { x: tf.Tensor; valid: Uint8Array } {
+/**
+ * What the prefix needs computed in JS from a batch, each array made into a tensor as it is (so a
+ * traced graph can take them as host inputs, kernels/backend/graph.ts): the active slots
+ * (structure, not data), the patch vectors [b * ns * pp, patchDim] (null without a slot), pi0.5's
+ * state bins [b * s] (null for pi0) and the prefix key bias [b * p] (0 valid, -1e9 padding).
+ */
+export interface PrefixHost {
+  slots: number[];
+  patches: Float32Array | null;
+  bins: Int32Array | null;
+  keyBias: Float32Array;
+}
+
+/** The PrefixHost of `batch` (pure JS, no tensors). */
+export function prefixHost(c: PolicyConfig, batch: ModelBatch): PrefixHost {
+  const B = batch.size;
+  const slots = activeSlots(c, batch);
+  const pp = c.patchesPerSlot;
+  const L = c.maxTokenLen;
+  const p = slots.length * pp + L + (c.variant === 'pi05' ? c.stateDim : 0);
+  const valid = new Uint8Array(B * p);
+  for (let i = 0; i < B; i++) {
+    let o = i * p;
+    slots.forEach((k) => valid.fill(batch.imageMask[i * c.slots + k]!, o + 0, (o += pp)));
+    for (let j = 0; j < L; j++) valid[o++] = batch.tokenMask[i * L + j]!;
+    if (c.variant === 'pi05') valid.fill(1, o, o + c.stateDim);
+  }
+  const keyBias = new Float32Array(B * p);
+  for (let i = 0; i < keyBias.length; i++) keyBias[i] = valid[i] ? 0 : MASKED;
+  return {
+    slots,
+    patches: slots.length > 0 ? patchify(c, batch, slots) : null,
+    bins: c.variant === 'pi05' ? stateBins(batch.state) : null,
+    keyBias,
+  };
+}
+
+/** The prefix tokens [b, p, w] from the batch's PrefixHost. */
+function embedPrefix(W: WeightsView, batch: ModelBatch, host: PrefixHost): tf.Tensor {
   const c = W.config;
   const B = batch.size;
   const w = c.width;
-  const slots = activeSlots(c, batch);
+  const { slots } = host;
   const parts: tf.Tensor[] = [];
   const pp = c.patchesPerSlot;
-  const p = slots.length * pp + c.maxTokenLen + (c.variant === 'pi05' ? c.stateDim : 0);
-  const valid = new Uint8Array(B * p);
-  if (slots.length > 0) {
+  if (host.patches) {
     const ns = slots.length;
-    const patches = tf.tensor2d(patchify(c, batch, slots), [B * ns * pp, c.patchDim]);
+    const patches = tf.tensor2d(host.patches, [B * ns * pp, c.patchDim]);
     const emb = tf.reshape(linear(patches, lin(W, 'img.patch')), [B, ns, pp, w]);
     const slotEmb = tf.reshape(embed(W.get('img.slot'), Int32Array.from(slots)), [1, ns, 1, w]);
     const pos = tf.reshape(W.get('img.pos'), [1, 1, pp, w]);
@@ -276,17 +311,11 @@ function embedPrefix(W: WeightsView, batch: ModelBatch): { x: tf.Tensor; valid: 
   const L = c.maxTokenLen;
   const tok = tf.reshape(embed(W.get('txt.embed'), batch.tokens), [B, L, w]);
   parts.push(tf.add(tok, tf.expandDims(W.get('txt.pos'), 0))); // [b, L, w]
-  if (c.variant === 'pi05') {
-    const st = tf.reshape(embed(W.get('state.embed'), stateBins(batch.state)), [B, c.stateDim, w]);
+  if (host.bins) {
+    const st = tf.reshape(embed(W.get('state.embed'), host.bins), [B, c.stateDim, w]);
     parts.push(tf.add(st, tf.expandDims(W.get('state.dim'), 0))); // [b, s, w]
   }
-  for (let i = 0; i < B; i++) {
-    let o = i * p;
-    slots.forEach((k) => valid.fill(batch.imageMask[i * c.slots + k]!, o + 0, (o += pp)));
-    for (let j = 0; j < L; j++) valid[o++] = batch.tokenMask[i * L + j]!;
-    if (c.variant === 'pi05') valid.fill(1, o, o + c.stateDim);
-  }
-  return { x: parts.length === 1 ? parts[0]! : tf.concat(parts, 1), valid };
+  return parts.length === 1 ? parts[0]! : tf.concat(parts, 1);
 }
 
 /**
@@ -295,14 +324,12 @@ function embedPrefix(W: WeightsView, batch: ModelBatch): { x: tf.Tensor; valid: 
  * (not itself): its own output is never read, since padding is masked as a key everywhere, so
  * the valid tokens' outputs are the same. In the last layer only K and V are computed.
  */
-export function encodePrefix(W: WeightsView, batch: ModelBatch): PrefixCache {
+export function encodePrefix(W: WeightsView, batch: ModelBatch, host: PrefixHost = prefixHost(W.config, batch)): PrefixCache {
   const c = W.config;
   const B = batch.size;
-  let { x, valid } = embedPrefix(W, batch); // [b, p, w]
+  let x = embedPrefix(W, batch, host); // [b, p, w]
   const p = x.shape[1]!;
-  const bias = new Float32Array(B * p);
-  for (let i = 0; i < bias.length; i++) bias[i] = valid[i] ? 0 : MASKED;
-  const keyBias = tf.tensor4d(bias, [B, 1, 1, p]);
+  const keyBias = tf.tensor4d(host.keyBias, [B, 1, 1, p]);
   const kT: tf.Tensor[] = [];
   const v: tf.Tensor[] = [];
   const D = c.heads * c.headDim;

@@ -1,0 +1,445 @@
+/**
+ * One TensorFlow graph call for a whole TF.js computation on native TensorFlow (tfjs-node and
+ * -gpu). An eager op costs 15-40 us of dispatch through the addon (bench/results/README.md); a
+ * 10-step sample of a small model is thousands of tiny ops, so dispatch, not arithmetic, is what a
+ * robot waits for. Here the same TypeScript model runs once eagerly while every op it issues to
+ * the addon (`executeOp`) is recorded; the record becomes a GraphDef, loaded as a SavedModel
+ * session (the one graph entry point tfjs-node's binding has: `loadSavedModel` /
+ * `runSavedModel`), and later calls run that session once: TensorFlow's executor and Grappler
+ * take over dispatch, with no host round trip inside.
+ *
+ * What a graph computes is fixed by its trace: its inputs are the tensors given as `inputs` and
+ * the host arrays given as `hostInputs` (matched by object identity where the traced code makes a
+ * tensor from them, e.g. `tf.tensor2d(batch.state)`); every other value the code reads (a tensor
+ * made from a new host array, a tensor that existed before the trace) is baked in as a constant.
+ * So a caller keys its graphs on everything that may change those constants (shapes, step count,
+ * which camera slots are filled) and passes everything that changes per call as inputs.
+ * Reading a traced tensor's data inside the trace (a host round trip) cannot be a graph and
+ * throws GraphTraceError.
+ */
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { createRequire } from 'node:module';
+import * as tf from '@tensorflow/tfjs';
+
+type TypedArray = Float32Array | Int32Array | Uint8Array;
+
+/** An attribute as tfjs-node hands it to the addon. */
+interface OpAttr {
+  name: string;
+  type: number;
+  value: unknown;
+}
+/** Output metadata the addon returns. */
+interface TensorMeta {
+  id: number;
+  shape: number[];
+  dtype: number;
+}
+interface Binding {
+  executeOp(name: string, attrs: OpAttr[], inputs: number[], outputs: number): TensorMeta[];
+  createTensor(shape: number[], dtype: number, values: TypedArray): number;
+  tensorDataSync(id: number): TypedArray;
+  loadSavedModel(dir: string, tags: string): number;
+  runSavedModel(id: number, inputs: number[], inputNames: string, outputNames: string): TensorMeta[];
+  deleteSavedModel(id: number): void;
+  deleteTensor(id: number): void;
+  TF_FLOAT: number;
+  TF_INT32: number;
+  TF_BOOL: number;
+  TF_ATTR_STRING: number;
+  TF_ATTR_INT: number;
+  TF_ATTR_FLOAT: number;
+  TF_ATTR_BOOL: number;
+  TF_ATTR_TYPE: number;
+  TF_ATTR_SHAPE: number;
+}
+interface NodeBackend {
+  binding: Binding;
+  getInputTensorIds(ts: tf.Tensor[]): number[];
+  createOutputTensor(meta: TensorMeta): tf.Tensor;
+}
+
+/** Why a computation could not become a graph (the caller runs it eagerly instead). */
+export class GraphTraceError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'GraphTraceError';
+  }
+}
+
+/** The native backend's internals, or null on any other backend. */
+function nodeBackend(): NodeBackend | null {
+  if (tf.getBackend() !== 'tensorflow') return null;
+  const b = tf.backend() as unknown as Partial<NodeBackend>;
+  return b.binding && typeof b.binding.runSavedModel === 'function' && typeof b.getInputTensorIds === 'function' ? (b as NodeBackend) : null;
+}
+
+/** Whether graphs can be made here (the active backend is native TensorFlow). */
+export function graphsAvailable(): boolean {
+  return nodeBackend() !== null;
+}
+
+// tfjs-node ships TensorFlow's protos (SavedModel, GraphDef, ...) compiled for google-protobuf.
+type Msg = Record<string, (...a: unknown[]) => unknown>;
+type Ctor = new () => Msg;
+let protoCache: Record<string, unknown> | undefined;
+function protos(): { [k: string]: Ctor } & { AttrValue: Ctor & { ListValue: Ctor }; TensorShape: Ctor & { Dim: Ctor }; MetaGraphDef: Ctor & { MetaInfoDef: Ctor } } {
+  if (!protoCache) {
+    const require = createRequire(import.meta.url);
+    let mod: Record<string, unknown> | undefined;
+    for (const p of ['@tensorflow/tfjs-node', '@tensorflow/tfjs-node-gpu']) {
+      try {
+        mod = require(`${p}/dist/proto/api_pb.js`) as typeof mod;
+        break;
+      } catch {
+        // try the other package
+      }
+    }
+    if (!mod?.GraphDef) throw new GraphTraceError("tfjs-node's TensorFlow protos (dist/proto/api_pb.js) are missing");
+    protoCache = mod;
+  }
+  return protoCache as never;
+}
+
+interface Node {
+  name: string;
+  op: string;
+  inputs: string[];
+  attrs: OpAttr[];
+  /** Const nodes: the value, dtype and shape. */
+  value?: { dtype: number; shape: number[]; data: TypedArray };
+  /** Placeholder nodes: dtype and shape. */
+  placeholder?: { dtype: number; shape: number[] };
+}
+
+/**
+ * Type attributes tfjs-node leaves for eager TensorFlow to infer from the inputs, which a
+ * GraphDef must state: op -> [attribute, input whose dtype it is].
+ */
+const INFERRED_ATTRS: Record<string, [string, number][]> = {
+  ExpandDims: [
+    ['T', 0],
+    ['Tdim', 1],
+  ],
+};
+
+/** Constants above this many elements are refused: a model's weight must be an input. */
+const MAX_CONST_ELEMENTS = 1 << 20;
+
+/** A traced computation, runnable as one session call. Dispose it to free the session. */
+export class GraphFunction {
+  private disposed = false;
+  constructor(
+    private readonly backend: NodeBackend,
+    private readonly session: number,
+    private readonly inputNames: string[],
+    /** Per graph input: the position among the declared inputs, or -1 - k for hostInputs[k]. */
+    private readonly inputSources: number[],
+    private readonly hostShapes: Map<number, { shape: number[]; dtype: number }>,
+    private readonly outputNames: string[],
+    /** Ops the trace recorded (what eager dispatch would have issued). */
+    readonly opCount: number,
+  ) {}
+
+  /**
+   * Runs the graph on `inputs` (same shapes and dtypes as at the trace, in the same order) and
+   * `hostInputs` (same lengths): the outputs, new tensors the caller owns.
+   * @throws GraphTraceError when disposed or an input's shape differs; TensorFlow's error text
+   *   when the session fails.
+   */
+  run(inputs: tf.Tensor[], hostInputs: TypedArray[] = []): tf.Tensor[] {
+    if (this.disposed) throw new GraphTraceError('graph function used after dispose');
+    const b = this.backend.binding;
+    const made: number[] = [];
+    const ids = this.backend.getInputTensorIds(inputs);
+    try {
+      const feed = this.inputSources.map((src) => {
+        if (src >= 0) return ids[src]!;
+        const k = -1 - src;
+        const meta = this.hostShapes.get(k)!;
+        const arr = hostInputs[k];
+        if (!arr || arr.length !== tf.util.sizeFromShape(meta.shape)) throw new GraphTraceError(`host input ${k} has ${arr?.length ?? 0} values; the graph was traced with ${tf.util.sizeFromShape(meta.shape)}`);
+        const id = b.createTensor(meta.shape, meta.dtype, arr);
+        made.push(id);
+        return id;
+      });
+      const out = b.runSavedModel(this.session, feed, this.inputNames.join(','), this.outputNames.join(','));
+      return out.map((m) => this.backend.createOutputTensor(m));
+    } finally {
+      for (const id of made) b.deleteTensor(id);
+    }
+  }
+
+  /** Frees the TensorFlow session (idempotent). */
+  dispose(): void {
+    if (this.disposed) return;
+    this.disposed = true;
+    this.backend.binding.deleteSavedModel(this.session);
+  }
+}
+
+/**
+ * Runs `fn` eagerly while recording its ops, and returns its outputs with a GraphFunction that
+ * computes the same from new inputs in one TensorFlow call. `fn` declares its graph inputs by
+ * passing them through `input` (in the order GraphFunction.run takes them; a tensor declared twice
+ * is one input) and may read tensors made from `hostInputs` (matched by identity) and constants;
+ * it may run inside tf.tidy.
+ * @throws GraphTraceError off the native backend, on a host read of a traced tensor, on a
+ *   constant over 2^20 elements (a weight not declared as an input), when a host input is never
+ *   made into a tensor, or when TensorFlow refuses the graph (the eager outputs are disposed then).
+ */
+export function traceGraph(fn: (input: (t: tf.Tensor) => tf.Tensor) => tf.Tensor[], hostInputs: TypedArray[] = []): { outputs: tf.Tensor[]; graph: GraphFunction } {
+  const backend = nodeBackend();
+  if (!backend) throw new GraphTraceError('graphs need the native TensorFlow backend');
+  const b = backend.binding;
+  const nodes: Node[] = [];
+  /** binding tensor id -> "node:index" */
+  const produced = new Map<number, string>();
+  const hostIndex = new Map<TypedArray, number>(hostInputs.map((a, i) => [a, i]));
+  const hostShapes = new Map<number, { shape: number[]; dtype: number }>();
+  const inputSources: number[] = [];
+  const inputNames: string[] = [];
+  /** "node:index" -> TF_DataType */
+  const dtypeOf = new Map<string, number>();
+  let declared = 0;
+  let ops = 0;
+
+  const placeholder = (src: number, dtype: number, shape: number[]): string => {
+    const name = `input_${inputNames.length}`;
+    nodes.push({ name, op: 'Placeholder', inputs: [], attrs: [], placeholder: { dtype, shape } });
+    inputNames.push(`${name}:0`);
+    inputSources.push(src);
+    dtypeOf.set(`${name}:0`, dtype);
+    return `${name}:0`;
+  };
+  const constant = (id: number, dtype: number, shape: number[], data: TypedArray): string => {
+    const n = tf.util.sizeFromShape(shape);
+    if (n > MAX_CONST_ELEMENTS) throw new GraphTraceError(`a tensor of shape [${shape}] that the trace did not make would be baked in as a constant; declare it as an input`);
+    const name = `const_${nodes.length}`;
+    nodes.push({ name, op: 'Const', inputs: [], attrs: [], value: { dtype, shape, data: data.slice() as TypedArray } });
+    dtypeOf.set(`${name}:0`, dtype);
+    produced.set(id, `${name}:0`);
+    return `${name}:0`;
+  };
+  const declaredIds = new Set<number>();
+  let declaring = false; // a declared input's first upload is not a constant
+  const input = (t: tf.Tensor): tf.Tensor => {
+    declaring = true;
+    let id: number | undefined;
+    try {
+      [id] = getIds.call(backend, [t]);
+    } finally {
+      declaring = false;
+    }
+    if (declaredIds.has(id!)) {
+      // The same tensor under a second name (tied weights): an unused placeholder keeps positions.
+      placeholder(declared++, b[dtypeKey(t.dtype)] as number, [...t.shape]);
+      return t;
+    }
+    declaredIds.add(id!);
+    if (produced.has(id!)) throw new GraphTraceError('a graph input must exist before the trace reads it');
+    produced.set(id!, placeholder(declared++, b[dtypeKey(t.dtype)] as number, [...t.shape]));
+    return t;
+  };
+  const metaOf = new Map<number, { shape: number[]; dtype: number }>();
+
+  const getIds = backend.getInputTensorIds;
+  const { executeOp, createTensor, tensorDataSync } = b;
+  // The addon's functions are read-only: the backend gets a stand-in binding for the trace.
+  const tracer = {} as Record<string, unknown>;
+  for (const k of Object.getOwnPropertyNames(b)) tracer[k] = (b as unknown as Record<string, unknown>)[k];
+  const t = tracer as unknown as Binding;
+  backend.binding = t;
+  const ownIds = Object.prototype.hasOwnProperty.call(backend, 'getInputTensorIds') ? backend.getInputTensorIds : undefined;
+  let outputs: tf.Tensor[] = [];
+  try {
+    // Shapes of tensors that existed before the trace, should they be read as constants.
+    backend.getInputTensorIds = function (ts: tf.Tensor[]) {
+      const ids = getIds.call(this, ts);
+      ids.forEach((id, i) => {
+        if (!metaOf.has(id) && ts[i]) metaOf.set(id, { shape: [...ts[i]!.shape], dtype: b[dtypeKey(ts[i]!.dtype)] });
+      });
+      return ids;
+    };
+    t.createTensor = (shape, dtype, values) => {
+      const id = createTensor.call(b, shape, dtype, values);
+      if (declaring) return id;
+      const k = hostIndex.get(values);
+      if (k !== undefined) {
+        const prev = hostShapes.get(k);
+        if (!prev) {
+          hostShapes.set(k, { shape, dtype });
+          produced.set(id, placeholder(-1 - k, dtype, shape));
+        } else {
+          const name = inputNames[inputSources.indexOf(-1 - k)]!;
+          produced.set(id, name);
+        }
+      } else produced.set(id, constant(id, dtype, shape, values));
+      return id;
+    };
+    t.tensorDataSync = (id) => {
+      if (produced.has(id) && !produced.get(id)!.startsWith('const_')) throw new GraphTraceError('the computation reads a traced tensor on the host (a round trip a graph cannot make)');
+      return tensorDataSync.call(b, id);
+    };
+    t.executeOp = (name, attrs, ids, numOutputs) => {
+      const ins = ids.map((id) => {
+        const have = produced.get(id);
+        if (have) return have;
+        // A tensor that existed before the trace and is not an input: a constant.
+        const data = tensorDataSync.call(b, id);
+        const meta = metaOf.get(id) ?? { shape: [data.length], dtype: data instanceof Float32Array ? b.TF_FLOAT : b.TF_INT32 };
+        return constant(id, meta.dtype, meta.shape, data);
+      });
+      const out = executeOp.call(b, name, attrs, ids, numOutputs);
+      const nodeName = `op_${nodes.length}`;
+      const more = (INFERRED_ATTRS[name] ?? []).filter(([a]) => !attrs.some((x) => x.name === a)).map(([a, i]) => ({ name: a, type: b.TF_ATTR_TYPE, value: dtypeOf.get(ins[i]!) }));
+      if (more.some((m) => m.value === undefined)) throw new GraphTraceError(`${name}: the dtype of an input is unknown`);
+      nodes.push({ name: nodeName, op: name, inputs: ins, attrs: more.length ? [...attrs, ...more] : attrs });
+      ops++;
+      out.forEach((m, i) => {
+        produced.set(m.id, `${nodeName}:${i}`);
+        dtypeOf.set(`${nodeName}:${i}`, m.dtype);
+        metaOf.set(m.id, { shape: m.shape, dtype: m.dtype });
+      });
+      return out;
+    };
+    outputs = fn(input);
+  } finally {
+    backend.binding = b;
+    if (ownIds) backend.getInputTensorIds = ownIds;
+    else delete (backend as Partial<NodeBackend>).getInputTensorIds;
+  }
+  try {
+    const unused = hostInputs.findIndex((_, k) => !hostShapes.has(k));
+    if (unused >= 0) throw new GraphTraceError(`host input ${unused} never became a tensor in the trace (a copy of it would be baked in)`);
+    const outIds = backend.getInputTensorIds(outputs);
+    const outputNames = outIds.map((id, i) => {
+      const src = produced.get(id);
+      if (!src) throw new GraphTraceError(`output ${i} was not computed by the trace`);
+      const name = `output_${i}`;
+      nodes.push({ name, op: 'Identity', inputs: [src], attrs: [{ name: 'T', type: b.TF_ATTR_TYPE, value: b[dtypeKey(outputs[i]!.dtype)] }] });
+      return `${name}:0`;
+    });
+    const session = loadGraph(b, nodes);
+    return { outputs, graph: new GraphFunction(backend, session, inputNames, inputSources, hostShapes, outputNames, ops) };
+  } catch (err) {
+    tf.dispose(outputs);
+    throw err;
+  }
+}
+
+function dtypeKey(dtype: tf.DataType): 'TF_FLOAT' | 'TF_INT32' | 'TF_BOOL' {
+  if (dtype === 'float32') return 'TF_FLOAT';
+  if (dtype === 'int32') return 'TF_INT32';
+  if (dtype === 'bool') return 'TF_BOOL';
+  throw new GraphTraceError(`dtype ${dtype} cannot be a graph input or output`);
+}
+
+/** The shape proto of `dims`. */
+function shapeProto(P: ReturnType<typeof protos>, dims: number[]): Msg {
+  const s = new P.TensorShape();
+  for (const d of dims) {
+    const dim = new P.TensorShape.Dim();
+    dim.setSize!(d);
+    s.addDim!(dim);
+  }
+  return s;
+}
+
+function attrProto(P: ReturnType<typeof protos>, b: Binding, a: OpAttr): Msg {
+  const v = new P.AttrValue();
+  const list = Array.isArray(a.value);
+  const vals = (list ? a.value : [a.value]) as unknown[];
+  const L = list ? new P.AttrValue.ListValue() : null;
+  switch (a.type) {
+    case b.TF_ATTR_STRING:
+      if (L) L.setSList!(vals.map((x) => Buffer.from(String(x))));
+      else v.setS!(Buffer.from(String(a.value)));
+      break;
+    case b.TF_ATTR_INT:
+      if (L) L.setIList!(vals);
+      else v.setI!(a.value);
+      break;
+    case b.TF_ATTR_FLOAT:
+      if (L) L.setFList!(vals);
+      else v.setF!(a.value);
+      break;
+    case b.TF_ATTR_BOOL:
+      if (L) L.setBList!(vals);
+      else v.setB!(a.value);
+      break;
+    case b.TF_ATTR_TYPE:
+      if (L) L.setTypeList!(vals);
+      else v.setType!(a.value);
+      break;
+    case b.TF_ATTR_SHAPE:
+      v.setShape!(shapeProto(P, a.value as number[]));
+      return v;
+    default:
+      throw new GraphTraceError(`attribute ${a.name} has a type (${a.type}) graphs do not take`);
+  }
+  if (L) v.setList!(L);
+  return v;
+}
+
+let graphSeq = 0;
+
+/** Writes `nodes` as a SavedModel (no variables) and loads it as a session: its id. */
+function loadGraph(b: Binding, nodes: Node[]): number {
+  const P = protos();
+  const graph = new P.GraphDef();
+  for (const n of nodes) {
+    const nd = new P.NodeDef();
+    nd.setName!(n.name);
+    nd.setOp!(n.op);
+    nd.setInputList!(n.inputs);
+    const attrs = nd.getAttrMap!() as { set(k: string, v: Msg): void };
+    if (n.value) {
+      const t = new P.Tensor();
+      t.setDtype!(n.value.dtype);
+      t.setTensorShape!(shapeProto(P, n.value.shape));
+      t.setTensorContent!(new Uint8Array(n.value.data.buffer, n.value.data.byteOffset, n.value.data.byteLength));
+      const dt = new P.AttrValue();
+      dt.setType!(n.value.dtype);
+      const tv = new P.AttrValue();
+      tv.setTensor!(t);
+      attrs.set('dtype', dt);
+      attrs.set('value', tv);
+    } else if (n.placeholder) {
+      const dt = new P.AttrValue();
+      dt.setType!(n.placeholder.dtype);
+      const sh = new P.AttrValue();
+      sh.setShape!(shapeProto(P, n.placeholder.shape));
+      attrs.set('dtype', dt);
+      attrs.set('shape', sh);
+    } else {
+      for (const a of n.attrs) attrs.set(a.name, attrProto(P, b, a));
+    }
+    graph.addNode!(nd);
+  }
+  const versions = new P.VersionDef();
+  versions.setProducer!(1395);
+  graph.setVersions!(versions);
+  const info = new P.MetaGraphDef.MetaInfoDef();
+  info.addTags!('serve');
+  const meta = new P.MetaGraphDef();
+  meta.setMetaInfoDef!(info);
+  meta.setGraphDef!(graph);
+  const sm = new P.SavedModel();
+  sm.setSavedModelSchemaVersion!(1);
+  sm.addMetaGraphs!(meta);
+  const bytes = sm.serializeBinary!() as Uint8Array;
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), `vela-graph-${process.pid}-${graphSeq++}-`));
+  try {
+    fs.writeFileSync(path.join(dir, 'saved_model.pb'), bytes);
+    try {
+      return b.loadSavedModel(dir, 'serve');
+    } catch (err) {
+      throw new GraphTraceError(`TensorFlow refused the traced graph: ${(err as Error).message.slice(0, 400)}`);
+    }
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}

@@ -1,0 +1,133 @@
+/**
+ * The cached Euler sampler (MODEL.md "Sampling") as one TensorFlow graph call on native
+ * TensorFlow (kernels/backend/graph.ts): the first call for a batch layout runs the family's own
+ * TypeScript sampler eagerly and records it; later calls with the same layout feed the current
+ * weights, the noise and the batch's host arrays (FlowPolicy.sampleInputs) to the recorded
+ * graph. A 10-step flow05-tiny sample is ~2,000 eager ops at 15-40 us of dispatch each; as a
+ * graph TensorFlow's executor runs them with no host round trip (bench/results/README.md).
+ *
+ * Which weights a graph reads is recorded as it is traced (the names the sampler asks the
+ * PolicyWeights for, and which linears had LoRA factors at which scale); a later call uses the
+ * graph only when the weights it is given answer the same way, so a session that adds, drops or
+ * rescales adapters gets a graph of its own. VELA_GRAPHS=0 turns graphs off (every call eager).
+ */
+import * as tf from '@tensorflow/tfjs';
+import { GraphFunction, GraphTraceError, graphsAvailable, traceGraph } from './backend/graph.ts';
+import type { FlowPolicy, PolicyWeights } from './flow-policy.ts';
+import type { LoraFactors } from './layers.ts';
+
+/** One read of the weights during a trace. */
+type Read = { kind: 'w'; name: string; shape: number[] } | { kind: 'lora'; linear: string; scale: number | null; a?: number[]; b?: number[] };
+
+interface Entry {
+  graph: GraphFunction;
+  reads: Read[];
+}
+
+/** Graphs per layout key, for one policy; the oldest layout goes when there are more than MAX_KEYS. */
+const MAX_KEYS = 16;
+/** Weight structures per layout key (e.g. the base's view and a LoRA session's). */
+const MAX_PER_KEY = 4;
+const graphs = new WeakMap<object, Map<string, Entry[] | 'eager'>>();
+
+/** Whether graphs are turned off by VELA_GRAPHS=0 (read at each call: tests flip it). */
+export function graphsEnabled(): boolean {
+  return process.env.VELA_GRAPHS !== '0' && graphsAvailable();
+}
+
+const same = (a: readonly number[] | undefined, b: readonly number[] | undefined) => (a === undefined ? b === undefined : b !== undefined && tf.util.arraysEqual([...a], [...b]));
+
+/** The tensors `reads` names, from `W`, or null when W answers differently than at the trace. */
+function gather(reads: Read[], W: PolicyWeights): tf.Tensor[] | null {
+  const out: tf.Tensor[] = [];
+  for (const r of reads) {
+    if (r.kind === 'w') {
+      const t = W.get(r.name);
+      if (!same(t.shape, r.shape)) return null;
+      out.push(t);
+    } else {
+      const f = W.lora(r.linear);
+      if ((f ? f.scale : null) !== r.scale) return null;
+      if (f) {
+        if (!same(f.a.shape, r.a) || !same(f.b.shape, r.b)) return null;
+        out.push(f.a, f.b);
+      }
+    }
+  }
+  return out;
+}
+
+/** A PolicyWeights over W that declares each tensor it hands out as a graph input and logs it. */
+function recording(W: PolicyWeights, input: (t: tf.Tensor) => tf.Tensor, reads: Read[]): PolicyWeights {
+  const got = new Map<string, tf.Tensor>();
+  const loras = new Map<string, LoraFactors | undefined>();
+  return {
+    get(name) {
+      let t = got.get(name);
+      if (!t) {
+        t = input(W.get(name));
+        got.set(name, t);
+        reads.push({ kind: 'w', name, shape: [...t.shape] });
+      }
+      return t;
+    },
+    trainable: (name) => W.trainable(name),
+    lora(linear) {
+      if (loras.has(linear)) return loras.get(linear);
+      const f = W.lora(linear);
+      loras.set(linear, f);
+      reads.push({ kind: 'lora', linear, scale: f ? f.scale : null, ...(f ? { a: [...f.a.shape], b: [...f.b.shape] } : {}) });
+      if (f) {
+        input(f.a);
+        input(f.b);
+      }
+      return f;
+    },
+    // No params(): gradient checkpointing is for the backward pass; sampling has none.
+  };
+}
+
+/**
+ * Actions [b, ah, ad] from the cached sampler of `policy` run as one graph call, or null where
+ * graphs are not available or not enabled, the family has no sampleInputs, or this layout could
+ * not be traced (remembered: it then stays eager). The first call of a layout traces (an eager
+ * run plus the graph's load, typically 1-3x an eager sample); the caller owns the result.
+ * @throws whatever the family's sampler throws for a bad batch (before any graph runs).
+ */
+export function sampleWithGraph<B, C>(policy: FlowPolicy<B, C>, W: PolicyWeights, batch: B, noise: tf.Tensor, numSteps: number): tf.Tensor | null {
+  if (!policy.sampleInputs || !graphsEnabled()) return null;
+  const inputs = policy.sampleInputs(batch);
+  const key = `${inputs.key}|${noise.shape.join(',')}|${numSteps}`;
+  let byKey = graphs.get(policy);
+  if (!byKey) graphs.set(policy, (byKey = new Map()));
+  const entries = byKey.get(key);
+  if (entries === 'eager') return null;
+  for (const e of entries ?? []) {
+    const weights = gather(e.reads, W);
+    if (weights) return e.graph.run([noise, ...weights], inputs.host)[0]!;
+  }
+  const reads: Read[] = [];
+  let traced: ReturnType<typeof traceGraph>;
+  try {
+    traced = traceGraph((input) => {
+      input(noise);
+      return [inputs.sample(recording(W, input, reads), noise, numSteps)];
+    }, inputs.host);
+  } catch (err) {
+    if (!(err instanceof GraphTraceError)) throw err;
+    if (process.env.VELA_GRAPH_DEBUG) console.error('graph trace failed:', err.message);
+    byKey.set(key, 'eager');
+    return null;
+  }
+  const list = entries ?? [];
+  list.push({ graph: traced.graph, reads });
+  if (list.length > MAX_PER_KEY) list.shift()!.graph.dispose();
+  byKey.delete(key);
+  byKey.set(key, list);
+  if (byKey.size > MAX_KEYS) {
+    const [oldest, gone] = byKey.entries().next().value as [string, Entry[] | 'eager'];
+    byKey.delete(oldest);
+    if (gone !== 'eager') for (const e of gone) e.graph.dispose();
+  }
+  return traced.outputs[0]!;
+}
