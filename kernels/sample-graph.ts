@@ -29,6 +29,12 @@ const MAX_KEYS = 16;
 /** Weight structures per layout key (e.g. the base's view and a LoRA session's). */
 const MAX_PER_KEY = 4;
 const graphs = new WeakMap<object, Map<string, Entry[] | 'eager'>>();
+const stats = { traces: 0, runs: 0, refused: 0 };
+
+/** Counts since the process started: graphs traced, graph calls made, layouts left eager. */
+export function sampleGraphStats(): Readonly<typeof stats> {
+  return { ...stats };
+}
 
 /** Whether graphs are turned off by VELA_GRAPHS=0 (read at each call: tests flip it). */
 export function graphsEnabled(): boolean {
@@ -91,7 +97,7 @@ function recording(W: PolicyWeights, input: (t: tf.Tensor) => tf.Tensor, reads: 
  * Actions [b, ah, ad] from the cached sampler of `policy` run as one graph call, or null where
  * graphs are not available or not enabled, the family has no sampleInputs, or this layout could
  * not be traced (remembered: it then stays eager). The first call of a layout traces (an eager
- * run plus the graph's load, typically 1-3x an eager sample); the caller owns the result.
+ * run, the graph's load and one graph run); the caller owns the result.
  * @throws whatever the family's sampler throws for a bad batch (before any graph runs).
  */
 export function sampleWithGraph<B, C>(policy: FlowPolicy<B, C>, W: PolicyWeights, batch: B, noise: tf.Tensor, numSteps: number): tf.Tensor | null {
@@ -104,7 +110,10 @@ export function sampleWithGraph<B, C>(policy: FlowPolicy<B, C>, W: PolicyWeights
   if (entries === 'eager') return null;
   for (const e of entries ?? []) {
     const weights = gather(e.reads, W);
-    if (weights) return e.graph.run([noise, ...weights], inputs.host)[0]!;
+    if (weights) {
+      stats.runs++;
+      return e.graph.run([noise, ...weights], inputs.host)[0]!;
+    }
   }
   const reads: Read[] = [];
   let traced: ReturnType<typeof traceGraph>;
@@ -117,6 +126,7 @@ export function sampleWithGraph<B, C>(policy: FlowPolicy<B, C>, W: PolicyWeights
     if (!(err instanceof GraphTraceError)) throw err;
     if (process.env.VELA_GRAPH_DEBUG) console.error('graph trace failed:', err.message);
     byKey.set(key, 'eager');
+    stats.refused++;
     return null;
   }
   const list = entries ?? [];
@@ -129,5 +139,10 @@ export function sampleWithGraph<B, C>(policy: FlowPolicy<B, C>, W: PolicyWeights
     byKey.delete(oldest);
     if (gone !== 'eager') for (const e of gone) e.graph.dispose();
   }
-  return traced.outputs[0]!;
+  // The graph's own answer, not the trace's: every call of a layout then gives the same bits
+  // (Grappler's rewrites round differently from eager ops, within float32 rounding).
+  tf.dispose(traced.outputs);
+  stats.traces++;
+  stats.runs++;
+  return traced.graph.run([noise, ...gather(reads, W)!], inputs.host)[0]!;
 }

@@ -22,6 +22,18 @@ function weightsOf(s: TrainingState): Map<string, Float32Array> {
   return new Map(Object.entries(s.trainableTensors()).map(([k, v]) => [k, v.data]));
 }
 
+/** fn() with VELA_GRAPHS set to `v` (kernels/sample-graph.ts reads it at each call). */
+function withGraphs<T>(v: string, fn: () => T): T {
+  const before = process.env.VELA_GRAPHS;
+  process.env.VELA_GRAPHS = v;
+  try {
+    return fn();
+  } finally {
+    if (before === undefined) delete process.env.VELA_GRAPHS;
+    else process.env.VELA_GRAPHS = before;
+  }
+}
+
 function batchOf(preset: string, size: number, seed: number) {
   const c = micro(preset);
   const b = fakeBatch(c, size, seed, { actionShape: [4, 3] });
@@ -170,7 +182,13 @@ forEachBackend('kernels: training state', () => {
         s.optimStep({ learningRate: 1e-2 }); // non-trivial weights (pi0.5's gates are no longer 0)
         const x1 = s.sample(b, { seed: 42, numSteps: 4 });
         expect(s.sample(b, { seed: 42, numSteps: 4 })).toEqual(x1);
-        expect(s.sample(b, { seed: 42, numSteps: 4, cache: false })).toEqual(x1);
+        // The cached sampler run eagerly equals re-encoding the prefix bit for bit; on native
+        // TensorFlow the cached sampler runs as one graph (kernels/sample-graph.ts), whose
+        // rewrites round differently: equal to float32 rounding.
+        const eager = withGraphs('0', () => s.sample(b, { seed: 42, numSteps: 4 }));
+        expect(s.sample(b, { seed: 42, numSteps: 4, cache: false })).toEqual(eager);
+        const scale = Math.max(...eager.map(Math.abs));
+        expect(Math.max(...x1.map((x, i) => Math.abs(x - eager[i]!)))).toBeLessThan(1e-5 * scale);
         expect(s.sample(b, { seed: 43, numSteps: 4 })).not.toEqual(x1);
         s.dispose();
         base.dispose();

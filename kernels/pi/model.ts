@@ -144,6 +144,12 @@ function attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, bias: tf.Tensor | n
  * that no checkpoint depends on.) Returns cos and sin [b, n, 1, hd / 2].
  */
 export function ropeTables(positions: Int32Array, b: number, n: number, hd: number): { cos: tf.Tensor; sin: tf.Tensor } {
+  const { cos, sin } = ropeArrays(positions, b, n, hd);
+  return { cos: tf.tensor4d(cos, [b, n, 1, hd / 2]), sin: tf.tensor4d(sin, [b, n, 1, hd / 2]) };
+}
+
+/** The values of ropeTables, [b * n * hd / 2] each. */
+function ropeArrays(positions: Int32Array, b: number, n: number, hd: number): { cos: Float32Array; sin: Float32Array } {
   const half = hd / 2;
   const invFreq = new Float64Array(half);
   for (let j = 0; j < half; j++) invFreq[j] = Math.pow(ROPE_BASE, (-2 * j) / hd);
@@ -156,7 +162,7 @@ export function ropeTables(positions: Int32Array, b: number, n: number, hd: numb
       sin[i * half + j] = Math.sin(angle);
     }
   }
-  return { cos: tf.tensor4d(cos, [b, n, 1, half]), sin: tf.tensor4d(sin, [b, n, 1, half]) };
+  return { cos, sin };
 }
 
 /** RoPE, half-split: (x_j, x_{j + hd/2}) of every head rotate by angle_j: x [b, n, h*hd], cos/sin [b, n, 1, hd/2]. */
@@ -349,13 +355,21 @@ export function embedPrefix(model: RealPiModel, batch: RealPiBatch): { embs: tf.
   const img = tf.reshape(linear(P, NAMES.projector.slice(0, -1), siglipOut), [b, nc * T, D]);
   const rows = gatherRows(param(P, NAMES.embedding), batch.tokens); // [b*L, D]
   const text = tf.mul(tf.reshape(rows, [b, L, D]), Math.fround(Math.sqrt(D))); // [b, L, D]
+  return { embs: tf.concat([img, text], 1), valid: prefixValid(c, batch), siglipOut: tf.reshape(siglipOut, [b, nc, T, c.vision.width]) };
+}
+
+/** The prefix tokens' validity [b * p] (0 for a masked camera's tokens and for prompt padding). */
+function prefixValid(c: RealPiConfig, batch: RealPiBatch): Uint8Array {
+  const { size: b, numCameras: nc } = batch;
+  const T = tokensPerCamera(c);
+  const L = batch.tokens.length / b;
   const p = nc * T + L;
   const valid = new Uint8Array(b * p);
   for (let i = 0; i < b; i++) {
     for (let cam = 0; cam < nc; cam++) valid.fill(batch.imageMasks[i * nc + cam] ? 1 : 0, i * p + cam * T, i * p + (cam + 1) * T);
     for (let j = 0; j < L; j++) valid[i * p + nc * T + j] = batch.tokenMasks[i * L + j] ? 1 : 0;
   }
-  return { embs: tf.concat([img, text], 1), valid, siglipOut: tf.reshape(siglipOut, [b, nc, T, c.vision.width]) };
+  return valid;
 }
 
 /**
@@ -433,12 +447,17 @@ export function attentionLayout(valid: Uint8Array, ar: Uint8Array, b: number): {
 
 /** Rows [r0, r1) and columns [0, cols) of the mask as an additive bias [b, 1, r1 - r0, cols]. */
 function maskBias(mask: Uint8Array, b: number, N: number, r0: number, r1: number, cols: number): tf.Tensor {
+  return tf.tensor4d(maskBiasArray(mask, b, N, r0, r1, cols), [b, 1, r1 - r0, cols]);
+}
+
+/** The values of maskBias, [b * (r1 - r0) * cols]. */
+function maskBiasArray(mask: Uint8Array, b: number, N: number, r0: number, r1: number, cols: number): Float32Array {
   const out = new Float32Array(b * (r1 - r0) * cols);
   let o = 0;
   for (let i = 0; i < b; i++) {
     for (let q = r0; q < r1; q++) for (let k = 0; k < cols; k++) out[o++] = mask[(i * N + q) * N + k] ? 0 : MASKED_LOGIT;
   }
-  return tf.tensor4d(out, [b, 1, r1 - r0, cols]);
+  return out;
 }
 
 /** Positions [r0, r1) of every datum: [b * (r1 - r0)]. */
@@ -597,26 +616,63 @@ export function drawRealPiNoiseTime(c: RealPiConfig, rng: Rng, b: number): { noi
 }
 
 /**
+ * What sample() computes in JS from a batch (the attention layout): the prefix's RoPE tables
+ * [b * p * hd/2] and mask bias [b * p * p], the suffix's mask bias [b * s * (p + s)] and RoPE
+ * tables [b * s * hd/2], with p prefix and s suffix tokens. Each array becomes a tensor as it is,
+ * so a traced sampling graph takes them as host inputs (kernels/sample-graph.ts).
+ */
+export interface SampleHost {
+  p: number;
+  s: number;
+  prefixCos: Float32Array;
+  prefixSin: Float32Array;
+  prefixBias: Float32Array;
+  suffixBias: Float32Array;
+  suffixCos: Float32Array;
+  suffixSin: Float32Array;
+}
+
+/** The SampleHost of a batch (pure JS). */
+export function sampleHost(c: RealPiConfig, batch: RealPiBatch): SampleHost {
+  const b = batch.size;
+  const hd = c.vlm.headDim;
+  const { mask, positions, p, s, N } = sequenceLayout(c, prefixValid(c, batch), b);
+  const pre = ropeArrays(positionRows(positions, b, N, 0, p), b, p, hd);
+  const suf = ropeArrays(positionRows(positions, b, N, p, N), b, s, hd);
+  return {
+    p,
+    s,
+    prefixCos: pre.cos,
+    prefixSin: pre.sin,
+    prefixBias: maskBiasArray(mask, b, N, 0, p, p),
+    suffixBias: maskBiasArray(mask, b, N, p, N, N),
+    suffixCos: suf.cos,
+    suffixSin: suf.sin,
+  };
+}
+
+/**
  * Samples an action chunk [b, ah, ad] by Euler integration from `noise` at t = 1 to t = 0
  * (dt = -1 / numSteps; v evaluated at t = 1, 1 - 1/N, ..., 1/N). The prefix runs once and leaves
  * its post-RoPE keys/values per layer in a cache; each step runs only the expert over the suffix
- * against that cache (the cache never grows: the suffix's own keys are not stored).
+ * against that cache (the cache never grows: the suffix's own keys are not stored). `host` is
+ * sampleHost(config, batch), computed here when not given.
  * @throws ShapeError for a batch or noise that does not fit the config; RangeError for numSteps < 1.
  */
-export function sample(model: RealPiModel, batch: RealPiBatch, noise: tf.Tensor | Float32Array, numSteps = model.config.numSteps): tf.Tensor {
+export function sample(model: RealPiModel, batch: RealPiBatch, noise: tf.Tensor | Float32Array, numSteps = model.config.numSteps, host?: SampleHost): tf.Tensor {
   const c = model.config;
   checkBatch(c, batch);
   const b = batch.size;
-  const hd = c.vlm.headDim;
+  const h = host ?? sampleHost(c, batch);
+  const { p, s } = h;
+  const half = c.vlm.headDim / 2;
   // The prefix pass: everything the steps reuse (cache, suffix mask rows, suffix RoPE tables).
   const fixed = tf.tidy(() => {
     const prefix = embedPrefix(model, batch);
-    const { mask, positions, p, s, N } = sequenceLayout(c, prefix.valid, b);
-    const pre = ropeTables(positionRows(positions, b, N, 0, p), b, p, hd);
     const cache: KvCache = { k: [], v: [] };
-    gemmaStack(model.params, [{ x: prefix.embs, names: NAMES.vlm, dims: c.vlm, cond: null, ...pre, bias: maskBias(mask, b, N, 0, p, p), output: false }], c.vlm.depth, null, cache);
-    const suf = ropeTables(positionRows(positions, b, N, p, N), b, s, hd);
-    return { k: cache.k, v: cache.v, bias: maskBias(mask, b, N, p, N, N), cos: suf.cos, sin: suf.sin };
+    const pre = { cos: tf.tensor4d(h.prefixCos, [b, p, 1, half]), sin: tf.tensor4d(h.prefixSin, [b, p, 1, half]) };
+    gemmaStack(model.params, [{ x: prefix.embs, names: NAMES.vlm, dims: c.vlm, cond: null, ...pre, bias: tf.tensor4d(h.prefixBias, [b, 1, p, p]), output: false }], c.vlm.depth, null, cache);
+    return { k: cache.k, v: cache.v, bias: tf.tensor4d(h.suffixBias, [b, 1, s, p + s]), cos: tf.tensor4d(h.suffixCos, [b, s, 1, half]), sin: tf.tensor4d(h.suffixSin, [b, s, 1, half]) };
   });
   try {
     const x0 = asActions(c, b, noise, 'noise');

@@ -21,7 +21,7 @@ import { eulerSample } from '../flow.ts';
 import type { FlowPolicy, LossTargets, PolicyLinear, PolicyParamSpec, PolicyWeights } from '../flow-policy.ts';
 import { LORA_TARGETS, LoraError, type LoraTarget } from '../lora.ts';
 import type { RealPiConfig } from './config.ts';
-import { checkBatch, sample, velocity, type RealPiBatch, type RealPiModel } from './model.ts';
+import { checkBatch, sample, sampleHost, velocity, type RealPiBatch, type RealPiModel } from './model.ts';
 import { NAMES, contractInitValues, realPiParamSpecs } from './params.ts';
 
 /** openpi's LoRA settings for pi0 / pi0.5 (gemma_2b_lora on the VLM, gemma_300m_lora on the expert). */
@@ -110,6 +110,17 @@ export function realPiPolicy(c: RealPiConfig, name = `real-${c.variant}`): FlowP
     sample(W, batch, noise, numSteps, cache) {
       if (cache) return sample(model(W), batch, noise, numSteps);
       return eulerSample(noise, numSteps, (x, t) => velocity(model(W), batch, x, new Float32Array(batch.size).fill(t)));
+    },
+    sampleInputs(batch) {
+      checkBatch(c, batch);
+      const host = sampleHost(c, batch);
+      const arrays = [batch.images, batch.tokens, host.prefixCos, host.prefixSin, host.prefixBias, host.suffixBias, host.suffixCos, host.suffixSin];
+      if (c.variant === 'pi0') arrays.push(batch.state!);
+      return {
+        key: `${batch.size}|${batch.numCameras}|${batch.tokens.length}`,
+        host: arrays,
+        sample: (W, noise, numSteps) => sample(model(W), batch, noise, numSteps, host),
+      };
     },
   };
 }

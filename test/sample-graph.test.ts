@@ -1,0 +1,160 @@
+/**
+ * The cached sampler as one TensorFlow graph call (kernels/backend/graph.ts, kernels/sample-graph.ts)
+ * answers what the eager sampler answers, to float32 rounding, for batches other than the one it
+ * was traced with, for weights that changed since (an optimizer step), for LoRA and base weights,
+ * and for both model families; and a computation that cannot be a graph is refused, not baked in.
+ * Native TensorFlow only (graphs are its feature); CI always has it (kernels-backend.test.ts).
+ */
+import * as tf from '@tensorflow/tfjs';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { NATIVE_PRESENT, useBackend } from './helpers/tf.ts';
+import { GraphTraceError, traceGraph } from '../kernels/backend/graph.ts';
+import { sampleGraphStats } from '../kernels/sample-graph.ts';
+import { makeConfig } from '../kernels/small/config.ts';
+import { fakeBatch, type ModelBatch } from '../kernels/small/batch.ts';
+import { BaseWeights, TrainingState, sampleActions } from '../kernels/trainer.ts';
+import { Rng } from '../kernels/rng.ts';
+import { REAL_PI_TINY_PI0, REAL_PI_TINY_PI05 } from '../kernels/pi/config.ts';
+import { fakeRealPiBatch } from '../kernels/pi/fake.ts';
+import { OPENPI_LORA, realPiPolicy } from '../kernels/pi/policy.ts';
+import type { RealPiBatch } from '../kernels/pi/model.ts';
+
+function withGraphs<T>(on: boolean, fn: () => T): T {
+  const before = process.env.VELA_GRAPHS;
+  process.env.VELA_GRAPHS = on ? '1' : '0';
+  try {
+    return fn();
+  } finally {
+    if (before === undefined) delete process.env.VELA_GRAPHS;
+    else process.env.VELA_GRAPHS = before;
+  }
+}
+
+/** max |a - b| / max |b|: float32 rounding of a ~2,000-op chain is ~1e-6 of the scale. */
+function relDiff(a: Float32Array, b: Float32Array): number {
+  expect(a.length).toBe(b.length);
+  let d = 0;
+  let s = 0;
+  for (let i = 0; i < a.length; i++) {
+    d = Math.max(d, Math.abs(a[i]! - b[i]!));
+    s = Math.max(s, Math.abs(b[i]!));
+  }
+  return d / s;
+}
+
+/** A batch of `size` with only the first `cams` camera slots filled. */
+function smallBatch(preset: string, size: number, seed: number, cams: number): ModelBatch {
+  const c = makeConfig(preset);
+  const b = fakeBatch(c, size, seed);
+  for (let i = 0; i < size; i++) for (let k = cams; k < c.slots; k++) b.imageMask[i * c.slots + k] = 0;
+  return b;
+}
+
+describe.runIf(NATIVE_PRESENT)('sampling as one TensorFlow graph', () => {
+  beforeAll(async () => {
+    await useBackend('node');
+  });
+
+  it.each(['flow05-tiny', 'flow0-tiny'])('%s: graph = eager for new batches, after an optimizer step, with LoRA', (preset) => {
+    const c = makeConfig(preset);
+    const base = BaseWeights.create(c, 3);
+    const s = new TrainingState(base, { finetune: 'full', seed: 1 });
+    const train = fakeBatch(c, 4, 9);
+    s.forwardBackward(train);
+    s.optimStep({ learningRate: 1e-2 }); // pi0.5's gates open: every path matters
+    const before = sampleGraphStats();
+    const a = smallBatch(preset, 1, 1, 1);
+    const b = smallBatch(preset, 1, 2, 1);
+    b.tokenMask.fill(1, 0, 5);
+    const both = (batch: ModelBatch, seed: number) => ({ graph: withGraphs(true, () => s.sample(batch, { seed })), eager: withGraphs(false, () => s.sample(batch, { seed })) });
+    const ra = both(a, 5);
+    const rb = both(b, 6);
+    expect(relDiff(ra.graph, ra.eager)).toBeLessThan(1e-5);
+    expect(relDiff(rb.graph, rb.eager)).toBeLessThan(1e-5);
+    expect(relDiff(ra.eager, rb.eager)).toBeGreaterThan(1e-2); // the batches do differ
+    const mid = sampleGraphStats();
+    expect(mid.traces - before.traces).toBe(1); // one layout, one graph; b ran it
+    expect(mid.runs - before.runs).toBe(2);
+
+    // New weights are read at each call, not baked in.
+    s.forwardBackward(train);
+    s.optimStep({ learningRate: 1e-2 });
+    const after = both(a, 5);
+    expect(relDiff(after.graph, after.eager)).toBeLessThan(1e-5);
+    expect(relDiff(after.eager, ra.eager)).toBeGreaterThan(1e-4);
+    expect(sampleGraphStats().traces - before.traces).toBe(1);
+
+    // Another camera layout is another graph; batch 2 too.
+    const three = both(smallBatch(preset, 2, 4, 3), 7);
+    expect(relDiff(three.graph, three.eager)).toBeLessThan(1e-5);
+    expect(sampleGraphStats().traces - before.traces).toBe(2);
+
+    // A LoRA session on the same base reads other tensors: a graph of its own, equal to eager.
+    const lora = new TrainingState(base, { finetune: 'lora', rank: 4, seed: 2 });
+    lora.forwardBackward(train);
+    lora.optimStep({ learningRate: 1e-2 });
+    const lg = withGraphs(true, () => lora.sample(a, { seed: 5 }));
+    const le = withGraphs(false, () => lora.sample(a, { seed: 5 }));
+    expect(relDiff(lg, le)).toBeLessThan(1e-5);
+    expect(sampleGraphStats().traces - before.traces).toBe(3);
+    // The base served as it is (BaseWeights.view) reads the names a full fine-tune reads, with no
+    // adapters: the full session's graph, fed the base's tensors.
+    const view = base.view();
+    const bg = withGraphs(true, () => sampleActions(base.policy, view, a, new Rng(5)));
+    const be = withGraphs(false, () => sampleActions(base.policy, view, a, new Rng(5)));
+    expect(relDiff(bg, be)).toBeLessThan(1e-5);
+    expect(relDiff(bg, withGraphs(false, () => s.sample(a, { seed: 5 })))).toBeGreaterThan(1e-4);
+    expect(sampleGraphStats().traces - before.traces).toBe(3);
+    for (const t of [s, lora]) t.dispose();
+    base.dispose();
+  });
+
+  it.each([REAL_PI_TINY_PI05, REAL_PI_TINY_PI0])('real $variant tiny: graph = eager for batches with other prompts and cameras', (config) => {
+    const policy = realPiPolicy(config);
+    const base = BaseWeights.create(policy);
+    const s = new TrainingState(base, { finetune: 'lora', ...OPENPI_LORA, seed: 3 });
+    const train = fakeRealPiBatch(config, 12);
+    s.forwardBackward(train);
+    s.optimStep({ learningRate: 1e-2 });
+    const before = sampleGraphStats();
+    const a: RealPiBatch = fakeRealPiBatch(config, 12);
+    const b: RealPiBatch = {
+      ...a,
+      images: a.images.map((x) => -x),
+      imageMasks: [1, 1, 1, 0, 0, 1],
+      tokens: a.tokens.map((t) => (t * 7 + 3) % config.vlm.vocabSize),
+      tokenMasks: a.tokenMasks.map((_, i) => (i % 12 < 4 ? 1 : 0)),
+      state: a.state!.map((x) => 0.5 - x),
+    };
+    const ga = withGraphs(true, () => s.sample(a, { seed: 1 }));
+    const ea = withGraphs(false, () => s.sample(a, { seed: 1 }));
+    const gb = withGraphs(true, () => s.sample(b, { seed: 1 }));
+    const eb = withGraphs(false, () => s.sample(b, { seed: 1 }));
+    expect(relDiff(ga, ea)).toBeLessThan(1e-5);
+    expect(relDiff(gb, eb)).toBeLessThan(1e-5);
+    expect(relDiff(ea, eb)).toBeGreaterThan(1e-3);
+    expect(sampleGraphStats().traces - before.traces).toBe(1);
+    s.dispose();
+    base.dispose();
+  });
+
+  it('refuses what cannot be a graph instead of baking it in', () => {
+    const x = tf.randomNormal([4, 4]);
+    // A host read of a traced tensor inside the computation.
+    expect(() => traceGraph((input) => [tf.mul(input(x), tf.scalar(tf.sum(tf.add(x, 1)).dataSync()[0]!))])).toThrow(GraphTraceError);
+    // A large tensor read without being declared (a weight the caller forgot).
+    const big = tf.zeros([1100, 1000]);
+    expect(() => traceGraph((input) => [tf.sum(tf.add(big, input(tf.scalar(1))))])).toThrow(/declare it as an input/);
+    // A host array given as an input that the computation never makes into a tensor (it copied it).
+    const host = new Float32Array(16).fill(1);
+    expect(() => traceGraph(() => [tf.add(x, tf.tensor2d(host.slice(), [4, 4]))], [host])).toThrow(/never became a tensor/);
+    // And one that is: new host values give new answers.
+    const { outputs, graph } = traceGraph((input) => [tf.add(input(x), tf.tensor2d(host, [4, 4]))], [host]);
+    const [y] = graph.run([x], [new Float32Array(16).fill(3)]);
+    for (const d of tf.sub(y!, x).dataSync()) expect(d).toBeCloseTo(3, 5);
+    for (const d of tf.sub(outputs[0]!, x).dataSync()) expect(d).toBeCloseTo(1, 5);
+    graph.dispose();
+    expect(() => graph.run([x], [host])).toThrow(GraphTraceError);
+    tf.dispose([x, big, y!, ...outputs]);
+  });
+});
