@@ -100,6 +100,19 @@ export interface FlowPolicy<B, C> {
    * noise, numSteps, true)` does from those very arrays. Optional: without it sampling is eager.
    */
   sampleInputs?(batch: B): SampleInputs;
+  /** The velocity split for a traced training graph (VelocityInputs). Optional: without it training is eager. */
+  velocityInputs?(batch: B, time: Float32Array): VelocityInputs;
+}
+
+/**
+ * The velocity of `batch` at times `time` split for a traced training graph (kernels/step-graph.ts),
+ * as SampleInputs is for sampling: `velocity(W, xT)` computes velocity(W, batch, xT, time) from
+ * the arrays in `host` (made into tensors as they are).
+ */
+export interface VelocityInputs {
+  readonly key: string;
+  readonly host: (Float32Array | Int32Array)[];
+  velocity(W: PolicyWeights, xT: tf.Tensor): tf.Tensor;
 }
 
 /** See FlowPolicy.sampleInputs. */

@@ -315,14 +315,17 @@ export function attentionHeads(q: tf.Tensor, kT: tf.Tensor, v: tf.Tensor, bias: 
 
 /**
  * Embedding lookup table[indices] -> [n, w]. The gradient of TF.js's gather needs
- * UnsortedSegmentSum, which the wasm backend lacks, so it is written as a plain matMul with a
- * one-hot matrix built in JS: dTable = onehot(indices)ᵀ · dy, onehotᵀ [vocab, n].
+ * UnsortedSegmentSum, which the wasm backend lacks, so there it is written as a plain matMul with
+ * a one-hot matrix built in JS: dTable = onehot(indices)ᵀ · dy, onehotᵀ [vocab, n].
  */
 export function embed(table: tf.Tensor, indices: Int32Array): tf.Tensor {
   const [vocab] = table.shape as [number, number];
   for (const i of indices) {
     if (!(i >= 0 && i < vocab)) throw new Error(`embed: index ${i} is outside the table of ${vocab} rows`);
   }
+  // Elsewhere gather's own gradient runs on the device: no one-hot made in JS per call (which a
+  // traced training graph would bake in, kernels/step-graph.ts).
+  if (tf.getBackend() !== 'wasm') return tf.gather(table, tf.tensor1d(indices, 'int32'));
   const f = tf.customGrad(((t: tf.Tensor, save: tf.GradSaveFunc) => {
     save([]);
     return {

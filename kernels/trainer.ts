@@ -13,6 +13,7 @@
  * export / import.
  */
 import { sampleWithGraph } from './sample-graph.ts';
+import { LossGraphs } from './step-graph.ts';
 import * as tf from '@tensorflow/tfjs';
 import type { PolicyConfig } from './small/config.ts';
 import { ShapeError, type ModelBatch } from './small/batch.ts';
@@ -144,6 +145,8 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
   private varNames = new Map<string, string>(); // tf variable name -> param name
   private loraScales = new Map<string, number>(); // adapted linear -> alpha / rank
   private view: PolicyWeights;
+  /** forward_backward as one graph call per batch layout (kernels/step-graph.ts). */
+  private readonly lossGraphs = new LossGraphs();
   private disposed = false;
 
   constructor(base: BaseWeights<B, C>, options: TrainingOptions = {}) {
@@ -229,14 +232,20 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
     return this.moments.step;
   }
 
-  /** Adds this call's gradients into G (disposing them). */
+  /** Adds this call's gradients (by tf.Variable name) into G (disposing them). */
   private accumulate(grads: tf.NamedTensorMap): void {
+    const byName = new Map<string, tf.Tensor>();
     for (const [varName, g] of Object.entries(grads)) {
       const name = this.varNames.get(varName);
-      if (!name) {
-        g.dispose();
-        continue;
-      }
+      if (name) byName.set(name, g);
+      else g.dispose();
+    }
+    this.accumulateByName(byName);
+  }
+
+  /** Adds this call's gradients (by parameter name) into G (disposing them). */
+  private accumulateByName(grads: ReadonlyMap<string, tf.Tensor>): void {
+    for (const [name, g] of grads) {
       const prev = this.grads.get(name);
       if (prev) {
         this.grads.set(name, tf.add(prev, g));
@@ -280,13 +289,20 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
     const { xT, target, time } = this.draw(batch, options);
     const shape = this.actionShape(B);
     let per: tf.Tensor | undefined;
-    const { value, grads } = tf.variableGrads(() => {
-      const v = this.policy.velocity(this.view, batch, tf.tensor(xT, shape), time);
-      per = tf.keep(lossPerDatum(v, tf.tensor(target, shape), tf.tensor(actionMask, shape), lossFn)); // [b]
-      return tf.sum(tf.mul(per, tf.tensor1d(weight)));
-    }, [...this.params.values()]);
-    value.dispose();
-    this.accumulate(grads);
+    const vin = this.policy.velocityInputs?.(batch, time);
+    const graphed = vin && this.lossGraphs.run(vin, this.view, this.params, { xT, target, actionMask, weight }, shape, lossFn);
+    if (graphed) {
+      per = graphed.per;
+      this.accumulateByName(graphed.grads);
+    } else {
+      const { value, grads } = tf.variableGrads(() => {
+        const v = this.policy.velocity(this.view, batch, tf.tensor(xT, shape), time);
+        per = tf.keep(lossPerDatum(v, tf.tensor(target, shape), tf.tensor(actionMask, shape), lossFn)); // [b]
+        return tf.sum(tf.mul(per, tf.tensor1d(weight)));
+      }, [...this.params.values()]);
+      value.dispose();
+      this.accumulate(grads);
+    }
     const lossPerDatum_ = per!.dataSync() as Float32Array;
     per!.dispose();
     let num = 0;
@@ -559,11 +575,12 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
     this.sampleRng = sampleRng;
   }
 
-  /** Frees the trainable tensors, moments and G (not the shared base). */
+  /** Frees the trainable tensors, moments, G and the loss graphs (not the shared base). */
   dispose(): void {
     if (this.disposed) return;
     this.disposed = true;
     this.clearEpoch();
+    this.lossGraphs.dispose();
     this.moments.dispose();
     for (const v of this.params.values()) v.dispose();
     for (const v of this.ema?.values() ?? []) v.dispose();

@@ -9,7 +9,7 @@ import { ShapeError, type ModelBatch } from './batch.ts';
 import { eulerSample } from '../flow.ts';
 import type { FlowPolicy, PolicyWeights } from '../flow-policy.ts';
 import { selectTargets, zeroGateRule } from '../lora.ts';
-import { decodeSuffix, disposeCache, encodePrefix, initialValues, paramSpecs, prefixHost, velocity, type PrefixHost, type WeightsView } from './model.ts';
+import { decodeSuffix, disposeCache, encodePrefix, initialValues, paramSpecs, prefixHost, timeEmbedding, velocity, type PrefixHost, type WeightsView } from './model.ts';
 
 const policies = new WeakMap<PolicyConfig, FlowPolicy<ModelBatch, PolicyConfig>>();
 
@@ -78,6 +78,16 @@ export function smallPolicy(c: PolicyConfig): FlowPolicy<ModelBatch, PolicyConfi
       const times = (t: number) => new Float32Array(batch.size).fill(t);
       if (!cache) return eulerSample(noise, numSteps, (x, t) => velocity(V, batch, x, times(t)));
       return cachedSample(V, batch, prefixHost(c, batch), noise, numSteps);
+    },
+    velocityInputs(batch, time) {
+      const host = prefixHost(c, batch);
+      const timeEmb = timeEmbedding(time, c.width);
+      const arrays = [host.patches, batch.tokens, host.bins, host.keyBias, timeEmb, c.variant === 'pi0' ? batch.state : null];
+      return {
+        key: `${batch.size}|${host.slots.join(',')}`,
+        host: arrays.filter((a): a is Float32Array | Int32Array => a !== null),
+        velocity: (W, xT) => velocity(view(W), batch, xT, time, host, timeEmb),
+      };
     },
     sampleInputs(batch) {
       const host = prefixHost(c, batch);

@@ -366,16 +366,16 @@ export function disposeCache(cache: PrefixCache): void {
 
 /**
  * The velocity [b, ah, ad] for noisy actions xT [b, ah, ad] at times `time` [b] (t = 1 is
- * noise), decoding the suffix against the prefix cache. pi0: suffix = [state token, actions],
+ * noise), decoding the suffix against the prefix cache; `timeEmb` is timeEmbedding(time, width). pi0: suffix = [state token, actions],
  * the state token sees the prefix and itself; pi0.5: suffix = actions, time conditions the
  * adaptive RMSNorm of every action-expert block. Action tokens see everything (D8).
  */
-export function decodeSuffix(W: WeightsView, batch: ModelBatch, cache: PrefixCache, xT: tf.Tensor, time: Float32Array): tf.Tensor {
+export function decodeSuffix(W: WeightsView, batch: ModelBatch, cache: PrefixCache, xT: tf.Tensor, time: Float32Array, timeEmb: Float32Array = timeEmbedding(time, W.config.width)): tf.Tensor {
   const c = W.config;
   const B = batch.size;
   const w = c.width;
   const H = c.horizon;
-  const temb = tf.tensor2d(timeEmbedding(time, w), [B, w]);
+  const temb = tf.tensor2d(timeEmb, [B, w]);
   let act = tf.add(linear(xT, lin(W, 'act.in')), tf.expandDims(W.get('act.pos'), 0)); // [b, ah, w]
   let x: tf.Tensor;
   let cond: tf.Tensor | undefined;
@@ -418,7 +418,10 @@ export function decodeSuffix(W: WeightsView, batch: ModelBatch, cache: PrefixCac
   return linear(rmsNorm(actOut, W.get('final_norm.weight')), lin(W, 'act.out')); // [b, ah, ad]
 }
 
-/** The velocity for a whole batch in one pass (prefix and suffix): [b, ah, ad]. */
-export function velocity(W: WeightsView, batch: ModelBatch, xT: tf.Tensor, time: Float32Array): tf.Tensor {
-  return tf.tidy(() => decodeSuffix(W, batch, encodePrefix(W, batch), xT, time));
+/**
+ * The velocity for a whole batch in one pass (prefix and suffix): [b, ah, ad]. `host` and
+ * `timeEmb` (timeEmbedding(time, width)) are computed here when not given.
+ */
+export function velocity(W: WeightsView, batch: ModelBatch, xT: tf.Tensor, time: Float32Array, host?: PrefixHost, timeEmb?: Float32Array): tf.Tensor {
+  return tf.tidy(() => decodeSuffix(W, batch, encodePrefix(W, batch, host), xT, time, timeEmb));
 }

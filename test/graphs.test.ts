@@ -1,8 +1,9 @@
 /**
- * The cached sampler as one TensorFlow graph call (kernels/backend/graph.ts, kernels/sample-graph.ts)
- * answers what the eager sampler answers, to float32 rounding, for batches other than the one it
- * was traced with, for weights that changed since (an optimizer step), for LoRA and base weights,
- * and for both model families; and a computation that cannot be a graph is refused, not baked in.
+ * The cached sampler and forward_backward as one TensorFlow graph call each (kernels/backend/graph.ts,
+ * kernels/sample-graph.ts, kernels/step-graph.ts) answer what the eager passes answer, to float32
+ * rounding, for batches other than the one they were traced with, for weights that changed since
+ * (an optimizer step), for LoRA and base weights, and (sampling) for both model families; and a
+ * computation that cannot be a graph is refused, not baked in.
  * Native TensorFlow only (graphs are its feature); CI always has it (kernels-backend.test.ts).
  */
 import * as tf from '@tensorflow/tfjs';
@@ -10,6 +11,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { NATIVE_PRESENT, useBackend } from './helpers/tf.ts';
 import { GraphTraceError, traceGraph } from '../kernels/backend/graph.ts';
 import { sampleGraphStats } from '../kernels/sample-graph.ts';
+import { lossGraphStats } from '../kernels/step-graph.ts';
 import { makeConfig } from '../kernels/small/config.ts';
 import { fakeBatch, type ModelBatch } from '../kernels/small/batch.ts';
 import { BaseWeights, TrainingState, sampleActions } from '../kernels/trainer.ts';
@@ -39,7 +41,7 @@ function relDiff(a: Float32Array, b: Float32Array): number {
     d = Math.max(d, Math.abs(a[i]! - b[i]!));
     s = Math.max(s, Math.abs(b[i]!));
   }
-  return d / s;
+  return s > 0 ? d / s : d;
 }
 
 /** A batch of `size` with only the first `cams` camera slots filled. */
@@ -123,7 +125,7 @@ describe.runIf(NATIVE_PRESENT)('sampling as one TensorFlow graph', () => {
       images: a.images.map((x) => -x),
       imageMasks: [1, 1, 1, 0, 0, 1],
       tokens: a.tokens.map((t) => (t * 7 + 3) % config.vlm.vocabSize),
-      tokenMasks: a.tokenMasks.map((_, i) => (i % 12 < 4 ? 1 : 0)),
+      tokenMasks: Array.from(a.tokenMasks, (_, i) => (i % 12 < 4 ? 1 : 0)),
       state: a.state!.map((x) => 0.5 - x),
     };
     const ga = withGraphs(true, () => s.sample(a, { seed: 1 }));
@@ -135,6 +137,48 @@ describe.runIf(NATIVE_PRESENT)('sampling as one TensorFlow graph', () => {
     expect(relDiff(ea, eb)).toBeGreaterThan(1e-3);
     expect(sampleGraphStats().traces - before.traces).toBe(1);
     s.dispose();
+    base.dispose();
+  });
+
+  it.each(['flow05-tiny', 'flow0-tiny'])('%s: forward_backward as a graph gives the eager losses and gradients, step after step', (preset) => {
+    const c = makeConfig(preset);
+    const base = BaseWeights.create(c, 3);
+    for (const finetune of ['full', 'lora'] as const) {
+      const run = (graphs: boolean) =>
+        withGraphs(graphs, () => {
+          const s = new TrainingState(base, { finetune, rank: 4, seed: 1 });
+          const losses: number[] = [];
+          const grads: Map<string, Float32Array>[] = [];
+          // Three layouts' worth of batches: 1 camera b4 twice (a traced graph reused on new
+          // data and new weights), then 2 cameras b2.
+          for (const [size, cams, seed] of [[4, 1, 1], [4, 1, 2], [2, 2, 3]] as const) {
+            const b = smallBatch(preset, size, seed, cams);
+            b.tokenMask.fill(0, 3 + seed, c.maxTokenLen);
+            losses.push(s.forwardBackward(b).loss);
+            grads.push(s.accumulatedGradients().grads);
+            s.optimStep({ learningRate: 1e-2 });
+          }
+          s.dispose();
+          return { losses, grads };
+        });
+      const before = sampleGraphStats();
+      const lossBefore = lossGraphStats();
+      const eager = run(false);
+      expect(lossGraphStats()).toEqual(lossBefore);
+      const graph = run(true);
+      expect(sampleGraphStats()).toEqual(before); // sampling graphs untouched
+      expect(lossGraphStats().traces - lossBefore.traces).toBe(2); // two layouts
+      expect(lossGraphStats().runs - lossBefore.runs).toBe(3);
+      for (let k = 0; k < 3; k++) {
+        expect(Math.abs(graph.losses[k]! - eager.losses[k]!)).toBeLessThan(1e-5 * eager.losses[k]!);
+        expect([...graph.grads[k]!.keys()].sort()).toEqual([...eager.grads[k]!.keys()].sort());
+        // After an AdamW step (whose update is sign-like for tiny gradients) the two runs' weights
+        // differ by more than rounding, so later steps are compared more loosely; a baked-in
+        // batch or weight would be off by O(1).
+        for (const [name, g] of eager.grads[k]!) expect(relDiff(graph.grads[k]!.get(name)!, g), `${finetune} step ${k} ${name}`).toBeLessThan(k === 0 ? 2e-5 : 3e-3);
+      }
+      expect(Math.abs(eager.losses[1]! - eager.losses[0]!)).toBeGreaterThan(1e-3);
+    }
     base.dispose();
   });
 

@@ -1,0 +1,125 @@
+/**
+ * forward_backward's forward and backward pass as one TensorFlow graph call on native TensorFlow
+ * (kernels/backend/graph.ts): the first call for a batch layout runs the trainer's own eager
+ * pass (TF.js's tape over the family's TypeScript model) and records every op of it, gradients
+ * included; later calls feed the current weights and the call's host arrays (x_t, target, masks,
+ * datum weights, FlowPolicy.velocityInputs) to the recorded graph and get back the per-datum
+ * loss and one gradient per trained parameter. The optimizer step stays as it is. A flow05-tiny
+ * full step at batch 8 issues ~1,200 eager ops; bench/results/README.md has what the graph saves.
+ */
+import * as tf from '@tensorflow/tfjs';
+import { GraphFunction, GraphTraceError, traceGraph } from './backend/graph.ts';
+import type { PolicyWeights, VelocityInputs } from './flow-policy.ts';
+import { lossPerDatum, type LossFn } from './flow.ts';
+import { graphsEnabled } from './sample-graph.ts';
+import { gather, recording, type Read } from './weights-trace.ts';
+
+/** The arrays of one forward_backward call besides the model's own: [b, ah, ad] x3 and [b]. */
+export interface LossArrays {
+  xT: Float32Array;
+  target: Float32Array;
+  actionMask: Float32Array;
+  weight: Float32Array;
+}
+
+interface Entry {
+  graph: GraphFunction;
+  reads: Read[];
+  /** The parameter name of each gradient output, in output order. */
+  gradNames: string[];
+}
+
+const stats = { traces: 0, runs: 0, refused: 0 };
+
+/** Counts since the process started: loss graphs traced, graph calls made, layouts left eager. */
+export function lossGraphStats(): Readonly<typeof stats> {
+  return { ...stats };
+}
+
+const MAX_KEYS = 8;
+const MAX_PER_KEY = 2;
+
+/**
+ * One training state's loss graphs, by batch layout, loss function and weight structure.
+ * Dispose it with the state.
+ */
+export class LossGraphs {
+  private readonly byKey = new Map<string, Entry[] | 'eager'>();
+
+  /**
+   * The per-datum loss [b] and the gradient of sum_i w_i loss_i for each trained parameter that
+   * has one (by parameter name), as new tensors; or null where graphs are off or this layout
+   * could not be traced (then it stays eager). `params` maps parameter names to the variables
+   * the gradients are taken for; `W` is the view the velocity reads them through.
+   */
+  run(vin: VelocityInputs, W: PolicyWeights, params: ReadonlyMap<string, tf.Variable>, arrays: LossArrays, shape: number[], lossFn: LossFn): { per: tf.Tensor; grads: Map<string, tf.Tensor> } | null {
+    if (!graphsEnabled()) return null;
+    const key = `${vin.key}|${shape.join(',')}|${lossFn}`;
+    const entries = this.byKey.get(key);
+    if (entries === 'eager') return null;
+    const host = [arrays.xT, arrays.target, arrays.actionMask, arrays.weight, ...vin.host];
+    const answer = (e: Entry, weights: tf.Tensor[]) => {
+      stats.runs++;
+      const [per, ...grads] = e.graph.run(weights, host);
+      return { per: per!, grads: new Map(e.gradNames.map((n, i) => [n, grads[i]!])) };
+    };
+    for (const e of entries ?? []) {
+      const weights = gather(e.reads, W);
+      if (weights) return answer(e, weights);
+    }
+    const reads: Read[] = [];
+    const gradNames: string[] = [];
+    const nameOf = new Map([...params].map(([n, v]) => [v.name, n]));
+    let traced: ReturnType<typeof traceGraph>;
+    try {
+      traced = traceGraph((input) => {
+        const rec = recording(W, input, reads);
+        let per: tf.Tensor | undefined;
+        const { value, grads } = tf.variableGrads(() => {
+          const v = vin.velocity(rec, tf.tensor(arrays.xT, shape));
+          per = tf.keep(lossPerDatum(v, tf.tensor(arrays.target, shape), tf.tensor(arrays.actionMask, shape), lossFn)); // [b]
+          return tf.sum(tf.mul(per, tf.tensor1d(arrays.weight)));
+        }, [...params.values()]);
+        value.dispose();
+        const out: tf.Tensor[] = [per!];
+        for (const [varName, g] of Object.entries(grads)) {
+          const n = nameOf.get(varName);
+          if (n === undefined) {
+            g.dispose();
+            continue;
+          }
+          gradNames.push(n);
+          out.push(g);
+        }
+        return out;
+      }, host);
+    } catch (err) {
+      if (!(err instanceof GraphTraceError)) throw err;
+      if (process.env.VELA_GRAPH_DEBUG) console.error('loss graph trace failed:', err.message);
+      this.byKey.set(key, 'eager');
+      stats.refused++;
+      return null;
+    }
+    tf.dispose(traced.outputs);
+    stats.traces++;
+    const entry = { graph: traced.graph, reads, gradNames };
+    const list = entries ?? [];
+    list.push(entry);
+    if (list.length > MAX_PER_KEY) list.shift()!.graph.dispose();
+    this.byKey.delete(key);
+    this.byKey.set(key, list);
+    if (this.byKey.size > MAX_KEYS) {
+      const [oldest, gone] = this.byKey.entries().next().value as [string, Entry[] | 'eager'];
+      this.byKey.delete(oldest);
+      if (gone !== 'eager') for (const e of gone) e.graph.dispose();
+    }
+    // The graph's own answer, so that every call of a layout rounds the same way.
+    return answer(entry, gather(reads, W)!);
+  }
+
+  /** Frees every graph's session (idempotent). */
+  dispose(): void {
+    for (const list of this.byKey.values()) if (list !== 'eager') for (const e of list) e.graph.dispose();
+    this.byKey.clear();
+  }
+}
