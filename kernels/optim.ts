@@ -19,6 +19,7 @@ import * as tf from '@tensorflow/tfjs';
 import { adamwFused, sumOfSquares, type AdamWScalars } from './backend/adamw-fused.ts';
 import { adamwStaged, readFloat32, stagedAdamWApplies } from './backend/adamw-staged.ts';
 import { hostMemory } from './backend/host-memory.ts';
+import { GraphTraceError, graphsEnabled, traceGraph, type GraphFunction } from './backend/graph.ts';
 
 export type OptimErrorCode =
   | 'bad_option' // an AdamW option outside its range
@@ -231,9 +232,10 @@ export function globalNorm(tensors: Iterable<tf.Tensor>): number {
  * With `gradClipNorm` > 0 and gradNorm > gradClipNorm every gradient is scaled by clip / gradNorm
  * (exactly that factor; torch's clip_grad_norm_ would use clip / (norm + 1e-6)).
  *
- * On the wasm and cpu backends the update runs as one loop per parameter (kernels/backend/adamw-fused.ts),
- * on tfjs-node (CPU) as the same SIMD loop over copies (kernels/backend/adamw-staged.ts); both are
- * bit-identical to the TF.js ops below, which other backends (tfjs-node-gpu) run.
+ * On the wasm and cpu backends the update runs as one loop per parameter (kernels/backend/adamw-fused.ts);
+ * on native TensorFlow as two graph calls of the TF.js ops below (graphStep; with VELA_GRAPHS=0
+ * on tfjs-node (CPU) as the same SIMD loop over copies, kernels/backend/adamw-staged.ts); the
+ * loops are bit-identical to the ops.
  */
 export function adamwStep(
   params: Map<string, tf.Variable>,
@@ -243,6 +245,8 @@ export function adamwStep(
   divisor = 1,
 ): { gradNorm: number; skipped: boolean } {
   checkStep(params, grads, moments, opts, divisor);
+  const graphed = graphStep(params, grads, moments, opts, divisor);
+  if (graphed) return graphed;
   const host = hostMemory();
   if (host) return loopStep((x) => host.view(x), (p, g, m, v, s) => adamwFused(host, p, g, m, v, s), params, grads, moments, opts, divisor);
   if (stagedAdamWApplies() && stagingWorks) {
@@ -385,17 +389,91 @@ function loopStep(
   return { gradNorm, skipped: false };
 }
 
-/** One tensor's update as TF.js ops, from the mean gradient g (call inside tf.tidy). */
-function opsUpdate(p: tf.Tensor, g: tf.Tensor, m: tf.Tensor, v: tf.Tensor, s: AdamWScalars): [tf.Tensor, tf.Tensor, tf.Tensor] {
-  const { clipScale, decay, w, beta2: b2, bc2Sqrt, eps, stepSize } = s;
-  const gc = clipScale === 1 ? g : tf.mul(g, clipScale);
-  const pDecayed = decay === 1 ? p : tf.mul(p, decay);
+/**
+ * The step's scalars as the float32 vector the ops read (rounded once, as TF.js rounds a number
+ * it multiplies by): [divisor, clipScale, decay, w, 1 - w, beta2, 1 - beta2, bc2Sqrt, eps, -stepSize].
+ */
+function scalarVector(s: AdamWScalars): Float32Array {
+  return Float32Array.from([s.divisor, s.clipScale, s.decay, s.w, 1 - s.w, s.beta2, 1 - s.beta2, s.bc2Sqrt, s.eps, -s.stepSize]);
+}
+
+/**
+ * One tensor's update as TF.js ops from the accumulated gradient g and the scalars S (the
+ * unstacked scalarVector; call inside tf.tidy). Multiplying by a factor of exactly 1 (no clip, no
+ * weight decay, divisor 1) changes no bit, so the ops are the same for every step and a traced
+ * graph of them serves every step. `lerpLow`: w < 0.5, torch's lerp formula switch.
+ */
+function opsUpdate(p: tf.Tensor, g: tf.Tensor, m: tf.Tensor, v: tf.Tensor, S: tf.Tensor[], lerpLow: boolean): [tf.Tensor, tf.Tensor, tf.Tensor] {
+  const [divisor, clipScale, decay, w, oneMinusW, b2, oneMinusB2, bc2Sqrt, eps, negStep] = S as [tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor];
+  const gc = tf.mul(tf.div(g, divisor), clipScale);
+  const pDecayed = tf.mul(p, decay);
   // torch's lerp kernel switches formula at weight 0.5 for accuracy; match both branches.
-  const mNext = w < 0.5 ? tf.add(m, tf.mul(w, tf.sub(gc, m))) : tf.sub(gc, tf.mul(tf.sub(gc, m), 1 - w));
-  const vNext = tf.add(tf.mul(v, b2), tf.mul(tf.mul(gc, 1 - b2), gc));
+  const mNext = lerpLow ? tf.add(m, tf.mul(w, tf.sub(gc, m))) : tf.sub(gc, tf.mul(tf.sub(gc, m), oneMinusW));
+  const vNext = tf.add(tf.mul(v, b2), tf.mul(tf.mul(gc, oneMinusB2), gc));
   const denom = tf.add(tf.div(tf.sqrt(vNext), bc2Sqrt), eps);
-  const pNext = tf.add(pDecayed, tf.div(tf.mul(mNext, -stepSize), denom));
+  const pNext = tf.add(pDecayed, tf.div(tf.mul(mNext, negStep), denom));
   return [pNext, mNext, vNext];
+}
+
+/** A training state's optimizer graph (kernels/backend/graph.ts), made at its first step. */
+interface StepGraph {
+  lerpLow: boolean;
+  /** p, g, m, v of each tensor, scalars -> p', m', v' of each tensor, then their sums [3n]. */
+  update: GraphFunction;
+}
+const stepGraphs = new WeakMap<Map<string, tf.Variable>, StepGraph | 'eager'>();
+
+/**
+ * adamwStep on native TensorFlow: the gradient norm on the host from copies (sumOfSquares, as
+ * the other paths: float64, the same bits), then every tensor's update as one graph call of
+ * opsUpdate (traced once per training state; bit-identical to the eager ops, tested), ~15 ms of a
+ * flow05-tiny full step where the SIMD loop over copies took ~40. Returns null where graphs are
+ * off or the trace failed (the caller then takes another path).
+ */
+function graphStep(params: Map<string, tf.Variable>, grads: Map<string, tf.Tensor>, moments: AdamWMoments, opts: AdamWOptions, divisor: number): { gradNorm: number; skipped: boolean } | null {
+  if (!graphsEnabled()) return null;
+  const lerpLow = 1 - opts.beta1 < 0.5;
+  let g = stepGraphs.get(params);
+  if (g === 'eager') return null;
+  const names = [...params.keys()];
+  const gs = names.map((n) => grads.get(n)!);
+  const probe = scalarVector(scalarsOf(opts, moments.step + 1, divisor, 1));
+  if (!g || g.lerpLow !== lerpLow) {
+    try {
+      g?.update.dispose();
+      const update = traceGraph((input) => {
+        const S = tf.unstack(tf.tensor1d(probe));
+        const outs = names.map((n, i) => opsUpdate(input(params.get(n)!), input(gs[i]!), input(moments.m.get(n)!), input(moments.v.get(n)!), S, lerpLow));
+        return [...outs.flat(), tf.stack(outs.flat().map((t) => tf.sum(t)))];
+      }, [probe]);
+      tf.dispose(update.outputs);
+      g = { lerpLow, update: update.graph };
+      stepGraphs.set(params, g);
+    } catch (e) {
+      if (!(e instanceof GraphTraceError)) throw e;
+      stepGraphs.set(params, 'eager');
+      return null;
+    }
+  }
+  const gradNorm = Math.sqrt(sumOfSquares(readFloat32, gs, divisor));
+  if (!Number.isFinite(gradNorm)) return { gradNorm, skipped: true };
+  const t = moments.step + 1;
+  const S = scalarVector(scalarsOf(opts, t, divisor, clipScaleOf(opts, gradNorm)));
+  const out = g.update.run(names.flatMap((n, i) => [params.get(n)!, gs[i]!, moments.m.get(n)!, moments.v.get(n)!]), [S]);
+  const sums = out.pop()!;
+  const finite = sums.dataSync() as Float32Array;
+  sums.dispose();
+  const next = new Map(names.map((n, i) => [n, out.slice(3 * i, 3 * i + 3) as [tf.Tensor, tf.Tensor, tf.Tensor]]));
+  try {
+    names.forEach((n, i) => {
+      if (![0, 1, 2].every((k) => Number.isFinite(finite[3 * i + k]!))) checkFinite(n, next.get(n)!.map((x) => x.dataSync() as Float32Array), opts);
+    });
+  } catch (e) {
+    disposeNext(next, e);
+  }
+  for (const [n, o] of next) assignAll(params.get(n)!, moments.m.get(n)!, moments.v.get(n)!, o);
+  moments.step = t;
+  return { gradNorm, skipped: false };
 }
 
 function opsStep(params: Map<string, tf.Variable>, grads: Map<string, tf.Tensor>, moments: AdamWMoments, opts: AdamWOptions, divisor: number) {
@@ -406,10 +484,12 @@ function opsStep(params: Map<string, tf.Variable>, grads: Map<string, tf.Tensor>
     const t = moments.step + 1;
     const s = scalarsOf(opts, t, divisor, clipScaleOf(opts, gradNorm));
     const next = new Map<string, [tf.Tensor, tf.Tensor, tf.Tensor]>();
+    // The mean gradient is already divided: divisor 1 here.
+    const S = scalarVector({ ...s, divisor: 1 });
     for (const [name, p] of params) {
       const m = moments.m.get(name)!;
       const v = moments.v.get(name)!;
-      next.set(name, tf.tidy(() => opsUpdate(p, mean.get(name)!, m, v, s)));
+      next.set(name, tf.tidy(() => opsUpdate(p, mean.get(name)!, m, v, tf.unstack(tf.tensor1d(S)), s.w < 0.5)));
     }
     try {
       for (const [name, out] of next) if (!finiteSum(out)) checkFinite(name, out.map((x) => x.dataSync() as Float32Array), opts);

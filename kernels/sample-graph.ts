@@ -12,7 +12,7 @@
  * rescales adapters gets a graph of its own. VELA_GRAPHS=0 turns graphs off (every call eager).
  */
 import * as tf from '@tensorflow/tfjs';
-import { GraphFunction, GraphTraceError, graphsAvailable, traceGraph } from './backend/graph.ts';
+import { GraphFunction, GraphTraceError, graphsEnabled, traceGraph } from './backend/graph.ts';
 import type { FlowPolicy, PolicyWeights } from './flow-policy.ts';
 import { gather, recording, type Read } from './weights-trace.ts';
 
@@ -31,11 +31,6 @@ const stats = { traces: 0, runs: 0, refused: 0 };
 /** Counts since the process started: graphs traced, graph calls made, layouts left eager. */
 export function sampleGraphStats(): Readonly<typeof stats> {
   return { ...stats };
-}
-
-/** Whether graphs are turned off by VELA_GRAPHS=0 (read at each call: tests flip it). */
-export function graphsEnabled(): boolean {
-  return process.env.VELA_GRAPHS !== '0' && graphsAvailable();
 }
 
 /**

@@ -8,10 +8,9 @@
  * full step at batch 8 issues ~1,200 eager ops; bench/results/README.md has what the graph saves.
  */
 import * as tf from '@tensorflow/tfjs';
-import { GraphFunction, GraphTraceError, traceGraph } from './backend/graph.ts';
+import { GraphFunction, GraphTraceError, graphsEnabled, traceGraph } from './backend/graph.ts';
 import type { PolicyWeights, VelocityInputs } from './flow-policy.ts';
 import { lossPerDatum, type LossFn } from './flow.ts';
-import { graphsEnabled } from './sample-graph.ts';
 import { gather, recording, type Read } from './weights-trace.ts';
 
 /** The arrays of one forward_backward call besides the model's own: [b, ah, ad] x3 and [b]. */

@@ -81,6 +81,14 @@ export function graphsAvailable(): boolean {
   return nodeBackend() !== null;
 }
 
+/**
+ * Whether the kernels make graphs: native TensorFlow is active and VELA_GRAPHS is not `0` (read
+ * at each call, so tests and benches can compare both ways in one process).
+ */
+export function graphsEnabled(): boolean {
+  return process.env.VELA_GRAPHS !== '0' && graphsAvailable();
+}
+
 // tfjs-node ships TensorFlow's protos (SavedModel, GraphDef, ...) compiled for google-protobuf.
 type Msg = Record<string, (...a: unknown[]) => unknown>;
 type Ctor = new () => Msg;
