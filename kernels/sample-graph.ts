@@ -28,6 +28,21 @@ const MAX_PER_KEY = 4;
 const graphs = new WeakMap<object, Map<string, Entry[] | 'eager'>>();
 const stats = { traces: 0, runs: 0, refused: 0 };
 
+/**
+ * Above this many parameters a sample is seconds of arithmetic and the ~30 us per eager op is
+ * noise, while a trace costs a second eager run and a graph load: full-size pi0 / pi0.5 (3.3-3.6 G)
+ * sample eagerly.
+ */
+export const GRAPH_MAX_PARAMS = 200_000_000;
+const paramCounts = new WeakMap<object, number>();
+
+/** Whether `policy` is small enough for a graph to pay (GRAPH_MAX_PARAMS). */
+export function graphWorthIt(policy: FlowPolicy<unknown, unknown>): boolean {
+  let n = paramCounts.get(policy);
+  if (n === undefined) paramCounts.set(policy, (n = policy.paramSpecs().reduce((a, s) => a + s.shape.reduce((x, y) => x * y, 1), 0)));
+  return n <= GRAPH_MAX_PARAMS;
+}
+
 /** Counts since the process started: graphs traced, graph calls made, layouts left eager. */
 export function sampleGraphStats(): Readonly<typeof stats> {
   return { ...stats };
@@ -35,13 +50,13 @@ export function sampleGraphStats(): Readonly<typeof stats> {
 
 /**
  * Actions [b, ah, ad] from the cached sampler of `policy` run as one graph call, or null where
- * graphs are not available or not enabled, the family has no sampleInputs, or this layout could
- * not be traced (remembered: it then stays eager). The first call of a layout traces (an eager
+ * graphs are not available or not enabled, the family has no sampleInputs, the model is above
+ * GRAPH_MAX_PARAMS, or this layout could not be traced (remembered: it then stays eager). The first call of a layout traces (an eager
  * run, the graph's load and one graph run); the caller owns the result.
  * @throws whatever the family's sampler throws for a bad batch (before any graph runs).
  */
 export function sampleWithGraph<B, C>(policy: FlowPolicy<B, C>, W: PolicyWeights, batch: B, noise: tf.Tensor, numSteps: number): tf.Tensor | null {
-  if (!policy.sampleInputs || !graphsEnabled()) return null;
+  if (!policy.sampleInputs || !graphsEnabled() || !graphWorthIt(policy)) return null;
   const inputs = policy.sampleInputs(batch);
   const key = `${inputs.key}|${noise.shape.join(',')}|${numSteps}`;
   let byKey = graphs.get(policy);

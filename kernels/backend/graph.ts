@@ -330,7 +330,9 @@ export function traceGraph(fn: (input: (t: tf.Tensor) => tf.Tensor) => tf.Tensor
       nodes.push({ name, op: 'Identity', inputs: [src], attrs: [{ name: 'T', type: b.TF_ATTR_TYPE, value: b[dtypeKey(outputs[i]!.dtype)] }] });
       return `${name}:0`;
     });
+    const t0 = performance.now();
     const session = loadGraph(b, nodes);
+    if (process.env.VELA_GRAPH_DEBUG) console.error(`graph: ${ops} ops, ${nodes.length} nodes, loaded in ${(performance.now() - t0).toFixed(0)} ms`);
     return { outputs, graph: new GraphFunction(backend, session, inputNames, inputSources, hostShapes, outputNames, ops) };
   } catch (err) {
     tf.dispose(outputs);
@@ -438,7 +440,9 @@ function loadGraph(b: Binding, nodes: Node[]): number {
   const sm = new P.SavedModel();
   sm.setSavedModelSchemaVersion!(1);
   sm.addMetaGraphs!(meta);
+  const t0 = performance.now();
   const bytes = sm.serializeBinary!() as Uint8Array;
+  if (process.env.VELA_GRAPH_DEBUG) console.error(`graph: proto ${bytes.length} bytes in ${(performance.now() - t0).toFixed(0)} ms`);
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), `vela-graph-${process.pid}-${graphSeq++}-`));
   try {
     fs.writeFileSync(path.join(dir, 'saved_model.pb'), bytes);
