@@ -108,7 +108,7 @@ describe('result schema', () => {
 
 describe('parseBenchArgs', () => {
   it('gives the defaults, --quick settings, and rejects bad values by name', () => {
-    expect(parseBenchArgs([])).toMatchObject({ preset: 'flow05-tiny', batch: 8, cameras: 1, codec: 'JPEG', clients: 8, durationS: 60, steps: 50, parts: ['step', 'codecs', 'policy', 'load', 'torch'], name: 'latest' });
+    expect(parseBenchArgs([])).toMatchObject({ preset: 'flow05-tiny', batch: 8, cameras: 1, codec: 'JPEG', clients: 8, durationS: 60, steps: 50, parts: ['step', 'codecs', 'policy', 'load', 'torch', 'infer'], name: 'latest' });
     expect(parseBenchArgs(['--quick'])).toMatchObject({ batch: 2, steps: 3, durationS: 10, clients: 2, quick: true });
     expect(parseBenchArgs(['--quick', '--batch', '4', '--only', 'step,torch'])).toMatchObject({ batch: 4, parts: ['step', 'torch'] });
     expect(parseBenchArgs(['--help'])).toBeNull();
