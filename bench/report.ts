@@ -149,5 +149,8 @@ export function plotSeries(r: BenchResult): PlotSeries[] {
     out.push({ label: 'step websocket', samplesMs: r.step.samplesMs.ws });
   }
   for (const p of r.policy ?? []) out.push({ label: `infer ${p.cameras} cam ${p.codec}${p.zstd ? '+zstd' : ''}`, samplesMs: p.samplesMs });
+  for (const s of r.infer?.sample ?? []) out.push({ label: `sample ${s.model} ${s.backend}${s.graphUsed ? ' graph' : ''}`, samplesMs: s.samplesMs });
+  for (const t of r.infer?.torch ?? []) if (t.batch === 1 && t.cameras === 1) out.push({ label: `sample ${t.model} PyTorch`, samplesMs: t.samplesMs });
+  for (const t of r.infer?.roundTrip ?? []) out.push({ label: `round trip ${t.cameras} cam ${t.codec} b${t.batch}`, samplesMs: t.samplesMs });
   return out;
 }
