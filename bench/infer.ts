@@ -3,7 +3,7 @@
  *  1. the engine's sampler alone (kernels/trainer.ts sampleActions, the call the engine worker
  *     makes for a policy), batch 1, one camera, in this process on the backend the server picks
  *     (VELA_BACKEND, default auto), with graphs (kernels/sample-graph.ts) and with VELA_GRAPHS=0
- *     (eager), and on wasm for the small presets; for flow05-tiny, flow0-tiny and the real
+ *     (eager), and on wasm; for flow05-tiny, flow0-tiny and the real
  *     architecture's tiny pi0.5 / pi0 (kernels/pi);
  *  2. PyTorch sampling of the same models (bench/torch_reference.py --sample-serve): Vela's own
  *     weights for the small presets, the contract init (the same values as Vela's) for the real
@@ -160,7 +160,7 @@ export async function runInfer(opts: InferOptions): Promise<InferResult> {
     for (const config of [REAL_PI_TINY_PI05, REAL_PI_TINY_PI0]) {
       const sub = path.join(dir, config.variant);
       fs.mkdirSync(sub);
-      models.push(realModel(config, [home], sub));
+      models.push(realModel(config, backends, sub));
     }
     const series: Series[] = [];
     const sampleRows: { row: Omit<InferSampleRow, 'ms' | 'samplesMs' | 'torchRatio'>; s: Series; model: Model; base: BaseWeights<any, any> }[] = [];
