@@ -175,14 +175,7 @@ export async function runInfer(opts: InferOptions): Promise<InferResult> {
           const call = () => sampleActions(m.policy, view, m.batch, new Rng(0), { noise: m.noise });
           const block = async (n: number) => {
             await activateBackend(kind);
-            const before = process.env.VELA_GRAPHS;
-            if (!graphs) process.env.VELA_GRAPHS = '0';
-            try {
-              return await timeCalls(n, 0, call);
-            } finally {
-              if (before === undefined) delete process.env.VELA_GRAPHS;
-              else process.env.VELA_GRAPHS = before;
-            }
+            return withGraphs(graphs, () => timeCalls(n, 0, call));
           };
           opts.say(`infer: ${m.name} sample() on ${kind}${graphs ? ' (graphs)' : modes.length > 1 ? ' (eager)' : ''}: burn-in`);
           await block(opts.burnIn);
@@ -305,15 +298,20 @@ export async function runInfer(opts: InferOptions): Promise<InferResult> {
   }
 }
 
-/** One untimed sample of `m` on `kind` (graphs on or off), for the agreement columns. */
-async function answer(m: Model, kind: BackendKind, graphs: boolean, base: BaseWeights<any, any>): Promise<Float32Array> {
-  await activateBackend(kind);
+/** Runs `fn` with graphs allowed (VELA_GRAPHS as it was) or turned off (VELA_GRAPHS=0), then restores the variable. */
+async function withGraphs<T>(graphs: boolean, fn: () => T | Promise<T>): Promise<T> {
   const before = process.env.VELA_GRAPHS;
   if (!graphs) process.env.VELA_GRAPHS = '0';
   try {
-    return sampleActions(m.policy, base.view(), m.batch, new Rng(0), { noise: m.noise });
+    return await fn();
   } finally {
     if (before === undefined) delete process.env.VELA_GRAPHS;
     else process.env.VELA_GRAPHS = before;
   }
+}
+
+/** One untimed sample of `m` on `kind` (graphs on or off), for the agreement columns. */
+async function answer(m: Model, kind: BackendKind, graphs: boolean, base: BaseWeights<any, any>): Promise<Float32Array> {
+  await activateBackend(kind);
+  return withGraphs(graphs, () => sampleActions(m.policy, base.view(), m.batch, new Rng(0), { noise: m.noise }));
 }
