@@ -4,7 +4,7 @@
  */
 import { parseArgs } from 'node:util';
 
-export const PARTS = ['step', 'codecs', 'policy', 'load', 'torch'] as const;
+export const PARTS = ['step', 'codecs', 'policy', 'load', 'torch', 'infer'] as const;
 export type Part = (typeof PARTS)[number];
 
 export interface BenchOptions {
@@ -19,6 +19,7 @@ export interface BenchOptions {
   policyClients: number; // concurrent policy clients in the load run
   durationS: number; // load run length
   policyRequests: number; // timed requests per policy row
+  inferCalls: number; // timed calls per row of the infer part
   codecReps: number; // repetitions per codec row
   parts: Part[];
   name: string; // bench/results/<name>.json and .svg
@@ -31,7 +32,9 @@ export const USAGE = `Usage: npm run bench -- [options]
 Benchmarks Vela on 127.0.0.1 only: training step latency in-process vs over the session
 websocket, encode/decode costs, policy inference over the OpenPI protocol, a load run of
 concurrent sessions and policy clients, and a PyTorch reference of the same model (when
-python3 can import torch). Writes a table on stdout, bench/results/<name>.json and .svg.
+python3 can import torch), and what a robot waits for (infer: the engine's sample() alone on
+every backend, PyTorch sampling the same models, and the policy server's round trip, in turns).
+Writes a table on stdout, bench/results/<name>.json and .svg.
 
 Options:
   --preset NAME          model preset (default flow05-tiny)
@@ -45,6 +48,7 @@ Options:
   --policy-clients N     concurrent policy clients in the load run (default 2)
   --duration S           load run length in seconds (default 60)
   --policy-requests N    timed requests per policy row (default 30)
+  --infer-calls N        timed calls per row of the infer part (default 40)
   --only LIST            parts to run, comma-separated: ${PARTS.join(',')} (default all)
   --name NAME            result name (default latest)
   --out-dir DIR          result folder (default bench/results)
@@ -79,6 +83,7 @@ export function parseBenchArgs(argv: string[]): BenchOptions | null {
       'policy-clients': { type: 'string' },
       duration: { type: 'string' },
       'policy-requests': { type: 'string' },
+      'infer-calls': { type: 'string' },
       only: { type: 'string', default: PARTS.join(',') },
       name: { type: 'string', default: 'latest' },
       'out-dir': { type: 'string', default: 'bench/results' },
@@ -104,6 +109,7 @@ export function parseBenchArgs(argv: string[]): BenchOptions | null {
     policyClients: int('policy-clients', values['policy-clients'] ?? (quick ? '1' : '2'), 0, 64),
     durationS: int('duration', values.duration ?? (quick ? '10' : '60'), 1, 3600),
     policyRequests: int('policy-requests', values['policy-requests'] ?? (quick ? '5' : '30'), 1, 10_000),
+    inferCalls: int('infer-calls', values['infer-calls'] ?? (quick ? '3' : '40'), 1, 10_000),
     codecReps: quick ? 5 : 30,
     parts: parts as Part[],
     name: values.name!,

@@ -16,12 +16,12 @@ import type { ServerProc } from './server-proc.ts';
 import { sessionOptions } from './step.ts';
 
 /**
- * Trains one step of a LoRA session on 3-camera datums and saves its weights; returns the
- * checkpoint folder (on this machine, written by the server).
+ * Trains one step of a session (LoRA unless `finetune` says full) on 3-camera datums and saves
+ * its weights; returns the checkpoint folder (on this machine, written by the server).
  */
-export async function makeCheckpoint(server: ServerProc, preset: string, samples3: RawSample[]): Promise<string> {
+export async function makeCheckpoint(server: ServerProc, preset: string, samples3: RawSample[], finetune: 'lora' | 'full' = 'lora'): Promise<string> {
   const client = new VelaClient(server.baseUrl, server.apiKey);
-  const s = await client.waitReady((await client.createSession({ base_model: preset, ...sessionOptions('lora') })).id);
+  const s = await client.waitReady((await client.createSession({ base_model: preset, ...sessionOptions(finetune) })).id);
   const conn = await client.connect(s);
   try {
     await conn.forwardBackward(await toDatums(samples3, 'JPEG'), { codec: 'JPEG' });

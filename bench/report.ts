@@ -2,7 +2,7 @@
  * The bench's outputs: target checks (issue 7's "must show"), a markdown table for stdout and the
  * README, and the SVG series.
  */
-import type { BenchResult, TargetCheck } from './schema.ts';
+import type { BenchResult, InferResult, TargetCheck } from './schema.ts';
 import type { PlotSeries } from './svg.ts';
 
 const ms = (x: number) => (x >= 100 ? x.toFixed(0) : x >= 10 ? x.toFixed(1) : x.toFixed(2));
@@ -21,6 +21,20 @@ export function targets(r: Omit<BenchResult, 'targets'>): TargetCheck[] {
     // Issue 15 holds native TensorFlow to 2x of PyTorch; issue 7 held wasm to 3x.
     const limit = r.machine.backend === 'tensorflow' ? 2 : 3;
     out.push({ name: `Vela ${r.machine.backend} step / PyTorch 1 thread, p50`, value: r.torch.ratio, limit, pass: r.torch.ratio <= limit });
+  }
+  if (r.infer) {
+    // Issue 25: the default backend's sample() within 1.2x of PyTorch (flow05-tiny, flow0-tiny),
+    // the policy round trip (one client, one camera) within 1.3x of PyTorch's sampling.
+    // Each model's first row: the default backend, graphs allowed where it has them.
+    const firsts = [...new Set(r.infer.sample.map((s) => s.model))].map((m) => r.infer!.sample.find((s) => s.model === m)!);
+    for (const s of firsts) {
+      if (s.torchRatio === null || !s.model.startsWith('flow')) continue;
+      out.push({ name: `sample() / PyTorch, ${s.model} b1 1 camera, ${s.backend}, p50`, value: s.torchRatio, limit: 1.2, pass: s.torchRatio <= 1.2 });
+    }
+    for (const t of r.infer.roundTrip) {
+      if (t.batch !== 1 || t.cameras !== 1 || t.ratio === null) continue;
+      out.push({ name: `policy round trip / PyTorch sampling, ${t.model} b1 1 ${t.codec} camera, p50`, value: t.ratio, limit: 1.3, pass: t.ratio <= 1.3 });
+    }
   }
   if (r.load) {
     const l = r.load;
@@ -87,6 +101,7 @@ export function markdown(r: BenchResult): string {
     L.push(`| engine tensors before / after warm-up / end / after close | ${[t.before, t.afterWarmup, t.end, t.afterClose].map((x) => x ?? 'n/a').join(' / ')} |`);
     L.push('');
   }
+  if (r.infer) L.push(...inferMarkdown(r.infer));
   for (const [part, why] of Object.entries(r.skipped)) L.push(`Skipped ${part}: ${why}`);
   for (const n of r.notes) L.push(`Note: ${n}`);
   if (Object.keys(r.skipped).length || r.notes.length) L.push('');
@@ -97,6 +112,36 @@ export function markdown(r: BenchResult): string {
   return L.join('\n') + '\n';
 }
 
+const x = (v: number | null) => (v === null ? 'n/a' : `${v.toFixed(2)}x`);
+const sci = (v: number | null) => (v === null ? 'n/a' : v === 0 ? '0' : v.toExponential(1));
+
+/** The infer part's two tables (sample() alone; the policy round trip), lines. */
+export function inferMarkdown(f: InferResult): string[] {
+  const L: string[] = [];
+  const torch = f.torchVersion ? `PyTorch ${f.torchVersion}` : 'PyTorch (not run)';
+  L.push(`**What a robot waits for: sample() alone** (batch 1, one camera, 10 Euler steps, prefix keys/values once; ${f.callsPerRow} calls per row, every row in turns of ${f.blockCalls}; ${torch} on ${f.threads} thread(s) = TensorFlow's intra-op threads), ms`, '');
+  L.push('| model | implementation | p50 | p90 | / PyTorch p50 | max abs diff vs PyTorch | vs first row | n |', '| - | - | - | - | - | - | - | - |');
+  for (const model of [...new Set([...f.sample.map((s) => s.model), ...f.torch.map((t) => t.model)])]) {
+    for (const s of f.sample.filter((s) => s.model === model)) {
+      const how = s.graphs ? (s.graphUsed ? 'graph' : 'graphs allowed, none for this family: eager') : 'eager (VELA_GRAPHS=0)';
+      L.push(`| ${model} | Vela ${s.backend}, ${s.backend === 'wasm' ? 'eager' : how} | ${ms(s.ms.p50)} | ${ms(s.ms.p90)} | ${x(s.torchRatio)} | ${sci(s.maxAbsDiffTorch)} | ${sci(s.maxAbsDiffHome)} | ${s.ms.n} |`);
+    }
+    const t = f.torch.find((t) => t.model === model && t.batch === 1 && t.cameras === 1);
+    if (t) L.push(`| ${model} | PyTorch | ${ms(t.ms.p50)} | ${ms(t.ms.p90)} | 1.00x | | | ${t.ms.n} |`);
+  }
+  L.push('');
+  if (f.roundTrip.length) {
+    L.push(`**What a robot waits for: the policy server's round trip** (${f.roundTrip[0]!.model}, OpenPI client, 480x640 frames; batch 8 = eight clients sending at once), ms`, '');
+    L.push('| cameras | frames | batch (per engine call) | message | p50 | p90 | server infer p50 | PyTorch sample p50 | round trip / PyTorch | n |', '| - | - | - | - | - | - | - | - | - | - |');
+    for (const t of f.roundTrip) L.push(`| ${t.cameras} | ${t.codec} | ${t.batch} (${t.serverBatchMean === null ? '?' : t.serverBatchMean.toFixed(1)}) | ${kb(t.messageBytes)} | ${ms(t.ms.p50)} | ${ms(t.ms.p90)} | ${t.serverInferMs === null ? 'n/a' : ms(t.serverInferMs)} | ${t.torchP50 === null ? 'n/a' : ms(t.torchP50)} | ${x(t.ratio)} | ${t.ms.n} |`);
+    L.push('');
+  }
+  L.push(`Backend: ${f.backend}`, '');
+  for (const n of f.notes) L.push(`Note: ${n}`);
+  if (f.notes.length) L.push('');
+  return L;
+}
+
 /** The latency series the SVG shows. */
 export function plotSeries(r: BenchResult): PlotSeries[] {
   const out: PlotSeries[] = [];
@@ -105,5 +150,8 @@ export function plotSeries(r: BenchResult): PlotSeries[] {
     out.push({ label: 'step websocket', samplesMs: r.step.samplesMs.ws });
   }
   for (const p of r.policy ?? []) out.push({ label: `infer ${p.cameras} cam ${p.codec}${p.zstd ? '+zstd' : ''}`, samplesMs: p.samplesMs });
+  for (const s of r.infer?.sample ?? []) out.push({ label: `sample ${s.model} ${s.backend}${s.graphUsed ? ' graph' : ''}`, samplesMs: s.samplesMs });
+  for (const t of r.infer?.torch ?? []) if (t.batch === 1 && t.cameras === 1) out.push({ label: `sample ${t.model} PyTorch`, samplesMs: t.samplesMs });
+  for (const t of r.infer?.roundTrip ?? []) out.push({ label: `round trip ${t.cameras} cam ${t.codec} b${t.batch}`, samplesMs: t.samplesMs });
   return out;
 }

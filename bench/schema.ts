@@ -95,6 +95,75 @@ export interface TorchResult {
   blockSteps: number;
 }
 
+/** LatencySummary plus the 90th percentile (numpy's linear quantile), ms. */
+export type InferLatency = LatencySummary & { p90: number };
+
+/** Vela's sampler alone (sampleActions, 10 steps, prefix cached), in the bench process. */
+export interface InferSampleRow {
+  model: string; // flow05-tiny, flow0-tiny, real pi05 tiny, real pi0 tiny
+  backend: string; // the kind: node, node-gpu, wasm, cpu
+  /** Graphs allowed (VELA_GRAPHS unset) or turned off (VELA_GRAPHS=0). */
+  graphs: boolean;
+  /** Graphs allowed and the model family has sampleInputs (else the sampler runs eagerly anyway). */
+  graphUsed: boolean;
+  batch: number;
+  cameras: number;
+  ms: InferLatency;
+  /** ms.p50 / PyTorch's p50 of the same model, batch 1, one camera; null without PyTorch. */
+  torchRatio: number | null;
+  /** Largest |Vela - PyTorch| of the actions from the same noise; null without PyTorch. */
+  maxAbsDiffTorch: number | null;
+  /** Largest |this row - the model's first row| (home backend, graphs), 0 for that row. */
+  maxAbsDiffHome: number | null;
+  samplesMs: number[];
+}
+
+/** PyTorch sampling (bench/torch_reference.py --sample-serve), prefix cached, 10 Euler steps. */
+export interface InferTorchRow {
+  model: string;
+  batch: number;
+  cameras: number;
+  ms: InferLatency;
+  samplesMs: number[];
+}
+
+/** The policy server's round trip over the OpenPI protocol (client send -> every answer decoded). */
+export interface InferRoundTripRow {
+  model: string;
+  cameras: number;
+  codec: 'RAW' | 'JPEG';
+  /** 1: one client; 8: eight clients sending at once (the server batches them). */
+  batch: number;
+  messageBytes: number; // one client's observation
+  ms: InferLatency;
+  /** Requests per engine call in the timed rounds (the policy server's GET /stats); null when unknown. */
+  serverBatchMean: number | null;
+  /** p50 of the server's policy_timing.infer_ms (the largest of a round's answers); null when absent. */
+  serverInferMs: number | null;
+  /** PyTorch's p50 for the same model, batch and cameras; null without PyTorch. */
+  torchP50: number | null;
+  /** ms.p50 / torchP50. */
+  ratio: number | null;
+  samplesMs: number[];
+}
+
+/** The `infer` part (bench/infer.ts): what a robot waits for, every row measured in turns. */
+export interface InferResult {
+  /** The backend line of the bench process (the same choice as the server's). */
+  backend: string;
+  /** The TF.js backend's name (tensorflow, wasm, cpu), as machine.backend. */
+  backendName: string;
+  /** TensorFlow's intra-op threads = torch.set_num_threads. */
+  threads: number;
+  torchVersion: string | null;
+  blockCalls: number;
+  callsPerRow: number;
+  sample: InferSampleRow[];
+  torch: InferTorchRow[];
+  roundTrip: InferRoundTripRow[];
+  notes: string[];
+}
+
 export interface TargetCheck {
   name: string;
   value: number;
@@ -114,6 +183,8 @@ export interface BenchResult {
   policy: PolicyRow[] | null;
   load: LoadResult | null;
   torch: TorchResult | null;
+  /** Absent in results written before the part existed. */
+  infer?: InferResult | null;
   skipped: Record<string, string>; // part -> reason
   /** Things found while measuring (e.g. a codec that failed and what was used instead). */
   notes: string[];
@@ -169,6 +240,16 @@ export function validateResult(json: unknown): string[] {
   if (obj(json.torch)) {
     num(json.torch.ratio, 'torch.ratio');
     if (json.torch.params !== json.torch.paramsExpected) errs.push(`torch.params is ${json.torch.params}; MODEL.md says ${json.torch.paramsExpected}`);
+  }
+  if ('infer' in json && json.infer === null && !(obj(json.skipped) && typeof json.skipped.infer === 'string')) errs.push('infer is null but skipped.infer gives no reason');
+  if (obj(json.infer)) {
+    for (const k of ['sample', 'torch', 'roundTrip'] as const) {
+      if (!Array.isArray(json.infer[k])) errs.push(`infer.${k} is missing`);
+      else json.infer[k].forEach((r: any, i: number) => {
+        summary(r?.ms, `infer.${k}[${i}].ms`);
+        num(r?.ms?.p90, `infer.${k}[${i}].ms.p90`);
+      });
+    }
   }
   if (!Array.isArray(json.targets)) errs.push('targets is missing');
   else json.targets.forEach((t: any, i: number) => {

@@ -29,8 +29,11 @@ export function torchThreads(): number[] {
 /** Steps per block when Vela and PyTorch take turns. */
 export const TORCH_BLOCK = 4;
 
-/** bench/torch_reference.py --serve: a long-lived PyTorch process that times steps on request. */
-class TorchProcess {
+/**
+ * A long-lived bench/torch_reference.py (--serve: training steps; --sample-serve: sampling, see
+ * bench/infer.ts) that answers one JSON line per JSON request line.
+ */
+export class TorchProcess {
   private buffered = '';
   private lines: string[] = [];
   private waiter: ((line: string | null) => void) | null = null;
@@ -54,8 +57,9 @@ class TorchProcess {
     });
   }
 
+  /** Starts python3 on torch_reference.py with `args` (which name the serve mode). */
   static start(args: string[]): TorchProcess {
-    return new TorchProcess(spawn('python3', [SCRIPT, ...args, '--serve'], { stdio: ['pipe', 'pipe', 'pipe'] }));
+    return new TorchProcess(spawn('python3', [SCRIPT, ...args], { stdio: ['pipe', 'pipe', 'pipe'] }));
   }
 
   private wake(): void {
@@ -75,10 +79,15 @@ class TorchProcess {
     return JSON.parse(line);
   }
 
+  /** Sends one request line and resolves with the answer line. @throws Error as next(). */
+  async ask(request: Record<string, unknown>): Promise<any> {
+    this.child.stdin.write(`${JSON.stringify(request)}\n`);
+    return this.next();
+  }
+
   /** Times `steps` PyTorch steps on `threads` threads; ms each. */
   async steps(threads: number, steps: number): Promise<number[]> {
-    this.child.stdin.write(`${JSON.stringify({ threads, steps })}\n`);
-    return (await this.next()).step_ms as number[];
+    return (await this.ask({ threads, steps })).step_ms as number[];
   }
 
   close(): void {
@@ -98,7 +107,7 @@ class TorchProcess {
 export async function runTorch(preset: string, batch: number, cameras: number, steps: number, burnIn: number, velaStep: () => Promise<void>): Promise<TorchResult> {
   const expected = countParams(makeConfig(preset));
   const threads = torchThreads();
-  const proc = TorchProcess.start(['--preset', preset, '--batch', String(batch), '--cameras', String(cameras), '--threads', threads.join(','), '--burn-in', String(burnIn)]);
+  const proc = TorchProcess.start(['--preset', preset, '--batch', String(batch), '--cameras', String(cameras), '--threads', threads.join(','), '--burn-in', String(burnIn), '--serve']);
   try {
     const head = await proc.next();
     if (head.params !== expected) throw new Error(`torch_reference.py builds ${head.params} parameters; MODEL.md's ${preset} has ${expected}`);

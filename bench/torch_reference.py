@@ -22,6 +22,10 @@ PyTorch steps with Vela's, so a shared machine's changing load falls on both ali
 
 With --parity DIR (run by `npx tsx bench/torch_parity.ts`) it loads Vela's weights, batch, noise and
 time from DIR and compares the velocity and the gradients with Vela's (see parity()).
+
+With --sample-serve (run by bench/infer.ts) it times sampling instead: the prefix's keys/values once,
+then 10 Euler steps, on Vela's weights for the small presets and on the contract init of
+scripts/real_pi/reference.py's tiny pi0 / pi0.5 (see sample_serve()).
 """
 import argparse
 import json
@@ -166,13 +170,23 @@ class Pi05(Policy):
     def forward(self, patches, slots, tokens, token_valid, bins, x_t, t):
         """patches [b, ns, pp, patch_dim] float in [-1, 1]; slots [ns] slot ids; tokens [b, L]; token_valid
         [b, L] bool; bins [b, s]; x_t [b, ah, ad]; t [b]. Returns the velocity [b, ah, ad]."""
+        return self.velocity_cached(self.prefix_context(patches, slots, tokens, token_valid, bins), bins, x_t, t)
+
+    def prefix_context(self, patches, slots, tokens, token_valid, bins):
+        """The prefix's per-layer keys/values and key bias (encode_prefix), once per sample call."""
         c = self.c
         b, ns, pp, _ = patches.shape
         img, txt = self.embed_prefix(patches, slots, tokens)
         st = self.state_embed[bins] + self.state_dim_emb[None]
         x = torch.cat([img, txt, st], 1)  # [b, p, w] (D8 order)
         valid = torch.cat([torch.ones(b, ns * pp, dtype=torch.bool), token_valid, torch.ones(b, c["state_dim"], dtype=torch.bool)], 1)
-        cache, key_bias = self.encode_prefix(x, valid)
+        return self.encode_prefix(x, valid)
+
+    def velocity_cached(self, ctx, bins, x_t, t):
+        """The velocity [b, ah, ad] of the action tokens against a prefix_context."""
+        c = self.c
+        cache, key_bias = ctx
+        b = x_t.shape[0]
         d = c["heads"] * c["head_dim"]
         cond = F.silu(self.time_mlp2(F.silu(self.time_mlp1(self.time_embedding(t)))))  # [b, w]
         y = self.act_in(x_t) + self.act_pos[None]  # [b, ah, w]
@@ -215,12 +229,21 @@ class Pi0(Policy):
         """patches [b, ns, pp, patch_dim] float in [-1, 1]; slots [ns] slot ids; tokens [b, L]; token_valid
         [b, L] bool; state [b, state_dim] normalised, zero-padded; x_t [b, ah, ad]; t [b]. Returns the
         velocity [b, ah, ad]."""
-        c = self.c
+        return self.velocity_cached(self.prefix_context(patches, slots, tokens, token_valid, state), state, x_t, t)
+
+    def prefix_context(self, patches, slots, tokens, token_valid, state):
+        """The prefix's per-layer keys/values and key bias (the state is a suffix token: unused here)."""
         b, ns, pp, _ = patches.shape
         img, txt = self.embed_prefix(patches, slots, tokens)
         x = torch.cat([img, txt], 1)  # [b, p, w]
         valid = torch.cat([torch.ones(b, ns * pp, dtype=torch.bool), token_valid], 1)
-        cache, key_bias = self.encode_prefix(x, valid)
+        return self.encode_prefix(x, valid)
+
+    def velocity_cached(self, ctx, state, x_t, t):
+        """The velocity [b, ah, ad] of the state and action tokens against a prefix_context."""
+        c = self.c
+        cache, key_bias = ctx
+        b = x_t.shape[0]
         d = c["heads"] * c["head_dim"]
         h = c["horizon"]
         act = self.act_in(x_t) + self.act_pos[None]  # [b, ah, w]
@@ -384,6 +407,99 @@ def parity(preset, d, tolerance):
         sys.exit(1)
 
 
+def patchify(c, images):
+    """uint8 frames [b, ns, S, S, 3] -> patches [b, ns, g * g, p * p * 3] in [-1, 1] (D7, D12)."""
+    b, ns = images.shape[:2]
+    p, g = c["patch"], c["image_size"] // c["patch"]
+    x = images.float() / 127.5 - 1
+    return x.view(b, ns, g, p, g, p, 3).permute(0, 1, 2, 4, 3, 5, 6).reshape(b, ns, g * g, p * p * 3)
+
+
+@torch.no_grad()
+def sample_small(model, c, images, tokens, token_valid, state, noise, num_steps=10):
+    """Vela's cached sampler (MODEL.md "Sampling") on this model: the prefix's keys/values once, then
+    `num_steps` Euler steps of the action tokens. images uint8 [b, ns, S, S, 3] (slots 0..ns-1 filled),
+    tokens [b, L], token_valid [b, L] bool, state [b, sd] float, noise [b, ah, ad]. t starts at 1 and
+    moves by dt in float32 while t >= -dt / 2, as kernels/flow.ts eulerSample. Returns x [b, ah, ad]."""
+    ns = images.shape[1]
+    st = state if isinstance(model, Pi0) else ((state.clamp(-1, 1) + 1) / 2 * 256).floor().clamp(0, 255).long()
+    ctx = model.prefix_context(patchify(c, images), torch.arange(ns), tokens, token_valid, st)
+    dt = np.float32(-1.0 / num_steps)
+    t = np.float32(1.0)
+    x = noise
+    while t >= -dt / 2:
+        v = model.velocity_cached(ctx, st, x, torch.full((x.shape[0],), float(t)))
+        x = x + v * float(dt)
+        t = np.float32(t + dt)
+    return x
+
+
+def load_real(variant):
+    """scripts/real_pi/reference.py's tiny pi0 / pi0.5 with the contract's deterministic init (the same
+    values as Vela's createRealPiParams(config, 'contract-init'))."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "real_pi"))
+    import reference as R  # noqa: E402 (torch and numpy only)
+    model = R.RealPi({"pi0": R.REAL_PI_TINY_PI0, "pi05": R.REAL_PI_TINY_PI05}[variant])
+    R.init_params(model)
+    return model.eval()
+
+
+def sample_serve(threads):
+    """--sample-serve: times sample() on request for bench/infer.ts. stdin lines:
+    {"load": ID, "preset": P, "dir": D}: a small preset with Vela's weights (D/weights.safetensors) and
+      D/inputs.safetensors (images U8 [1, 1, S, S, 3], tokens I32 [1, L], token_mask U8 [1, L], state F32
+      [1, sd], noise F32 [1, ah, ad]);
+    {"load": ID, "real": "pi0" | "pi05", "dir": D}: the real architecture's tiny config, contract init;
+      inputs images F32 [1, 1, 3, S, S] in [-1, 1], tokens, token_mask, state F32 [1, 32], noise;
+    each answered {"load": ID, "params": N, "actions": [...]} (batch 1, one camera, 10 steps);
+    {"time": ID, "batch": B, "cameras": C, "n": N}: the loaded inputs repeated to B datums and C
+    cameras, N samples timed (input tensors to actions, prefix once, 10 Euler steps) ->
+    {"time": ID, "ms": [...]}."""
+    torch.set_num_threads(threads)
+    torch.set_num_interop_threads(1)
+    print(json.dumps({"torch_version": torch.__version__, "threads": torch.get_num_threads()}), flush=True)
+    models = {}
+    for line in iter(input_line, None):
+        req = json.loads(line)
+        if "load" in req:
+            inp, _ = read_safetensors(os.path.join(req["dir"], "inputs.safetensors"))
+            t = {k: torch.from_numpy(v.copy()) for k, v in inp.items()}
+            if "real" in req:
+                model = load_real(req["real"])
+
+                def run(b, cams, model=model, t=t):
+                    img = t["images"].expand(b, cams, -1, -1, -1).contiguous()
+                    rep = lambda x: x.expand(b, *x.shape[1:]).contiguous()  # noqa: E731
+                    return model.model.sample(img, torch.ones(b, cams, dtype=torch.int32), rep(t["tokens"]), rep(t["token_mask"]).int(), rep(t["state"]), rep(t["noise"]))
+            else:
+                preset = req["preset"]
+                c = PRESETS[preset]
+                model = build(preset)
+                weights, _ = read_safetensors(os.path.join(req["dir"], "weights.safetensors"))
+                with torch.no_grad():
+                    for n, q in model.named_parameters():
+                        q.copy_(torch.from_numpy(weights[vela_name(n)].copy()))
+                model.eval()
+
+                def run(b, cams, model=model, t=t, c=c):
+                    rep = lambda x: x.expand(b, *x.shape[1:]).contiguous()  # noqa: E731
+                    img = t["images"].expand(b, cams, -1, -1, -1).contiguous()
+                    return sample_small(model, c, img, rep(t["tokens"]).long(), rep(t["token_mask"]).bool(), rep(t["state"]), rep(t["noise"]))
+            with torch.inference_mode():
+                actions = run(1, 1)
+            models[req["load"]] = run
+            params = sum(q.numel() for q in model.parameters())
+            print(json.dumps({"load": req["load"], "params": params, "actions": actions.flatten().tolist()}), flush=True)
+        else:
+            run, times = models[req["time"]], []
+            with torch.inference_mode():
+                for _ in range(req["n"]):
+                    t0 = time.perf_counter()
+                    run(req["batch"], req["cameras"])
+                    times.append((time.perf_counter() - t0) * 1000)
+            print(json.dumps({"time": req["time"], "ms": times}), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="flow05-tiny", choices=sorted(PRESETS))
@@ -396,7 +512,10 @@ def main():
     ap.add_argument("--serve", action="store_true", help="time steps on request from stdin (see above)")
     ap.add_argument("--parity", metavar="DIR", help="compare with Vela's forward and gradients written by bench/torch_parity.ts")
     ap.add_argument("--tolerance", type=float, default=1e-5, help="--parity: largest relative difference accepted")
+    ap.add_argument("--sample-serve", action="store_true", help="time sample() on request from stdin (see sample_serve)")
     args = ap.parse_args()
+    if args.sample_serve:
+        return sample_serve(int(args.threads))
     if args.parity:
         return parity(args.preset, args.parity, args.tolerance)
     c = PRESETS[args.preset]

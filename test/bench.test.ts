@@ -108,7 +108,7 @@ describe('result schema', () => {
 
 describe('parseBenchArgs', () => {
   it('gives the defaults, --quick settings, and rejects bad values by name', () => {
-    expect(parseBenchArgs([])).toMatchObject({ preset: 'flow05-tiny', batch: 8, cameras: 1, codec: 'JPEG', clients: 8, durationS: 60, steps: 50, parts: ['step', 'codecs', 'policy', 'load', 'torch'], name: 'latest' });
+    expect(parseBenchArgs([])).toMatchObject({ preset: 'flow05-tiny', batch: 8, cameras: 1, codec: 'JPEG', clients: 8, durationS: 60, steps: 50, parts: ['step', 'codecs', 'policy', 'load', 'torch', 'infer'], name: 'latest' });
     expect(parseBenchArgs(['--quick'])).toMatchObject({ batch: 2, steps: 3, durationS: 10, clients: 2, quick: true });
     expect(parseBenchArgs(['--quick', '--batch', '4', '--only', 'step,torch'])).toMatchObject({ batch: 4, parts: ['step', 'torch'] });
     expect(parseBenchArgs(['--help'])).toBeNull();
@@ -116,5 +116,46 @@ describe('parseBenchArgs', () => {
     expect(() => parseBenchArgs(['--only', 'step,gpu'])).toThrow("--only names 'gpu'");
     expect(() => parseBenchArgs(['--name', '../x'])).toThrow("--name is '../x'");
     expect(() => parseBenchArgs(['--frobnicate'])).toThrow(/frobnicate/);
+  });
+});
+
+describe('infer part', () => {
+  function withInfer(): BenchResult {
+    const lat = (xs: number[]) => ({ ...summarize(xs), p90: quantile(xs, 0.9) });
+    const r = validResult();
+    const row = { batch: 1, cameras: 1, maxAbsDiffTorch: 4.8e-7, maxAbsDiffHome: 0, samplesMs: [] };
+    const infer = {
+      backend: 'backend tensorflow (tfjs-node) on CPU', backendName: 'tensorflow', threads: 1, torchVersion: '2.13.0', blockCalls: 5, callsPerRow: 3, notes: [],
+      sample: [
+        { ...row, model: 'flow05-tiny', backend: 'node', graphs: true, graphUsed: true, ms: lat([11, 12, 13]), torchRatio: 12 / 10 },
+        { ...row, model: 'flow05-tiny', backend: 'node', graphs: false, graphUsed: false, ms: lat([70, 80, 90]), torchRatio: 8 },
+        { ...row, model: 'flow05-tiny', backend: 'wasm', graphs: true, graphUsed: true, ms: lat([40, 50, 60]), torchRatio: 5 },
+      ],
+      torch: [{ model: 'flow05-tiny', batch: 1, cameras: 1, ms: lat([9, 10, 11]), samplesMs: [] }],
+      roundTrip: [{ model: 'flow05-tiny', cameras: 1, codec: 'JPEG' as const, batch: 1, messageBytes: 45_000, ms: lat([13, 14, 15]), serverBatchMean: 1, serverInferMs: 11, torchP50: 10, ratio: 1.4, samplesMs: [] }],
+    };
+    const { targets: _, ...rest } = r;
+    const out = { ...rest, infer };
+    return { ...out, targets: targets(out) };
+  }
+
+  it('validates, checks issue 25 targets on the home backend with graphs, and prints both tables', () => {
+    const r = withInfer();
+    expect(validateResult(JSON.parse(JSON.stringify(r)))).toEqual([]);
+    const inferTargets = r.targets.filter((t) => t.name.includes('PyTorch') && !t.name.includes('step'));
+    expect(inferTargets.map((t) => [t.name, t.limit, t.pass])).toEqual([
+      ['sample() / PyTorch, flow05-tiny b1 1 camera, node, p50', 1.2, true],
+      ['policy round trip / PyTorch sampling, flow05-tiny b1 1 JPEG camera, p50', 1.3, false],
+    ]);
+    const md = markdown(r);
+    expect(md).toContain('| flow05-tiny | Vela node, graph | 12.0 | 12.8 | 1.20x | 4.8e-7 | 0 | 3 |');
+    expect(md).toContain('| flow05-tiny | Vela node, eager (VELA_GRAPHS=0) | 80.0 | 88.0 | 8.00x |');
+    expect(md).toContain('| flow05-tiny | PyTorch | 10.0 | 10.8 | 1.00x | | | 3 |');
+    expect(md).toContain('| 1 | JPEG | 1 (1.0) | 43.9 KiB | 14.0 | 14.8 | 11.0 | 10.0 | 1.40x | 3 |');
+    const bad: any = JSON.parse(JSON.stringify(r));
+    bad.infer.torch[0].ms.p90 = 'x';
+    expect(validateResult(bad)).toEqual(['infer.torch[0].ms.p90 is "x"; expected a finite number']);
+    bad.infer = null;
+    expect(validateResult(bad)).toEqual(['infer is null but skipped.infer gives no reason']);
   });
 });
