@@ -415,32 +415,34 @@ function opsUpdate(p: tf.Tensor, g: tf.Tensor, m: tf.Tensor, v: tf.Tensor, S: tf
   return [pNext, mNext, vNext];
 }
 
-/** A training state's optimizer graph (kernels/backend/graph.ts), made at its first step. */
+/** An optimizer graph (kernels/backend/graph.ts), made at the first step of a parameter structure. */
 interface StepGraph {
   lerpLow: boolean;
   /** p, g, m, v of each tensor, scalars -> p', m', v' of each tensor, then their sums [3n]. */
   update: GraphFunction;
 }
-const stepGraphs = new WeakMap<Map<string, tf.Variable>, StepGraph | 'eager'>();
+/** By parameter names and shapes: states of the same structure share a graph (weights are inputs). */
+const stepGraphs = new Map<string, StepGraph | 'eager'>();
+const MAX_STEP_GRAPHS = 8;
 
 /**
  * adamwStep on native TensorFlow: the gradient norm on the host from copies (sumOfSquares, as
  * the other paths: float64, the same bits), then every tensor's update as one graph call of
- * opsUpdate (traced once per training state; bit-identical to the eager ops, tested), ~15 ms of a
+ * opsUpdate (traced once per parameter structure; bit-identical to the eager ops, tested), ~15 ms of a
  * flow05-tiny full step where the SIMD loop over copies took ~40. Returns null where graphs are
  * off or the trace failed (the caller then takes another path).
  */
 function graphStep(params: Map<string, tf.Variable>, grads: Map<string, tf.Tensor>, moments: AdamWMoments, opts: AdamWOptions, divisor: number): { gradNorm: number; skipped: boolean } | null {
   if (!graphsEnabled()) return null;
   const lerpLow = 1 - opts.beta1 < 0.5;
-  let g = stepGraphs.get(params);
+  const key = `${lerpLow}|${[...params].map(([n, p]) => `${n}:${p.shape.join('x')}`).join(',')}`;
+  let g = stepGraphs.get(key);
   if (g === 'eager') return null;
   const names = [...params.keys()];
   const gs = names.map((n) => grads.get(n)!);
   const probe = scalarVector(scalarsOf(opts, moments.step + 1, divisor, 1));
-  if (!g || g.lerpLow !== lerpLow) {
+  if (!g) {
     try {
-      g?.update.dispose();
       const update = traceGraph((input) => {
         const S = tf.unstack(tf.tensor1d(probe));
         const outs = names.map((n, i) => opsUpdate(input(params.get(n)!), input(gs[i]!), input(moments.m.get(n)!), input(moments.v.get(n)!), S, lerpLow));
@@ -448,11 +450,16 @@ function graphStep(params: Map<string, tf.Variable>, grads: Map<string, tf.Tenso
       }, [probe]);
       tf.dispose(update.outputs);
       g = { lerpLow, update: update.graph };
-      stepGraphs.set(params, g);
     } catch (e) {
       if (!(e instanceof GraphTraceError)) throw e;
-      stepGraphs.set(params, 'eager');
+      stepGraphs.set(key, 'eager');
       return null;
+    }
+    stepGraphs.set(key, g);
+    if (stepGraphs.size > MAX_STEP_GRAPHS) {
+      const [oldest, gone] = stepGraphs.entries().next().value as [string, StepGraph | 'eager'];
+      stepGraphs.delete(oldest);
+      if (gone !== 'eager') gone.update.dispose();
     }
   }
   const gradNorm = Math.sqrt(sumOfSquares(readFloat32, gs, divisor));

@@ -39,8 +39,9 @@ const MAX_KEYS = 8;
 const MAX_PER_KEY = 2;
 
 /**
- * One training state's loss graphs, by batch layout, loss function and weight structure.
- * Dispose it with the state.
+ * Loss graphs by batch layout, loss function, trained parameters and weight structure. Weights
+ * are graph inputs, so training states of one policy with the same structure (tenants with LoRA
+ * of one rank, say) share graphs: lossGraphsOf(policy).
  */
 export class LossGraphs {
   private readonly byKey = new Map<string, Entry[] | 'eager'>();
@@ -53,7 +54,7 @@ export class LossGraphs {
    */
   run(vin: VelocityInputs, W: PolicyWeights, params: ReadonlyMap<string, tf.Variable>, arrays: LossArrays, shape: number[], lossFn: LossFn): { per: tf.Tensor; grads: Map<string, tf.Tensor> } | null {
     if (!graphsEnabled()) return null;
-    const key = `${vin.key}|${shape.join(',')}|${lossFn}`;
+    const key = `${vin.key}|${shape.join(',')}|${lossFn}|${[...params.keys()].join(',')}`;
     const entries = this.byKey.get(key);
     if (entries === 'eager') return null;
     const host = [arrays.xT, arrays.target, arrays.actionMask, arrays.weight, ...vin.host];
@@ -116,9 +117,18 @@ export class LossGraphs {
     return answer(entry, gather(reads, W)!);
   }
 
-  /** Frees every graph's session (idempotent). */
+  /** Frees every graph's session (idempotent; the graphs are made again as needed). */
   dispose(): void {
     for (const list of this.byKey.values()) if (list !== 'eager') for (const e of list) e.graph.dispose();
     this.byKey.clear();
   }
+}
+
+const shared = new WeakMap<object, LossGraphs>();
+
+/** The loss graphs of `policy` (a FlowPolicy), shared by its training states. */
+export function lossGraphsOf(policy: object): LossGraphs {
+  let g = shared.get(policy);
+  if (!g) shared.set(policy, (g = new LossGraphs()));
+  return g;
 }

@@ -13,7 +13,7 @@
  * export / import.
  */
 import { sampleWithGraph } from './sample-graph.ts';
-import { LossGraphs } from './step-graph.ts';
+import { lossGraphsOf, type LossGraphs } from './step-graph.ts';
 import * as tf from '@tensorflow/tfjs';
 import type { PolicyConfig } from './small/config.ts';
 import { ShapeError, type ModelBatch } from './small/batch.ts';
@@ -145,8 +145,10 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
   private varNames = new Map<string, string>(); // tf variable name -> param name
   private loraScales = new Map<string, number>(); // adapted linear -> alpha / rank
   private view: PolicyWeights;
-  /** forward_backward as one graph call per batch layout (kernels/step-graph.ts). */
-  private readonly lossGraphs = new LossGraphs();
+  /** forward_backward as one graph call per batch layout (kernels/step-graph.ts), shared per policy. */
+  private get lossGraphs(): LossGraphs {
+    return lossGraphsOf(this.policy);
+  }
   private disposed = false;
 
   constructor(base: BaseWeights<B, C>, options: TrainingOptions = {}) {
@@ -575,12 +577,11 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
     this.sampleRng = sampleRng;
   }
 
-  /** Frees the trainable tensors, moments, G and the loss graphs (not the shared base). */
+  /** Frees the trainable tensors, moments and G (not the shared base). */
   dispose(): void {
     if (this.disposed) return;
     this.disposed = true;
     this.clearEpoch();
-    this.lossGraphs.dispose();
     this.moments.dispose();
     for (const v of this.params.values()) v.dispose();
     for (const v of this.ema?.values() ?? []) v.dispose();
