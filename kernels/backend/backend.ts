@@ -22,7 +22,7 @@ export interface BackendReport {
   name: string;
   /** The kind we chose, as VELA_BACKEND spells it. */
   kind: BackendKind;
-  /** Where ops run, e.g. "CPU, libtensorflow 2.21.0, threads 1 intra-op, 1 inter-op". */
+  /** Where ops run, e.g. "CPU, libtensorflow 2.21.0, threads 1 intra-op, 1 inter-op, graphs on". */
   device: string;
   /** TensorFlow's thread pools (native kinds only). */
   threads?: NativeThreads;
@@ -98,7 +98,8 @@ async function tryOne(kind: BackendKind, threads: Partial<NativeThreads>): Promi
       // tfjs-node-gpu runs on the CPU when TensorFlow registers no GPU device (CUDA or cuDNN
       // libraries missing): that is the node backend with extra weight, so say so and move on.
       if (kind === 'node-gpu' && native.isUsingGpuDevice === false) throw new Error(`libtensorflow ${version} registered no GPU device (are CUDA and cuDNN installed?)`);
-      const pools = `threads ${t.intraOp} intra-op, ${t.interOp} inter-op`;
+      // Read once for the report; kernels/backend/graph.ts reads VELA_GRAPHS at each call.
+      const pools = `threads ${t.intraOp} intra-op, ${t.interOp} inter-op, graphs ${process.env.VELA_GRAPHS === '0' ? 'off (VELA_GRAPHS=0)' : 'on'}`;
       const device = kind === 'node-gpu'
         ? `GPU ${gpus[0]}${gpus.length > 1 ? ` (+${gpus.length - 1} more visible, unused)` : ''}, libtensorflow ${version}, memory ${process.env.TF_FORCE_GPU_ALLOW_GROWTH === 'true' ? 'taken as needed' : 'reserved at start'}; ${pools} on the CPU`
         : `CPU, libtensorflow ${version}, ${pools}`;
