@@ -1,9 +1,13 @@
 /**
- * Where a training step spends its time on the active backend: runs forward_backward +
- * optim_step under tf.profile on the main thread and sums kernel time by kernel name (and by
- * name + input shapes for the top rows). Wasm kernels are timed by wall clock each.
+ * Where a training step (or a sample) spends its time on the active backend: runs
+ * forward_backward + optim_step (`--what sample`: one 10-step sample) eagerly under tf.profile on
+ * the main thread and sums kernel time by kernel name (and by name + input shapes for the top
+ * rows); wall time beyond the kernel time is dispatch. Wasm kernels are timed by wall clock each.
+ * On native TensorFlow it then times the same work with graphs (kernels/backend/graph.ts) in
+ * turns with the eager run, and prints how many ops the graphs hold.
  *
  *   npx tsx bench/profile.ts --preset flow05-tiny --batch 8 --cameras 1 [--finetune full] [--top 25]
+ *   npx tsx bench/profile.ts --what sample --batch 1
  */
 import { parseArgs } from 'node:util';
 import * as tf from '@tensorflow/tfjs';
@@ -11,6 +15,9 @@ import { initBackend } from '../kernels/backend/backend.ts';
 import { makeConfig } from '../kernels/small/config.ts';
 import { fakeBatch } from '../kernels/small/batch.ts';
 import { BaseWeights, TrainingState } from '../kernels/trainer.ts';
+import { graphsAvailable } from '../kernels/backend/graph.ts';
+import { sampleGraphStats } from '../kernels/sample-graph.ts';
+import { lossGraphStats } from '../kernels/step-graph.ts';
 
 const { values } = parseArgs({
   options: {
@@ -19,8 +26,10 @@ const { values } = parseArgs({
     cameras: { type: 'string', default: '1' },
     finetune: { type: 'string', default: 'full' },
     top: { type: 'string', default: '25' },
+    what: { type: 'string', default: 'step' },
   },
 });
+if (values.what !== 'step' && values.what !== 'sample') throw new Error(`--what is ${values.what}; expected step or sample`);
 const backend = await initBackend();
 const config = makeConfig(values.preset!);
 const B = Number(values.batch);
@@ -30,23 +39,32 @@ const batch = fakeBatch(config, B, 1);
 for (let i = 0; i < B; i++) for (let k = cams; k < config.slots; k++) batch.imageMask[i * config.slots + k] = 0;
 const base = BaseWeights.create(config, 0);
 const state = new TrainingState(base, { finetune: values.finetune as 'full' | 'lora', seed: 0 });
-const step = () => {
-  state.forwardBackward(batch);
-  state.optimStep({ learningRate: 1e-5 });
+const step = values.what === 'sample'
+  ? () => void state.sample(batch, { seed: 1 })
+  : () => {
+      state.forwardBackward(batch);
+      state.optimStep({ learningRate: 1e-5 });
+    };
+/** Best wall and CPU ms of `n` calls of `f` with graphs on or off. */
+const best = (graphs: boolean, n: number) => {
+  process.env.VELA_GRAPHS = graphs ? '1' : '0';
+  let wall = Infinity;
+  let cpu = Infinity;
+  for (let i = 0; i < n; i++) {
+    const t0 = performance.now();
+    const c0 = process.cpuUsage();
+    step();
+    const c = process.cpuUsage(c0);
+    wall = Math.min(wall, performance.now() - t0);
+    cpu = Math.min(cpu, (c.user + c.system) / 1000);
+  }
+  return { wall, cpu };
 };
+process.env.VELA_GRAPHS = '0'; // the kernel table is of the eager ops
 for (let i = 0; i < 3; i++) step();
 // Wall time suffers from other processes on a shared machine; CPU time (user + system of this
 // single-threaded process) much less, so both are shown, each the best of 8 steps.
-let wallMs = Infinity;
-let cpuMs = Infinity;
-for (let i = 0; i < 8; i++) {
-  const t0 = performance.now();
-  const c0 = process.cpuUsage();
-  step();
-  const c = process.cpuUsage(c0);
-  wallMs = Math.min(wallMs, performance.now() - t0);
-  cpuMs = Math.min(cpuMs, (c.user + c.system) / 1000);
-}
+const { wall: wallMs, cpu: cpuMs } = best(false, 8);
 const info = await tf.profile(step);
 const byName = new Map<string, { ms: number; n: number }>();
 const byShape = new Map<string, { ms: number; n: number }>();
@@ -71,8 +89,22 @@ const print = (title: string, m: Map<string, { ms: number; n: number }>) => {
     process.stdout.write(`${v.ms.toFixed(1).padStart(8)} ms ${((100 * v.ms) / total).toFixed(1).padStart(5)}% ${String(v.n).padStart(5)}x  ${k}\n`);
   }
 };
-process.stdout.write(`backend ${backend.name}, ${config.preset} ${values.finetune} b${B} ${cams} camera(s): ${wallMs.toFixed(1)} ms/step wall, ${cpuMs.toFixed(1)} ms/step CPU (best of 8); profiled step: ${info.kernels.length} kernels, ${total.toFixed(1)} ms kernel time, ${info.peakBytes} peak bytes\n`);
+const what = values.what === 'sample' ? 'sample (10 steps)' : `${values.finetune} step`;
+process.stdout.write(`backend ${backend.name}, ${config.preset} ${what} b${B} ${cams} camera(s), eager: ${wallMs.toFixed(1)} ms wall, ${cpuMs.toFixed(1)} ms CPU (best of 8); profiled: ${info.kernels.length} kernels, ${total.toFixed(1)} ms kernel time, ${info.peakBytes} peak bytes\n`);
 print('by kernel', byName);
 print('by kernel and input shapes', byShape);
+if (graphsAvailable()) {
+  // Taking turns, so that other load on the machine lands on both alike.
+  best(true, 2);
+  const runs = { eager: [] as number[], graph: [] as number[] };
+  for (let r = 0; r < 4; r++) {
+    runs.eager.push(best(false, 4).cpu);
+    runs.graph.push(best(true, 4).cpu);
+  }
+  const min = (a: number[]) => Math.min(...a).toFixed(1);
+  const s = sampleGraphStats();
+  const l = lossGraphStats();
+  process.stdout.write(`\nas graphs (kernels/backend/graph.ts): ${min(runs.graph)} ms CPU against ${min(runs.eager)} eager (best of 16 each, in turns); graphs traced in this process: ${s.traces} sampling, ${l.traces} forward_backward\n`);
+}
 state.dispose();
 base.dispose();
