@@ -263,6 +263,8 @@ describe('fused AdamW equals the TF.js ops bit for bit', () => {
   const cases: [string, AdamWOptions, number][] = [
     ['beta1 0.9 (lerp weight < 0.5), weight decay, clipping, divisor 3', { ...DEFAULT_ADAMW, learningRate: 1e-2, weightDecay: 0.1, gradClipNorm: 1 }, 3],
     ['beta1 0.3 (lerp weight >= 0.5), no decay, no clipping, divisor 1', { ...DEFAULT_ADAMW, learningRate: 3e-3, beta1: 0.3, beta2: 0.99, eps: 1e-8 }, 1],
+    // A power-of-two divisor takes sumOfSquares' path without a division per value.
+    ['beta1 0.9, clipping, divisor 8', { ...DEFAULT_ADAMW, learningRate: 1e-2, gradClipNorm: 1 }, 8],
   ];
   for (const backend of [...TEST_BACKENDS, 'cpu'] as const) {
     for (const [name, opts, divisor] of cases) {

@@ -37,10 +37,16 @@ export interface AdamWScalars {
 export function sumOfSquares(view: (t: tf.Tensor) => Float32Array, grads: Iterable<tf.Tensor>, divisor: number): number {
   const f = Math.fround;
   const d = f(divisor);
+  // Dividing by a power of two is exact (short of subnormal quotients, whose squares below 1e-76
+  // cannot move a sum of real gradients), and so is scaling a float64 value by one: every partial
+  // sum of g^2 is the partial sum of (g / d)^2 times d^2, so one division at the end gives the
+  // same number without a division per value. Unit datum weights make D a power of two whenever
+  // the batch size is.
+  const pow2 = d > 0 && Number.isFinite(d) && 2 ** Math.round(Math.log2(d)) === d;
   let total = 0;
   for (const t of grads) {
     const g = view(t);
-    if (d === 1) {
+    if (d === 1 || pow2) {
       for (let i = 0; i < g.length; i++) total += g[i]! * g[i]!;
     } else {
       for (let i = 0; i < g.length; i++) {
@@ -49,7 +55,7 @@ export function sumOfSquares(view: (t: tf.Tensor) => Float32Array, grads: Iterab
       }
     }
   }
-  return total;
+  return pow2 ? total / (d * d) : total;
 }
 
 /**

@@ -332,7 +332,14 @@ export function traceGraph(fn: (input: (t: tf.Tensor) => tf.Tensor) => tf.Tensor
     });
     const t0 = performance.now();
     const session = loadGraph(b, nodes);
-    if (process.env.VELA_GRAPH_DEBUG) console.error(`graph: ${ops} ops, ${nodes.length} nodes, loaded in ${(performance.now() - t0).toFixed(0)} ms`);
+    if (process.env.VELA_GRAPH_DEBUG) {
+      console.error(`graph: ${ops} ops, ${nodes.length} nodes, loaded in ${(performance.now() - t0).toFixed(0)} ms`);
+      if (process.env.VELA_GRAPH_DEBUG === 'ops') {
+        const count = new Map<string, number>();
+        for (const n of nodes) count.set(n.op, (count.get(n.op) ?? 0) + 1);
+        console.error([...count].sort((a, b) => b[1] - a[1]).map(([k, v]) => `${v} ${k}`).join(', '));
+      }
+    }
     return { outputs, graph: new GraphFunction(backend, session, inputNames, inputSources, hostShapes, outputNames, ops) };
   } catch (err) {
     tf.dispose(outputs);
