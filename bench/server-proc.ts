@@ -36,7 +36,8 @@ export class ServerProc {
   /** Starts the server process for `preset`; rejects with its stderr when it fails to start. */
   static start(preset: string): Promise<ServerProc> {
     const child = fork(new URL('./server-child.ts', import.meta.url), [], {
-      execArgv: ['--import', 'tsx'],
+      // VELA_BENCH_SERVER_NODE_ARGS: extra node flags for the server, e.g. "--cpu-prof --cpu-prof-dir=/tmp/p".
+      execArgv: ['--import', 'tsx', ...(process.env.VELA_BENCH_SERVER_NODE_ARGS?.split(' ').filter(Boolean) ?? [])],
       env: { ...process.env, VELA_BENCH_PRESET: preset },
       stdio: ['ignore', 'inherit', 'pipe', 'ipc'],
     });

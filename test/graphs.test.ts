@@ -136,6 +136,14 @@ describe.runIf(NATIVE_PRESENT)('sampling as one TensorFlow graph', () => {
     expect(relDiff(gb, eb)).toBeLessThan(1e-5);
     expect(relDiff(ea, eb)).toBeGreaterThan(1e-3);
     expect(sampleGraphStats().traces - before.traces).toBe(1);
+    // A shorter prompt (7 tokens, as toRealPiBatch trims padding) is padded to the same bucket:
+    // the same graph, and the answer of the unpadded batch.
+    const short: RealPiBatch = { ...a, tokens: Int32Array.from({ length: 14 }, (_, i) => a.tokens[Math.floor(i / 7) * 12 + (i % 7)]!), tokenMasks: new Array(14).fill(1) };
+    const gs = withGraphs(true, () => s.sample(short, { seed: 1 }));
+    const es = withGraphs(false, () => s.sample(short, { seed: 1 }));
+    expect(relDiff(gs, es)).toBeLessThan(1e-5);
+    expect(relDiff(es, ea)).toBeGreaterThan(1e-4);
+    expect(sampleGraphStats().traces - before.traces).toBe(1);
     s.dispose();
     base.dispose();
   });

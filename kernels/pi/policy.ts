@@ -24,6 +24,23 @@ import type { RealPiConfig } from './config.ts';
 import { checkBatch, sample, sampleHost, velocity, type RealPiBatch, type RealPiModel } from './model.ts';
 import { NAMES, contractInitValues, realPiParamSpecs } from './params.ts';
 
+/** Graph keys round prompt lengths up to a multiple of this (kernels/sample-graph.ts). */
+const PROMPT_BUCKET = 32;
+
+/** `batch` with its prompts padded (token 0, mask 0) to `L` tokens each; the batch itself when they are. */
+function padPrompt(batch: RealPiBatch, L: number): RealPiBatch {
+  const b = batch.size;
+  const have = batch.tokens.length / b;
+  if (have >= L) return batch;
+  const tokens = new Int32Array(b * L);
+  const tokenMasks = new Uint8Array(b * L);
+  for (let i = 0; i < b; i++) {
+    tokens.set(batch.tokens.subarray(i * have, (i + 1) * have), i * L);
+    for (let j = 0; j < have; j++) tokenMasks[i * L + j] = batch.tokenMasks[i * have + j]!;
+  }
+  return { ...batch, tokens, tokenMasks };
+}
+
 /** openpi's LoRA settings for pi0 / pi0.5 (gemma_2b_lora on the VLM, gemma_300m_lora on the expert). */
 export const OPENPI_LORA = Object.freeze({ rank: 16, alpha: 16, actionRank: 32, actionAlpha: 32 });
 
@@ -111,8 +128,11 @@ export function realPiPolicy(c: RealPiConfig, name = `real-${c.variant}`): FlowP
       if (cache) return sample(model(W), batch, noise, numSteps);
       return eulerSample(noise, numSteps, (x, t) => velocity(model(W), batch, x, new Float32Array(batch.size).fill(t)));
     },
-    sampleInputs(batch) {
-      checkBatch(c, batch);
+    sampleInputs(given) {
+      checkBatch(c, given);
+      // Prompts vary in length (pi0.5's carries its state as text), and each length would be a
+      // graph of its own: pad to a multiple of PROMPT_BUCKET (masked padding: the same answer).
+      const batch = padPrompt(given, Math.min(c.maxTokenLen, Math.ceil(given.tokens.length / given.size / PROMPT_BUCKET) * PROMPT_BUCKET));
       const host = sampleHost(c, batch);
       const arrays = [batch.images, batch.tokens, host.prefixCos, host.prefixSin, host.prefixBias, host.suffixBias, host.suffixCos, host.suffixSin];
       if (c.variant === 'pi0') arrays.push(batch.state!);
