@@ -194,9 +194,14 @@ describe.runIf(NATIVE_PRESENT)('sampling as one TensorFlow graph', () => {
     const x = tf.randomNormal([4, 4]);
     // A host read of a traced tensor inside the computation.
     expect(() => traceGraph((input) => [tf.mul(input(x), tf.scalar(tf.sum(tf.add(x, 1)).dataSync()[0]!))])).toThrow(GraphTraceError);
-    // A large tensor read without being declared (a weight the caller forgot).
-    const big = tf.zeros([1100, 1000]);
-    expect(() => traceGraph((input) => [tf.sum(tf.add(big, input(tf.scalar(1))))])).toThrow(/declare it as an input/);
+    // A weight-sized tensor read without being declared (a weight the caller forgot), and what
+    // the refusals leave behind: nothing.
+    const big = tf.zeros([64, 64]);
+    const count = tf.memory().numTensors;
+    expect(() => traceGraph((input) => [tf.sum(tf.add(tf.mul(big, 2), input(tf.scalar(1))))])).toThrow(/not declared as an input/);
+    expect(tf.memory().numTensors).toBe(count);
+    // A host array made into a tensor of over 2^20 values is refused as a constant.
+    expect(() => traceGraph(() => [tf.sum(tf.tensor1d(new Float32Array((1 << 20) + 1)))])).toThrow(/declare it as an input/);
     // A host array given as an input that the computation never makes into a tensor (it copied it).
     const host = new Float32Array(16).fill(1);
     expect(() => traceGraph(() => [tf.add(x, tf.tensor2d(host.slice(), [4, 4]))], [host])).toThrow(/never became a tensor/);

@@ -57,6 +57,9 @@ interface Binding {
 }
 interface NodeBackend {
   binding: Binding;
+  /** tfjs-node keeps a new tensor's values in JS until an op first uses it (values, id -1). */
+  tensorMap: { get(dataId: object): { values: unknown } | undefined };
+  move(dataId: object, values: unknown, shape: number[], dtype: string, refCount: number): void;
   getInputTensorIds(ts: tf.Tensor[]): number[];
   createOutputTensor(meta: TensorMeta): tf.Tensor;
 }
@@ -133,8 +136,14 @@ const INFERRED_ATTRS: Record<string, [string, number][]> = {
   ],
 };
 
-/** Constants above this many elements are refused: a model's weight must be an input. */
+/** Constants the trace makes from host arrays above this many elements are refused. */
 const MAX_CONST_ELEMENTS = 1 << 20;
+/**
+ * A float tensor made before the trace and read without being declared is baked in as a constant
+ * only up to this size (a scalar, a small table): a larger one is most likely a weight, which a
+ * later call must see as it is then, not as it was at the trace.
+ */
+const MAX_CAPTURED_FLOATS = 1024;
 
 /** A traced computation, runnable as one session call. Dispose it to free the session. */
 export class GraphFunction {
@@ -194,9 +203,10 @@ export class GraphFunction {
  * passing them through `input` (in the order GraphFunction.run takes them; a tensor declared twice
  * is one input) and may read tensors made from `hostInputs` (matched by identity) and constants;
  * it may run inside tf.tidy.
- * @throws GraphTraceError off the native backend, on a host read of a traced tensor, on a
- *   constant over 2^20 elements (a weight not declared as an input), when a host input is never
- *   made into a tensor, or when TensorFlow refuses the graph (the eager outputs are disposed then).
+ * @throws GraphTraceError off the native backend, on a host read of a traced tensor, on a float
+ *   tensor of over 1,024 values made before the trace and not declared (a weight), on a constant
+ *   of over 2^20 values, when a host input is never made into a tensor, or when TensorFlow refuses
+ *   the graph (the eager outputs are disposed then; so is whatever fn made when it throws).
  */
 export function traceGraph(fn: (input: (t: tf.Tensor) => tf.Tensor) => tf.Tensor[], hostInputs: TypedArray[] = []): { outputs: tf.Tensor[]; graph: GraphFunction } {
   const backend = nodeBackend();
@@ -261,19 +271,38 @@ export function traceGraph(fn: (input: (t: tf.Tensor) => tf.Tensor) => tf.Tensor
   const t = tracer as unknown as Binding;
   backend.binding = t;
   const ownIds = Object.prototype.hasOwnProperty.call(backend, 'getInputTensorIds') ? backend.getInputTensorIds : undefined;
+  const ownMove = Object.prototype.hasOwnProperty.call(backend, 'move') ? backend.move : undefined;
+  const move = backend.move;
+  /** Tensors TF.js made during the trace (the others existed before it). */
+  const made = new WeakSet<object>();
+  /** The tensor being uploaded existed before the trace and was never used by an op. */
+  let capturing = false;
   let outputs: tf.Tensor[] = [];
   try {
+    backend.move = function (dataId, values, shape, dtype, refCount) {
+      made.add(dataId);
+      return move.call(this, dataId, values, shape, dtype, refCount);
+    };
     // Shapes of tensors that existed before the trace, should they be read as constants.
     backend.getInputTensorIds = function (ts: tf.Tensor[]) {
-      const ids = getIds.call(this, ts);
-      ids.forEach((id, i) => {
-        if (!metaOf.has(id) && ts[i]) metaOf.set(id, { shape: [...ts[i]!.shape], dtype: b[dtypeKey(ts[i]!.dtype)] });
+      return ts.map((x) => {
+        capturing = !made.has(x.dataId) && this.tensorMap.get(x.dataId)?.values != null;
+        let id: number;
+        try {
+          [id] = getIds.call(this, [x]) as [number];
+        } finally {
+          capturing = false;
+        }
+        if (!metaOf.has(id)) metaOf.set(id, { shape: [...x.shape], dtype: b[dtypeKey(x.dtype)] });
+        return id;
       });
-      return ids;
     };
     t.createTensor = (shape, dtype, values) => {
       const id = createTensor.call(b, shape, dtype, values);
       if (declaring) return id;
+      if (capturing && dtype === b.TF_FLOAT && values.length > MAX_CAPTURED_FLOATS) {
+        throw new GraphTraceError(`the trace reads a float tensor of shape [${shape}] that existed before it and is not declared as an input (a weight would be frozen at its value now)`);
+      }
       const k = hostIndex.get(values);
       if (k !== undefined) {
         const prev = hostShapes.get(k);
@@ -298,6 +327,9 @@ export function traceGraph(fn: (input: (t: tf.Tensor) => tf.Tensor) => tf.Tensor
         // A tensor that existed before the trace and is not an input: a constant.
         const data = tensorDataSync.call(b, id);
         const meta = metaOf.get(id) ?? { shape: [data.length], dtype: data instanceof Float32Array ? b.TF_FLOAT : b.TF_INT32 };
+        if (meta.dtype === b.TF_FLOAT && data.length > MAX_CAPTURED_FLOATS) {
+          throw new GraphTraceError(`the trace reads a float tensor of shape [${meta.shape}] that existed before it and is not declared as an input (a weight would be frozen at its value now)`);
+        }
         return constant(id, meta.dtype, meta.shape, data);
       });
       const out = executeOp.call(b, name, attrs, ids, numOutputs);
@@ -313,11 +345,14 @@ export function traceGraph(fn: (input: (t: tf.Tensor) => tf.Tensor) => tf.Tensor
       });
       return out;
     };
-    outputs = fn(input);
+    // A throw inside fn (a refusal above, or the model's own error) frees what fn made.
+    outputs = tf.tidy(() => fn(input));
   } finally {
     backend.binding = b;
     if (ownIds) backend.getInputTensorIds = ownIds;
     else delete (backend as Partial<NodeBackend>).getInputTensorIds;
+    if (ownMove) backend.move = ownMove;
+    else delete (backend as Partial<NodeBackend>).move;
   }
   try {
     const unused = hostInputs.findIndex((_, k) => !hostShapes.has(k));
