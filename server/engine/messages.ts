@@ -62,6 +62,12 @@ export interface EngineInfo {
   actionHorizon: number;
   maxTokenLen: number;
   baseParams: number;
+  /**
+   * Whether this engine runs the sampler (and the small family's training step) as TensorFlow
+   * graphs (kernels/backend/graph.ts): native backend, VELA_GRAPHS not 0, a model of at most
+   * 200 M parameters. The first call of each batch layout then pays a trace.
+   */
+  graphs?: boolean;
 }
 
 /** An error of an engine op that a client caused (bad args, wrong state): safe to show. */

@@ -8,6 +8,8 @@ import fs from 'node:fs';
 import path from 'node:path';
 import * as tf from '@tensorflow/tfjs';
 import { initBackend, type BackendReport } from '../../kernels/backend/backend.ts';
+import { graphsEnabled } from '../../kernels/backend/graph.ts';
+import { graphWorthIt } from '../../kernels/sample-graph.ts';
 import { makeConfig } from '../../kernels/small/config.ts';
 import { BaseWeights, TrainingState, sampleActions } from '../../kernels/trainer.ts';
 import { checkpointFiles, loadCheckpoint, saveCheckpoint, type CheckpointContent } from '../../kernels/checkpoint.ts';
@@ -405,6 +407,7 @@ port.on('message', (m: ToWorker) => {
           info: {
             ...info, backend: backendName, backendKind: report.kind, backendDevice: report.device,
             backendFallbacks: backendInfo(report).fallbacks, backendLine: report.line,
+            graphs: graphsEnabled() && graphWorthIt(base.policy),
           },
           memory: memoryNow(),
         });

@@ -159,6 +159,27 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     if (!meta.norm) log.warn(`policy ${engineId}: ${what} has no norm stats; states and actions pass unnormalised`);
     return meta;
   };
+  /**
+   * One sample of a lone robot's request (one datum, every camera the policy binds, a zero state,
+   * an empty prompt) before the first robot sends: on an engine that runs graphs it traces that
+   * layout's graph (0.5-3 s on a small CPU) here rather than in a robot's first answer. Skipped
+   * where the engine does not make graphs (there a sample costs what it costs). Best effort: a
+   * failure is logged and serving goes on.
+   */
+  const warmUp = async (v: Version): Promise<void> => {
+    if (!engine.info.graphs) return;
+    const { model } = v.meta;
+    const frame = new Uint8Array(model.imageSize * model.imageSize * 3);
+    const datum = { images: Array.from({ length: model.slots }, (_, k) => (k < v.meta.cameras.length ? frame : null)), state: new Float32Array(v.meta.stateDim ?? 0), prompt: '' };
+    const t0 = performance.now();
+    try {
+      const batch = makeBatch(model, [datum], { maxPromptBytes: limits.maxPromptBytes, encodePrompt: model.encodePrompt });
+      await engine.call(v.engineId, 'infer', { batch, seeds: [0], numSteps: v.meta.numSteps }, batchBuffers(batch));
+      log.debug(`policy ${v.engineId}: warmed up (one sample, graph traced) in ${Math.round(performance.now() - t0)} ms`);
+    } catch (e) {
+      log.warn(`policy ${v.engineId}: the warm-up sample failed (${(e as Error).message}); the first request will trace its graph`);
+    }
+  };
   const load = async (engineId: string, dir: string, label: string | number | null): Promise<Version> => {
     const loaded = await engine.call<{ result: { config: unknown; normStats: unknown } }>(engineId, 'load_policy', { dir });
     let meta: PolicyMeta;
@@ -184,6 +205,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
       ? await loadBase(policyId, opts.version ?? 'base')
       : await load(policyId, opts.checkpointDir ?? '', opts.version ?? null);
   const versions = new Set<Version>([current]);
+  if (!isLive) await warmUp(current);
 
   /** A retired version is freed once nothing runs on it (its engine queue orders the unload after its last infer). */
   const release = (v: Version) => {
