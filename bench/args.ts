@@ -17,6 +17,7 @@ export interface BenchOptions {
   burnIn: number;
   clients: number; // concurrent training sessions in the load run
   policyClients: number; // concurrent policy clients in the load run
+  idleRequests: number; // timed requests of the load run's idle phase (one policy client alone)
   durationS: number; // load run length
   policyRequests: number; // timed requests per policy row
   codecReps: number; // repetitions per codec row
@@ -42,7 +43,9 @@ Options:
   --steps N              timed steps per step measurement (default 50)
   --burn-in N            untimed steps first (default 3)
   --clients N            concurrent training sessions in the load run (default 8)
-  --policy-clients N     concurrent policy clients in the load run (default 2)
+  --policy-clients N     concurrent policy clients in the load run (default 24: issue 25's robots)
+  --idle-requests N      the load run first times N requests of one policy client alone, the
+                         idle p99 its loaded p99 is compared with (default 60)
   --duration S           load run length in seconds (default 60)
   --policy-requests N    timed requests per policy row (default 30)
   --only LIST            parts to run, comma-separated: ${PARTS.join(',')} (default all)
@@ -77,6 +80,7 @@ export function parseBenchArgs(argv: string[]): BenchOptions | null {
       'burn-in': { type: 'string' },
       clients: { type: 'string' },
       'policy-clients': { type: 'string' },
+      'idle-requests': { type: 'string' },
       duration: { type: 'string' },
       'policy-requests': { type: 'string' },
       only: { type: 'string', default: PARTS.join(',') },
@@ -101,7 +105,8 @@ export function parseBenchArgs(argv: string[]): BenchOptions | null {
     steps: int('steps', values.steps ?? (quick ? '3' : '50'), 1, 10_000),
     burnIn: int('burn-in', values['burn-in'] ?? (quick ? '1' : '3'), 0, 1000),
     clients: int('clients', values.clients ?? (quick ? '2' : '8'), 0, 64),
-    policyClients: int('policy-clients', values['policy-clients'] ?? (quick ? '1' : '2'), 0, 64),
+    policyClients: int('policy-clients', values['policy-clients'] ?? (quick ? '2' : '24'), 0, 64),
+    idleRequests: int('idle-requests', values['idle-requests'] ?? (quick ? '5' : '60'), 0, 10_000),
     durationS: int('duration', values.duration ?? (quick ? '10' : '60'), 1, 3600),
     policyRequests: int('policy-requests', values['policy-requests'] ?? (quick ? '5' : '30'), 1, 10_000),
     codecReps: quick ? 5 : 30,
