@@ -17,6 +17,7 @@ export interface BenchOptions {
   burnIn: number;
   clients: number; // concurrent training sessions in the load run
   policyClients: number; // concurrent policy clients in the load run
+  policyHz: number; // requests a second per policy client in the load run (0: closed loops)
   idleRequests: number; // timed requests of the load run's idle phase (one policy client alone)
   durationS: number; // load run length
   policyRequests: number; // timed requests per policy row
@@ -44,6 +45,8 @@ Options:
   --burn-in N            untimed steps first (default 3)
   --clients N            concurrent training sessions in the load run (default 8)
   --policy-clients N     concurrent policy clients in the load run (default 24: issue 25's robots)
+  --policy-hz H          each policy client of the load run sends every 1/H s, as a robot's
+                         control loop (default 0: closed loops, the next request at each answer)
   --idle-requests N      the load run first times N requests of one policy client alone, the
                          idle p99 its loaded p99 is compared with (default 60)
   --duration S           load run length in seconds (default 60)
@@ -59,6 +62,12 @@ Options:
 function int(name: string, v: string, lo: number, hi: number): number {
   const n = Number(v);
   if (!Number.isInteger(n) || n < lo || n > hi) throw new Error(`--${name} is '${v}'; expected an integer in ${lo}..${hi}`);
+  return n;
+}
+
+function rate(name: string, v: string): number {
+  const n = Number(v);
+  if (!Number.isFinite(n) || n < 0 || n > 1000) throw new Error(`--${name} is '${v}'; expected a number in 0..1000`);
   return n;
 }
 
@@ -81,6 +90,7 @@ export function parseBenchArgs(argv: string[]): BenchOptions | null {
       clients: { type: 'string' },
       'policy-clients': { type: 'string' },
       'idle-requests': { type: 'string' },
+      'policy-hz': { type: 'string', default: '0' },
       duration: { type: 'string' },
       'policy-requests': { type: 'string' },
       only: { type: 'string', default: PARTS.join(',') },
@@ -106,6 +116,7 @@ export function parseBenchArgs(argv: string[]): BenchOptions | null {
     burnIn: int('burn-in', values['burn-in'] ?? (quick ? '1' : '3'), 0, 1000),
     clients: int('clients', values.clients ?? (quick ? '2' : '8'), 0, 64),
     policyClients: int('policy-clients', values['policy-clients'] ?? (quick ? '2' : '24'), 0, 64),
+    policyHz: rate('policy-hz', values['policy-hz']!),
     idleRequests: int('idle-requests', values['idle-requests'] ?? (quick ? '5' : '60'), 0, 10_000),
     durationS: int('duration', values.duration ?? (quick ? '10' : '60'), 1, 3600),
     policyRequests: int('policy-requests', values['policy-requests'] ?? (quick ? '5' : '30'), 1, 10_000),

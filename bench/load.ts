@@ -25,11 +25,19 @@ export interface LoadSetup {
   datums: Datum[];
   policyUrl: string | null;
   policyMessage: Uint8Array | null;
+  /**
+   * Requests a second per policy client: each sends its next observation 1/policyHz s after the
+   * last one left (at once when the answer came later), as a robot's control loop does; 0 is a
+   * closed loop with no pause (each client sends again as soon as its answer arrives).
+   */
+  policyHz: number;
   /** Timed requests of the idle phase (after 3 untimed ones); 0 skips it. */
   idleRequests: number;
   /** Called once a second with the elapsed seconds (progress on stderr). */
   onTick?: (tS: number, steps: number, inferences: number) => void;
 }
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 export function warmupSeconds(durationS: number): number {
   return Math.min(20, Math.max(1, Math.round(durationS * 0.25)));
@@ -97,7 +105,10 @@ export async function runLoad(server: ServerProc, setup: LoadSetup): Promise<Loa
         }
       }
     }),
-    ...policies.map(async (p) => {
+    ...policies.map(async (p, i) => {
+      const periodMs = setup.policyHz > 0 ? 1000 / setup.policyHz : 0;
+      // Paced clients start spread over one period, as robots that were switched on apart.
+      if (periodMs > 0) await sleep((periodMs * i) / policies.length);
       while (performance.now() < endAt) {
         const s = performance.now();
         try {
@@ -111,6 +122,8 @@ export async function runLoad(server: ServerProc, setup: LoadSetup): Promise<Loa
           fail(e);
           break;
         }
+        const rest = s + periodMs - performance.now();
+        if (rest > 0) await sleep(rest);
       }
     }),
   ];
@@ -135,7 +148,7 @@ export async function runLoad(server: ServerProc, setup: LoadSetup): Promise<Loa
   const idleLatency = idleMs.length ? summarize(idleMs) : null;
   const p50 = (xs: number[]) => (xs.filter(Number.isFinite).length ? summarize(xs.filter(Number.isFinite)).p50 : null);
   return {
-    sessions: setup.sessions, policyClients: policies.length, durationS: elapsedS, warmupS,
+    sessions: setup.sessions, policyClients: policies.length, policyHz: setup.policyHz, durationS: elapsedS, warmupS,
     steps, stepsPerS: steps / elapsedS, stepLatency: stepMs.length ? summarize(stepMs) : null,
     inferences, inferencesPerS: inferences / elapsedS, inferLatency, idleLatency,
     p99OverIdle: inferLatency && idleLatency ? inferLatency.p99 / idleLatency.p99 : null,

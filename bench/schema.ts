@@ -66,6 +66,8 @@ export interface MemorySample {
 export interface LoadResult {
   sessions: number;
   policyClients: number;
+  /** Requests a second per policy client (0: closed loops, each sends again at its answer). */
+  policyHz: number;
   durationS: number;
   warmupS: number;
   steps: number; // training steps completed (forward_backward + optim_step)

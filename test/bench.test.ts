@@ -50,7 +50,7 @@ function validResult(): BenchResult {
     step: { preset: 'flow05-tiny', batch: 8, cameras: 1, codec: 'JPEG', finetune: 'full', inproc: s, ws: summarize([10.5, 11.5, 12.5]), overhead: 0.5 / 11, overheadPaired: 0.04, pipelined: { inprocMsPerStep: 11, wsMsPerStep: 11.2, overhead: 0.2 / 11 }, requestBytes: 1000, samplesMs: { inproc: [10, 11, 12], ws: [10.5, 11.5, 12.5] } },
     codecs: null, policy: null,
     load: {
-      sessions: 8, policyClients: 2, durationS: 60, warmupS: 15, steps: 100, stepsPerS: 1.7, stepLatency: s, inferences: 50, inferencesPerS: 0.8, inferLatency: s,
+      sessions: 8, policyClients: 2, policyHz: 0, durationS: 60, warmupS: 15, steps: 100, stepsPerS: 1.7, stepLatency: s, inferences: 50, inferencesPerS: 0.8, inferLatency: s,
       idleLatency: summarize([6, 7, 8]), p99OverIdle: s.p99 / summarize([6, 7, 8]).p99, engineInferMs: { idle: 5, loaded: 9 },
       errors: 0, errorMessages: [], rss: { afterWarmupBytes: 500 << 20, endBytes: 510 << 20, floorStartBytes: 480 << 20, floorEndBytes: 490 << 20, maxBytes: 520 << 20, slopeBytesPerMin: 0, trace: [] },
       tensors: { before: 376, afterWarmup: 1012, end: 1012, afterClose: 376 },
@@ -117,7 +117,8 @@ describe('parseBenchArgs', () => {
     expect(parseBenchArgs([])).toMatchObject({ preset: 'flow05-tiny', batch: 8, cameras: 1, codec: 'JPEG', clients: 8, durationS: 60, steps: 50, parts: ['step', 'codecs', 'policy', 'load', 'torch'], name: 'latest' });
     expect(parseBenchArgs([])).toMatchObject({ policyClients: 24, idleRequests: 60 });
     expect(parseBenchArgs(['--quick'])).toMatchObject({ batch: 2, steps: 3, durationS: 10, clients: 2, policyClients: 2, idleRequests: 5, quick: true });
-    expect(parseBenchArgs(['--idle-requests', '0'])).toMatchObject({ idleRequests: 0 });
+    expect(parseBenchArgs(['--idle-requests', '0', '--policy-hz', '2.5'])).toMatchObject({ idleRequests: 0, policyHz: 2.5 });
+    expect(() => parseBenchArgs(['--policy-hz', '-1'])).toThrow("--policy-hz is '-1'; expected a number in 0..1000");
     expect(parseBenchArgs(['--quick', '--batch', '4', '--only', 'step,torch'])).toMatchObject({ batch: 4, parts: ['step', 'torch'] });
     expect(parseBenchArgs(['--help'])).toBeNull();
     expect(() => parseBenchArgs(['--cameras', '4'])).toThrow("--cameras is '4'; expected an integer in 1..3");
