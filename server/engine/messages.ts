@@ -5,10 +5,17 @@
 
 /** Main -> worker. */
 export type ToWorker =
-  | { kind: 'init'; preset: string; backend: string; seed: number; baseWeightsPath?: string; maxResident?: number }
+  /** `nice`: how much to lower the worker thread's OS priority (training under policies), 0 or absent: leave it. */
+  | { kind: 'init'; preset: string; backend: string; seed: number; baseWeightsPath?: string; maxResident?: number; nice?: number }
   /** Only select the backend and report it (what engines of this process will run on). */
   | { kind: 'probe'; backend: string }
   | { kind: 'call'; callId: number; session: string; op: string; args: Record<string, unknown> };
+
+/** The engine worker's OS thread (Linux) and its nice value, once it is set. */
+export interface WorkerThread {
+  tid: number;
+  nice: number;
+}
 
 /** tf.memory() of a worker: bytes held by tensors and how many tensors are alive. */
 export interface EngineMemory {
@@ -18,7 +25,7 @@ export interface EngineMemory {
 
 /** Worker -> main. Answers carry the worker's memory after the op (for GET /metrics). */
 export type FromWorker =
-  | { kind: 'ready'; info: EngineInfo; memory?: EngineMemory }
+  | { kind: 'ready'; info: EngineInfo; memory?: EngineMemory; thread?: WorkerThread | null }
   | { kind: 'probed'; backend: BackendInfo }
   | { kind: 'init_failed'; error: string }
   | { kind: 'result'; callId: number; result: unknown; memory?: EngineMemory }

@@ -5,6 +5,7 @@
  */
 import { parentPort } from 'node:worker_threads';
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import * as tf from '@tensorflow/tfjs';
 import { initBackend, type BackendReport } from '../../kernels/backend/backend.ts';
@@ -14,7 +15,7 @@ import { checkpointFiles, loadCheckpoint, saveCheckpoint, type CheckpointContent
 import { parseNormStats } from '../../kernels/normalize.ts';
 import { drawNoiseTime } from '../../kernels/flow.ts';
 import { Rng } from '../../kernels/rng.ts';
-import type { ModelBatch } from '../../kernels/small/batch.ts';
+import { sliceBatch, type ModelBatch } from '../../kernels/small/batch.ts';
 import { realPiConfigFromHub, type RealPiConfig } from '../../kernels/pi/config.ts';
 import { toRealPiBatch } from '../../kernels/pi/batch.ts';
 import { realPiPolicy } from '../../kernels/pi/policy.ts';
@@ -22,8 +23,9 @@ import { PALIGEMMA_PAD_ID } from '../../kernels/pi/prompt.ts';
 import { readHubConfig } from '../models/hub-checkpoint.ts';
 import { loadHubTensors } from '../models/load-tensors.ts';
 import { parseEngineModel } from './model-key.ts';
-import { EngineError, type BackendInfo, type EngineInfo, type EngineMemory, type FromWorker, type ToWorker } from './messages.ts';
+import { EngineError, type BackendInfo, type EngineInfo, type EngineMemory, type FromWorker, type ToWorker, type WorkerThread } from './messages.ts';
 import { TenantPool, toExported, type Tenant } from './tenants.ts';
+import { powerOfTwoChunks } from './sample-chunks.ts';
 
 const port = parentPort!;
 /**
@@ -319,7 +321,7 @@ async function infer(policyId: string, args: Record<string, any>): Promise<[unkn
   const noise = new Float32Array(batch.size * per);
   seeds.forEach((seed, i) => noise.set(new Rng(seed).normals(per), i * per));
   if (basePolicies.has(policyId)) {
-    const actions = sampleActions(base.policy, base.view(), config.toBatch(batch), new Rng(0), { numSteps: args.numSteps ?? 10, noise });
+    const actions = inChunks(batch, noise, per, (b, n) => sampleActions(base.policy, base.view(), config.toBatch(b), new Rng(0), { numSteps: args.numSteps ?? 10, noise: n }));
     return [answer(null, { actions, step: null }), answerBuffers(actions)];
   }
   let state = policies.get(policyId) ?? null;
@@ -331,8 +333,26 @@ async function infer(policyId: string, args: Record<string, any>): Promise<[unkn
     step = state.step;
   }
   if (!state) throw new EngineError('not_found', `policy ${policyId} is not loaded in this engine`);
-  const actions = state.sample(config.toBatch(batch), { numSteps: args.numSteps ?? 10, noise });
+  const st = state;
+  const actions = inChunks(batch, noise, per, (b, n) => st.sample(config.toBatch(b), { numSteps: args.numSteps ?? 10, noise: n }));
   return [answer(null, { actions, step }), answerBuffers(actions)];
+}
+
+/**
+ * Samples a policy batch in power-of-two parts (sample-chunks.ts: a bounded number of traced
+ * graphs) within one call, so every part runs on the same weights; `per` floats of noise and of
+ * actions per datum. Returns the actions of every datum in order.
+ */
+function inChunks(batch: ModelBatch, noise: Float32Array, per: number, sample: (b: ModelBatch, noise: Float32Array) => Float32Array): Float32Array {
+  const sizes = powerOfTwoChunks(batch.size);
+  if (sizes.length === 1) return sample(batch, noise);
+  const out = new Float32Array(batch.size * per);
+  let at = 0;
+  for (const n of sizes) {
+    out.set(sample(sliceBatch(batch, at, at + n), noise.slice(at * per, (at + n) * per)), at * per);
+    at += n;
+  }
+  return out;
 }
 
 /**
@@ -380,6 +400,24 @@ function isUserError(e: unknown): boolean {
   return ['ShapeError', 'ConfigError', 'CheckpointError', 'OptimError', 'TrainerError', 'LoraError', 'NormError'].includes(name);
 }
 
+/**
+ * Lowers this worker thread's OS priority by `by` nice steps (Linux: setpriority on the thread
+ * id, which /proc/thread-self names; capped at 19). Only this thread: a thread it starts later
+ * inherits the value. Returns the thread and its nice value, or null where the OS has no
+ * per-thread priority or refuses (the engine then runs at the process's priority).
+ */
+function lowerThreadPriority(by: number): WorkerThread | null {
+  try {
+    const tid = Number(/task\/(\d+)$/.exec(fs.readlinkSync('/proc/thread-self'))?.[1]);
+    if (!Number.isInteger(tid) || tid <= 0) return null;
+    if (by > 0) os.setPriority(tid, Math.min(19, os.getPriority(tid) + by));
+    return { tid, nice: os.getPriority(tid) };
+  } catch (e) {
+    send({ kind: 'log', level: 'debug', message: `engine thread priority left as it is: ${(e as Error).message}` });
+    return null;
+  }
+}
+
 function backendInfo(r: BackendReport): BackendInfo {
   return { name: r.name, kind: r.kind, device: r.device, fallbacks: r.fallbacks.map((f) => `${f.backend}: ${f.reason}`), line: r.line };
 }
@@ -400,6 +438,9 @@ port.on('message', (m: ToWorker) => {
         backendName = report.name;
         maxResident = m.maxResident ?? 64;
         const info = await loadModel(m.preset, m.seed);
+        // After TensorFlow loaded and ran the model's first ops: thread pools it made on the way are
+        // the process's (a policy engine's work may run on them) and keep the process's priority.
+        const thread = lowerThreadPriority(m.nice ?? 0);
         send({
           kind: 'ready',
           info: {
@@ -407,6 +448,7 @@ port.on('message', (m: ToWorker) => {
             backendFallbacks: backendInfo(report).fallbacks, backendLine: report.line,
           },
           memory: memoryNow(),
+          thread,
         });
       } catch (e) {
         send({ kind: 'init_failed', error: (e as Error).message });
