@@ -1,16 +1,15 @@
 /**
  * Policy requests before training (server/engine/host.ts PriorityGate): a training engine holds
  * its next call while policy calls wait, releases it when they are done, and never holds longer
- * than the gate's maxHoldMs; the server serves policies from their own engine, whose worker
- * thread keeps the process's OS priority while the training engine's runs YIELD_NICE lower;
- * training still progresses while policy calls never stop; a policy batch is sampled in
- * power-of-two parts, each datum's actions the same as alone.
+ * than the gate's maxHoldMs; the server serves policies from their own engine; training still
+ * progresses while policy calls never stop; a policy batch is sampled in power-of-two parts,
+ * each datum's actions the same as alone.
  */
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Engine, PriorityGate, YIELD_NICE } from '../server/engine/host.ts';
+import { Engine, PriorityGate } from '../server/engine/host.ts';
 import { powerOfTwoChunks } from '../server/engine/sample-chunks.ts';
 import { fakeBatch } from '../kernels/small/batch.ts';
 import { makeConfig } from '../kernels/small/config.ts';
@@ -96,19 +95,6 @@ describe('the server', () => {
   it('splits policy batches into powers of two', () => {
     expect([1, 2, 3, 13, 16, 24].map(powerOfTwoChunks)).toEqual([[1], [2], [2, 1], [8, 4, 1], [16], [16, 8]]);
     expect(() => powerOfTwoChunks(0)).toThrow('a batch of 0; expected a positive integer');
-  });
-
-  it('runs the training engine\'s thread YIELD_NICE below the policy engine\'s', async () => {
-    const training = (await server.sessions.engineFor('flow0-tiny')) as Engine;
-    const policy = (await server.sessions.policyEngineFor('flow0-tiny')) as Engine;
-    if (!fs.existsSync('/proc/thread-self')) return expect(training.thread).toBeNull(); // no per-thread priority here
-    const base = os.getPriority(process.pid);
-    expect(policy.thread!.nice).toBe(base);
-    expect(training.thread!.nice).toBe(Math.min(19, base + YIELD_NICE));
-    // What the kernel's scheduler sees: field 19 of the thread's stat line is its nice value.
-    const niceOf = (tid: number) => Number(fs.readFileSync(`/proc/${process.pid}/task/${tid}/stat`, 'utf8').split(') ')[1]!.split(' ')[16]);
-    expect(niceOf(training.thread!.tid)).toBe(training.thread!.nice);
-    expect(niceOf(policy.thread!.tid)).toBe(base);
   });
 
   it('keeps training going while policy calls never stop, and samples a batch in parts as each datum alone', async () => {

@@ -6,7 +6,7 @@
  * at a time, which keeps a crash or a long op attributable to one session.
  */
 import { Worker } from 'node:worker_threads';
-import { EngineError, type BackendInfo, type EngineInfo, type EngineMemory, type FromWorker, type ToWorker, type WorkerThread } from './messages.ts';
+import { EngineError, type BackendInfo, type EngineInfo, type EngineMemory, type FromWorker, type ToWorker } from './messages.ts';
 import { log } from '../log.ts';
 import { unwatchEngine, watchEngine, type MetricsEngine } from '../metrics/sources.ts';
 import { applyNativeEnv, pinNativeLibrary, type NativeThreads } from '../../kernels/backend/native.ts';
@@ -32,21 +32,10 @@ export interface EngineOptions {
   threads?: Partial<NativeThreads>;
   /**
    * Latency classes sharing one machine: an `urgent` engine (policies) marks the gate busy while
-   * its calls wait or run; a `yield` engine (training) holds its next call while the gate is busy,
-   * and its worker thread runs at a lower OS priority (`nice` more, default YIELD_NICE), so
-   * the kernel's scheduler hands a core to policy work the moment it has some, in the middle of a
-   * training op too, while training keeps whatever CPU nobody else wants.
+   * its calls wait or run; a `yield` engine (training) holds its next call while the gate is busy.
    */
-  priority?: { gate: PriorityGate; role: 'urgent' | 'yield'; nice?: number };
+  priority?: { gate: PriorityGate; role: 'urgent' | 'yield' };
 }
-
-/**
- * How much lower a training worker thread's OS priority is than the process's (Linux nice
- * steps). CFS shares a contended core by weight, 1024 at nice 0 against 110 at nice 10: a training
- * op that shares a core with policy work gets ~10% of it until the policy work is done, never
- * nothing, and all of it when policies are idle (bench/results/README.md, issue 25).
- */
-export const YIELD_NICE = 10;
 
 /**
  * Serves latency-critical work first without starving batch work (training). Urgent calls
@@ -137,7 +126,7 @@ export class Engine implements EngineLike, MetricsEngine {
   /** Its labels in GET /metrics: lane `training`, `policy` (urgent) or `single` (no gate: vela policy, jobs CLI). */
   readonly labels: { preset: string; lane: string; worker: string };
 
-  private constructor(private worker: Worker, readonly info: EngineInfo, priority?: EngineOptions['priority'], memory?: EngineMemory, readonly thread: WorkerThread | null = null) {
+  private constructor(private worker: Worker, readonly info: EngineInfo, priority?: EngineOptions['priority'], memory?: EngineMemory) {
     this.priority = priority;
     this.lastMemory = memory ?? null;
     this.labels = { preset: info.preset, lane: priority ? (priority.role === 'urgent' ? 'policy' : 'training') : 'single', worker: String(worker.threadId) };
@@ -158,12 +147,10 @@ export class Engine implements EngineLike, MetricsEngine {
     let onExit!: (code: number) => void;
     try {
       let memory: EngineMemory | undefined;
-      let thread: WorkerThread | null = null;
       const info = await new Promise<EngineInfo>((resolve, reject) => {
         onMsg = (m: FromWorker) => {
           if (m.kind === 'ready') {
             memory = m.memory;
-            thread = m.thread ?? null;
             resolve(m.info);
           } else if (m.kind === 'init_failed') reject(new Error(m.error));
           else if (m.kind === 'log') relayLog(m);
@@ -171,11 +158,10 @@ export class Engine implements EngineLike, MetricsEngine {
         onError = reject;
         onExit = (code) => reject(new Error(`engine worker exited with code ${code} while starting`));
         worker.on('message', onMsg).on('error', onError).on('exit', onExit);
-        const nice = opts.priority?.role === 'yield' ? (opts.priority.nice ?? YIELD_NICE) : 0;
-        const init: ToWorker = { kind: 'init', preset: opts.preset, backend: opts.backend, seed: opts.seed ?? 0, baseWeightsPath: opts.baseWeightsPath, maxResident: opts.maxResident, nice };
+        const init: ToWorker = { kind: 'init', preset: opts.preset, backend: opts.backend, seed: opts.seed ?? 0, baseWeightsPath: opts.baseWeightsPath, maxResident: opts.maxResident };
         worker.postMessage(init);
       });
-      return new Engine(worker, info, opts.priority, memory, thread);
+      return new Engine(worker, info, opts.priority, memory);
     } catch (e) {
       await worker.terminate();
       throw e;

@@ -5,17 +5,10 @@
 
 /** Main -> worker. */
 export type ToWorker =
-  /** `nice`: how much to lower the worker thread's OS priority (training under policies), 0 or absent: leave it. */
-  | { kind: 'init'; preset: string; backend: string; seed: number; baseWeightsPath?: string; maxResident?: number; nice?: number }
+  | { kind: 'init'; preset: string; backend: string; seed: number; baseWeightsPath?: string; maxResident?: number }
   /** Only select the backend and report it (what engines of this process will run on). */
   | { kind: 'probe'; backend: string }
   | { kind: 'call'; callId: number; session: string; op: string; args: Record<string, unknown> };
-
-/** The engine worker's OS thread (Linux) and its nice value, once it is set. */
-export interface WorkerThread {
-  tid: number;
-  nice: number;
-}
 
 /** tf.memory() of a worker: bytes held by tensors and how many tensors are alive. */
 export interface EngineMemory {
@@ -25,7 +18,7 @@ export interface EngineMemory {
 
 /** Worker -> main. Answers carry the worker's memory after the op (for GET /metrics). */
 export type FromWorker =
-  | { kind: 'ready'; info: EngineInfo; memory?: EngineMemory; thread?: WorkerThread | null }
+  | { kind: 'ready'; info: EngineInfo; memory?: EngineMemory }
   | { kind: 'probed'; backend: BackendInfo }
   | { kind: 'init_failed'; error: string }
   | { kind: 'result'; callId: number; result: unknown; memory?: EngineMemory }

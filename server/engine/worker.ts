@@ -5,7 +5,6 @@
  */
 import { parentPort } from 'node:worker_threads';
 import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
 import * as tf from '@tensorflow/tfjs';
 import { initBackend, type BackendReport } from '../../kernels/backend/backend.ts';
@@ -23,7 +22,7 @@ import { PALIGEMMA_PAD_ID } from '../../kernels/pi/prompt.ts';
 import { readHubConfig } from '../models/hub-checkpoint.ts';
 import { loadHubTensors } from '../models/load-tensors.ts';
 import { parseEngineModel } from './model-key.ts';
-import { EngineError, type BackendInfo, type EngineInfo, type EngineMemory, type FromWorker, type ToWorker, type WorkerThread } from './messages.ts';
+import { EngineError, type BackendInfo, type EngineInfo, type EngineMemory, type FromWorker, type ToWorker } from './messages.ts';
 import { TenantPool, toExported, type Tenant } from './tenants.ts';
 import { powerOfTwoChunks } from './sample-chunks.ts';
 
@@ -400,24 +399,6 @@ function isUserError(e: unknown): boolean {
   return ['ShapeError', 'ConfigError', 'CheckpointError', 'OptimError', 'TrainerError', 'LoraError', 'NormError'].includes(name);
 }
 
-/**
- * Lowers this worker thread's OS priority by `by` nice steps (Linux: setpriority on the thread
- * id, which /proc/thread-self names; capped at 19). Only this thread: a thread it starts later
- * inherits the value. Returns the thread and its nice value, or null where the OS has no
- * per-thread priority or refuses (the engine then runs at the process's priority).
- */
-function lowerThreadPriority(by: number): WorkerThread | null {
-  try {
-    const tid = Number(/task\/(\d+)$/.exec(fs.readlinkSync('/proc/thread-self'))?.[1]);
-    if (!Number.isInteger(tid) || tid <= 0) return null;
-    if (by > 0) os.setPriority(tid, Math.min(19, os.getPriority(tid) + by));
-    return { tid, nice: os.getPriority(tid) };
-  } catch (e) {
-    send({ kind: 'log', level: 'debug', message: `engine thread priority left as it is: ${(e as Error).message}` });
-    return null;
-  }
-}
-
 function backendInfo(r: BackendReport): BackendInfo {
   return { name: r.name, kind: r.kind, device: r.device, fallbacks: r.fallbacks.map((f) => `${f.backend}: ${f.reason}`), line: r.line };
 }
@@ -438,9 +419,6 @@ port.on('message', (m: ToWorker) => {
         backendName = report.name;
         maxResident = m.maxResident ?? 64;
         const info = await loadModel(m.preset, m.seed);
-        // After TensorFlow loaded and ran the model's first ops: thread pools it made on the way are
-        // the process's (a policy engine's work may run on them) and keep the process's priority.
-        const thread = lowerThreadPriority(m.nice ?? 0);
         send({
           kind: 'ready',
           info: {
@@ -448,7 +426,6 @@ port.on('message', (m: ToWorker) => {
             backendFallbacks: backendInfo(report).fallbacks, backendLine: report.line,
           },
           memory: memoryNow(),
-          thread,
         });
       } catch (e) {
         send({ kind: 'init_failed', error: (e as Error).message });
