@@ -25,6 +25,7 @@ import { parseEngineModel } from './model-key.ts';
 import { EngineError, type BackendInfo, type EngineInfo, type EngineMemory, type FromWorker, type ToWorker } from './messages.ts';
 import { TenantPool, toExported, type Tenant } from './tenants.ts';
 import { powerOfTwoChunks } from './sample-chunks.ts';
+import { graphsEnabled } from '../../kernels/sample-graph.ts';
 
 const port = parentPort!;
 /**
@@ -340,10 +341,12 @@ async function infer(policyId: string, args: Record<string, any>): Promise<[unkn
 /**
  * Samples a policy batch in power-of-two parts (sample-chunks.ts: a bounded number of traced
  * graphs) within one call, so every part runs on the same weights; `per` floats of noise and of
- * actions per datum. Returns the actions of every datum in order.
+ * actions per datum. Returns the actions of every datum in order. Where sampling runs eagerly
+ * (no graphs: wasm, VELA_GRAPHS=0, a family without sampleInputs) each part would pay the whole
+ * per-call dispatch again, so the batch goes in one piece.
  */
 function inChunks(batch: ModelBatch, noise: Float32Array, per: number, sample: (b: ModelBatch, noise: Float32Array) => Float32Array): Float32Array {
-  const sizes = powerOfTwoChunks(batch.size);
+  const sizes = graphsEnabled() && base.policy.sampleInputs ? powerOfTwoChunks(batch.size) : [batch.size];
   if (sizes.length === 1) return sample(batch, noise);
   const out = new Float32Array(batch.size * per);
   let at = 0;
