@@ -17,6 +17,8 @@ export interface BenchOptions {
   burnIn: number;
   clients: number; // concurrent training sessions in the load run
   policyClients: number; // concurrent policy clients in the load run
+  policyHz: number; // requests a second per policy client in the load run (0: closed loops)
+  idleRequests: number; // timed requests of the load run's idle phase (one policy client alone)
   durationS: number; // load run length
   policyRequests: number; // timed requests per policy row
   inferCalls: number; // timed calls per row of the infer part
@@ -45,7 +47,11 @@ Options:
   --steps N              timed steps per step measurement (default 50)
   --burn-in N            untimed steps first (default 3)
   --clients N            concurrent training sessions in the load run (default 8)
-  --policy-clients N     concurrent policy clients in the load run (default 2)
+  --policy-clients N     concurrent policy clients in the load run (default 24: issue 25's robots)
+  --policy-hz H          each policy client of the load run sends every 1/H s, as a robot's
+                         control loop (default 0: closed loops, the next request at each answer)
+  --idle-requests N      the load run first times N requests of one policy client alone, the
+                         idle p99 its loaded p99 is compared with (default 60)
   --duration S           load run length in seconds (default 60)
   --policy-requests N    timed requests per policy row (default 30)
   --infer-calls N        timed calls per row of the infer part (default 40)
@@ -60,6 +66,12 @@ Options:
 function int(name: string, v: string, lo: number, hi: number): number {
   const n = Number(v);
   if (!Number.isInteger(n) || n < lo || n > hi) throw new Error(`--${name} is '${v}'; expected an integer in ${lo}..${hi}`);
+  return n;
+}
+
+function rate(name: string, v: string): number {
+  const n = Number(v);
+  if (!Number.isFinite(n) || n < 0 || n > 1000) throw new Error(`--${name} is '${v}'; expected a number in 0..1000`);
   return n;
 }
 
@@ -81,6 +93,8 @@ export function parseBenchArgs(argv: string[]): BenchOptions | null {
       'burn-in': { type: 'string' },
       clients: { type: 'string' },
       'policy-clients': { type: 'string' },
+      'idle-requests': { type: 'string' },
+      'policy-hz': { type: 'string', default: '0' },
       duration: { type: 'string' },
       'policy-requests': { type: 'string' },
       'infer-calls': { type: 'string' },
@@ -106,7 +120,9 @@ export function parseBenchArgs(argv: string[]): BenchOptions | null {
     steps: int('steps', values.steps ?? (quick ? '3' : '50'), 1, 10_000),
     burnIn: int('burn-in', values['burn-in'] ?? (quick ? '1' : '3'), 0, 1000),
     clients: int('clients', values.clients ?? (quick ? '2' : '8'), 0, 64),
-    policyClients: int('policy-clients', values['policy-clients'] ?? (quick ? '1' : '2'), 0, 64),
+    policyClients: int('policy-clients', values['policy-clients'] ?? (quick ? '2' : '24'), 0, 64),
+    policyHz: rate('policy-hz', values['policy-hz']!),
+    idleRequests: int('idle-requests', values['idle-requests'] ?? (quick ? '5' : '60'), 0, 10_000),
     durationS: int('duration', values.duration ?? (quick ? '10' : '60'), 1, 3600),
     policyRequests: int('policy-requests', values['policy-requests'] ?? (quick ? '5' : '30'), 1, 10_000),
     inferCalls: int('infer-calls', values['infer-calls'] ?? (quick ? '3' : '40'), 1, 10_000),

@@ -1,13 +1,16 @@
 /**
  * Load: N training sessions (each a websocket client stepping forward_backward + optim_step in a
  * loop) and M policy clients (each inferring in a loop) at once for a duration, against the bench
- * server process. Records throughput, latencies, errors, the server's RSS every second and the
+ * server process. First, before any session opens, one policy client alone sends `idleRequests`
+ * observations (the idle phase: same server, same checkpoint, same message), so the loaded p99
+ * has its idle p99 from the same run beside it. Records throughput, latencies, errors, the
+ * server's RSS every second and the
  * engine's tensor count at quiet points (no step in flight, every session between steps):
  * before the sessions open, after each has stepped once, when the load stops, after they close.
  */
 import { VelaClient, type Datum, type SessionConnection } from '../protocol/client.ts';
 import { OpenPiClient } from './openpi-client.ts';
-import { slope, summarize } from './stats.ts';
+import { slope, summarize, timeCalls } from './stats.ts';
 import type { LoadResult, MemorySample } from './schema.ts';
 import type { ServerProc } from './server-proc.ts';
 import { sessionOptions } from './step.ts';
@@ -22,9 +25,19 @@ export interface LoadSetup {
   datums: Datum[];
   policyUrl: string | null;
   policyMessage: Uint8Array | null;
+  /**
+   * Requests a second per policy client: each sends its next observation 1/policyHz s after the
+   * last one left (at once when the answer came later), as a robot's control loop does; 0 is a
+   * closed loop with no pause (each client sends again as soon as its answer arrives).
+   */
+  policyHz: number;
+  /** Timed requests of the idle phase (after 3 untimed ones); 0 skips it. */
+  idleRequests: number;
   /** Called once a second with the elapsed seconds (progress on stderr). */
   onTick?: (tS: number, steps: number, inferences: number) => void;
 }
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 export function warmupSeconds(durationS: number): number {
   return Math.min(20, Math.max(1, Math.round(durationS * 0.25)));
@@ -39,6 +52,15 @@ export async function runLoad(server: ServerProc, setup: LoadSetup): Promise<Loa
     if (errors.length < 5) errors.push((e as Error).message);
   };
   const before = (await server.stats()).tensors;
+  const policies = setup.policyUrl && setup.policyMessage ? await Promise.all(Array.from({ length: setup.policyClients }, () => OpenPiClient.connect(setup.policyUrl!))) : [];
+  // The idle phase: one client, nothing else running (the other clients are connected but silent).
+  const idleMs: number[] = [];
+  const idleEngineMs: number[] = [];
+  if (policies.length > 0 && setup.idleRequests > 0) {
+    const samples = await timeCalls(setup.idleRequests, 3, async () => idleEngineMs.push(Number((await policies[0]!.infer(setup.policyMessage!)).policy_timing?.infer_ms)));
+    idleMs.push(...samples);
+    idleEngineMs.splice(0, 3);
+  }
   const opened: { id: string; conn: SessionConnection }[] = [];
   for (let i = 0; i < setup.sessions; i++) {
     const s = await client.waitReady((await client.createSession({ base_model: setup.preset, ...sessionOptions(setup.finetune), seed: i })).id);
@@ -50,7 +72,6 @@ export async function runLoad(server: ServerProc, setup: LoadSetup): Promise<Loa
   };
   await Promise.all(opened.map((o) => step(o.conn).catch(fail)));
   const afterWarmupTensors = (await server.stats()).tensors;
-  const policies = setup.policyUrl && setup.policyMessage ? await Promise.all(Array.from({ length: setup.policyClients }, () => OpenPiClient.connect(setup.policyUrl!))) : [];
 
   const warmupS = warmupSeconds(setup.durationS);
   const t0 = performance.now();
@@ -58,6 +79,7 @@ export async function runLoad(server: ServerProc, setup: LoadSetup): Promise<Loa
   const measureFrom = t0 + warmupS * 1000;
   const stepMs: number[] = [];
   const inferMs: number[] = [];
+  const engineMs: number[] = [];
   let steps = 0;
   let inferences = 0;
   const trace: MemorySample[] = [];
@@ -83,17 +105,25 @@ export async function runLoad(server: ServerProc, setup: LoadSetup): Promise<Loa
         }
       }
     }),
-    ...policies.map(async (p) => {
+    ...policies.map(async (p, i) => {
+      const periodMs = setup.policyHz > 0 ? 1000 / setup.policyHz : 0;
+      // Paced clients start spread over one period, as robots that were switched on apart.
+      if (periodMs > 0) await sleep((periodMs * i) / policies.length);
       while (performance.now() < endAt) {
         const s = performance.now();
         try {
-          await p.infer(setup.policyMessage!);
-          if (s >= measureFrom) inferMs.push(performance.now() - s);
+          const a = await p.infer(setup.policyMessage!);
+          if (s >= measureFrom) {
+            inferMs.push(performance.now() - s);
+            engineMs.push(Number(a.policy_timing?.infer_ms));
+          }
           inferences++;
         } catch (e) {
           fail(e);
           break;
         }
+        const rest = s + periodMs - performance.now();
+        if (rest > 0) await sleep(rest);
       }
     }),
   ];
@@ -114,10 +144,15 @@ export async function runLoad(server: ServerProc, setup: LoadSetup): Promise<Loa
   // after warm-up shows growth that survives collection.
   const third = Math.max(1, Math.floor(post.length / 3));
   const floor = (xs: MemorySample[]) => (xs.length ? Math.min(...xs.map((m) => m.rssBytes)) : 0);
+  const inferLatency = inferMs.length ? summarize(inferMs) : null;
+  const idleLatency = idleMs.length ? summarize(idleMs) : null;
+  const p50 = (xs: number[]) => (xs.filter(Number.isFinite).length ? summarize(xs.filter(Number.isFinite)).p50 : null);
   return {
-    sessions: setup.sessions, policyClients: policies.length, durationS: elapsedS, warmupS,
+    sessions: setup.sessions, policyClients: policies.length, policyHz: setup.policyHz, durationS: elapsedS, warmupS,
     steps, stepsPerS: steps / elapsedS, stepLatency: stepMs.length ? summarize(stepMs) : null,
-    inferences, inferencesPerS: inferences / elapsedS, inferLatency: inferMs.length ? summarize(inferMs) : null,
+    inferences, inferencesPerS: inferences / elapsedS, inferLatency, idleLatency,
+    p99OverIdle: inferLatency && idleLatency ? inferLatency.p99 / idleLatency.p99 : null,
+    engineInferMs: { idle: p50(idleEngineMs), loaded: p50(engineMs) },
     errors: errorCount, errorMessages: errors,
     rss: {
       afterWarmupBytes: atWarmup?.rssBytes ?? 0, endBytes: trace[trace.length - 1]?.rssBytes ?? 0,

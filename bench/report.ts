@@ -39,6 +39,8 @@ export function targets(r: Omit<BenchResult, 'targets'>): TargetCheck[] {
   if (r.load) {
     const l = r.load;
     out.push({ name: `load errors (${l.sessions} sessions, ${l.policyClients} policy clients, ${l.durationS.toFixed(0)} s)`, value: l.errors, limit: 0, pass: l.errors === 0 });
+    // Issue 25: under training load a robot's p99 stays within 2x of one idle client's (same run).
+    if (l.p99OverIdle !== null) out.push({ name: `policy p99 under load / one idle client's p99 (${l.sessions} sessions, ${l.policyClients} policy clients${l.policyHz > 0 ? ` at ${l.policyHz} Hz` : ''})`, value: l.p99OverIdle, limit: 2, pass: l.p99OverIdle <= 2 });
     const growth = l.rss.floorEndBytes - l.rss.floorStartBytes;
     // Flat: the post-GC floor grows under 5% after warm-up (allocator and JIT noise), or under 32 MiB.
     const limit = Math.max(32 * 2 ** 20, 0.05 * l.rss.floorStartBytes);
@@ -87,13 +89,15 @@ export function markdown(r: BenchResult): string {
   }
   if (r.load) {
     const l = r.load;
-    L.push(`**Load** (${l.sessions} sessions and ${l.policyClients} policy clients for ${l.durationS.toFixed(0)} s, warm-up ${l.warmupS} s)`, '');
+    L.push(`**Load** (${l.sessions} sessions and ${l.policyClients} policy clients${l.policyHz > 0 ? ` at ${l.policyHz} Hz each` : ' in closed loops'} for ${l.durationS.toFixed(0)} s, warm-up ${l.warmupS} s)`, '');
     L.push('| | value |', '| - | - |');
     L.push(`| training steps | ${l.steps} (${l.stepsPerS.toFixed(2)}/s)${l.stepLatency ? `, p50 ${ms(l.stepLatency.p50)} ms, p99 ${ms(l.stepLatency.p99)} ms` : ''} |`);
     L.push(`| inferences | ${l.inferences} (${l.inferencesPerS.toFixed(2)}/s)${l.inferLatency ? `, p50 ${ms(l.inferLatency.p50)} ms, p99 ${ms(l.inferLatency.p99)} ms` : ''} |`);
-    // The load's policy clients send the 1-camera JPEG observation: compare with that row idle.
-    const idle = r.policy?.find((p) => p.cameras === 1 && p.codec === 'JPEG' && !p.zstd);
-    if (idle && l.inferLatency) L.push(`| inference p99 under load / idle (1 camera, JPEG) | ${ms(l.inferLatency.p99)} / ${ms(idle.latency.p99)} ms = ${(l.inferLatency.p99 / idle.latency.p99).toFixed(2)}x |`);
+    // The load's policy clients send the 1-camera JPEG observation; the idle phase sent the same alone.
+    if (l.idleLatency) L.push(`| one policy client alone first (idle phase) | ${l.idleLatency.n} requests, p50 ${ms(l.idleLatency.p50)} ms, p99 ${ms(l.idleLatency.p99)} ms |`);
+    if (l.p99OverIdle !== null && l.inferLatency && l.idleLatency) L.push(`| inference p99 under load / idle p99 (same run) | ${ms(l.inferLatency.p99)} / ${ms(l.idleLatency.p99)} ms = **${l.p99OverIdle.toFixed(2)}x** |`);
+    const e = l.engineInferMs;
+    if (e.idle !== null || e.loaded !== null) L.push(`| engine call of a request's batch, p50 idle / under load | ${e.idle === null ? 'n/a' : ms(e.idle)} / ${e.loaded === null ? 'n/a' : ms(e.loaded)} ms |`);
     L.push(`| errors | ${l.errors}${l.errorMessages.length ? ` (${l.errorMessages.join('; ')})` : ''} |`);
     L.push(`| server RSS floor, first / last third after warm-up | ${mb(l.rss.floorStartBytes)} / ${mb(l.rss.floorEndBytes)} MiB |`);
     L.push(`| server RSS at warm-up end / end / max | ${mb(l.rss.afterWarmupBytes)} / ${mb(l.rss.endBytes)} / ${mb(l.rss.maxBytes)} MiB (fitted slope ${mb(l.rss.slopeBytesPerMin)} MiB/min) |`);

@@ -95,10 +95,10 @@ async function main(opts: BenchOptions): Promise<number> {
       result.policy = await runPolicy(policyUrl!, samples[0]!, opts.policyRequests, result.notes);
     }
     if (want('load')) {
-      say(`load: ${opts.clients} sessions + ${opts.policyClients} policy clients for ${opts.durationS} s`);
+      say(`load: ${opts.idleRequests} requests of one policy client alone, then ${opts.clients} sessions + ${opts.policyClients} policy clients${opts.policyHz > 0 ? ` at ${opts.policyHz} Hz` : ''} for ${opts.durationS} s`);
       result.load = await runLoad(server!, {
         preset: opts.preset, finetune: opts.finetune, codec: opts.codec, sessions: opts.clients, policyClients: opts.policyClients,
-        durationS: opts.durationS, datums, policyUrl, policyMessage: policyUrl ? (await observationMessage(samples[0]!, 1, { codec: 'JPEG', zstd: false })).bytes : null,
+        durationS: opts.durationS, datums, policyUrl, idleRequests: opts.idleRequests, policyHz: opts.policyHz, policyMessage: policyUrl ? (await observationMessage(samples[0]!, 1, { codec: 'JPEG', zstd: false })).bytes : null,
         onTick: (t, steps, inf) => Math.round(t) % 10 === 0 && say(`load: ${t.toFixed(0)} s, ${steps} steps, ${inf} inferences`),
       });
     }

@@ -66,6 +66,8 @@ export interface MemorySample {
 export interface LoadResult {
   sessions: number;
   policyClients: number;
+  /** Requests a second per policy client (0: closed loops, each sends again at its answer). */
+  policyHz: number;
   durationS: number;
   warmupS: number;
   steps: number; // training steps completed (forward_backward + optim_step)
@@ -74,6 +76,12 @@ export interface LoadResult {
   inferences: number;
   inferencesPerS: number;
   inferLatency: LatencySummary | null;
+  /** One policy client alone on the same server and checkpoint, before the sessions open (null: no policy clients). */
+  idleLatency: LatencySummary | null;
+  /** inferLatency.p99 / idleLatency.p99: what the load costs a robot (issue 25: at most 2). */
+  p99OverIdle: number | null;
+  /** p50 of the answers' policy_timing.infer_ms (the engine calls of their batches), idle and under load. */
+  engineInferMs: { idle: number | null; loaded: number | null };
   errors: number;
   errorMessages: string[]; // the first few
   /** Samples at warm-up end and at the end; floors: minimum over the first and last third after warm-up. */
@@ -234,6 +242,9 @@ export function validateResult(json: unknown): string[] {
   if (Array.isArray(json.policy)) json.policy.forEach((r: any, i: number) => summary(r?.latency, `policy[${i}].latency`));
   if (obj(json.load)) {
     for (const k of ['sessions', 'policyClients', 'durationS', 'steps', 'errors']) num(json.load[k], `load.${k}`);
+    if (json.load.idleLatency !== null) summary(json.load.idleLatency, 'load.idleLatency');
+    if (json.load.p99OverIdle !== null) num(json.load.p99OverIdle, 'load.p99OverIdle');
+    if (!obj(json.load.engineInferMs)) errs.push('load.engineInferMs is missing');
     if (!obj(json.load.rss)) errs.push('load.rss is missing');
     if (!obj(json.load.tensors)) errs.push('load.tensors is missing');
   }

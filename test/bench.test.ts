@@ -50,7 +50,8 @@ function validResult(): BenchResult {
     step: { preset: 'flow05-tiny', batch: 8, cameras: 1, codec: 'JPEG', finetune: 'full', inproc: s, ws: summarize([10.5, 11.5, 12.5]), overhead: 0.5 / 11, overheadPaired: 0.04, pipelined: { inprocMsPerStep: 11, wsMsPerStep: 11.2, overhead: 0.2 / 11 }, requestBytes: 1000, samplesMs: { inproc: [10, 11, 12], ws: [10.5, 11.5, 12.5] } },
     codecs: null, policy: null,
     load: {
-      sessions: 8, policyClients: 2, durationS: 60, warmupS: 15, steps: 100, stepsPerS: 1.7, stepLatency: s, inferences: 50, inferencesPerS: 0.8, inferLatency: s,
+      sessions: 8, policyClients: 2, policyHz: 0, durationS: 60, warmupS: 15, steps: 100, stepsPerS: 1.7, stepLatency: s, inferences: 50, inferencesPerS: 0.8, inferLatency: s,
+      idleLatency: summarize([6, 7, 8]), p99OverIdle: s.p99 / summarize([6, 7, 8]).p99, engineInferMs: { idle: 5, loaded: 9 },
       errors: 0, errorMessages: [], rss: { afterWarmupBytes: 500 << 20, endBytes: 510 << 20, floorStartBytes: 480 << 20, floorEndBytes: 490 << 20, maxBytes: 520 << 20, slopeBytesPerMin: 0, trace: [] },
       tensors: { before: 376, afterWarmup: 1012, end: 1012, afterClose: 376 },
     },
@@ -89,6 +90,7 @@ describe('result schema', () => {
       ['protocol overhead', true],
       ['Vela wasm step / PyTorch 1 thread', true],
       ['load errors (8 sessions', true],
+      ["policy p99 under load / one idle client's p99 (8 sessions", true],
       ['server RSS floor growth after warm-up (last third vs first third)', true],
       ['engine tensors: end - after warm-up', true],
       ['engine tensors: after close - before', true],
@@ -102,6 +104,10 @@ describe('result schema', () => {
     const md = markdown(r);
     expect(md).toContain('Protocol overhead (ws - in-process) / in-process with each answer awaited: **4.0%** (median of paired steps; 4.5% between the p50s); pipelined one step ahead: **1.8%** (means)');
     expect(md).toContain('Ratio Vela / PyTorch (1 thread, p50): **2.20x** (the two took turns, 4 steps at a time)');
+    expect(md).toContain('| inference p99 under load / idle p99 (same run) | 12.0 / 7.98 ms = **1.50x** |');
+    expect(md).toContain('| engine call of a request\'s batch, p50 idle / under load | 5.00 / 9.00 ms |');
+    const slow = { ...r, load: { ...r.load!, p99OverIdle: 2.5 } };
+    expect(targets(slow).find((t) => t.name.startsWith('policy p99 under load'))).toMatchObject({ value: 2.5, limit: 2, pass: false });
     expect(md).toContain('| engine tensors before / after warm-up / end / after close | 376 / 1012 / 1012 / 376 |');
   });
 });
@@ -109,7 +115,10 @@ describe('result schema', () => {
 describe('parseBenchArgs', () => {
   it('gives the defaults, --quick settings, and rejects bad values by name', () => {
     expect(parseBenchArgs([])).toMatchObject({ preset: 'flow05-tiny', batch: 8, cameras: 1, codec: 'JPEG', clients: 8, durationS: 60, steps: 50, parts: ['step', 'codecs', 'policy', 'load', 'torch', 'infer'], name: 'latest' });
-    expect(parseBenchArgs(['--quick'])).toMatchObject({ batch: 2, steps: 3, durationS: 10, clients: 2, quick: true });
+    expect(parseBenchArgs([])).toMatchObject({ policyClients: 24, idleRequests: 60 });
+    expect(parseBenchArgs(['--quick'])).toMatchObject({ batch: 2, steps: 3, durationS: 10, clients: 2, policyClients: 2, idleRequests: 5, quick: true });
+    expect(parseBenchArgs(['--idle-requests', '0', '--policy-hz', '2.5'])).toMatchObject({ idleRequests: 0, policyHz: 2.5 });
+    expect(() => parseBenchArgs(['--policy-hz', 'fast'])).toThrow("--policy-hz is 'fast'; expected a number in 0..1000");
     expect(parseBenchArgs(['--quick', '--batch', '4', '--only', 'step,torch'])).toMatchObject({ batch: 4, parts: ['step', 'torch'] });
     expect(parseBenchArgs(['--help'])).toBeNull();
     expect(() => parseBenchArgs(['--cameras', '4'])).toThrow("--cameras is '4'; expected an integer in 1..3");

@@ -16,7 +16,7 @@ import { checkpointFiles, loadCheckpoint, saveCheckpoint, type CheckpointContent
 import { parseNormStats } from '../../kernels/normalize.ts';
 import { drawNoiseTime } from '../../kernels/flow.ts';
 import { Rng } from '../../kernels/rng.ts';
-import type { ModelBatch } from '../../kernels/small/batch.ts';
+import { sliceBatch, type ModelBatch } from '../../kernels/small/batch.ts';
 import { realPiConfigFromHub, type RealPiConfig } from '../../kernels/pi/config.ts';
 import { toRealPiBatch } from '../../kernels/pi/batch.ts';
 import { realPiPolicy } from '../../kernels/pi/policy.ts';
@@ -26,6 +26,7 @@ import { loadHubTensors } from '../models/load-tensors.ts';
 import { parseEngineModel } from './model-key.ts';
 import { EngineError, type BackendInfo, type EngineInfo, type EngineMemory, type FromWorker, type ToWorker } from './messages.ts';
 import { TenantPool, toExported, type Tenant } from './tenants.ts';
+import { powerOfTwoChunks } from './sample-chunks.ts';
 
 const port = parentPort!;
 /**
@@ -321,7 +322,7 @@ async function infer(policyId: string, args: Record<string, any>): Promise<[unkn
   const noise = new Float32Array(batch.size * per);
   seeds.forEach((seed, i) => noise.set(new Rng(seed).normals(per), i * per));
   if (basePolicies.has(policyId)) {
-    const actions = sampleActions(base.policy, base.view(), config.toBatch(batch), new Rng(0), { numSteps: args.numSteps ?? 10, noise });
+    const actions = inChunks(batch, noise, per, (b, n) => sampleActions(base.policy, base.view(), config.toBatch(b), new Rng(0), { numSteps: args.numSteps ?? 10, noise: n }));
     return [answer(null, { actions, step: null }), answerBuffers(actions)];
   }
   let state = policies.get(policyId) ?? null;
@@ -333,8 +334,28 @@ async function infer(policyId: string, args: Record<string, any>): Promise<[unkn
     step = state.step;
   }
   if (!state) throw new EngineError('not_found', `policy ${policyId} is not loaded in this engine`);
-  const actions = state.sample(config.toBatch(batch), { numSteps: args.numSteps ?? 10, noise });
+  const st = state;
+  const actions = inChunks(batch, noise, per, (b, n) => st.sample(config.toBatch(b), { numSteps: args.numSteps ?? 10, noise: n }));
   return [answer(null, { actions, step }), answerBuffers(actions)];
+}
+
+/**
+ * Samples a policy batch in power-of-two parts (sample-chunks.ts: a bounded number of traced
+ * graphs) within one call, so every part runs on the same weights; `per` floats of noise and of
+ * actions per datum. Returns the actions of every datum in order. Where sampling runs eagerly
+ * (no graphs: wasm, VELA_GRAPHS=0, a family without sampleInputs) each part would pay the whole
+ * per-call dispatch again, so the batch goes in one piece.
+ */
+function inChunks(batch: ModelBatch, noise: Float32Array, per: number, sample: (b: ModelBatch, noise: Float32Array) => Float32Array): Float32Array {
+  const sizes = graphsEnabled() && base.policy.sampleInputs && graphWorthIt(base.policy) ? powerOfTwoChunks(batch.size) : [batch.size];
+  if (sizes.length === 1) return sample(batch, noise);
+  const out = new Float32Array(batch.size * per);
+  let at = 0;
+  for (const n of sizes) {
+    out.set(sample(sliceBatch(batch, at, at + n), noise.slice(at * per, (at + n) * per)), at * per);
+    at += n;
+  }
+  return out;
 }
 
 /**
