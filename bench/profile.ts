@@ -19,17 +19,43 @@ import { graphsAvailable } from '../kernels/backend/graph.ts';
 import { sampleGraphStats } from '../kernels/sample-graph.ts';
 import { lossGraphStats } from '../kernels/step-graph.ts';
 
-const { values } = parseArgs({
-  options: {
-    preset: { type: 'string', default: 'flow05-tiny' },
-    batch: { type: 'string', default: '8' },
-    cameras: { type: 'string', default: '1' },
-    finetune: { type: 'string', default: 'full' },
-    top: { type: 'string', default: '25' },
-    what: { type: 'string', default: 'step' },
-  },
-});
-if (values.what !== 'step' && values.what !== 'sample') throw new Error(`--what is ${values.what}; expected step or sample`);
+const USAGE = `usage: npx tsx bench/profile.ts [options]
+  --what step|sample   a training step (forward_backward + optim_step) or a 10-step sample (default step)
+  --preset NAME        a small preset (default flow05-tiny)
+  --batch N            datums (default 8)
+  --cameras N          camera slots filled (default 1)
+  --finetune full|lora (default full)
+  --top N              rows per table (default 25)
+Kernel times are taken one kernel at a time (tf.profile waits for each), so their sum overstates
+the wall time; on native TensorFlow the last line times the same work as graphs in turns with eager.
+`;
+/** Stops with one line (and the usage) instead of a stack trace. */
+function usageError(message: string): never {
+  process.stderr.write(`bench/profile.ts: ${message}\n${USAGE}`);
+  process.exit(2);
+}
+let parsed: ReturnType<typeof parseArgs<{ options: Record<string, { type: 'string' | 'boolean'; default?: string | boolean }> }>>;
+try {
+  parsed = parseArgs({
+    options: {
+      preset: { type: 'string', default: 'flow05-tiny' },
+      batch: { type: 'string', default: '8' },
+      cameras: { type: 'string', default: '1' },
+      finetune: { type: 'string', default: 'full' },
+      top: { type: 'string', default: '25' },
+      what: { type: 'string', default: 'step' },
+      help: { type: 'boolean', default: false },
+    },
+  });
+} catch (e) {
+  usageError((e as Error).message);
+}
+const values = parsed.values as Record<string, string> & { help: boolean };
+if (values.help) {
+  process.stdout.write(USAGE);
+  process.exit(0);
+}
+if (values.what !== 'step' && values.what !== 'sample') usageError(`--what is '${values.what}'; expected step or sample`);
 const backend = await initBackend();
 const config = makeConfig(values.preset!);
 const B = Number(values.batch);
@@ -71,6 +97,8 @@ const byShape = new Map<string, { ms: number; n: number }>();
 let total = 0;
 for (const k of info.kernels) {
   const ms = Number(k.kernelTimeMs) || 0;
+  // tf.customGrad's forward (kernels/layers.ts: matmul with its transposed-operand gradients, embed) has no kernel name of its own.
+  if (k.name === 'unnamed scope') k.name = 'customGrad op (matmul, embed)';
   total += ms;
   const a = byName.get(k.name) ?? { ms: 0, n: 0 };
   a.ms += ms;

@@ -10,6 +10,7 @@ import * as tf from '@tensorflow/tfjs';
 import { setWasmPaths } from '@tensorflow/tfjs-backend-wasm';
 import { createRequire } from 'node:module';
 import path from 'node:path';
+import { graphsOff } from './graph.ts';
 import { installFastNativeKernels } from './native-fast.ts';
 import { installFastWasmKernels } from './wasm-fast.ts';
 import { applyNativeEnv, installStatus, visibleGpus, type NativeThreads } from './native.ts';
@@ -99,7 +100,7 @@ async function tryOne(kind: BackendKind, threads: Partial<NativeThreads>): Promi
       // libraries missing): that is the node backend with extra weight, so say so and move on.
       if (kind === 'node-gpu' && native.isUsingGpuDevice === false) throw new Error(`libtensorflow ${version} registered no GPU device (are CUDA and cuDNN installed?)`);
       // Read once for the report; kernels/backend/graph.ts reads VELA_GRAPHS at each call.
-      const pools = `threads ${t.intraOp} intra-op, ${t.interOp} inter-op, graphs ${process.env.VELA_GRAPHS === '0' ? 'off (VELA_GRAPHS=0)' : 'on'}`;
+      const pools = `threads ${t.intraOp} intra-op, ${t.interOp} inter-op, graphs ${graphsOff() ? `off (VELA_GRAPHS=${process.env.VELA_GRAPHS})` : 'on'}`;
       const device = kind === 'node-gpu'
         ? `GPU ${gpus[0]}${gpus.length > 1 ? ` (+${gpus.length - 1} more visible, unused)` : ''}, libtensorflow ${version}, memory ${process.env.TF_FORCE_GPU_ALLOW_GROWTH === 'true' ? 'taken as needed' : 'reserved at start'}; ${pools} on the CPU`
         : `CPU, libtensorflow ${version}, ${pools}`;

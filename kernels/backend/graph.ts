@@ -84,12 +84,21 @@ export function graphsAvailable(): boolean {
   return nodeBackend() !== null;
 }
 
+/** VELA_GRAPHS values that turn graphs off. */
+const OFF = new Set(['0', 'false', 'off', 'no']);
+
 /**
- * Whether the kernels make graphs: native TensorFlow is active and VELA_GRAPHS is not `0` (read
- * at each call, so tests and benches can compare both ways in one process).
+ * Whether the kernels make graphs: native TensorFlow is active and VELA_GRAPHS is not `0` (or
+ * `false`, `off`, `no`); read at each call, so tests and benches can compare both ways in one
+ * process.
  */
 export function graphsEnabled(): boolean {
-  return process.env.VELA_GRAPHS !== '0' && graphsAvailable();
+  return !graphsOff() && graphsAvailable();
+}
+
+/** Whether VELA_GRAPHS turns graphs off. */
+export function graphsOff(env: NodeJS.ProcessEnv = process.env): boolean {
+  return OFF.has((env.VELA_GRAPHS ?? '').trim().toLowerCase());
 }
 
 // tfjs-node ships TensorFlow's protos (SavedModel, GraphDef, ...) compiled for google-protobuf.

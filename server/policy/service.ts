@@ -162,7 +162,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   /**
    * One sample of a lone robot's request (one datum, every camera the policy binds, a zero state,
    * an empty prompt) before the first robot sends: on an engine that runs graphs it traces that
-   * layout's graph (0.5-3 s on a small CPU) here rather than in a robot's first answer. Skipped
+   * layout's graph (about 1 s on a 2-core machine) here rather than in a robot's first answer. Skipped
    * where the engine does not make graphs (there a sample costs what it costs). Best effort: a
    * failure is logged and serving goes on.
    */
