@@ -12,20 +12,13 @@
  * rescales adapters gets a graph of its own. VELA_GRAPHS=0 turns graphs off (every call eager).
  */
 import * as tf from '@tensorflow/tfjs';
-import { GraphFunction, GraphTraceError, graphsEnabled, traceGraph } from './backend/graph.ts';
+import { GraphTraceError, graphsEnabled, traceGraph } from './backend/graph.ts';
+import { GraphCache, type CachedGraph } from './graph-cache.ts';
 import type { FlowPolicy, PolicyWeights } from './flow-policy.ts';
 import { gather, recording, type Read } from './weights-trace.ts';
 
-interface Entry {
-  graph: GraphFunction;
-  reads: Read[];
-}
-
-/** Graphs per layout key, for one policy; the oldest layout goes when there are more than MAX_KEYS. */
-const MAX_KEYS = 16;
-/** Weight structures per layout key (e.g. the base's view and a LoRA session's). */
-const MAX_PER_KEY = 4;
-const graphs = new WeakMap<object, Map<string, Entry[] | 'eager'>>();
+/** Per policy, its sampling graphs (kernels/graph-cache.ts: one budget for the thread). */
+const graphs = new WeakMap<object, GraphCache<CachedGraph>>();
 const stats = { traces: 0, runs: 0, refused: 0 };
 
 /**
@@ -59,16 +52,13 @@ export function sampleWithGraph<B, C>(policy: FlowPolicy<B, C>, W: PolicyWeights
   if (!policy.sampleInputs || !graphsEnabled() || !graphWorthIt(policy)) return null;
   const inputs = policy.sampleInputs(batch);
   const key = `${inputs.key}|${noise.shape.join(',')}|${numSteps}`;
-  let byKey = graphs.get(policy);
-  if (!byKey) graphs.set(policy, (byKey = new Map()));
-  const entries = byKey.get(key);
-  if (entries === 'eager') return null;
-  for (const e of entries ?? []) {
-    const weights = gather(e.reads, W);
-    if (weights) {
-      stats.runs++;
-      return e.graph.run([noise, ...weights], inputs.host)[0]!;
-    }
+  let cache = graphs.get(policy);
+  if (!cache) graphs.set(policy, (cache = new GraphCache()));
+  if (cache.isRefused(key)) return null;
+  const found = cache.find(key, W);
+  if (found) {
+    stats.runs++;
+    return found.entry.graph.run([noise, ...found.weights], inputs.host)[0]!;
   }
   const reads: Read[] = [];
   let traced: ReturnType<typeof traceGraph>;
@@ -80,20 +70,11 @@ export function sampleWithGraph<B, C>(policy: FlowPolicy<B, C>, W: PolicyWeights
   } catch (err) {
     if (!(err instanceof GraphTraceError)) throw err;
     if (process.env.VELA_GRAPH_DEBUG) console.error('graph trace failed:', err.message);
-    byKey.set(key, 'eager');
+    cache.refuse(key);
     stats.refused++;
     return null;
   }
-  const list = entries ?? [];
-  list.push({ graph: traced.graph, reads });
-  if (list.length > MAX_PER_KEY) list.shift()!.graph.dispose();
-  byKey.delete(key);
-  byKey.set(key, list);
-  if (byKey.size > MAX_KEYS) {
-    const [oldest, gone] = byKey.entries().next().value as [string, Entry[] | 'eager'];
-    byKey.delete(oldest);
-    if (gone !== 'eager') for (const e of gone) e.graph.dispose();
-  }
+  cache.add(key, { graph: traced.graph, reads });
   // The graph's own answer, not the trace's: every call of a layout then gives the same bits
   // (Grappler's rewrites round differently from eager ops, within float32 rounding).
   tf.dispose(traced.outputs);

@@ -8,7 +8,8 @@
  * full step at batch 8 issues ~1,200 eager ops; bench/results/README.md has what the graph saves.
  */
 import * as tf from '@tensorflow/tfjs';
-import { GraphFunction, GraphTraceError, graphsEnabled, traceGraph } from './backend/graph.ts';
+import { GraphTraceError, graphsEnabled, traceGraph } from './backend/graph.ts';
+import { GraphCache, type CachedGraph } from './graph-cache.ts';
 import type { PolicyWeights, VelocityInputs } from './flow-policy.ts';
 import { lossPerDatum, type LossFn } from './flow.ts';
 import { gather, recording, type Read } from './weights-trace.ts';
@@ -21,9 +22,7 @@ export interface LossArrays {
   weight: Float32Array;
 }
 
-interface Entry {
-  graph: GraphFunction;
-  reads: Read[];
+interface Entry extends CachedGraph {
   /** The parameter name of each gradient output, in output order. */
   gradNames: string[];
 }
@@ -35,8 +34,6 @@ export function lossGraphStats(): Readonly<typeof stats> {
   return { ...stats };
 }
 
-const MAX_KEYS = 8;
-const MAX_PER_KEY = 2;
 
 /**
  * Loss graphs by batch layout, loss function, trained parameters and weight structure. Weights
@@ -44,7 +41,7 @@ const MAX_PER_KEY = 2;
  * of one rank, say) share graphs: lossGraphsOf(policy).
  */
 export class LossGraphs {
-  private readonly byKey = new Map<string, Entry[] | 'eager'>();
+  private readonly cache = new GraphCache<Entry>();
 
   /**
    * The per-datum loss [b] and the gradient of sum_i w_i loss_i for each trained parameter that
@@ -54,19 +51,17 @@ export class LossGraphs {
    */
   run(vin: VelocityInputs, W: PolicyWeights, params: ReadonlyMap<string, tf.Variable>, arrays: LossArrays, shape: number[], lossFn: LossFn): { per: tf.Tensor; grads: Map<string, tf.Tensor> } | null {
     if (!graphsEnabled()) return null;
-    const key = `${vin.key}|${shape.join(',')}|${lossFn}|${[...params.keys()].join(',')}`;
-    const entries = this.byKey.get(key);
-    if (entries === 'eager') return null;
+    // Parameter shapes in the key: LoRA tenants of other ranks read the same names.
+    const key = `${vin.key}|${shape.join(',')}|${lossFn}|${[...params].map(([n, p]) => `${n}:${p.shape.join('x')}`).join(',')}`;
+    if (this.cache.isRefused(key)) return null;
     const host = [arrays.xT, arrays.target, arrays.actionMask, arrays.weight, ...vin.host];
     const answer = (e: Entry, weights: tf.Tensor[]) => {
       stats.runs++;
       const [per, ...grads] = e.graph.run(weights, host);
       return { per: per!, grads: new Map(e.gradNames.map((n, i) => [n, grads[i]!])) };
     };
-    for (const e of entries ?? []) {
-      const weights = gather(e.reads, W);
-      if (weights) return answer(e, weights);
-    }
+    const found = this.cache.find(key, W);
+    if (found) return answer(found.entry, found.weights);
     const reads: Read[] = [];
     const gradNames: string[] = [];
     const nameOf = new Map([...params].map(([n, v]) => [v.name, n]));
@@ -96,31 +91,21 @@ export class LossGraphs {
     } catch (err) {
       if (!(err instanceof GraphTraceError)) throw err;
       if (process.env.VELA_GRAPH_DEBUG) console.error('loss graph trace failed:', err.message);
-      this.byKey.set(key, 'eager');
+      this.cache.refuse(key);
       stats.refused++;
       return null;
     }
     tf.dispose(traced.outputs);
     stats.traces++;
     const entry = { graph: traced.graph, reads, gradNames };
-    const list = entries ?? [];
-    list.push(entry);
-    if (list.length > MAX_PER_KEY) list.shift()!.graph.dispose();
-    this.byKey.delete(key);
-    this.byKey.set(key, list);
-    if (this.byKey.size > MAX_KEYS) {
-      const [oldest, gone] = this.byKey.entries().next().value as [string, Entry[] | 'eager'];
-      this.byKey.delete(oldest);
-      if (gone !== 'eager') for (const e of gone) e.graph.dispose();
-    }
+    this.cache.add(key, entry);
     // The graph's own answer, so that every call of a layout rounds the same way.
     return answer(entry, gather(reads, W)!);
   }
 
   /** Frees every graph's session (idempotent; the graphs are made again as needed). */
   dispose(): void {
-    for (const list of this.byKey.values()) if (list !== 'eager') for (const e of list) e.graph.dispose();
-    this.byKey.clear();
+    this.cache.dispose();
   }
 }
 

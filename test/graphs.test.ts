@@ -190,6 +190,32 @@ describe.runIf(NATIVE_PRESENT)('sampling as one TensorFlow graph', () => {
     base.dispose();
   });
 
+  it('tenants of several weight structures taking turns keep their graphs (no retrace per turn)', () => {
+    const c = makeConfig('flow0-tiny');
+    const base = BaseWeights.create(c, 5);
+    const states = [
+      new TrainingState(base, { finetune: 'full', seed: 1 }),
+      ...[[2, 4], [4, 4], [8, 16], [8, 8]].map(([rank, alpha]) => new TrainingState(base, { finetune: 'lora', rank, alpha, seed: 2 })),
+    ];
+    const b = smallBatch('flow0-tiny', 2, 6, 1);
+    const s0 = sampleGraphStats();
+    const l0 = lossGraphStats();
+    for (let round = 0; round < 3; round++) {
+      for (const s of states) {
+        s.forwardBackward(b);
+        s.optimStep({ learningRate: 1e-3 });
+        s.sample(b, { seed: 1 });
+      }
+    }
+    // Five structures, one layout: five sampling graphs (the full session's is the base view's
+    // structure) and five loss graphs (ranks differ in shape, alphas in scale), whatever the turns.
+    expect(sampleGraphStats().traces - s0.traces).toBe(5);
+    expect(lossGraphStats().traces - l0.traces).toBe(5);
+    expect(lossGraphStats().runs - l0.runs).toBe(15);
+    for (const s of states) s.dispose();
+    base.dispose();
+  });
+
   it('refuses what cannot be a graph instead of baking it in', () => {
     const x = tf.randomNormal([4, 4]);
     // A host read of a traced tensor inside the computation.
