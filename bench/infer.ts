@@ -221,11 +221,17 @@ export async function runInfer(opts: InferOptions): Promise<InferResult> {
     // The policy server's round trips.
     opts.say(`infer: starting a ${SERVED} server and serving a full fine-tune checkpoint`);
     server = await ServerProc.start(SERVED);
-    const url = await server.startPolicy(await makeCheckpoint(server, SERVED, opts.samples.slice(0, 2), 'full'));
+    const ckpt = await makeCheckpoint(server, SERVED, opts.samples.slice(0, 2), 'full');
+    const url = await server.startPolicy(ckpt);
     for (let i = 0; i < BATCH8; i++) clients.push(await OpenPiClient.connect(url));
-    // The policy server's batcher counts (GET /stats): how many engine calls a row's requests made.
-    const statsUrl = `${url.replace(/^ws/, 'http').replace(/\/$/, '')}/stats`;
-    const batchStats = async () => (await (await fetch(statsUrl)).json()) as { requests: number; batches: number };
+    // Batch 1 is a lone robot: a policy server of its own with one client connected. (With other
+    // robots connected but silent, the batcher holds a request up to its window, 5 ms, for company.)
+    const loneUrl = await server.startPolicy(ckpt, true);
+    const lone = await OpenPiClient.connect(loneUrl);
+    clients.push(lone);
+    // The policy servers' batcher counts (GET /stats): how many engine calls a row's requests made.
+    const statsOf = (u: string) => `${u.replace(/^ws/, 'http').replace(/\/$/, '')}/stats`;
+    const batchStats = async (batch: number) => (await (await fetch(statsOf(batch === 1 ? loneUrl : url))).json()) as { requests: number; batches: number };
     const tripRows: { row: Omit<InferRoundTripRow, 'ms' | 'samplesMs' | 'serverInferMs' | 'torchP50' | 'ratio' | 'serverBatchMean'>; s: Series; inferMs: number[]; counted: { requests: number; batches: number } }[] = [];
     for (const batch of [1, BATCH8]) {
       for (const cameras of [1, 3]) {
@@ -233,14 +239,14 @@ export async function runInfer(opts: InferOptions): Promise<InferResult> {
           const { bytes } = await observationMessage(opts.samples[0]!, cameras, { codec, zstd: false }, notes);
           const inferMs: number[] = [];
           const round = async () => {
-            const answers = await Promise.all(clients.slice(0, batch).map((c) => c.infer(bytes)));
+            const answers = await Promise.all((batch === 1 ? [lone] : clients.slice(0, batch)).map((c) => c.infer(bytes)));
             inferMs.push(Math.max(...answers.map((a) => Number(a.policy_timing?.infer_ms ?? NaN))));
           };
           const counted = { requests: 0, batches: 0 };
           const block = async (n: number) => {
-            const a = await batchStats();
+            const a = await batchStats(batch);
             const out = await timeCalls(n, 0, round);
-            const b = await batchStats();
+            const b = await batchStats(batch);
             counted.requests += b.requests - a.requests;
             counted.batches += b.batches - a.batches;
             return out;

@@ -3,7 +3,7 @@
  * temporary data folder, run apart from the clients so its RSS is the server's alone. The parent
  * (bench/server-proc.ts) drives it over Node IPC:
  *   {id, cmd: 'stats'}          -> {rssBytes, heapUsedBytes, tensors: number | null, engine}
- *   {id, cmd: 'policy', dir}    -> {wsUrl}: a policy server (OpenPI protocol) on the same engine
+ *   {id, cmd: 'policy', dir, another?} -> {wsUrl}: a policy server (OpenPI protocol) on the same engine (another: beside the one served)
  *   {id, cmd: 'close'}          -> {} then exits
  * Tensor counts come from the engine op `stats` ({numTensors}); null when the engine lacks it.
  */
@@ -35,7 +35,7 @@ async function main(): Promise<void> {
       return e;
     },
   });
-  let policy: PolicyServerHandle | null = null;
+  const policies: PolicyServerHandle[] = [];
   const engine = () => server.sessions.engineFor(preset);
   const handlers: Record<string, (m: any) => Promise<unknown>> = {
     async stats() {
@@ -51,12 +51,17 @@ async function main(): Promise<void> {
       return { rssBytes: mem.rss, heapUsedBytes: mem.heapUsed, tensors, engine: e.stats(), trainingHeld: server.sessions.gate.held };
     },
     async policy(m) {
-      await policy?.close();
-      policy = await startPolicyServer({ engine: await server.sessions.policyEngineFor(preset), checkpointDir: m.dir, policyId: 'bench-policy', seed: 0, port: 0 });
-      return { wsUrl: policy.wsUrl };
+      // `another`: a second policy server beside the first (its own port, batcher and clients).
+      if (!m.another) {
+        for (const p of policies) await p.close();
+        policies.length = 0;
+      }
+      const p = await startPolicyServer({ engine: await server.sessions.policyEngineFor(preset), checkpointDir: m.dir, policyId: `bench-policy-${policies.length}`, seed: 0, port: 0 });
+      policies.push(p);
+      return { wsUrl: p.wsUrl };
     },
     async close() {
-      await policy?.close();
+      for (const p of policies) await p.close();
       await server.close();
       fs.rmSync(dataDir, { recursive: true, force: true });
       return {};

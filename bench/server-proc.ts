@@ -74,8 +74,9 @@ export class ServerProc {
   }
 
   /** Starts a policy server on a checkpoint folder; resolves with its websocket URL. */
-  async startPolicy(dir: string): Promise<string> {
-    return (await this.send<{ wsUrl: string }>('policy', { dir })).wsUrl;
+  /** Serves checkpoint `dir`: its OpenPI websocket URL. `another`: beside the policy already served, not instead of it. */
+  async startPolicy(dir: string, another = false): Promise<string> {
+    return (await this.send<{ wsUrl: string }>('policy', { dir, another })).wsUrl;
   }
 
   async close(): Promise<void> {
