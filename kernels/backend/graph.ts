@@ -447,7 +447,11 @@ function attrProto(P: ReturnType<typeof protos>, b: Binding, a: OpAttr): Msg {
 
 let graphSeq = 0;
 
-/** Writes `nodes` as a SavedModel (no variables) and loads it as a session: its id. */
+/**
+ * Writes `nodes` as a SavedModel (no variables) and loads it as a session: its id. The addon
+ * loads graphs only from a folder, so this is the kernels' one write: a private temp folder,
+ * removed as soon as TensorFlow has read it. VELA_GRAPH_DEBUG prints sizes and times on stderr.
+ */
 function loadGraph(b: Binding, nodes: Node[]): number {
   const P = protos();
   const graph = new P.GraphDef();
