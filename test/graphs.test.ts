@@ -86,10 +86,13 @@ describe.runIf(NATIVE_PRESENT)('sampling as one TensorFlow graph', () => {
     expect(relDiff(after.eager, ra.eager)).toBeGreaterThan(1e-4);
     expect(sampleGraphStats().traces - before.traces).toBe(1);
 
-    // Another camera layout is another graph; batch 2 too.
-    const three = both(smallBatch(preset, 2, 4, 3), 7);
-    expect(relDiff(three.graph, three.eager)).toBeLessThan(1e-5);
-    expect(sampleGraphStats().traces - before.traces).toBe(2);
+    // Another camera layout is another graph; batch 2 too (one family is enough for this).
+    const layouts = preset === 'flow05-tiny' ? 2 : 1;
+    if (layouts === 2) {
+      const three = both(smallBatch(preset, 2, 4, 3), 7);
+      expect(relDiff(three.graph, three.eager)).toBeLessThan(1e-5);
+    }
+    expect(sampleGraphStats().traces - before.traces).toBe(layouts);
 
     // A LoRA session on the same base reads other tensors: a graph of its own, equal to eager.
     const lora = new TrainingState(base, { finetune: 'lora', rank: 4, seed: 2 });
@@ -98,7 +101,7 @@ describe.runIf(NATIVE_PRESENT)('sampling as one TensorFlow graph', () => {
     const lg = withGraphs(true, () => lora.sample(a, { seed: 5 }));
     const le = withGraphs(false, () => lora.sample(a, { seed: 5 }));
     expect(relDiff(lg, le)).toBeLessThan(1e-5);
-    expect(sampleGraphStats().traces - before.traces).toBe(3);
+    expect(sampleGraphStats().traces - before.traces).toBe(layouts + 1);
     // The base served as it is (BaseWeights.view) reads the names a full fine-tune reads, with no
     // adapters: the full session's graph, fed the base's tensors.
     const view = base.view();
@@ -106,7 +109,7 @@ describe.runIf(NATIVE_PRESENT)('sampling as one TensorFlow graph', () => {
     const be = withGraphs(false, () => sampleActions(base.policy, view, a, new Rng(5)));
     expect(relDiff(bg, be)).toBeLessThan(1e-5);
     expect(relDiff(bg, withGraphs(false, () => s.sample(a, { seed: 5 })))).toBeGreaterThan(1e-4);
-    expect(sampleGraphStats().traces - before.traces).toBe(3);
+    expect(sampleGraphStats().traces - before.traces).toBe(layouts + 1);
     for (const t of [s, lora]) t.dispose();
     base.dispose();
   });
@@ -200,7 +203,7 @@ describe.runIf(NATIVE_PRESENT)('sampling as one TensorFlow graph', () => {
     const b = smallBatch('flow0-tiny', 2, 6, 1);
     const s0 = sampleGraphStats();
     const l0 = lossGraphStats();
-    for (let round = 0; round < 3; round++) {
+    for (let round = 0; round < 2; round++) {
       for (const s of states) {
         s.forwardBackward(b);
         s.optimStep({ learningRate: 1e-3 });
@@ -211,7 +214,7 @@ describe.runIf(NATIVE_PRESENT)('sampling as one TensorFlow graph', () => {
     // structure) and five loss graphs (ranks differ in shape, alphas in scale), whatever the turns.
     expect(sampleGraphStats().traces - s0.traces).toBe(5);
     expect(lossGraphStats().traces - l0.traces).toBe(5);
-    expect(lossGraphStats().runs - l0.runs).toBe(15);
+    expect(lossGraphStats().runs - l0.runs).toBe(10);
     for (const s of states) s.dispose();
     base.dispose();
   });
