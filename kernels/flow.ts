@@ -47,6 +47,19 @@ export function lossPerDatum(velocity: tf.Tensor, target: tf.Tensor, mask: tf.Te
   return tf.div(sum, count);
 }
 
+/**
+ * forward_backward's objective (PROTOCOL.md section 3): the velocity v = velocity(x_t) [b, ah, ad]
+ * against `target` with `actionMask` (both [b, ah, ad] float32), per-datum losses `per` [b] (kept:
+ * it outlives the caller's tidy or tape) and total = sum_i weight_i * per_i (a scalar) to
+ * differentiate. One definition for the eager pass (kernels/trainer.ts) and its traced graph
+ * (kernels/step-graph.ts).
+ */
+export function weightedLoss(velocity: (xT: tf.Tensor) => tf.Tensor, xT: Float32Array, target: Float32Array, actionMask: Float32Array, weight: Float32Array, shape: number[], lossFn: LossFn): { per: tf.Tensor; total: tf.Scalar } {
+  const v = velocity(tf.tensor(xT, shape));
+  const per = tf.keep(lossPerDatum(v, tf.tensor(target, shape), tf.tensor(actionMask, shape), lossFn));
+  return { per, total: tf.sum(tf.mul(per, tf.tensor1d(weight))) as tf.Scalar };
+}
+
 /** d/dvelocity of sum_i w_i * loss_i for mse: 2 w_i (v - u) mask / n_i, as Float32Array [b, ah, ad]. */
 export function mseVelocityGrad(velocity: Float32Array, target: Float32Array, mask: Float32Array, weight: Float32Array): Float32Array {
   const B = weight.length;

@@ -33,6 +33,10 @@ interface Slot {
 const lru = new Set<Slot>();
 let cachedOps = 0;
 
+/**
+ * One kind of graph for one policy: entries by layout key, several per key (one per weight
+ * structure, told apart by replaying their weight reads), and the keys that could not be traced.
+ */
 export class GraphCache<E extends CachedGraph> {
   private readonly byKey = new Map<string, Slot[]>();
   private readonly refused = new Set<string>();

@@ -36,6 +36,15 @@ export function graphWorthIt(policy: FlowPolicy<unknown, unknown>): boolean {
   return n <= GRAPH_MAX_PARAMS;
 }
 
+/**
+ * Whether `policy`'s cached sampler runs as graphs here: graphs enabled (native TensorFlow,
+ * VELA_GRAPHS not off), the family splits its sampler for them (sampleInputs), and the model is
+ * at most GRAPH_MAX_PARAMS. Engines report it (EngineInfo.graphs) and split policy batches by it.
+ */
+export function samplesAsGraphs(policy: FlowPolicy<unknown, unknown>): boolean {
+  return graphsEnabled() && !!policy.sampleInputs && graphWorthIt(policy);
+}
+
 /** Counts since the process started: graphs traced, graph calls made, layouts left eager. */
 export function sampleGraphStats(): Readonly<typeof stats> {
   return { ...stats };
@@ -49,8 +58,8 @@ export function sampleGraphStats(): Readonly<typeof stats> {
  * @throws whatever the family's sampler throws for a bad batch (before any graph runs).
  */
 export function sampleWithGraph<B, C>(policy: FlowPolicy<B, C>, W: PolicyWeights, batch: B, noise: tf.Tensor, numSteps: number): tf.Tensor | null {
-  if (!policy.sampleInputs || !graphsEnabled() || !graphWorthIt(policy)) return null;
-  const inputs = policy.sampleInputs(batch);
+  if (!samplesAsGraphs(policy)) return null;
+  const inputs = policy.sampleInputs!(batch);
   const key = `${inputs.key}|${noise.shape.join(',')}|${numSteps}`;
   let cache = graphs.get(policy);
   if (!cache) graphs.set(policy, (cache = new GraphCache()));

@@ -11,7 +11,7 @@ import * as tf from '@tensorflow/tfjs';
 import { GraphTraceError, graphsEnabled, traceGraph } from './backend/graph.ts';
 import { GraphCache, type CachedGraph } from './graph-cache.ts';
 import type { PolicyWeights, VelocityInputs } from './flow-policy.ts';
-import { lossPerDatum, type LossFn } from './flow.ts';
+import { weightedLoss, type LossFn } from './flow.ts';
 import { gather, recording, type Read } from './weights-trace.ts';
 
 /** The arrays of one forward_backward call besides the model's own: [b, ah, ad] x3 and [b]. */
@@ -71,9 +71,9 @@ export class LossGraphs {
         const rec = recording(W, input, reads);
         let per: tf.Tensor | undefined;
         const { value, grads } = tf.variableGrads(() => {
-          const v = vin.velocity(rec, tf.tensor(arrays.xT, shape));
-          per = tf.keep(lossPerDatum(v, tf.tensor(arrays.target, shape), tf.tensor(arrays.actionMask, shape), lossFn)); // [b]
-          return tf.sum(tf.mul(per, tf.tensor1d(arrays.weight)));
+          const l = weightedLoss((x) => vin.velocity(rec, x), arrays.xT, arrays.target, arrays.actionMask, arrays.weight, shape, lossFn);
+          per = l.per;
+          return l.total;
         }, [...params.values()]);
         value.dispose();
         const out: tf.Tensor[] = [per!];

@@ -18,7 +18,7 @@ import * as tf from '@tensorflow/tfjs';
 import type { PolicyConfig } from './small/config.ts';
 import { ShapeError, type ModelBatch } from './small/batch.ts';
 import { Rng, type RngState } from './rng.ts';
-import { drawNoiseTime, lossPerDatum, noisyActions, type LossFn, type TimeSampling } from './flow.ts';
+import { drawNoiseTime, noisyActions, weightedLoss, type LossFn, type TimeSampling } from './flow.ts';
 import type { FlowPolicy, PolicyWeights } from './flow-policy.ts';
 import { AdamWMoments, adamwStep, resolveAdamWOptions, type AdamWOptions } from './optim.ts';
 import { BaseWeights, TrainerError, checkNamed, size, type NamedTensors } from './base-weights.ts';
@@ -298,9 +298,9 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
       this.accumulateByName(graphed.grads);
     } else {
       const { value, grads } = tf.variableGrads(() => {
-        const v = this.policy.velocity(this.view, batch, tf.tensor(xT, shape), time);
-        per = tf.keep(lossPerDatum(v, tf.tensor(target, shape), tf.tensor(actionMask, shape), lossFn)); // [b]
-        return tf.sum(tf.mul(per, tf.tensor1d(weight)));
+        const l = weightedLoss((x) => this.policy.velocity(this.view, batch, x, time), xT, target, actionMask, weight, shape, lossFn);
+        per = l.per;
+        return l.total;
       }, [...this.params.values()]);
       value.dispose();
       this.accumulate(grads);

@@ -157,6 +157,9 @@ const MAX_CAPTURED_FLOATS = 1024;
 /** A traced computation, runnable as one session call. Dispose it to free the session. */
 export class GraphFunction {
   private disposed = false;
+  // The addon takes the names comma-joined at every call.
+  private readonly inputList: string;
+  private readonly outputList: string;
   constructor(
     private readonly backend: NodeBackend,
     private readonly session: number,
@@ -167,7 +170,10 @@ export class GraphFunction {
     private readonly outputNames: string[],
     /** Ops the trace recorded (what eager dispatch would have issued). */
     readonly opCount: number,
-  ) {}
+  ) {
+    this.inputList = inputNames.join(',');
+    this.outputList = outputNames.join(',');
+  }
 
   /**
    * Runs the graph on `inputs` (same shapes and dtypes as at the trace, in the same order) and
@@ -191,7 +197,7 @@ export class GraphFunction {
         made.push(id);
         return id;
       });
-      const out = b.runSavedModel(this.session, feed, this.inputNames.join(','), this.outputNames.join(','));
+      const out = b.runSavedModel(this.session, feed, this.inputList, this.outputList);
       return out.map((m) => this.backend.createOutputTensor(m));
     } finally {
       for (const id of made) b.deleteTensor(id);

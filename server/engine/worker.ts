@@ -8,8 +8,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import * as tf from '@tensorflow/tfjs';
 import { initBackend, type BackendReport } from '../../kernels/backend/backend.ts';
-import { graphsEnabled } from '../../kernels/backend/graph.ts';
-import { graphWorthIt } from '../../kernels/sample-graph.ts';
+import { samplesAsGraphs } from '../../kernels/sample-graph.ts';
 import { makeConfig } from '../../kernels/small/config.ts';
 import { BaseWeights, TrainingState, sampleActions } from '../../kernels/trainer.ts';
 import { checkpointFiles, loadCheckpoint, saveCheckpoint, type CheckpointContent } from '../../kernels/checkpoint.ts';
@@ -347,7 +346,7 @@ async function infer(policyId: string, args: Record<string, any>): Promise<[unkn
  * per-call dispatch again, so the batch goes in one piece.
  */
 function inChunks(batch: ModelBatch, noise: Float32Array, per: number, sample: (b: ModelBatch, noise: Float32Array) => Float32Array): Float32Array {
-  const sizes = graphsEnabled() && base.policy.sampleInputs && graphWorthIt(base.policy) ? powerOfTwoChunks(batch.size) : [batch.size];
+  const sizes = samplesAsGraphs(base.policy) ? powerOfTwoChunks(batch.size) : [batch.size];
   if (sizes.length === 1) return sample(batch, noise);
   const out = new Float32Array(batch.size * per);
   let at = 0;
@@ -428,7 +427,7 @@ port.on('message', (m: ToWorker) => {
           info: {
             ...info, backend: backendName, backendKind: report.kind, backendDevice: report.device,
             backendFallbacks: backendInfo(report).fallbacks, backendLine: report.line,
-            graphs: graphsEnabled() && graphWorthIt(base.policy),
+            graphs: samplesAsGraphs(base.policy),
           },
           memory: memoryNow(),
         });
