@@ -13,6 +13,7 @@
  */
 import type * as tf from '@tensorflow/tfjs';
 import type { LoraFactors } from './layers.ts';
+import type { ChunkTensors } from './rtc.ts';
 
 /** The weights a forward pass reads, as the trainer hands them over. */
 export interface PolicyWeights {
@@ -89,9 +90,10 @@ export interface FlowPolicy<B, C> {
   /**
    * Euler integration (kernels/flow.ts eulerSample) from `noise` [b, ah, ad] at t = 1 to t = 0 in
    * numSteps steps: [b, ah, ad]. `cache`: the prefix runs once and its keys/values serve every
-   * step; false re-runs velocity at every step (the reference path of tests).
+   * step; false re-runs velocity at every step (the reference path of tests). `chunk`: real-time
+   * chunking against a previous chunk (kernels/rtc.ts), passed on to eulerSample.
    */
-  sample(W: PolicyWeights, batch: B, noise: tf.Tensor, numSteps: number, cache: boolean): tf.Tensor;
+  sample(W: PolicyWeights, batch: B, noise: tf.Tensor, numSteps: number, cache: boolean, chunk?: ChunkTensors): tf.Tensor;
   /**
    * The cached sampler of `batch` split for a traced graph (kernels/sample-graph.ts): `key` names
    * everything besides array shapes that decides which ops run (e.g. which camera slots are
@@ -119,7 +121,7 @@ export interface VelocityInputs {
 export interface SampleInputs {
   readonly key: string;
   readonly host: (Float32Array | Int32Array)[];
-  sample(W: PolicyWeights, noise: tf.Tensor, numSteps: number): tf.Tensor;
+  sample(W: PolicyWeights, noise: tf.Tensor, numSteps: number, chunk?: ChunkTensors): tf.Tensor;
 }
 
 /** Whether `x` is a FlowPolicy (rather than a small preset's PolicyConfig). */

@@ -8,6 +8,7 @@
  */
 import * as tf from '@tensorflow/tfjs';
 import type { Rng } from './rng.ts';
+import { guidanceGradient, guidanceWeight, prefixTimes, type ChunkTensors } from './rtc.ts';
 
 export type LossFn = 'mse' | 'l1';
 
@@ -80,19 +81,43 @@ export function mseVelocityGrad(velocity: Float32Array, target: Float32Array, ma
 /**
  * Euler integration from noise (t = 1) to t = 0: dt = -1 / numSteps, `x += dt * v(x, t)`,
  * `t += dt` while t >= -dt / 2 (MODEL.md "Sampling"); t is kept in float32 as openpi does.
- * `velocityAt(x, t)` returns a new tensor; x starts as `noise` [b, ah, ad]. Returns the final x
- * (the caller owns it).
+ * `velocityAt(x, time)` returns a new tensor [b, ah, ad] for x [b, ah, ad] at flow times `time`:
+ * [b] (one per datum), or [b * ah] (one per action) in RTC's prefix mode. x starts as `noise`
+ * [b, ah, ad]. With `chunk` (kernels/rtc.ts) the chunk is made to continue a previous one:
+ * `guided` adds c(t) ∇_x L to the velocity (one backward pass per step), `prefix` holds each
+ * datum's first d actions at the previous chunk's (flow time 0 for them). Returns the final x (the
+ * caller owns it).
+ * @throws RangeError for numSteps that is not an integer >= 1.
  */
-export function eulerSample(noise: tf.Tensor, numSteps: number, velocityAt: (x: tf.Tensor, t: number) => tf.Tensor): tf.Tensor {
+export function eulerSample(noise: tf.Tensor, numSteps: number, velocityAt: (x: tf.Tensor, time: Float32Array) => tf.Tensor, chunk?: ChunkTensors): tf.Tensor {
   if (!Number.isInteger(numSteps) || numSteps < 1) throw new RangeError(`num_steps is ${numSteps}; it must be an integer >= 1`);
   const dt = Math.fround(-1 / numSteps);
+  const [b, ah] = noise.shape as [number, number, number];
+  const prefix = chunk?.mode === 'prefix' ? chunk : null;
+  // prefix: keep = 1 - weights, so x = keep * x + weights * prev holds the first d actions.
+  const keep = prefix ? tf.sub(1, prefix.weights) : null;
+  const hold = (x: tf.Tensor) => (prefix ? tf.add(tf.mul(keep!, x), tf.mul(prefix.weights, prefix.actions)) : x);
   let t = 1;
-  let x = tf.clone(noise);
-  while (t >= -dt / 2) {
-    const next = tf.tidy(() => tf.add(x, tf.mul(velocityAt(x, t), dt)));
-    x.dispose();
-    x = next;
-    t = Math.fround(t + dt);
+  let x = prefix ? tf.tidy(() => hold(noise)) : tf.clone(noise);
+  try {
+    while (t >= -dt / 2) {
+      const time = prefix ? prefixTimes(prefix.delays, ah, t) : new Float32Array(b).fill(t);
+      const tt = t;
+      const next = tf.tidy(() => {
+        if (chunk?.mode === 'guided') {
+          const { velocity, grad } = guidanceGradient((xx) => velocityAt(xx, time), x, tt, chunk.actions, chunk.weights);
+          const v = tf.add(velocity, tf.mul(grad, guidanceWeight(tt, chunk.maxGuidance)));
+          tf.dispose([velocity, grad]);
+          return tf.add(x, tf.mul(v, dt));
+        }
+        return hold(tf.add(x, tf.mul(velocityAt(x, time), dt)));
+      });
+      x.dispose();
+      x = next;
+      t = Math.fround(t + dt);
+    }
+  } finally {
+    keep?.dispose();
   }
   return x;
 }

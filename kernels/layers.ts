@@ -166,14 +166,14 @@ export function rmsNorm(x: tf.Tensor, weight: tf.Tensor): tf.Tensor {
 }
 
 /**
- * Adaptive RMSNorm (D3): `mod` [b, 3w] is the zero-initialised Linear(w, 3w) of the
- * conditioning, split as scale, shift, gate. x [b, t, w] -> normed * (1 + scale) + shift, and
- * the gate [b, 1, w] that multiplies the sub-layer's output.
+ * Adaptive RMSNorm (D3): `mod` [b, 3w] (or [b, t, 3w], a conditioning per token) is the
+ * zero-initialised Linear(w, 3w) of the conditioning, split as scale, shift, gate. x [b, t, w] ->
+ * normed * (1 + scale) + shift, and the gate [b, 1 or t, w] that multiplies the sub-layer's output.
  */
 export function adaRmsNorm(x: tf.Tensor, mod: tf.Tensor): { y: tf.Tensor; gate: tf.Tensor } {
   const w = x.shape[x.rank - 1]!;
   const b = mod.shape[0]!;
-  const [scale, shift, gate] = tf.split(tf.reshape(mod, [b, 1, 3 * w]), 3, 2) as [tf.Tensor, tf.Tensor, tf.Tensor]; // [b, 1, w] each
+  const [scale, shift, gate] = tf.split(tf.reshape(mod, [b, -1, 3 * w]), 3, 2) as [tf.Tensor, tf.Tensor, tf.Tensor]; // [b, 1 or n, w] each
   const y = tf.add(tf.mul(rmsNormalize(x), tf.add(scale, 1)), shift);
   return { y, gate };
 }

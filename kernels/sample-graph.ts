@@ -15,6 +15,7 @@ import * as tf from '@tensorflow/tfjs';
 import { GraphTraceError, graphsEnabled, traceGraph } from './backend/graph.ts';
 import { GraphCache, type CachedGraph } from './graph-cache.ts';
 import type { FlowPolicy, PolicyWeights } from './flow-policy.ts';
+import type { ChunkTensors } from './rtc.ts';
 import { gather, recording, type Read } from './weights-trace.ts';
 
 /** Per policy, its sampling graphs (kernels/graph-cache.ts: one budget for the thread). */
@@ -51,30 +52,36 @@ export function sampleGraphStats(): Readonly<typeof stats> {
 }
 
 /**
- * Actions [b, ah, ad] from the cached sampler of `policy` run as one graph call, or null where
+ * Actions [b, ah, ad] from the cached sampler of `policy` run as one graph call (with `chunk`,
+ * real-time chunking: kernels/rtc.ts), or null where
  * graphs are not available or not enabled, the family has no sampleInputs, the model is above
  * GRAPH_MAX_PARAMS, or this layout could not be traced (remembered: it then stays eager). The first call of a layout traces (an eager
  * run, the graph's load and one graph run); the caller owns the result.
  * @throws whatever the family's sampler throws for a bad batch (before any graph runs).
  */
-export function sampleWithGraph<B, C>(policy: FlowPolicy<B, C>, W: PolicyWeights, batch: B, noise: tf.Tensor, numSteps: number): tf.Tensor | null {
+export function sampleWithGraph<B, C>(policy: FlowPolicy<B, C>, W: PolicyWeights, batch: B, noise: tf.Tensor, numSteps: number, chunk?: ChunkTensors): tf.Tensor | null {
   if (!samplesAsGraphs(policy)) return null;
   const inputs = policy.sampleInputs!(batch);
-  const key = `${inputs.key}|${noise.shape.join(',')}|${numSteps}`;
+  // RTC: the previous chunk and its weights are inputs; what decides the ops is baked in the key
+  // (guided: β, the guidance weight per step being a constant; prefix: the delays, whose
+  // per-action times become the steps' time embeddings).
+  const rtc = !chunk ? '' : chunk.mode === 'guided' ? `|guided:${chunk.maxGuidance}` : `|prefix:${chunk.delays.join(',')}`;
+  const key = `${inputs.key}|${noise.shape.join(',')}|${numSteps}${rtc}`;
+  const fed = chunk ? [noise, chunk.actions, chunk.weights] : [noise];
   let cache = graphs.get(policy);
   if (!cache) graphs.set(policy, (cache = new GraphCache()));
   if (cache.isRefused(key)) return null;
   const found = cache.find(key, W);
   if (found) {
     stats.runs++;
-    return found.entry.graph.run([noise, ...found.weights], inputs.host)[0]!;
+    return found.entry.graph.run([...fed, ...found.weights], inputs.host)[0]!;
   }
   const reads: Read[] = [];
   let traced: ReturnType<typeof traceGraph>;
   try {
     traced = traceGraph((input) => {
-      input(noise);
-      return [inputs.sample(recording(W, input, reads), noise, numSteps)];
+      for (const t of fed) input(t);
+      return [inputs.sample(recording(W, input, reads), noise, numSteps, chunk)];
     }, inputs.host);
   } catch (err) {
     if (!(err instanceof GraphTraceError)) throw err;
@@ -89,5 +96,5 @@ export function sampleWithGraph<B, C>(policy: FlowPolicy<B, C>, W: PolicyWeights
   tf.dispose(traced.outputs);
   stats.traces++;
   stats.runs++;
-  return traced.graph.run([noise, ...gather(reads, W)!], inputs.host)[0]!;
+  return traced.graph.run([...fed, ...gather(reads, W)!], inputs.host)[0]!;
 }

@@ -13,6 +13,7 @@
  * export / import.
  */
 import { sampleWithGraph } from './sample-graph.ts';
+import { chunkTensors, type ChunkPrefix, type ChunkTensors } from './rtc.ts';
 import { lossGraphsOf, type LossGraphs } from './step-graph.ts';
 import * as tf from '@tensorflow/tfjs';
 import type { PolicyConfig } from './small/config.ts';
@@ -57,6 +58,14 @@ export interface TrainingOptions {
   emaDecay?: number;
   /** Training time distribution (kernels/flow.ts), default `beta`. */
   timeSampling?: TimeSampling;
+  /**
+   * Training-time real-time chunking (kernels/rtc.ts, arXiv 2512.05964): forward_backward draws a
+   * delay d ~ uniform{0..rtcMaxDelay} per datum after the noise and time, gives the datum's first
+   * d actions clean at flow time 0 (x_t = the actions there) and counts the loss on the rest only.
+   * A policy so trained is served with RTC's `prefix` mode. An integer in [0, horizon - 1];
+   * default 0 (off: the draws and the loss are exactly those without it).
+   */
+  rtcMaxDelay?: number;
 }
 
 /**
@@ -129,6 +138,7 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
   readonly params: Map<string, tf.Variable>;
   readonly emaDecay: number;
   readonly timeSampling: TimeSampling;
+  readonly rtcMaxDelay: number;
   /** The moving average of `params` (same names), or null when emaDecay is 0. */
   private ema: Map<string, tf.Variable> | null = null;
   private emaUpdates = 0;
@@ -169,6 +179,9 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
     this.emaDecay = options.emaDecay ?? 0;
     this.timeSampling = options.timeSampling ?? 'beta';
     if (this.timeSampling !== 'beta' && this.timeSampling !== 'uniform') throw new TrainerError('bad_option', `time_sampling is '${String(this.timeSampling)}'; expected 'beta' or 'uniform'`);
+    this.rtcMaxDelay = options.rtcMaxDelay ?? 0;
+    const H = this.policy.horizon;
+    if (!Number.isInteger(this.rtcMaxDelay) || this.rtcMaxDelay < 0 || this.rtcMaxDelay >= H) throw new TrainerError('bad_option', `rtc_max_delay is ${this.rtcMaxDelay}; it must be an integer in [0, ${H - 1}] (the horizon is ${H})`);
     if (!(this.emaDecay >= 0 && this.emaDecay < 1)) throw new TrainerError('bad_option', `ema_decay is ${this.emaDecay}; it must be in [0, 1)`);
     const seed = options.seed ?? 0;
     const initRng = new Rng(seed);
@@ -278,6 +291,23 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
   }
 
   /**
+   * Training-time RTC (TrainingOptions.rtcMaxDelay): one delay d_i per datum from the state's
+   * generator, then per-action times [b * ah] (0 on the first d_i actions, t_i after), x_t equal to
+   * the clean actions there, and the loss mask cleared on them.
+   */
+  private withDelays(batch: B, drawn: ReturnType<TrainingState<B, C>['draw']>): { xT: Float32Array; target: Float32Array; time: Float32Array; actionMask: Float32Array } {
+    const { horizon: H, actionDim: A } = this.policy;
+    const targets = this.policy.lossTargets(batch);
+    const u = this.rng.uniforms(drawn.time.length);
+    const delays = Array.from(u, (x) => Math.min(this.rtcMaxDelay, Math.floor(x * (this.rtcMaxDelay + 1))));
+    const time = new Float32Array(delays.length * H).map((_, k) => (k % H < delays[Math.floor(k / H)]! ? 0 : drawn.time[Math.floor(k / H)]!));
+    const { xT } = noisyActions(targets.actions, drawn.noise, time);
+    const actionMask = Float32Array.from(targets.actionMask);
+    delays.forEach((d, i) => actionMask.fill(0, i * H * A, (i * H + d) * A));
+    return { xT, target: drawn.target, time, actionMask };
+  }
+
+  /**
    * forward_backward: draws noise and time, adds the gradient of sum_i w_i * loss_i to G and
    * sum_i w_i to D. Returns loss = sum w_i loss_i / sum w_i (0 when every weight is 0) and
    * loss_per_datum [b]. Throws ShapeError for a batch that does not fit the config.
@@ -287,8 +317,8 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
     const lossFn = options.lossFn ?? 'mse';
     if (lossFn !== 'mse' && lossFn !== 'l1') throw new TrainerError('bad_option', `loss_fn is '${String(lossFn)}'; expected 'mse' or 'l1'`);
     const B = this.policy.batchSize(batch);
-    const { actionMask, weight } = this.policy.lossTargets(batch);
-    const { xT, target, time } = this.draw(batch, options);
+    const { weight } = this.policy.lossTargets(batch);
+    const { xT, target, time, actionMask } = this.rtcMaxDelay > 0 ? this.withDelays(batch, this.draw(batch, options)) : { ...this.draw(batch, options), actionMask: this.policy.lossTargets(batch).actionMask };
     const shape = this.actionShape(B);
     let per: tf.Tensor | undefined;
     const vin = this.policy.velocityInputs?.(batch, time);
@@ -437,9 +467,10 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
    * sample: Euler integration from seeded noise (MODEL.md "Sampling"), actions [b, ah, ad].
    * The prefix is encoded once and its keys/values cached; `cache: false` re-encodes it at
    * every step (the reference path of the tests). Without a seed the state's sampling
-   * generator is used (and advances).
+   * generator is used (and advances). `chunk`: real-time chunking against the previous chunk
+   * (kernels/rtc.ts).
    */
-  sample(batch: B, options: { numSteps?: number; seed?: number; cache?: boolean; noise?: Float32Array; ema?: boolean } = {}): Float32Array {
+  sample(batch: B, options: { numSteps?: number; seed?: number; cache?: boolean; noise?: Float32Array; ema?: boolean; chunk?: ChunkPrefix } = {}): Float32Array {
     const view = this.viewFor(options.ema);
     if (options.seed !== undefined && !Number.isFinite(options.seed)) throw new TrainerError('bad_option', `seed is ${options.seed}; it must be a finite number`);
     return sampleActions(this.policy, view, batch, options.seed !== undefined ? new Rng(options.seed) : this.sampleRng, options);
@@ -592,11 +623,13 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
  * Euler sampling (MODEL.md "Sampling") of `policy` computing with `view` (a training state's
  * weights, or a frozen base's: BaseWeights.view): actions [b, ah, ad] float32, the prefix encoded
  * once and its keys / values cached unless `cache: false`. Noise is `options.noise` ([b, ah, ad],
- * the policy server's per-request streams, drawing nothing) or drawn from `rng`.
+ * the policy server's per-request streams, drawing nothing) or drawn from `rng`. With
+ * `options.chunk` each datum's chunk continues its previous one (real-time chunking,
+ * kernels/rtc.ts: guided by a vector-Jacobian product per step, or a trained policy's prefix).
  * @throws ShapeError (the batch, or noise of the wrong length), TrainerError('bad_option')
- *   for num_steps outside [1, 1000].
+ *   for num_steps outside [1, 1000] or a chunk that does not fit the batch (naming the field).
  */
-export function sampleActions<B, C>(policy: FlowPolicy<B, C>, view: PolicyWeights, batch: B, rng: Rng, options: { numSteps?: number; cache?: boolean; noise?: Float32Array } = {}): Float32Array {
+export function sampleActions<B, C>(policy: FlowPolicy<B, C>, view: PolicyWeights, batch: B, rng: Rng, options: { numSteps?: number; cache?: boolean; noise?: Float32Array; chunk?: ChunkPrefix } = {}): Float32Array {
   policy.checkBatch(batch, false);
   const numSteps = options.numSteps ?? 10;
   if (!Number.isInteger(numSteps) || numSteps < 1 || numSteps > 1000) {
@@ -605,13 +638,21 @@ export function sampleActions<B, C>(policy: FlowPolicy<B, C>, view: PolicyWeight
   const shape = [policy.batchSize(batch), policy.horizon, policy.actionDim];
   const n = size(shape);
   if (options.noise && options.noise.length !== n) throw new ShapeError('shape_mismatch', `noise has ${options.noise.length} values; the batch needs ${n}`);
+  let chunk: ChunkTensors | undefined;
+  if (options.chunk) {
+    try {
+      chunk = chunkTensors(options.chunk, shape[0]!, shape[1]!, shape[2]!);
+    } catch (e) {
+      throw new TrainerError('bad_option', (e as Error).message);
+    }
+  }
   const noise = tf.tensor(options.noise ?? rng.normals(n), shape);
   let out: tf.Tensor;
   try {
     const cache = options.cache !== false;
-    out = (cache ? sampleWithGraph(policy, view, batch, noise, numSteps) : null) ?? policy.sample(view, batch, noise, numSteps, cache);
+    out = (cache ? sampleWithGraph(policy, view, batch, noise, numSteps, chunk) : null) ?? policy.sample(view, batch, noise, numSteps, cache, chunk);
   } finally {
-    noise.dispose();
+    tf.dispose([noise, ...(chunk ? [chunk.actions, chunk.weights] : [])]);
   }
   const data = out.dataSync() as Float32Array;
   out.dispose();

@@ -17,6 +17,7 @@
 import * as tf from '@tensorflow/tfjs';
 import { ShapeError } from '../errors.ts';
 import { drawNoiseTime, eulerSample } from '../flow.ts';
+import type { ChunkTensors } from '../rtc.ts';
 import { geluTanh, rmsNorm, rmsNormalize, swish, type LoraFactors } from '../layers.ts';
 import type { Rng } from '../rng.ts';
 import { tokensPerCamera, type GemmaDims, type RealPiConfig } from './config.ts';
@@ -105,7 +106,8 @@ function layerNorm(P: RealPiWeights, name: string, x: tf.Tensor): tf.Tensor {
  */
 function gemmaNorm(P: RealPiWeights, name: string, x: tf.Tensor, cond: tf.Tensor | null): { y: tf.Tensor; gate: tf.Tensor | null } {
   if (!cond) return { y: rmsNorm(x, tf.add(param(P, `${name}.weight`), 1)), gate: null };
-  const [scale, shift, gate] = tf.split(tf.expandDims(linear(P, `${name}.dense`, cond), 1), 3, 2) as [tf.Tensor, tf.Tensor, tf.Tensor]; // [b, 1, w] each
+  const mod = linear(P, `${name}.dense`, cond);
+  const [scale, shift, gate] = tf.split(cond.rank === 2 ? tf.expandDims(mod, 1) : mod, 3, 2) as [tf.Tensor, tf.Tensor, tf.Tensor]; // [b, 1 or s, w] each
   return { y: tf.add(tf.mul(rmsNormalize(x), tf.add(scale, 1)), shift), gate };
 }
 
@@ -392,7 +394,8 @@ export function timeEmbedding(time: Float32Array, width: number): Float32Array {
 }
 
 /**
- * The suffix (FACTS 1.8 / 1.9) for noisy actions xT [b, ah, ad] at times [b].
+ * The suffix (FACTS 1.8 / 1.9) for noisy actions xT [b, ah, ad] at times [b] (or [b * ah], a
+ * time per action: RTC's prefix, kernels/rtc.ts).
  * pi0: [state_proj(state); action_time_mlp_out(swish(action_time_mlp_in([action_in_proj(x_t);
  * e(t)])))], flags [1, 1, 0, ...]. pi0.5: action_in_proj(x_t), flags [1, 0, ...], and the
  * conditioning cond = swish(time_mlp_out(swish(time_mlp_in(e(t))))) [b, E] for every expert norm.
@@ -402,11 +405,13 @@ export function embedSuffix(model: RealPiModel, state: Float32Array | undefined,
   const { config: c, params: P } = model;
   const [b, ah] = xT.shape as [number, number, number];
   const E = c.expert.width;
-  const temb = tf.tensor2d(timeEmbedding(time, E), [b, E]);
+  // One time per datum [b, E], or per action [b, ah, E] (RTC's prefix at time 0: kernels/rtc.ts).
+  const perAction = time.length === b * ah;
+  const temb = perAction ? tf.tensor3d(timeEmbedding(time, E), [b, ah, E]) : tf.tensor2d(timeEmbedding(time, E), [b, E]);
   const act = linear(P, 'model.action_in_proj', xT); // [b, ah, E]
   if (c.variant === 'pi0') {
     if (!state) throw new ShapeError('shape_mismatch', 'pi0 needs batch.state [b, stateDim]; it is missing');
-    const tt = tf.tile(tf.expandDims(temb, 1), [1, ah, 1]); // [b, ah, E]
+    const tt = perAction ? temb : tf.tile(tf.expandDims(temb, 1), [1, ah, 1]); // [b, ah, E]
     const h = linear(P, 'model.action_time_mlp_out', swish(linear(P, 'model.action_time_mlp_in', tf.concat([act, tt], 2))));
     const st = tf.expandDims(linear(P, 'model.state_proj', tf.tensor2d(state, [b, c.stateDim])), 1); // [b, 1, E]
     const ar = new Uint8Array(1 + ah);
@@ -414,7 +419,7 @@ export function embedSuffix(model: RealPiModel, state: Float32Array | undefined,
     ar[1] = 1;
     return { embs: tf.concat([st, h], 1), cond: null, ar };
   }
-  const cond = swish(linear(P, 'model.time_mlp_out', swish(linear(P, 'model.time_mlp_in', temb)))); // [b, E]
+  const cond = swish(linear(P, 'model.time_mlp_out', swish(linear(P, 'model.time_mlp_in', temb)))); // [b, E] or [b, ah, E]
   const ar = new Uint8Array(ah);
   ar[0] = 1;
   return { embs: act, cond, ar };
@@ -541,8 +546,8 @@ function asActions(c: RealPiConfig, b: number, x: tf.Tensor | Float32Array, fiel
   return x instanceof Float32Array ? tf.tensor3d(x, shape as [number, number, number]) : tf.reshape(x, shape);
 }
 
-function checkTime(b: number, time: Float32Array): void {
-  if (time.length !== b) throw new ShapeError('shape_mismatch', `time has ${time.length} values; expected one per datum (${b})`);
+function checkTime(b: number, time: Float32Array, ah: number): void {
+  if (time.length !== b && time.length !== b * ah) throw new ShapeError('shape_mismatch', `time has ${time.length} values; expected one per datum (${b}) or one per action (${b} x ${ah})`);
 }
 
 /**
@@ -553,7 +558,7 @@ function checkTime(b: number, time: Float32Array): void {
 export function velocity(model: RealPiModel, batch: RealPiBatch, xT: tf.Tensor | Float32Array, time: Float32Array): tf.Tensor {
   const c = model.config;
   checkBatch(c, batch);
-  checkTime(batch.size, time);
+  checkTime(batch.size, time, c.actionHorizon);
   return tf.tidy(() => {
     const b = batch.size;
     const prefix = embedPrefix(model, batch);
@@ -593,7 +598,7 @@ function actionHead(model: RealPiModel, suffixOut: tf.Tensor): tf.Tensor {
 export function computeLoss(model: RealPiModel, batch: RealPiBatch, noise: tf.Tensor | Float32Array, time: Float32Array): tf.Tensor {
   const c = model.config;
   checkBatch(c, batch, true);
-  checkTime(batch.size, time);
+  checkTime(batch.size, time, 1); // one time per datum here
   return tf.tidy(() => {
     const b = batch.size;
     const eps = asActions(c, b, noise, 'noise');
@@ -659,7 +664,7 @@ export function sampleHost(c: RealPiConfig, batch: RealPiBatch): SampleHost {
  * sampleHost(config, batch), computed here when not given.
  * @throws ShapeError for a batch or noise that does not fit the config; RangeError for numSteps < 1.
  */
-export function sample(model: RealPiModel, batch: RealPiBatch, noise: tf.Tensor | Float32Array, numSteps = model.config.numSteps, host?: SampleHost): tf.Tensor {
+export function sample(model: RealPiModel, batch: RealPiBatch, noise: tf.Tensor | Float32Array, numSteps = model.config.numSteps, host?: SampleHost, chunk?: ChunkTensors): tf.Tensor {
   const c = model.config;
   checkBatch(c, batch);
   const b = batch.size;
@@ -676,8 +681,7 @@ export function sample(model: RealPiModel, batch: RealPiBatch, noise: tf.Tensor 
   });
   try {
     const x0 = asActions(c, b, noise, 'noise');
-    const out = eulerSample(x0, numSteps, (x, t) => {
-      const time = new Float32Array(b).fill(t);
+    const out = eulerSample(x0, numSteps, (x, time) => {
       const suffix = embedSuffix(model, batch.state, x, time);
       const [out] = gemmaStack(
         model.params,
@@ -687,7 +691,7 @@ export function sample(model: RealPiModel, batch: RealPiBatch, noise: tf.Tensor 
         null,
       );
       return actionHead(model, out!);
-    });
+    }, chunk);
     if (x0 !== noise) x0.dispose();
     return out;
   } finally {

@@ -124,9 +124,9 @@ export function realPiPolicy(c: RealPiConfig, name = `real-${c.variant}`): FlowP
       return { actions: batch.actions!, actionMask, weight: batch.weight ?? new Float32Array(b).fill(1) };
     },
     velocity: (W, batch, xT, time) => velocity(model(W), batch, xT, time),
-    sample(W, batch, noise, numSteps, cache) {
-      if (cache) return sample(model(W), batch, noise, numSteps);
-      return eulerSample(noise, numSteps, (x, t) => velocity(model(W), batch, x, new Float32Array(batch.size).fill(t)));
+    sample(W, batch, noise, numSteps, cache, chunk) {
+      if (cache) return sample(model(W), batch, noise, numSteps, undefined, chunk);
+      return eulerSample(noise, numSteps, (x, time) => velocity(model(W), batch, x, time), chunk);
     },
     sampleInputs(given) {
       checkBatch(c, given);
@@ -139,7 +139,7 @@ export function realPiPolicy(c: RealPiConfig, name = `real-${c.variant}`): FlowP
       return {
         key: `${batch.size}|${batch.numCameras}|${batch.tokens.length}`,
         host: arrays,
-        sample: (W, noise, numSteps) => sample(model(W), batch, noise, numSteps, host),
+        sample: (W, noise, numSteps, chunk) => sample(model(W), batch, noise, numSteps, host, chunk),
       };
     },
   };

@@ -8,6 +8,7 @@ import type { PolicyConfig } from './config.ts';
 import { ShapeError, type ModelBatch } from './batch.ts';
 import { eulerSample } from '../flow.ts';
 import type { FlowPolicy, PolicyWeights } from '../flow-policy.ts';
+import type { ChunkTensors } from '../rtc.ts';
 import { selectTargets, zeroGateRule } from '../lora.ts';
 import { decodeSuffix, disposeCache, encodePrefix, initialValues, paramSpecs, prefixHost, timeEmbedding, velocity, type PrefixHost, type WeightsView } from './model.ts';
 
@@ -22,15 +23,14 @@ function adaGatesClosed(base: ReadonlyMap<string, tf.Tensor>): boolean {
 }
 
 /** Euler sampling with the prefix's keys / values computed once (MODEL.md "Sampling"). */
-function cachedSample(V: WeightsView, batch: ModelBatch, host: PrefixHost, noise: tf.Tensor, numSteps: number): tf.Tensor {
-  const times = (t: number) => new Float32Array(batch.size).fill(t);
+function cachedSample(V: WeightsView, batch: ModelBatch, host: PrefixHost, noise: tf.Tensor, numSteps: number, chunk?: ChunkTensors): tf.Tensor {
   const kept = tf.tidy(() => {
     const k = encodePrefix(V, batch, host);
     return { kT: k.kT, v: k.v, keyBias: k.keyBias };
   });
   const full = { ...kept, length: kept.keyBias.shape[3]! };
   try {
-    return eulerSample(noise, numSteps, (x, t) => decodeSuffix(V, batch, full, x, times(t)));
+    return eulerSample(noise, numSteps, (x, time) => decodeSuffix(V, batch, full, x, time), chunk);
   } finally {
     disposeCache(full);
   }
@@ -73,18 +73,18 @@ export function smallPolicy(c: PolicyConfig): FlowPolicy<ModelBatch, PolicyConfi
     },
     lossTargets: (batch) => batch,
     velocity: (W, batch, xT, time) => velocity(view(W), batch, xT, time),
-    sample(W, batch, noise, numSteps, cache) {
+    sample(W, batch, noise, numSteps, cache, chunk) {
       const V = view(W);
-      const times = (t: number) => new Float32Array(batch.size).fill(t);
-      if (!cache) return eulerSample(noise, numSteps, (x, t) => velocity(V, batch, x, times(t)));
-      return cachedSample(V, batch, prefixHost(c, batch), noise, numSteps);
+      if (!cache) return eulerSample(noise, numSteps, (x, time) => velocity(V, batch, x, time), chunk);
+      return cachedSample(V, batch, prefixHost(c, batch), noise, numSteps, chunk);
     },
     velocityInputs(batch, time) {
       const host = prefixHost(c, batch);
       const timeEmb = timeEmbedding(time, c.width);
       const arrays = [host.patches, batch.tokens, host.bins, host.keyBias, timeEmb, c.variant === 'pi0' ? batch.state : null];
       return {
-        key: `${batch.size}|${host.slots.join(',')}`,
+        // A time per action (training-time RTC) is another graph: its time embedding is [b, ah, w].
+        key: `${batch.size}|${host.slots.join(',')}|${time.length}`,
         host: arrays.filter((a): a is Float32Array | Int32Array => a !== null),
         velocity: (W, xT) => velocity(view(W), batch, xT, time, host, timeEmb),
       };
@@ -95,7 +95,7 @@ export function smallPolicy(c: PolicyConfig): FlowPolicy<ModelBatch, PolicyConfi
       return {
         key: `${batch.size}|${host.slots.join(',')}`,
         host: arrays.filter((a): a is Float32Array | Int32Array => a !== null),
-        sample: (W, noise, numSteps) => cachedSample(view(W), batch, host, noise, numSteps),
+        sample: (W, noise, numSteps, chunk) => cachedSample(view(W), batch, host, noise, numSteps, chunk),
       };
     },
   };

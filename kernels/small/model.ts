@@ -366,7 +366,7 @@ export function disposeCache(cache: PrefixCache): void {
 
 /**
  * The velocity [b, ah, ad] for noisy actions xT [b, ah, ad] at times `time` [b] (t = 1 is
- * noise), decoding the suffix against the prefix cache; `timeEmb` is timeEmbedding(time, width). pi0: suffix = [state token, actions],
+ * noise; or [b * ah], a time per action: RTC's prefix, kernels/rtc.ts), decoding the suffix against the prefix cache; `timeEmb` is timeEmbedding(time, width). pi0: suffix = [state token, actions],
  * the state token sees the prefix and itself; pi0.5: suffix = actions, time conditions the
  * adaptive RMSNorm of every action-expert block. Action tokens see everything (D8).
  */
@@ -375,17 +375,19 @@ export function decodeSuffix(W: WeightsView, batch: ModelBatch, cache: PrefixCac
   const B = batch.size;
   const w = c.width;
   const H = c.horizon;
-  const temb = tf.tensor2d(timeEmb, [B, w]);
+  // One time per datum [b, w], or per action [b, ah, w] (RTC's prefix at time 0: kernels/rtc.ts).
+  const perAction = time.length === B * H;
+  const temb = perAction ? tf.tensor3d(timeEmb, [B, H, w]) : tf.tensor2d(timeEmb, [B, w]);
   let act = tf.add(linear(xT, lin(W, 'act.in')), tf.expandDims(W.get('act.pos'), 0)); // [b, ah, w]
   let x: tf.Tensor;
   let cond: tf.Tensor | undefined;
   if (c.variant === 'pi0') {
-    const tt = tf.tile(tf.expandDims(temb, 1), [1, H, 1]); // [b, ah, w]
+    const tt = perAction ? temb : tf.tile(tf.expandDims(temb, 1), [1, H, 1]); // [b, ah, w]
     act = linear(swish(linear(tf.concat([act, tt], 2), lin(W, 'act.time1'))), lin(W, 'act.time2'));
     const st = tf.expandDims(linear(tf.tensor2d(batch.state, [B, c.stateDim]), lin(W, 'state.proj')), 1); // [b, 1, w]
     x = tf.concat([st, act], 1); // [b, 1+ah, w]
   } else {
-    cond = swish(linear(swish(linear(temb, lin(W, 'time.mlp1'))), lin(W, 'time.mlp2'))); // [b, w]
+    cond = swish(linear(swish(linear(temb, lin(W, 'time.mlp1'))), lin(W, 'time.mlp2'))); // [b, w] or [b, ah, w]
     x = act;
   }
   const ts = x.shape[1]!;

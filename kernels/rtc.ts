@@ -1,0 +1,154 @@
+/**
+ * Real-time chunking (RTC): sampling a new action chunk that agrees with the one a robot is
+ * still executing. A robot asks for the next chunk after executing `s` actions of the current
+ * one and gets it `d` control steps later (the delay); the new chunk's index i is the action due
+ * i steps after the observation, so the old chunk covers new indices 0 .. overlap - 1 (overlap =
+ * H_old - s), and its first d actions are what the robot executes before the new chunk arrives.
+ *
+ * Two ways to make the new chunk continue the old one, in openpi's time convention (t = 1 noise,
+ * t = 0 actions; x_t = t * noise + (1 - t) * actions, v = noise - actions):
+ *
+ * - `guided` (Black, Galliker, Levine 2025, "Real-Time Execution of Action Chunking Flow
+ *   Policies", Algorithm 1): inpainting by guidance, for any checkpoint. At each Euler step the
+ *   predicted clean chunk is Â(x) = x - t v(x, t); with the weighted error
+ *   L(x) = 1/2 sum W ⊙ (Y - Â(x))^2 the velocity becomes v + c(t) ∇_x L, where ∇_x L is a
+ *   vector-Jacobian product through the model (one backward pass per step) and
+ *   c(t) = min(β, ((1 - t)^2 + t^2) / (t (1 - t))) (the paper's (1 - τ) / (τ r_τ^2) with τ = 1 - t).
+ *   The weights W (rtcWeights) are 1 on the first d actions, decay over the rest of the overlap
+ *   and are 0 on the free tail.
+ * - `prefix` (training-time RTC, arXiv 2512.05964): a policy fine-tuned with random delays
+ *   (TrainingOptions.rtcMaxDelay), the first d actions given clean at their own flow time 0 and
+ *   the loss on the rest, is sampled with those d actions written into x at every step (time 0
+ *   for them, t for the rest): no backward pass.
+ *
+ * The prefix arrays are in the model's action space (normalised, padded to the model's
+ * action_dim); the server turns a robot's chunk into them (server/policy/rtc.ts).
+ */
+import * as tf from '@tensorflow/tfjs';
+
+/** How a chunk is made to continue the previous one (see the module comment). */
+export type RtcMode = 'guided' | 'prefix';
+
+/** The paper's cap β on the guidance weight (its experiments use 5). */
+export const DEFAULT_MAX_GUIDANCE = 5;
+
+/**
+ * What a new chunk must agree with, per datum of a batch of b, in the model's action space.
+ * `actions` [b, ah, ad] float32: the previous chunk at the new chunk's indices (entries past the
+ * overlap are ignored: their weight is 0). `weights` [b, ah, ad] float32 in [0, 1]: guided, the
+ * guidance weights W (rtcWeights broadcast over the dims that count); prefix, 1 on the first d_i
+ * actions of datum i (every dim) and 0 elsewhere, with `delays` [b] giving each d_i.
+ */
+export interface ChunkPrefix {
+  readonly mode: RtcMode;
+  readonly actions: Float32Array;
+  readonly weights: Float32Array;
+  /** prefix: the delay d_i of each datum (how many leading actions are written). */
+  readonly delays?: readonly number[];
+  /** guided: β, the cap on the guidance weight (DEFAULT_MAX_GUIDANCE). */
+  readonly maxGuidance?: number;
+}
+
+/** How the guidance weights fall over the overlap after the delay: the paper's exponential, or linear. */
+export type RtcSchedule = 'exp' | 'linear';
+
+/**
+ * The guidance weights [horizon] (the paper's soft mask, eq. 5): 1 for i < delay; for
+ * delay <= i < overlap, c_i (e^{c_i} - 1) / (e - 1) (exp) or c_i (linear) with
+ * c_i = (overlap - i) / (overlap - delay + 1); 0 for i >= overlap. `delay` is clamped to the
+ * overlap, the overlap to the horizon.
+ * @throws RangeError for a negative or non-integer delay or overlap.
+ */
+export function rtcWeights(horizon: number, delay: number, overlap: number, schedule: RtcSchedule = 'exp'): Float32Array {
+  for (const [name, v] of [['delay', delay], ['overlap', overlap]] as const) {
+    if (!Number.isInteger(v) || v < 0) throw new RangeError(`${name} is ${v}; it must be an integer >= 0`);
+  }
+  const o = Math.min(overlap, horizon);
+  const d = Math.min(delay, o);
+  const w = new Float32Array(horizon);
+  for (let i = 0; i < o; i++) {
+    if (i < d) w[i] = 1;
+    else {
+      const c = (o - i) / (o - d + 1);
+      w[i] = schedule === 'linear' ? c : (c * (Math.exp(c) - 1)) / (Math.E - 1);
+    }
+  }
+  return w;
+}
+
+/**
+ * The guidance weight c(t) = min(β, ((1 - t)^2 + t^2) / (t (1 - t))) at flow time t (openpi's
+ * convention): β at both ends (the expression is infinite there), 2 at t = 0.5.
+ */
+export function guidanceWeight(t: number, maxGuidance: number): number {
+  const c = ((1 - t) * (1 - t) + t * t) / (t * (1 - t));
+  return Number.isFinite(c) ? Math.min(maxGuidance, c) : maxGuidance;
+}
+
+/**
+ * The vector-Jacobian product of the guided step: for x [b, ah, ad] at time t, v = velocityAt(x)
+ * and ∇_x L with L = 1/2 sum(weights ⊙ (target - (x - t v))^2), by one backward pass through
+ * the model. Returns both (the caller owns them). target, weights [b, ah, ad].
+ */
+export function guidanceGradient(velocityAt: (x: tf.Tensor) => tf.Tensor, x: tf.Tensor, t: number, target: tf.Tensor, weights: tf.Tensor): { velocity: tf.Tensor; grad: tf.Tensor } {
+  let velocity: tf.Tensor | null = null;
+  const grad = tf.grad((xx: tf.Tensor) => {
+    velocity = tf.keep(velocityAt(xx));
+    const err = tf.sub(target, tf.sub(xx, tf.mul(velocity, t)));
+    return tf.mul(tf.sum(tf.mul(weights, tf.square(err))), 0.5);
+  })(x);
+  return { velocity: velocity!, grad };
+}
+
+/** A ChunkPrefix as tensors for one sampling call (inputs of a traced graph). */
+export interface ChunkTensors {
+  readonly mode: RtcMode;
+  readonly actions: tf.Tensor; // [b, ah, ad]
+  readonly weights: tf.Tensor; // [b, ah, ad]
+  readonly delays: readonly number[];
+  readonly maxGuidance: number;
+}
+
+/**
+ * Checks `chunk` against a batch of `b` chunks of [horizon, actionDim] and makes its tensors
+ * (the caller disposes `actions` and `weights`).
+ * @throws RangeError naming the field for a wrong length, a weight outside [0, 1] or not finite,
+ *   a delay outside 0..horizon, a β that is not a finite number >= 0, or an unknown mode.
+ */
+export function chunkTensors(chunk: ChunkPrefix, b: number, horizon: number, actionDim: number): ChunkTensors {
+  const n = b * horizon * actionDim;
+  if (chunk.mode !== 'guided' && chunk.mode !== 'prefix') throw new RangeError(`rtc mode is ${JSON.stringify(chunk.mode)}; expected 'guided' or 'prefix'`);
+  if (chunk.actions.length !== n) throw new RangeError(`rtc actions have ${chunk.actions.length} values; a batch of ${b} needs [${b}, ${horizon}, ${actionDim}] = ${n}`);
+  if (chunk.weights.length !== n) throw new RangeError(`rtc weights have ${chunk.weights.length} values; a batch of ${b} needs [${b}, ${horizon}, ${actionDim}] = ${n}`);
+  for (let i = 0; i < n; i++) {
+    const w = chunk.weights[i]!;
+    if (!(w >= 0 && w <= 1)) throw new RangeError(`rtc weights[${i}] is ${w}; weights lie in [0, 1]`);
+    if (!Number.isFinite(chunk.actions[i]!)) throw new RangeError(`rtc actions[${i}] is ${chunk.actions[i]}; values must be finite`);
+  }
+  const maxGuidance = chunk.maxGuidance ?? DEFAULT_MAX_GUIDANCE;
+  if (!(Number.isFinite(maxGuidance) && maxGuidance >= 0)) throw new RangeError(`rtc max_guidance is ${maxGuidance}; it must be a finite number >= 0`);
+  const delays = chunk.delays ?? new Array<number>(b).fill(0);
+  if (delays.length !== b) throw new RangeError(`rtc delays have ${delays.length} values; expected one per datum (${b})`);
+  for (const d of delays) if (!Number.isInteger(d) || d < 0 || d > horizon) throw new RangeError(`rtc delay is ${d}; it must be an integer in 0..${horizon}`);
+  const shape = [b, horizon, actionDim];
+  return { mode: chunk.mode, actions: tf.tensor(chunk.actions, shape), weights: tf.tensor(chunk.weights, shape), delays, maxGuidance };
+}
+
+/** Per-token flow times [b * ah] for prefix mode: 0 on datum i's first delays[i] actions, t elsewhere. */
+export function prefixTimes(delays: readonly number[], horizon: number, t: number): Float32Array {
+  const out = new Float32Array(delays.length * horizon).fill(t);
+  delays.forEach((d, i) => out.fill(0, i * horizon, i * horizon + d));
+  return out;
+}
+
+/**
+ * The previous chunk `prev` [ah, ad] (model space) moved to the new chunk's indices after
+ * `executed` actions: out[i] = prev[i + executed] for i < ah - executed, 0 after. Returns
+ * [ah, ad] float32.
+ */
+export function shiftChunk(prev: Float32Array, horizon: number, executed: number): Float32Array {
+  const ad = prev.length / horizon;
+  const out = new Float32Array(prev.length);
+  if (executed < horizon) out.set(prev.subarray(executed * ad));
+  return out;
+}
