@@ -65,3 +65,57 @@ export function latencySvg(title: string, series: readonly PlotSeries[]): string
   out.push('</svg>');
   return out.join('\n') + '\n';
 }
+
+/** One panel of tracesSvg: a quantity over time, several series of the same length. */
+export interface TracePanel {
+  label: string;
+  series: { label: string; values: readonly number[] }[];
+}
+
+const TRACE_COLORS = ['#000', '#d62728', '#ff7f0e', '#1f77b4', '#2ca02c', '#9467bd'];
+
+/**
+ * Line plots of time series, one panel per quantity stacked over a shared step axis (the first
+ * series of each panel drawn thick: the reference), with faint vertical lines at `marks` (steps)
+ * and a legend. Deterministic for the same input.
+ */
+export function tracesSvg(title: string, panels: readonly TracePanel[], marks: readonly number[], unit: string): string {
+  const PANEL = 170;
+  const left = 90;
+  const right = 20;
+  const top = 60;
+  const width = 1000;
+  const height = top + panels.length * (PANEL + 20) + 30;
+  const n = Math.max(...panels.flatMap((p) => p.series.map((s) => s.values.length)), 2);
+  const x = (t: number) => left + (t / (n - 1)) * (width - left - right);
+  const out: string[] = [
+    `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" font-family="sans-serif" font-size="11">`,
+    `<rect width="${width}" height="${height}" fill="white"/>`,
+    `<text x="${width / 2}" y="18" text-anchor="middle" font-size="14">${esc(title)}</text>`,
+  ];
+  (panels[0]?.series ?? []).forEach((s, i) => {
+    const lx = left + i * 175;
+    out.push(`<line x1="${lx}" y1="36" x2="${lx + 20}" y2="36" stroke="${TRACE_COLORS[i % TRACE_COLORS.length]}" stroke-width="${i === 0 ? 2.5 : 1.3}"/>`);
+    out.push(`<text x="${lx + 24}" y="40">${esc(s.label)}</text>`);
+  });
+  panels.forEach((p, pi) => {
+    const y0 = top + pi * (PANEL + 20);
+    const all = p.series.flatMap((s) => s.values);
+    const lo = Math.min(...all);
+    const hi = Math.max(...all, lo + 1e-9);
+    const y = (v: number) => y0 + PANEL - ((v - lo) / (hi - lo)) * PANEL;
+    out.push(`<rect x="${left}" y="${y0}" width="${width - left - right}" height="${PANEL}" fill="none" stroke="#ccc"/>`);
+    for (const m of marks) out.push(`<line x1="${fmt(x(m))}" y1="${y0}" x2="${fmt(x(m))}" y2="${y0 + PANEL}" stroke="#eee"/>`);
+    out.push(`<text x="${left - 6}" y="${y0 + 10}" text-anchor="end">${fmt(hi)}</text>`);
+    out.push(`<text x="${left - 6}" y="${y0 + PANEL}" text-anchor="end">${fmt(lo)}</text>`);
+    out.push(`<text x="${left + 6}" y="${y0 + 14}" font-weight="bold">${esc(p.label)} (${esc(unit)})</text>`);
+    // Drawn last to first: the reference (first) on top.
+    [...p.series.entries()].reverse().forEach(([i, s]) => {
+      const pts = s.values.map((v, t) => `${fmt(x(t))},${fmt(y(v))}`).join(' ');
+      out.push(`<polyline points="${pts}" fill="none" stroke="${TRACE_COLORS[i % TRACE_COLORS.length]}" stroke-width="${i === 0 ? 2.5 : 1.2}" stroke-opacity="${i === 0 ? 0.5 : 0.9}"/>`);
+    });
+  });
+  out.push(`<text x="${left}" y="${height - 8}" fill="#555">step (30 Hz); faint vertical lines: the steps where switching at once splices in a new chunk</text>`);
+  out.push('</svg>');
+  return out.join('\n') + '\n';
+}

@@ -1,0 +1,378 @@
+/**
+ * Real-time chunking replay on held-out G1 episodes (issue 26).
+ *
+ *   npx tsx bench/rtc.ts [--quick] [--s 8] [--delays 0,1,2,4,6,8] [--beta 5] [--m 0.01]
+ *
+ * Trains (once; cached under .scratch/rtc/) two flow0-tiny policies on split A of
+ * ../shared/datasets/g1_pick_bottle (bench/rtc-train.ts): P, the job's recipe, and R, the same
+ * recipe with training-time RTC (rtcMaxDelay 8). Then replays the held-out episodes 4, 7, 12 as a
+ * simulated robot at 30 Hz, open loop: chunk c is asked for with the recorded observation (camera
+ * + state) of step c * s and arrives d steps later, the robot executing the old chunk meanwhile
+ * (bench/rtc-math.ts has the timing). Modes, every one with the same noise per request:
+ *   switch     P's plain chunk, switched to at once (from its row d);
+ *   ensemble   P's plain chunks, ACT's temporal ensembling (weights exp(-m j), oldest first);
+ *   guided     P, guided RTC: the old chunk (shifted by s = the executed count, in model space
+ *              relative to the new observation's state) as the target, rtcWeights over the
+ *              overlap H - s, the true d, cap β;
+ *   trained    R, prefix mode: the old chunk's first d rows written, the true d;
+ *   switch R   R's plain chunks switched to at once (a reference for R's own accuracy).
+ * Metrics per mode and d, in the normalised absolute-action space the job scores in (z-score
+ * with the training chunks' absolute statistics): the mean splice jump ||a_t - a_{t-1}|| over
+ * steps where a chunk begins (ensembling: where its set of chunks changes), also over the
+ * recorded data's own mean step-to-step change; the MSE of the executed actions to the recorded
+ * ones; and batch-1 inference times (graphs on, as served), the kinds in turns.
+ * Writes bench/results/rtc.json and rtc-traces.svg, and prints the table (bench/results/README.md
+ * holds the one of the last full run). --quick: 40 training steps (its own cache), one episode's
+ * first 120 steps, d in 0,4,8, a few timing rounds; writes nothing.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+import { initBackend } from '../kernels/backend/backend.ts';
+import { Rng } from '../kernels/rng.ts';
+import { rtcWeights, shiftChunk, type ChunkPrefix, type RtcSchedule } from '../kernels/rtc.ts';
+import type { TrainingState } from '../kernels/trainer.ts';
+import { makeDatum, openDataset, pairsFor, type Dataset } from '../server/datasets/index.ts';
+import { toBatch } from '../server/jobs/datums.ts';
+import { G1, HELD_OUT } from './recipe-split.ts';
+import { executeEnsembling, executeSwitching, mean, meanStepChange, mse, stepJumps, type Execution } from './rtc-math.ts';
+import { g1Setup, readLoad, recipeKey, trainedPolicy, type RtcRecipe, type TrainedMeta } from './rtc-train.ts';
+import { tracesSvg } from './svg.ts';
+
+const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const CACHE = path.join(REPO, '.scratch/rtc');
+const RESULTS = path.join(REPO, 'bench/results');
+const say = (l: string) => process.stderr.write(`[rtc ${new Date().toISOString().slice(11, 19)}] ${l}\n`);
+
+const USAGE = `Usage: npx tsx bench/rtc.ts [--quick] [--s N] [--delays LIST] [--beta X] [--schedule exp|linear] [--m X] [--steps N] [--timing-rounds N]
+
+Replays the held-out G1 episodes ${HELD_OUT.join(', ')} as a robot at 30 Hz that asks for a chunk every s
+steps and gets it d steps later: switching at once, temporal ensembling, guided RTC (policy P) and
+trained RTC (policy R, rtc_max_delay 8). Trains P and R first (flow0-tiny, --steps each, ~7 min
+each on 2 cores) unless .scratch/rtc/ has them. Needs ../shared/datasets/g1_pick_bottle.
+  --s N              actions of a chunk executed before asking for the next (default 8 = horizon / 2)
+  --delays LIST      delays d in control steps (default 0,1,2,3,4,5,6,7,8; s + d <= 16)
+  --beta X           guided RTC's guidance cap (default 5)
+  --schedule S       guided weights over the overlap: exp (default) or linear
+  --m X              temporal ensembling's exp(-m j) weights, oldest first (default 0.01, ACT's)
+  --steps N          training steps per policy (default 1000, batch 32)
+  --timing-rounds N  batch-1 inference timing rounds, each kind once per round (default 30)
+  --quick            smoke run: 40 training steps, one episode's first 120 steps, d 0,4,8; writes nothing
+`;
+
+type Mode = 'switch' | 'ensemble' | 'guided' | 'trained' | 'switch_r';
+const MODES: Mode[] = ['switch', 'ensemble', 'guided', 'trained', 'switch_r'];
+const MODE_LABEL: Record<Mode, string> = { switch: 'switch at once (P)', ensemble: 'temporal ensembling (P)', guided: 'guided RTC (P)', trained: 'trained RTC (R, prefix)', switch_r: 'switch at once (R)' };
+
+interface Row {
+  mode: Mode;
+  d: number;
+  splices: number;
+  jump_mean: number; // normalised units
+  jump_ratio: number; // jump_mean / the recorded data's mean step change
+  jump_vs_switch: number; // jump_mean / switch's at the same d
+  mse: number; // executed vs recorded, normalised absolute actions
+  mse_vs_switch: number;
+}
+
+interface Options { s: number; delays: number[]; beta: number; schedule: RtcSchedule; m: number; steps: number; timingRounds: number; quick: boolean }
+
+function parse(argv: string[]): Options | null {
+  const { values } = parseArgs({ args: argv, options: {
+    help: { type: 'boolean' }, quick: { type: 'boolean', default: false }, s: { type: 'string', default: '8' }, delays: { type: 'string' }, beta: { type: 'string', default: '5' },
+    schedule: { type: 'string', default: 'exp' }, m: { type: 'string', default: '0.01' }, steps: { type: 'string' }, 'timing-rounds': { type: 'string' },
+  } });
+  if (values.help) return null;
+  const quick = values.quick!;
+  const num = (name: string, v: string) => {
+    const x = Number(v);
+    if (!Number.isFinite(x)) throw new Error(`--${name} is ${JSON.stringify(v)}; expected a number`);
+    return x;
+  };
+  const schedule = values.schedule as RtcSchedule;
+  if (schedule !== 'exp' && schedule !== 'linear') throw new Error(`--schedule is ${schedule}; expected exp or linear`);
+  return {
+    s: num('s', values.s!), delays: (values.delays ?? (quick ? '0,4,8' : '0,1,2,3,4,5,6,7,8')).split(',').map((x) => num('delays', x)), beta: num('beta', values.beta!), schedule, m: num('m', values.m!),
+    steps: num('steps', values.steps ?? (quick ? '40' : '1000')), timingRounds: num('timing-rounds', values['timing-rounds'] ?? (quick ? '3' : '30')), quick,
+  };
+}
+
+/** Robot units <-> the model's space for one observation (the server's conversions): delta dims relative to its raw state, normalised, padded. */
+function spaces(setup: ReturnType<typeof g1Setup>, ds: Dataset) {
+  const H = setup.model.horizon;
+  const A = setup.model.actionDim; // the model's padded action dim
+  const ad = ds.meta.actionDim;
+  const pairs = pairsFor(ds.meta, setup.actionSpace);
+  return {
+    /** model rows [H, A] normalised -> robot [H, ad] (server/policy/observation.ts toRobotActions). */
+    toRobot(row: Float32Array, rawState: Float32Array): Float32Array {
+      const cut = new Float32Array(H * ad);
+      for (let i = 0; i < H; i++) cut.set(row.subarray(i * A, i * A + ad), i * ad);
+      const out = setup.normalizer.unnormalize(cut, ad, setup.norm.actions);
+      for (let i = 0; i < H; i++) for (const [a, s] of pairs) out[i * ad + a] += rawState[s]!;
+      return out;
+    },
+    /** robot [H, ad] -> model rows [H, A] relative to `rawState` (rows >= valid stay 0: past the overlap, weight 0). */
+    toModel(robot: Float32Array, rawState: Float32Array, valid: number): Float32Array {
+      const rel = Float32Array.from(robot);
+      for (let i = 0; i < H; i++) for (const [a, s] of pairs) rel[i * ad + a] -= rawState[s]!;
+      const n = setup.normalizer.normalize(rel, ad, setup.norm.actions);
+      const out = new Float32Array(H * A);
+      for (let i = 0; i < valid; i++) out.set(n.subarray(i * ad, (i + 1) * ad), i * A);
+      return out;
+    },
+  };
+}
+
+/** `x` repeated k times (one noise stream for every datum of a batch). */
+const repeat = (x: Float32Array, k: number) => {
+  const out = new Float32Array(x.length * k);
+  for (let i = 0; i < k; i++) out.set(x, i * x.length);
+  return out;
+};
+
+/** Every mode's chunks (robot units) for one episode: chunks[mode][d index][c]. */
+async function episodeChunks(ds: Dataset, e: number, length: number, setup: ReturnType<typeof g1Setup>, P: TrainingState, R: TrainingState, o: Options) {
+  const { model } = setup;
+  const H = model.horizon;
+  const A = model.actionDim;
+  const ad = ds.meta.actionDim;
+  const sd = ds.meta.stateDim;
+  const sp = spaces(setup, ds);
+  const D = o.delays.length;
+  const overlap = H - o.s;
+  const table = ds.table(e);
+  const n = Math.ceil(length / o.s);
+  const plainP: Float32Array[] = [];
+  const plainR: Float32Array[] = [];
+  const guided: Float32Array[][] = o.delays.map(() => []);
+  const trained: Float32Array[][] = o.delays.map(() => []);
+  // Guided weights per d over the dataset's dims (0 on the padding); prefix: 1 on the first d rows, every dim.
+  const gw = repeatRows(o.delays.map((d) => rtcWeights(H, d, overlap, o.schedule)), H, A, ad);
+  const pw = repeatRows(o.delays.map((d) => Float32Array.from({ length: H }, (_, i) => (i < d ? 1 : 0))), H, A, A);
+  for (let c = 0; c < n; c++) {
+    const T = c * o.s;
+    const datum = await makeDatum(ds, e, T, setup.datumOpts);
+    const raw = table.state.subarray(T * sd, (T + 1) * sd);
+    const one = toBatch(model, [datum], setup.cameras, setup.norm, setup.normalizer, ad);
+    const many = toBatch(model, o.delays.map(() => datum), setup.cameras, setup.norm, setup.normalizer, ad);
+    // One noise per request, the same for every mode and d.
+    const noise = new Rng(1_000_003 * e + c).normals(H * A);
+    const p = sp.toRobot(P.sample(one, { noise }), raw);
+    const r = sp.toRobot(R.sample(one, { noise }), raw);
+    plainP.push(p);
+    plainR.push(r);
+    if (c === 0) {
+      for (let k = 0; k < D; k++) {
+        guided[k]!.push(p);
+        trained[k]!.push(r);
+      }
+      continue;
+    }
+    const prevOf = (chunks: Float32Array[][]) => {
+      const out = new Float32Array(D * H * A);
+      for (let k = 0; k < D; k++) out.set(sp.toModel(shiftChunk(chunks[k]![c - 1]!, H, o.s), raw, overlap), k * H * A);
+      return out;
+    };
+    const g: ChunkPrefix = { mode: 'guided', actions: prevOf(guided), weights: gw, maxGuidance: o.beta };
+    const gOut = P.sample(many, { noise: repeat(noise, D), chunk: g });
+    const t: ChunkPrefix = { mode: 'prefix', actions: prevOf(trained), weights: pw, delays: o.delays };
+    const tOut = R.sample(many, { noise: repeat(noise, D), chunk: t });
+    for (let k = 0; k < D; k++) {
+      guided[k]!.push(sp.toRobot(gOut.subarray(k * H * A, (k + 1) * H * A), raw));
+      trained[k]!.push(sp.toRobot(tOut.subarray(k * H * A, (k + 1) * H * A), raw));
+    }
+  }
+  return { plainP, plainR, guided, trained };
+}
+
+/** Per-row weights [k][H] -> [k, H, A] with the first `dims` dims of each row set. */
+function repeatRows(rows: Float32Array[], H: number, A: number, dims: number): Float32Array {
+  const out = new Float32Array(rows.length * H * A);
+  rows.forEach((w, k) => {
+    for (let i = 0; i < H; i++) out.fill(w[i]!, (k * H + i) * A, (k * H + i) * A + dims);
+  });
+  return out;
+}
+
+/** Batch-1 inference times (ms), the kinds in turns, after warm-up rounds (graph tracing). */
+async function timeInference(ds: Dataset, setup: ReturnType<typeof g1Setup>, P: TrainingState, R: TrainingState, o: Options) {
+  const { model } = setup;
+  const H = model.horizon;
+  const A = model.actionDim;
+  const ad = ds.meta.actionDim;
+  const d = 4;
+  const e = HELD_OUT[0]!;
+  const batches = await Promise.all([0, 40, 80, 120].map(async (T) => toBatch(model, [await makeDatum(ds, e, T, setup.datumOpts)], setup.cameras, setup.norm, setup.normalizer, ad)));
+  const prev = new Rng(7).normals(H * A).map((x) => x * 0.5);
+  const gw = repeatRows([rtcWeights(H, d, H - o.s, o.schedule)], H, A, ad);
+  const pw = repeatRows([Float32Array.from({ length: H }, (_, i) => (i < d ? 1 : 0))], H, A, A);
+  const kinds: [string, (b: ReturnType<typeof toBatch>, noise: Float32Array) => unknown][] = [
+    ['plain_p', (b, noise) => P.sample(b, { noise })],
+    ['guided_p', (b, noise) => P.sample(b, { noise, chunk: { mode: 'guided', actions: prev, weights: gw, maxGuidance: o.beta } })],
+    ['plain_r', (b, noise) => R.sample(b, { noise })],
+    ['prefix_r', (b, noise) => R.sample(b, { noise, chunk: { mode: 'prefix', actions: prev, weights: pw, delays: [d] } })],
+  ];
+  const ms: Record<string, number[]> = Object.fromEntries(kinds.map(([k]) => [k, []]));
+  const warm = 3;
+  for (let round = 0; round < warm + o.timingRounds; round++) {
+    // Rotate the order each round: no kind always follows the same one.
+    for (let j = 0; j < kinds.length; j++) {
+      const [name, run] = kinds[(round + j) % kinds.length]!;
+      const noise = new Rng(round * 31 + j).normals(H * A);
+      const t0 = performance.now();
+      run(batches[round % batches.length]!, noise);
+      if (round >= warm) ms[name]!.push(performance.now() - t0);
+    }
+  }
+  const med = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+  const summary = Object.fromEntries(Object.entries(ms).map(([k, xs]) => [k, { median_ms: med(xs), mean_ms: mean(xs), n: xs.length }]));
+  return { summary, guided_over_plain: summary.guided_p!.median_ms / summary.plain_p!.median_ms, prefix_over_plain: summary.prefix_r!.median_ms / summary.plain_r!.median_ms, samples_ms: ms, d };
+}
+
+async function main(o: Options): Promise<void> {
+  const load0 = readLoad();
+  await initBackend(process.env.VELA_BACKEND ?? 'auto', say);
+  const ds = await openDataset(G1);
+  const base: RtcRecipe = { preset: 'flow0-tiny', steps: o.steps, batchSize: 32, learningRate: 3e-4, emaDecay: 0.99, rtcMaxDelay: 0, seed: 0 };
+  const recipes = [base, { ...base, rtcMaxDelay: 8 }];
+  const policies: { state: TrainingState; meta: TrainedMeta }[] = [];
+  for (const r of recipes) policies.push(await trainedPolicy(ds, r, path.join(CACHE, recipeKey(r)), say));
+  const [P, R] = policies.map((p) => p.state) as [TrainingState, TrainingState];
+  const setup = g1Setup(ds, base.preset);
+  const H = setup.model.horizon;
+  for (const d of o.delays) if (!(Number.isInteger(d) && d >= 0 && o.s + d <= H)) throw new Error(`--delays has ${d}; with s = ${o.s} each d must be an integer in 0..${H - o.s}`);
+  const ad = ds.meta.actionDim;
+  const normAbs = (x: Float32Array) => setup.normalizer.normalize(x, ad, setup.absStats);
+  const episodes = o.quick ? [HELD_OUT[0]!] : HELD_OUT;
+  const recorded = new Map<number, Float32Array>();
+  for (const e of episodes) {
+    const L = o.quick ? Math.min(120, ds.episode(e).length) : ds.episode(e).length;
+    recorded.set(e, ds.table(e).action.slice(0, L * ad));
+  }
+  const stepChange = meanStepChange([...recorded.values()].map(normAbs), ad);
+  say(`recorded data: mean step change ${stepChange.toFixed(4)} (normalised absolute actions), ${[...recorded.values()].reduce((s, a) => s + a.length / ad, 0)} steps in episodes ${episodes.join(', ')}`);
+
+  const exec = new Map<string, Execution[]>(); // `${mode}/${d}` -> per episode
+  const put = (mode: Mode, d: number, x: Execution) => exec.set(`${mode}/${d}`, [...(exec.get(`${mode}/${d}`) ?? []), x]);
+  const t0 = performance.now();
+  for (const e of episodes) {
+    const L = recorded.get(e)!.length / ad;
+    say(`episode ${e}: ${L} steps, ${Math.ceil(L / o.s)} requests, d in ${o.delays.join(',')}`);
+    const ch = await episodeChunks(ds, e, L, setup, P, R, o);
+    o.delays.forEach((d, k) => {
+      put('switch', d, executeSwitching(ch.plainP, o.s, d, H, ad, L));
+      put('ensemble', d, executeEnsembling(ch.plainP, o.s, d, H, ad, L, o.m));
+      put('guided', d, executeSwitching(ch.guided[k]!, o.s, d, H, ad, L));
+      put('trained', d, executeSwitching(ch.trained[k]!, o.s, d, H, ad, L));
+      put('switch_r', d, executeSwitching(ch.plainR, o.s, d, H, ad, L));
+    });
+  }
+  const replayS = (performance.now() - t0) / 1000;
+  const rows: Row[] = [];
+  for (const d of o.delays) {
+    const stats = (mode: Mode) => {
+      const xs = exec.get(`${mode}/${d}`)!;
+      const jumps = xs.flatMap((x) => stepJumps(normAbs(x.actions), ad, x.splices));
+      const executed = xs.map((x) => normAbs(x.actions));
+      const err = mse(concat(executed), concat(episodes.map((e) => normAbs(recorded.get(e)!))));
+      return { splices: jumps.length, jump: mean(jumps), err };
+    };
+    const sw = stats('switch');
+    for (const mode of MODES) {
+      const st = mode === 'switch' ? sw : stats(mode);
+      rows.push({ mode, d, splices: st.splices, jump_mean: st.jump, jump_ratio: st.jump / stepChange, jump_vs_switch: st.jump / sw.jump, mse: st.err, mse_vs_switch: st.err / sw.err });
+    }
+  }
+  say('timing: batch-1 inference, graphs on, kinds in turns');
+  const timing = await timeInference(ds, setup, P, R, o);
+  const load1 = readLoad();
+  const table = markdownTable(rows, o.delays);
+  process.stdout.write(`${table}\n${timingLine(timing)}\n`);
+  const checks = [4, 8].filter((d) => o.delays.includes(d)).flatMap((d) => (['guided', 'trained'] as const).map((mode) => {
+    const r = rows.find((x) => x.mode === mode && x.d === d)!;
+    return { mode, d, jump_vs_switch: r.jump_vs_switch, mse_vs_switch: r.mse_vs_switch, met: r.jump_vs_switch <= 0.5 && r.mse_vs_switch <= 1.05 };
+  }));
+  for (const c of checks) process.stdout.write(`target d=${c.d} ${c.mode}: jump ${c.jump_vs_switch.toFixed(2)}x switch (<= 0.5), MSE ${c.mse_vs_switch.toFixed(3)}x (<= 1.05): ${c.met ? 'met' : 'NOT met'}\n`);
+  if (o.quick) return void say('--quick: nothing written');
+
+  const traceD = o.delays.includes(8) ? 8 : o.delays.at(-1)!;
+  const te = episodes[0]!;
+  const rec = recorded.get(te)!;
+  const L = rec.length / ad;
+  // The 3 joints that move most in this episode (the largest spread of the recorded action).
+  const spread = Array.from({ length: ad }, (_, k) => {
+    const xs = Array.from({ length: L }, (_, t) => rec[t * ad + k]!);
+    return Math.max(...xs) - Math.min(...xs);
+  });
+  const joints = spread.map((s, k) => [s, k] as const).sort((a, b) => b[0] - a[0]).slice(0, 3).map(([, k]) => k);
+  const col = (x: Float32Array, k: number) => Array.from({ length: L }, (_, t) => x[t * ad + k]!);
+  const traceModes: Mode[] = ['switch', 'ensemble', 'guided', 'trained'];
+  const svg = tracesSvg(`G1 episode ${te} (held out), d = ${traceD}, s = ${o.s}: executed actions at 30 Hz vs recorded`, joints.map((k) => ({
+    label: ds.meta.actionNames?.[k] ?? `action ${k}`,
+    series: [{ label: 'recorded', values: col(rec, k) }, ...traceModes.map((m) => ({ label: MODE_LABEL[m], values: col(exec.get(`${m}/${traceD}`)![0]!.actions, k) }))],
+  })), exec.get(`switch/${traceD}`)![0]!.splices, 'rad (dataset units)');
+  fs.mkdirSync(RESULTS, { recursive: true });
+  fs.writeFileSync(path.join(RESULTS, 'rtc-traces.svg'), svg);
+  const out = {
+    name: 'rtc', date: new Date().toISOString(), loadavg_start: load0, loadavg_end: load1, replay_s: replayS,
+    setup: {
+      dataset: 'g1_pick_bottle (split A)', held_out: episodes, preset: base.preset, horizon: H, control_hz: ds.meta.fps, s: o.s, delays: o.delays, beta: o.beta, schedule: o.schedule, ensemble_m: o.m,
+      noise: 'one seeded N(0,1) stream per request (episode, c), the same for every mode and d', sample_steps: 10, metric_space: 'absolute actions, z-score with the training chunks\' absolute statistics (the job\'s held-out scoring space)',
+      recorded_mean_step_change: stepChange,
+    },
+    policies: { P: policies[0]!.meta, R: policies[1]!.meta },
+    rows, checks, timing: { ...timing, samples_ms: undefined },
+    traces: { episode: te, d: traceD, joints: joints.map((k) => ds.meta.actionNames?.[k] ?? k) },
+  };
+  fs.writeFileSync(path.join(RESULTS, 'rtc.json'), JSON.stringify(out, null, 1) + '\n');
+  say(`wrote ${path.join(RESULTS, 'rtc.json')} and rtc-traces.svg`);
+}
+
+function concat(xs: Float32Array[]): Float32Array {
+  const out = new Float32Array(xs.reduce((s, x) => s + x.length, 0));
+  let o = 0;
+  for (const x of xs) {
+    out.set(x, o);
+    o += x.length;
+  }
+  return out;
+}
+
+/** The replay table: one row per d, per mode the splice jump (over the data's step change) and the MSE. */
+export function markdownTable(rows: Row[], delays: number[]): string {
+  const modes = MODES;
+  const head = ['d', ...modes.flatMap((m) => [`${MODE_LABEL[m]}: jump / data step`, 'MSE'])];
+  const lines = delays.map((d) => [String(d), ...modes.flatMap((m) => {
+    const r = rows.find((x) => x.mode === m && x.d === d)!;
+    const rel = m === 'switch' ? '' : ` (${r.jump_vs_switch.toFixed(2)}x)`;
+    const relM = m === 'switch' ? '' : ` (${r.mse_vs_switch.toFixed(2)}x)`;
+    return [`${r.jump_ratio.toFixed(2)}${rel}`, `${r.mse.toFixed(4)}${relM}`];
+  })]);
+  return [`| ${head.join(' | ')} |`, `| ${head.map(() => '-').join(' | ')} |`, ...lines.map((l) => `| ${l.join(' | ')} |`)].join('\n') + '\n';
+}
+
+function timingLine(t: Awaited<ReturnType<typeof timeInference>>): string {
+  const s = t.summary;
+  return `inference, batch 1, graphs on (median ms): plain P ${s.plain_p!.median_ms.toFixed(1)}, guided P ${s.guided_p!.median_ms.toFixed(1)} (${((t.guided_over_plain - 1) * 100).toFixed(0)}% more), plain R ${s.plain_r!.median_ms.toFixed(1)}, prefix R ${s.prefix_r!.median_ms.toFixed(1)} (${((t.prefix_over_plain - 1) * 100).toFixed(0)}% more)`;
+}
+
+let opts: Options | null;
+try {
+  opts = parse(process.argv.slice(2));
+} catch (e) {
+  process.stderr.write(`rtc: ${(e as Error).message}\n\n${USAGE}`);
+  process.exit(2);
+}
+if (!opts) {
+  process.stdout.write(USAGE);
+  process.exit(0);
+}
+main(opts).then(
+  () => process.exit(0),
+  (e) => {
+    process.stderr.write(`rtc: ${(e as Error).stack ?? e}\n`);
+    process.exit(1);
+  },
+);
