@@ -4,7 +4,7 @@
  */
 import { parseArgs } from 'node:util';
 
-export const PARTS = ['step', 'codecs', 'policy', 'load', 'torch', 'infer'] as const;
+export const PARTS = ['step', 'codecs', 'policy', 'load', 'torch', 'infer', 'rtc'] as const;
 export type Part = (typeof PARTS)[number];
 
 export interface BenchOptions {
@@ -55,7 +55,9 @@ Options:
   --duration S           load run length in seconds (default 60)
   --policy-requests N    timed requests per policy row (default 30)
   --infer-calls N        timed calls per row of the infer part (default 40)
-  --only LIST            parts to run, comma-separated: ${PARTS.join(',')} (default all)
+  --only LIST            parts to run, comma-separated: ${PARTS.join(',')} (default all;
+                         rtc replays the policies bench/rtc.ts trained and cached, skipped
+                         without them and in --quick)
   --name NAME            result name (default latest)
   --out-dir DIR          result folder (default bench/results)
   --quick                small settings for a smoke run (steps 3, batch 2, duration 10 s, clients

@@ -6,8 +6,10 @@
  * is reachable before `vela finetune` has a flag for it. Each is saved as a checkpoint folder
  * (EMA weights + norm stats, what `vela policy` serves) under a cache folder, and reused.
  */
+import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { saveCheckpoint, loadCheckpoint } from '../kernels/checkpoint.ts';
 import { normalizerFor, normStatsToJson, parseNormStats } from '../kernels/normalize.ts';
 import { makeConfig } from '../kernels/small/config.ts';
@@ -18,7 +20,7 @@ import { toBatch } from '../server/jobs/datums.ts';
 import { JOB_ADAMW, RECIPE, defaultWarmupSteps } from '../server/jobs/config.ts';
 import { buildEvalSet, scorePredictions } from '../server/jobs/evaluate.ts';
 import { learningRateAt, scoringContext, trainingStats } from '../server/jobs/train.ts';
-import { HELD_OUT } from './recipe-split.ts';
+import { G1, HELD_OUT } from './recipe-split.ts';
 
 /** One training recipe of the replay: the job's defaults (RECIPE) but for steps, plus rtcMaxDelay. */
 export interface RtcRecipe {
@@ -133,4 +135,40 @@ export function readLoad(): number[] {
   } catch {
     return [];
   }
+}
+
+/** The repository's cache of the replay's policies (gitignored). */
+export const RTC_CACHE = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../.scratch/rtc');
+
+/** P (plain) and R (training-time RTC, delays 0..8): the job's recipe (RECIPE) for `steps` steps. */
+export function rtcRecipes(steps: number): [RtcRecipe, RtcRecipe] {
+  const p: RtcRecipe = { preset: 'flow0-tiny', steps, batchSize: RECIPE.batch_size, learningRate: RECIPE.learning_rate, emaDecay: RECIPE.ema_decay, rtcMaxDelay: 0, seed: 0 };
+  return [p, { ...p, rtcMaxDelay: 8 }];
+}
+
+/** Training steps of the replay's policies unless --steps says otherwise. */
+export const RTC_STEPS = 1000;
+
+/** Why `npm run bench -- --quick` leaves the rtc part out. */
+export const RTC_QUICK_SKIP = 'not in --quick: the RTC replay needs ../shared/datasets/g1_pick_bottle and two trained policies (npx tsx bench/rtc.ts trains them once, ~17 min on 2 cores)';
+
+/** Why the rtc part of `npm run bench` cannot run here, or null: it replays cached policies only (training them is bench/rtc.ts's first run). */
+export function rtcUnavailable(): string | null {
+  if (!fs.existsSync(path.join(G1, 'meta/info.json'))) return `no ${G1} (the G1 dataset lives in ../shared)`;
+  const missing = rtcRecipes(RTC_STEPS).filter((r) => !fs.existsSync(path.join(RTC_CACHE, recipeKey(r), 'rtc-meta.json')));
+  if (missing.length) return `the replay's policies are not trained yet (${missing.map(recipeKey).join(', ')} missing in ${RTC_CACHE}): run npx tsx bench/rtc.ts once (~17 min on 2 cores), then the rtc part replays them`;
+  return null;
+}
+
+/** Runs `npx tsx bench/rtc.ts` (its table on this process's stdout) and returns the summary of the rtc.json it wrote. @throws Error when it fails. */
+export async function runRtcChild(): Promise<Record<string, unknown>> {
+  const repo = path.resolve(RTC_CACHE, '../..');
+  const code = await new Promise<number>((resolve, reject) => {
+    const child = spawn('npx', ['tsx', 'bench/rtc.ts'], { cwd: repo, stdio: ['ignore', 'inherit', 'inherit'] });
+    child.on('error', reject);
+    child.on('exit', (c) => resolve(c ?? 1));
+  });
+  if (code !== 0) throw new Error(`bench/rtc.ts exited with ${code}`);
+  const out = JSON.parse(fs.readFileSync(path.join(repo, 'bench/results/rtc.json'), 'utf8')) as Record<string, unknown>;
+  return { file: 'bench/results/rtc.json', date: out.date, setup: out.setup, rows: out.rows, checks: out.checks, timing: out.timing };
 }

@@ -37,11 +37,10 @@ import { makeDatum, openDataset, pairsFor, type Dataset } from '../server/datase
 import { toBatch } from '../server/jobs/datums.ts';
 import { G1, HELD_OUT } from './recipe-split.ts';
 import { executeEnsembling, executeSwitching, mean, meanStepChange, mse, stepJumps, type Execution } from './rtc-math.ts';
-import { g1Setup, readLoad, recipeKey, trainedPolicy, type RtcRecipe, type TrainedMeta } from './rtc-train.ts';
+import { g1Setup, readLoad, recipeKey, RTC_CACHE, RTC_STEPS, rtcRecipes, trainedPolicy, type TrainedMeta } from './rtc-train.ts';
 import { tracesSvg } from './svg.ts';
 
 const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const CACHE = path.join(REPO, '.scratch/rtc');
 const RESULTS = path.join(REPO, 'bench/results');
 const say = (l: string) => process.stderr.write(`[rtc ${new Date().toISOString().slice(11, 19)}] ${l}\n`);
 
@@ -94,7 +93,7 @@ function parse(argv: string[]): Options | null {
   if (schedule !== 'exp' && schedule !== 'linear') throw new Error(`--schedule is ${schedule}; expected exp or linear`);
   return {
     s: num('s', values.s!), delays: (values.delays ?? (quick ? '0,4,8' : '0,1,2,3,4,5,6,7,8')).split(',').map((x) => num('delays', x)), beta: num('beta', values.beta!), schedule, m: num('m', values.m!),
-    steps: num('steps', values.steps ?? (quick ? '40' : '1000')), timingRounds: num('timing-rounds', values['timing-rounds'] ?? (quick ? '3' : '30')), quick,
+    steps: num('steps', values.steps ?? (quick ? '40' : String(RTC_STEPS))), timingRounds: num('timing-rounds', values['timing-rounds'] ?? (quick ? '3' : '30')), quick,
   };
 }
 
@@ -235,10 +234,10 @@ async function main(o: Options): Promise<void> {
   const load0 = readLoad();
   await initBackend(process.env.VELA_BACKEND ?? 'auto', say);
   const ds = await openDataset(G1);
-  const base: RtcRecipe = { preset: 'flow0-tiny', steps: o.steps, batchSize: 32, learningRate: 3e-4, emaDecay: 0.99, rtcMaxDelay: 0, seed: 0 };
-  const recipes = [base, { ...base, rtcMaxDelay: 8 }];
+  const recipes = rtcRecipes(o.steps);
+  const base = recipes[0];
   const policies: { state: TrainingState; meta: TrainedMeta }[] = [];
-  for (const r of recipes) policies.push(await trainedPolicy(ds, r, path.join(CACHE, recipeKey(r)), say));
+  for (const r of recipes) policies.push(await trainedPolicy(ds, r, path.join(RTC_CACHE, recipeKey(r)), say));
   const [P, R] = policies.map((p) => p.state) as [TrainingState, TrainingState];
   const setup = g1Setup(ds, base.preset);
   const H = setup.model.horizon;

@@ -1,8 +1,10 @@
 /**
  * `npm run bench`: Vela's benchmark harness (issue 7). Parts, in order: codecs, step (in-process
  * vs session websocket), torch (PyTorch reference), policy (OpenPI inference), load, infer (what
- * a robot waits for: sample() alone, PyTorch sampling and the policy round trip, in turns). Everything
- * runs on 127.0.0.1: a server process (bench/server-child.ts) and an in-process engine. Writes a
+ * a robot waits for: sample() alone, PyTorch sampling and the policy round trip, in turns), rtc
+ * (bench/rtc.ts's replay of held-out G1 episodes with the policies it trained and cached; skipped
+ * without them and in --quick). Everything runs on 127.0.0.1: a server process
+ * (bench/server-child.ts) and an in-process engine. Writes a
  * table on stdout, bench/results/<name>.json (schema: bench/results/README.md) and <name>.svg.
  * `--help` lists the options.
  */
@@ -24,6 +26,7 @@ import { markdown, plotSeries, targets } from './report.ts';
 import { SCHEMA, validateResult, type BenchResult } from './schema.ts';
 import { ServerProc } from './server-proc.ts';
 import { latencySvg } from './svg.ts';
+import { RTC_QUICK_SKIP, rtcUnavailable, runRtcChild } from './rtc-train.ts';
 
 function say(line: string): void {
   process.stderr.write(`[bench ${new Date().toISOString().slice(11, 19)}] ${line}\n`);
@@ -37,10 +40,10 @@ async function main(opts: BenchOptions): Promise<number> {
   const result: Omit<BenchResult, 'targets'> = {
     schema: SCHEMA, name: opts.name, date: new Date().toISOString(), wallS: 0,
     machine: { node: process.version, platform: `${process.platform}-${process.arch}`, cpus: os.cpus().length, cpuModel: os.cpus()[0]?.model ?? 'unknown', backend: '' },
-    options: { ...opts }, step: null, codecs: null, policy: null, load: null, torch: null, infer: null, skipped: {},
+    options: { ...opts }, step: null, codecs: null, policy: null, load: null, torch: null, infer: null, rtc: null, skipped: {},
     notes: opts.quick ? ['--quick: a smoke run (a few steps, small batches, 10 s of load); its numbers and targets are not comparable with a full run'] : [],
   };
-  for (const p of ['step', 'codecs', 'policy', 'load', 'torch', 'infer'] as const) if (!want(p)) result.skipped[p] = 'not asked for (--only)';
+  for (const p of ['step', 'codecs', 'policy', 'load', 'torch', 'infer', 'rtc'] as const) if (!want(p)) result.skipped[p] = 'not asked for (--only)';
 
   say(`loading ${opts.batch} G1 samples with 3 cameras`);
   const samples = await g1Samples(opts.batch, 3, config.horizon);
@@ -110,6 +113,14 @@ async function main(opts: BenchOptions): Promise<number> {
     say(`infer: sample() alone, PyTorch sampling and the policy round trip, ${opts.inferCalls} calls per row in turns of ${INFER_BLOCK}`);
     result.infer = await runInfer({ calls: opts.inferCalls, burnIn: opts.quick ? 2 : 3, samples, say });
     if (!result.machine.backend) result.machine.backend = result.infer.backendName;
+  }
+  if (want('rtc')) {
+    const why = opts.quick ? RTC_QUICK_SKIP : rtcUnavailable();
+    if (why) result.skipped.rtc = why;
+    else {
+      say('rtc: replaying held-out G1 episodes with the cached policies (bench/rtc.ts)');
+      result.rtc = await runRtcChild();
+    }
   }
   if (!result.machine.backend) result.machine.backend = process.env.VELA_BACKEND ?? 'auto';
   result.wallS = (performance.now() - t0) / 1000;

@@ -193,6 +193,8 @@ export interface BenchResult {
   torch: TorchResult | null;
   /** Absent in results written before the part existed. */
   infer?: InferResult | null;
+  /** The RTC replay's summary (bench/rtc.ts: its rows, target checks and timing; the whole in rtc.json). Absent before the part existed. */
+  rtc?: Record<string, unknown> | null;
   skipped: Record<string, string>; // part -> reason
   /** Things found while measuring (e.g. a codec that failed and what was used instead). */
   notes: string[];
@@ -252,6 +254,7 @@ export function validateResult(json: unknown): string[] {
     num(json.torch.ratio, 'torch.ratio');
     if (json.torch.params !== json.torch.paramsExpected) errs.push(`torch.params is ${json.torch.params}; MODEL.md says ${json.torch.paramsExpected}`);
   }
+  if ('rtc' in json && json.rtc === null && !(obj(json.skipped) && typeof json.skipped.rtc === 'string')) errs.push('rtc is null but skipped.rtc gives no reason');
   if ('infer' in json && json.infer === null && !(obj(json.skipped) && typeof json.skipped.infer === 'string')) errs.push('infer is null but skipped.infer gives no reason');
   if (obj(json.infer)) {
     for (const k of ['sample', 'torch', 'roundTrip'] as const) {

@@ -114,7 +114,7 @@ describe('result schema', () => {
 
 describe('parseBenchArgs', () => {
   it('gives the defaults, --quick settings, and rejects bad values by name', () => {
-    expect(parseBenchArgs([])).toMatchObject({ preset: 'flow05-tiny', batch: 8, cameras: 1, codec: 'JPEG', clients: 8, durationS: 60, steps: 50, parts: ['step', 'codecs', 'policy', 'load', 'torch', 'infer'], name: 'latest' });
+    expect(parseBenchArgs([])).toMatchObject({ preset: 'flow05-tiny', batch: 8, cameras: 1, codec: 'JPEG', clients: 8, durationS: 60, steps: 50, parts: ['step', 'codecs', 'policy', 'load', 'torch', 'infer', 'rtc'], name: 'latest' });
     expect(parseBenchArgs([])).toMatchObject({ policyClients: 24, idleRequests: 60 });
     expect(parseBenchArgs(['--quick'])).toMatchObject({ batch: 2, steps: 3, durationS: 10, clients: 2, policyClients: 2, idleRequests: 5, quick: true });
     expect(parseBenchArgs(['--idle-requests', '0', '--policy-hz', '2.5'])).toMatchObject({ idleRequests: 0, policyHz: 2.5 });
