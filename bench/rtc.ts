@@ -57,6 +57,7 @@ each on 2 cores) unless .scratch/rtc/ has them. Needs ../shared/datasets/g1_pick
   --m X              temporal ensembling's exp(-m j) weights, oldest first (default 0.01, ACT's)
   --steps N          training steps per policy (default 1000, batch 32)
   --timing-rounds N  batch-1 inference timing rounds, each kind once per round (default 30)
+  --name NAME        results as bench/results/NAME.json and NAME-traces.svg (default rtc)
   --quick            smoke run: 40 training steps, one episode's first 120 steps, d 0,4,8; writes nothing
 `;
 
@@ -71,16 +72,20 @@ interface Row {
   jump_mean: number; // normalised units
   jump_ratio: number; // jump_mean / the recorded data's mean step change
   jump_vs_switch: number; // jump_mean / switch's at the same d
+  /** The mean step change at every other step (within chunks): how smooth the chunks are themselves, over the data's step change. */
+  within_ratio: number;
+  /** The mean over steps of ||executed - recorded|| (normalised): drift shows as a rise over switching's. */
+  offset_mean: number;
   mse: number; // executed vs recorded, normalised absolute actions
   mse_vs_switch: number;
 }
 
-interface Options { s: number; delays: number[]; beta: number; schedule: RtcSchedule; m: number; steps: number; timingRounds: number; quick: boolean }
+interface Options { name: string; s: number; delays: number[]; beta: number; schedule: RtcSchedule; m: number; steps: number; timingRounds: number; quick: boolean }
 
 function parse(argv: string[]): Options | null {
   const { values } = parseArgs({ args: argv, options: {
     help: { type: 'boolean' }, quick: { type: 'boolean', default: false }, s: { type: 'string', default: '8' }, delays: { type: 'string' }, beta: { type: 'string', default: '5' },
-    schedule: { type: 'string', default: 'exp' }, m: { type: 'string', default: '0.01' }, steps: { type: 'string' }, 'timing-rounds': { type: 'string' },
+    schedule: { type: 'string', default: 'exp' }, m: { type: 'string', default: '0.01' }, steps: { type: 'string' }, 'timing-rounds': { type: 'string' }, name: { type: 'string', default: 'rtc' },
   } });
   if (values.help) return null;
   const quick = values.quick!;
@@ -92,7 +97,7 @@ function parse(argv: string[]): Options | null {
   const schedule = values.schedule as RtcSchedule;
   if (schedule !== 'exp' && schedule !== 'linear') throw new Error(`--schedule is ${schedule}; expected exp or linear`);
   return {
-    s: num('s', values.s!), delays: (values.delays ?? (quick ? '0,4,8' : '0,1,2,3,4,5,6,7,8')).split(',').map((x) => num('delays', x)), beta: num('beta', values.beta!), schedule, m: num('m', values.m!),
+    name: values.name!, s: num('s', values.s!), delays: (values.delays ?? (quick ? '0,4,8' : '0,1,2,3,4,5,6,7,8')).split(',').map((x) => num('delays', x)), beta: num('beta', values.beta!), schedule, m: num('m', values.m!),
     steps: num('steps', values.steps ?? (quick ? '40' : String(RTC_STEPS))), timingRounds: num('timing-rounds', values['timing-rounds'] ?? (quick ? '3' : '30')), quick,
   };
 }
@@ -276,12 +281,20 @@ async function main(o: Options): Promise<void> {
       const jumps = xs.flatMap((x) => stepJumps(normAbs(x.actions), ad, x.splices));
       const executed = xs.map((x) => normAbs(x.actions));
       const err = mse(concat(executed), concat(episodes.map((e) => normAbs(recorded.get(e)!))));
-      return { splices: jumps.length, jump: mean(jumps), err };
+      const within = xs.flatMap((x, i) => {
+        const at = new Set(x.splices);
+        return stepJumps(executed[i]!, ad, Array.from({ length: executed[i]!.length / ad - 1 }, (_, t) => t + 1).filter((t) => !at.has(t)));
+      });
+      const offsets = xs.flatMap((x, i) => {
+        const rec = normAbs(recorded.get(episodes[i]!)!);
+        return Array.from({ length: rec.length / ad }, (_, t) => Math.hypot(...Array.from({ length: ad }, (_, k) => executed[i]![t * ad + k]! - rec[t * ad + k]!)));
+      });
+      return { splices: jumps.length, jump: mean(jumps), err, within: mean(within), offset: mean(offsets) };
     };
     const sw = stats('switch');
     for (const mode of MODES) {
       const st = mode === 'switch' ? sw : stats(mode);
-      rows.push({ mode, d, splices: st.splices, jump_mean: st.jump, jump_ratio: st.jump / stepChange, jump_vs_switch: st.jump / sw.jump, mse: st.err, mse_vs_switch: st.err / sw.err });
+      rows.push({ mode, d, splices: st.splices, jump_mean: st.jump, jump_ratio: st.jump / stepChange, jump_vs_switch: st.jump / sw.jump, mse: st.err, mse_vs_switch: st.err / sw.err, within_ratio: st.within / stepChange, offset_mean: st.offset });
     }
   }
   say('timing: batch-1 inference, graphs on, kinds in turns');
@@ -313,9 +326,9 @@ async function main(o: Options): Promise<void> {
     series: [{ label: 'recorded', values: col(rec, k) }, ...traceModes.map((m) => ({ label: MODE_LABEL[m], values: col(exec.get(`${m}/${traceD}`)![0]!.actions, k) }))],
   })), exec.get(`switch/${traceD}`)![0]!.splices, 'rad (dataset units)');
   fs.mkdirSync(RESULTS, { recursive: true });
-  fs.writeFileSync(path.join(RESULTS, 'rtc-traces.svg'), svg);
+  fs.writeFileSync(path.join(RESULTS, `${o.name}-traces.svg`), svg);
   const out = {
-    name: 'rtc', date: new Date().toISOString(), loadavg_start: load0, loadavg_end: load1, replay_s: replayS,
+    name: o.name, date: new Date().toISOString(), loadavg_start: load0, loadavg_end: load1, replay_s: replayS,
     setup: {
       dataset: 'g1_pick_bottle (split A)', held_out: episodes, preset: base.preset, horizon: H, control_hz: ds.meta.fps, s: o.s, delays: o.delays, beta: o.beta, schedule: o.schedule, ensemble_m: o.m,
       noise: 'one seeded N(0,1) stream per request (episode, c), the same for every mode and d', sample_steps: 10, metric_space: 'absolute actions, z-score with the training chunks\' absolute statistics (the job\'s held-out scoring space)',
@@ -325,8 +338,8 @@ async function main(o: Options): Promise<void> {
     rows, checks, timing: { ...timing, samples_ms: undefined },
     traces: { episode: te, d: traceD, joints: joints.map((k) => ds.meta.actionNames?.[k] ?? k) },
   };
-  fs.writeFileSync(path.join(RESULTS, 'rtc.json'), JSON.stringify(out, null, 1) + '\n');
-  say(`wrote ${path.join(RESULTS, 'rtc.json')} and rtc-traces.svg`);
+  fs.writeFileSync(path.join(RESULTS, `${o.name}.json`), JSON.stringify(out, null, 1) + '\n');
+  say(`wrote ${path.join(RESULTS, `${o.name}.json`)} and ${o.name}-traces.svg`);
 }
 
 function concat(xs: Float32Array[]): Float32Array {
@@ -342,12 +355,12 @@ function concat(xs: Float32Array[]): Float32Array {
 /** The replay table: one row per d, per mode the splice jump (over the data's step change) and the MSE. */
 export function markdownTable(rows: Row[], delays: number[]): string {
   const modes = MODES;
-  const head = ['d', ...modes.flatMap((m) => [`${MODE_LABEL[m]}: jump / data step`, 'MSE'])];
+  const head = ['d', ...modes.flatMap((m) => [`${MODE_LABEL[m]}: splice jump / data step`, 'other steps / data step', 'MSE'])];
   const lines = delays.map((d) => [String(d), ...modes.flatMap((m) => {
     const r = rows.find((x) => x.mode === m && x.d === d)!;
     const rel = m === 'switch' ? '' : ` (${r.jump_vs_switch.toFixed(2)}x)`;
     const relM = m === 'switch' ? '' : ` (${r.mse_vs_switch.toFixed(2)}x)`;
-    return [`${r.jump_ratio.toFixed(2)}${rel}`, `${r.mse.toFixed(4)}${relM}`];
+    return [`${r.jump_ratio.toFixed(2)}${rel}`, `${r.within_ratio.toFixed(2)}`, `${r.mse.toFixed(4)}${relM}`];
   })]);
   return [`| ${head.join(' | ')} |`, `| ${head.map(() => '-').join(' | ')} |`, ...lines.map((l) => `| ${l.join(' | ')} |`)].join('\n') + '\n';
 }
