@@ -118,7 +118,7 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
     case 'create_session': {
       const opts = {
         finetune: args.finetune, rank: args.rank, alpha: args.alpha, actionRank: args.actionRank ?? undefined, actionAlpha: args.actionAlpha ?? undefined,
-        targets: args.targets, seed: args.seed, emaDecay: args.emaDecay ?? 0, timeSampling: args.timeSampling ?? 'beta',
+        targets: args.targets, seed: args.seed, emaDecay: args.emaDecay ?? 0, timeSampling: args.timeSampling ?? 'beta', rtcMaxDelay: args.rtcMaxDelay ?? 0,
       };
       const t = await pool.create(sessionId, args.dir, opts);
       return [answer(null, { trainableParams: t.state!.trainableParamCount, tenantBytes: t.bytes, baseBytes: baseBytes() }), []];
