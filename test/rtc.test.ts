@@ -11,7 +11,8 @@ import { makeConfig } from '../kernels/small/config.ts';
 import { fakeBatch } from '../kernels/small/batch.ts';
 import { BaseWeights, TrainingState, TrainerError } from '../kernels/trainer.ts';
 import { Rng } from '../kernels/rng.ts';
-import { guidanceGradient, guidanceWeight, rtcWeights, shiftChunk, prefixTimes, type ChunkPrefix } from '../kernels/rtc.ts';
+import { sampleGraphStats } from '../kernels/sample-graph.ts';
+import { guidanceGradient, guidanceWeight, rtcWeights, shiftChunk, type ChunkPrefix } from '../kernels/rtc.ts';
 import { REAL_PI_TINY_PI05 } from '../kernels/pi/config.ts';
 import { fakeRealPiBatch } from '../kernels/pi/fake.ts';
 import { realPiPolicy } from '../kernels/pi/policy.ts';
@@ -57,11 +58,10 @@ describe('RTC weights and guidance weight (Black et al. 2025, eq. 5 and Algorith
     expect(guidanceWeight(0.9, 100)).toBeCloseTo(0.82 / 0.09, 12);
   });
 
-  it('shiftChunk and prefixTimes line the old chunk up with the new one', () => {
+  it('shiftChunk lines the old chunk up with the new one', () => {
     const prev = Float32Array.from({ length: 8 }, (_, i) => i); // [4, 2]
     expect(Array.from(shiftChunk(prev, 4, 1))).toEqual([2, 3, 4, 5, 6, 7, 0, 0]);
     expect(Array.from(shiftChunk(prev, 4, 4))).toEqual(new Array(8).fill(0));
-    expect(Array.from(prefixTimes([2, 0], 3, 0.25))).toEqual([0, 0, 0.25, 0.25, 0.25, 0.25]);
   });
 });
 
@@ -154,18 +154,24 @@ describe('RTC sampling', () => {
     const Y = new Rng(3).normals(2 * per);
     const delays = [4, 1];
     const W = Float32Array.from({ length: 2 * per }, (_, k) => (Math.floor((k % per) / c.actionDim) < delays[Math.floor(k / per)]! ? 1 : 0));
-    const out = withGraphs(false, () => s.sample(batch, { noise, chunk: { mode: 'prefix', actions: Y, weights: W, delays } }));
+    const out = withGraphs(false, () => s.sample(batch, { noise, chunk: { mode: 'prefix', actions: Y, weights: W } }));
     expect(Array.from(out.subarray(0, 4 * c.actionDim))).toEqual(Array.from(Y.subarray(0, 4 * c.actionDim)));
     expect(Array.from(out.subarray(per, per + c.actionDim))).toEqual(Array.from(Y.subarray(per, per + c.actionDim)));
     expect(maxAbs(out, Y, 4 * c.actionDim, per)).toBeGreaterThan(0.1);
     // With no delay every action is at the step's time: the plain chunk, to float32 rounding of a
     // time embedding per action instead of per datum.
     const plain = withGraphs(false, () => s.sample(batch, { noise }));
-    const none = withGraphs(false, () => s.sample(batch, { noise, chunk: { mode: 'prefix', actions: Y, weights: new Float32Array(2 * per), delays: [0, 0] } }));
+    const none = withGraphs(false, () => s.sample(batch, { noise, chunk: { mode: 'prefix', actions: Y, weights: new Float32Array(2 * per) } }));
     expect(maxAbs(none, plain)).toBeLessThan(1e-5);
     if (NATIVE_PRESENT) {
-      const graph = withGraphs(true, () => s.sample(batch, { noise, chunk: { mode: 'prefix', actions: Y, weights: W, delays } }));
+      const graph = withGraphs(true, () => s.sample(batch, { noise, chunk: { mode: 'prefix', actions: Y, weights: W } }));
       expect(maxAbs(graph, out)).toBeLessThan(1e-4);
+      // Another delay runs the same graph: the held actions are an input, not baked in.
+      const traces = sampleGraphStats().traces;
+      const W2 = Float32Array.from({ length: 2 * per }, (_, k) => (Math.floor((k % per) / c.actionDim) < 2 ? 1 : 0));
+      const other = withGraphs(true, () => s.sample(batch, { noise, chunk: { mode: 'prefix', actions: Y, weights: W2 } }));
+      expect(sampleGraphStats().traces).toBe(traces);
+      expect(maxAbs(other, withGraphs(false, () => s.sample(batch, { noise, chunk: { mode: 'prefix', actions: Y, weights: W2 } })))).toBeLessThan(1e-4);
     }
     s.dispose();
     base.dispose();
@@ -203,7 +209,8 @@ describe('RTC sampling', () => {
     for (const [chunk, text] of [
       [{ mode: 'guided', actions: new Float32Array(3), weights: ok }, `rtc actions have 3 values; a batch of 1 needs [1, ${c.horizon}, ${c.actionDim}] = ${n}`],
       [{ mode: 'guided', actions: ok, weights: new Float32Array(n).fill(2) }, 'rtc weights[0] is 2; weights lie in [0, 1]'],
-      [{ mode: 'prefix', actions: ok, weights: ok, delays: [99] }, `rtc delay is 99; it must be an integer in 0..${c.horizon}`],
+      [{ mode: 'prefix', actions: ok, weights: new Float32Array(n).fill(0.5) }, 'rtc weights[0] is 0.5; prefix weights are 1 on every dim of a held action and 0 elsewhere'],
+      [{ mode: 'prefix', actions: ok, weights: Float32Array.from({ length: n }, (_, k) => (k === 1 ? 1 : 0)) }, 'rtc weights[1] is 1; prefix weights are 1 on every dim of a held action and 0 elsewhere'],
       [{ mode: 'inpaint', actions: ok, weights: ok }, `rtc mode is "inpaint"; expected 'guided' or 'prefix'`],
     ] as [ChunkPrefix, string][]) {
       expect(() => s.sample(batch, { chunk })).toThrow(new TrainerError('bad_option', text));

@@ -322,8 +322,8 @@ async function infer(policyId: string, args: Record<string, any>): Promise<[unkn
   const noise = new Float32Array(batch.size * per);
   seeds.forEach((seed, i) => noise.set(new Rng(seed).normals(per), i * per));
   const rtc = args.rtc as RtcArgs | undefined;
-  if (rtc && (rtc.delays?.length !== batch.size || rtc.actions?.length !== batch.size * per || rtc.weights?.length !== batch.size * per)) {
-    throw new EngineError('bad_request', `infer's rtc needs ${batch.size} delays and ${batch.size} x ${per} actions and weights`);
+  if (rtc && (rtc.actions?.length !== batch.size * per || rtc.weights?.length !== batch.size * per)) {
+    throw new EngineError('bad_request', `infer's rtc needs ${batch.size} x ${per} actions and weights`);
   }
   if (basePolicies.has(policyId)) {
     const actions = inChunks(batch, noise, per, rtc, (b, n, chunk) => sampleActions(base.policy, base.view(), config.toBatch(b), new Rng(0), { numSteps: args.numSteps ?? 10, noise: n, chunk }));
@@ -354,7 +354,7 @@ async function infer(policyId: string, args: Record<string, any>): Promise<[unkn
 function inChunks(batch: ModelBatch, noise: Float32Array, per: number, rtc: RtcArgs | undefined, sample: (b: ModelBatch, noise: Float32Array, chunk: ChunkPrefix | undefined) => Float32Array): Float32Array {
   const sizes = samplesAsGraphs(base.policy) ? powerOfTwoChunks(batch.size) : [batch.size];
   const part = (from: number, to: number): ChunkPrefix | undefined =>
-    rtc && { mode: rtc.mode, maxGuidance: rtc.maxGuidance, delays: rtc.delays.slice(from, to), actions: rtc.actions.slice(from * per, to * per), weights: rtc.weights.slice(from * per, to * per) };
+    rtc && { mode: rtc.mode, maxGuidance: rtc.maxGuidance, actions: rtc.actions.slice(from * per, to * per), weights: rtc.weights.slice(from * per, to * per) };
   if (sizes.length === 1) return sample(batch, noise, part(0, batch.size));
   const out = new Float32Array(batch.size * per);
   let at = 0;
@@ -369,7 +369,6 @@ function inChunks(batch: ModelBatch, noise: Float32Array, per: number, rtc: RtcA
 interface RtcArgs {
   mode: RtcMode;
   maxGuidance: number;
-  delays: number[];
   actions: Float32Array;
   weights: Float32Array;
 }

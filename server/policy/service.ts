@@ -88,7 +88,6 @@ interface DatumChunk {
   mode: RtcMode;
   actions: Float32Array;
   weights: Float32Array;
-  delay: number;
   maxGuidance: number;
 }
 
@@ -188,7 +187,7 @@ function datumChunk(plan: RtcPlan, meta: PolicyMeta, state: Float32Array): Datum
   const weights = new Float32Array(H * A);
   const dims = mode === 'guided' ? meta.actionDim : A;
   plan.weights.forEach((w, i) => weights.fill(w, i * A, i * A + dims));
-  return { mode, actions, weights, delay: plan.delay, maxGuidance: plan.maxGuidance };
+  return { mode, actions, weights, maxGuidance: plan.maxGuidance };
 }
 
 /**
@@ -290,7 +289,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         const batch = makeBatch(v.meta.model, idx.map((i) => datums[i]!), { maxPromptBytes: limits.maxPromptBytes, encodePrompt: v.meta.model.encodePrompt });
         const chunks = idx.map((i) => (tags[i] as Tag).chunk);
         const rtc = chunks[0] ? {
-          mode: chunks[0].mode, maxGuidance: chunks[0].maxGuidance, delays: chunks.map((c) => c!.delay),
+          mode: chunks[0].mode, maxGuidance: chunks[0].maxGuidance,
           actions: concat(chunks.map((c) => c!.actions)), weights: concat(chunks.map((c) => c!.weights)),
         } : undefined;
         const t0 = performance.now();
