@@ -14,23 +14,30 @@ import { ActionQueue, type Capture, type Splice } from './action-queue.ts';
 import { NDArray, packNumpy, unpackNumpy } from './ndarray.ts';
 import { VelaError } from './client.ts';
 
-/** The answer's `server_timing.rtc`: what the server did with a request that sent `rtc/executed`. */
-export interface RtcTiming {
-  /** 'off' when it answered a plain chunk (first request of a connection, ...; `reason` says why). */
-  mode: 'guided' | 'prefix' | 'off';
-  /** d: actions of the new chunk held to the old one (control ticks between capture and answer). */
-  delay: number;
-  delay_source: 'client' | 'setting' | 'measured';
-  /** The request's `rtc/executed`, as the server read it. */
-  executed: number;
-  /** Rows of the old chunk that overlapped the new one. */
-  overlap: number;
-  /** The robot's control rate the server used, Hz. */
-  control_hz: number;
-  /** Guidance weight per row of the new chunk, [action_horizon], in [0, 1]. */
-  weights: number[];
-  reason?: string;
-}
+/**
+ * The answer's `server_timing.rtc`: what the server did with a request that sent `rtc/executed`.
+ * With `mode` 'off' (a plain chunk: the connection's first request, rtc=off, ...) it holds only
+ * `mode` and `reason`.
+ */
+export type RtcTiming =
+  | { mode: 'off'; reason: string }
+  | {
+      mode: 'guided' | 'prefix';
+      /** d: actions of the new chunk held to the old one (control ticks between capture and answer), at most `overlap`. */
+      delay: number;
+      delay_source: 'client' | 'setting' | 'measured';
+      /** The request's `rtc/executed`, as the server read it. */
+      executed: number;
+      /** Rows of the old chunk that overlap the new one: action_horizon - executed. */
+      overlap: number;
+      /** The robot's control rate the server used, Hz (null when it was never told). */
+      control_hz: number | null;
+      /** Weight per row of the new chunk, [action_horizon], in [0, 1]: 1 = held to the old chunk. */
+      weights: number[];
+      /** Guided only: the weights' decay over the overlap, and β, the cap on the guidance weight. */
+      schedule?: 'exp' | 'linear';
+      max_guidance?: number;
+    };
 
 /** One answer of the policy. */
 export interface PolicyAnswer {

@@ -124,7 +124,7 @@ describe('the quickstart', () => {
 
   it.skipIf(noPython)('the README\'s real-time chunking loop runs against `vela policy`: RTC chunks after the first, each spliced in at the row it says', async () => {
     // The client section's helpers (pack, unpack, infer), then infer wrapped to keep what was
-    // sent and answered, then the RTC block at 10 Hz for 40 ticks with a synthetic robot.
+    // sent and answered, then the RTC block at 10 Hz for 60 ticks with a synthetic robot.
     const helpers = PY_CLIENT.slice(0, PY_CLIENT.indexOf(POLICY_LINE));
     expect(helpers).toContain('def infer(ws, obs):');
     const record = [
@@ -139,7 +139,7 @@ describe('the quickstart', () => {
     ].join('\n');
     let rtc = block('Real-time chunking', 'python');
     rtc = swap(rtc, 'url = "ws://127.0.0.1:8000"', `url = "${policyUrl}"`);
-    rtc = swap(rtc, 'control_hz, execute_horizon, ticks = 30, 8, 300', 'control_hz, execute_horizon, ticks = 10, 8, 40');
+    rtc = swap(rtc, 'control_hz, execute_horizon, ticks = 30, 8, 300', 'control_hz, execute_horizon, ticks = 10, 8, 60');
     rtc = swap(rtc, 'np.zeros((480, 640, 3), np.uint8)', 'np.random.default_rng(done).integers(0, 256, (48, 64, 3), np.uint8)');
     rtc = swap(rtc, '"observation/state": np.zeros(26, np.float32)', '"observation/state": np.full(26, 0.01 * done, np.float32)');
     rtc = swap(rtc, 'def robot_step(action):                              # replace: command one action [action_dim], raw units\n    pass',
@@ -154,10 +154,10 @@ describe('the quickstart', () => {
     }
     const lines = stdout.trim().split('\n');
     const seen = JSON.parse(lines.pop()!) as { sent: Record<string, number>[]; answers: { actions: number[][]; rtc: any }[]; executed: number[][] };
-    const summary = /^(\d+) actions in 40 ticks; (\d+) ticks without one$/.exec(lines.pop()!);
+    const summary = /^(\d+) actions in 60 ticks; (\d+) ticks without one$/.exec(lines.pop()!);
     expect(summary, stdout).not.toBeNull();
     const [done, late] = [Number(summary![1]), Number(summary![2])];
-    expect(done + late).toBe(40);
+    expect(done + late).toBe(60);
     expect(seen.executed).toHaveLength(done);
     // One line per answer: where it asked (rtc/executed) and the row k it spliced the answer in at.
     const splices = lines.map((l) => {
@@ -186,7 +186,7 @@ describe('the quickstart', () => {
       for (let r = s.k; r < end && expected.length < done; r++) expected.push(seen.answers[i]!.actions[r]!);
     });
     expect(seen.executed).toEqual(expected);
-    process.stdout.write(`README RTC loop: ${done} actions in 40 ticks at 10 Hz, ${late} without one; splices (rtc/executed / k / server's d): ${splices.slice(1).map((s) => `${s.executed}/${s.k}/d${s.delay}`).join(' ')}\n`);
+    process.stdout.write(`README RTC loop: ${done} actions in 60 ticks at 10 Hz, ${late} without one; splices (rtc/executed / k / server's d): ${splices.slice(1).map((s) => `${s.executed}/${s.k}/d${s.delay}`).join(' ')}\n`);
   });
 });
 
