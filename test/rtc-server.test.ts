@@ -13,6 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ndarray, NDArray } from '../protocol/ndarray.ts';
 import { Engine } from '../server/engine/host.ts';
 import { startPolicyServer, type PolicyServerHandle } from '../server/policy/index.ts';
+import { parsePolicyArgs } from '../server/policy/cli.ts';
 import { log } from '../server/log.ts';
 import { makeConfig } from '../kernels/small/config.ts';
 import { fakeBatch } from '../kernels/small/batch.ts';
@@ -187,4 +188,15 @@ describe('real-time chunking over the policy websocket', () => {
     const ans = await good.infer(observation(2, { 'rtc/executed': 1, 'rtc/delay': 2 }));
     expect(ans.server_timing.rtc).toMatchObject({ mode: 'guided', delay: 2 });
   }, 60_000);
+});
+
+describe('vela policy RTC flags', () => {
+  it('set the server defaults, checked like every flag', () => {
+    expect(parsePolicyArgs(['ck']).rtc).toEqual({ mode: 'auto', controlHz: null, delay: null, schedule: 'exp', maxGuidance: 5 });
+    expect(parsePolicyArgs(['ck', '--rtc', 'guided', '--control-hz', '30', '--rtc-delay', '4', '--rtc-schedule', 'linear', '--rtc-max-guidance', '10']).rtc)
+      .toEqual({ mode: 'guided', controlHz: 30, delay: 4, schedule: 'linear', maxGuidance: 10 });
+    expect(() => parsePolicyArgs(['ck', '--control-hz', '0'])).toThrow('--control-hz 0: must be a rate in Hz, > 0 and <= 10000');
+    expect(() => parsePolicyArgs(['ck', '--rtc-delay', '2.5'])).toThrow('--rtc-delay 2.5: must be an integer number of control steps in 0..1024');
+    expect(() => parsePolicyArgs(['ck', '--rtc', 'on'])).toThrow('--rtc on: must be auto, guided, prefix or off');
+  });
 });
