@@ -190,6 +190,19 @@ describe('real-time chunking over the policy websocket', () => {
   }, 60_000);
 });
 
+describe('the engine', () => {
+  it('fails a call whose buffers were already moved to its thread, and goes on (the warm-up reused one once and hung the queue)', async () => {
+    const batch = fakeBatch(C, 1, 1);
+    const buffers = [batch.images.buffer as ArrayBuffer];
+    await engine.call('pol-plain', 'infer', { batch, seeds: [0], numSteps: 2 }, buffers);
+    expect(batch.images.length).toBe(0); // moved
+    await expect(engine.call('pol-plain', 'infer', { batch, seeds: [0], numSteps: 2 }, buffers)).rejects.toThrow('engine op infer was given a buffer that an earlier call moved to the engine\'s thread; make its arrays again');
+    const again = fakeBatch(C, 1, 1);
+    const ans = await engine.call<{ result: { actions: Float32Array } }>('pol-plain', 'infer', { batch: again, seeds: [0], numSteps: 2 });
+    expect(ans.result.actions.length).toBe(C.horizon * C.actionDim);
+  }, 60_000);
+});
+
 describe('vela policy RTC flags', () => {
   it('set the server defaults, checked like every flag', () => {
     expect(parsePolicyArgs(['ck']).rtc).toEqual({ mode: 'auto', controlHz: null, delay: null, schedule: 'exp', maxGuidance: 5 });

@@ -156,8 +156,15 @@ export function rtcReport(plan: RtcPlan): Record<string, unknown> {
   };
 }
 
-/** Answer times kept per connection for the delay estimate. */
+/** Answer times kept per connection and kind for the delay estimate. */
 const RECENT = 4;
+
+/**
+ * How much longer a guided answer takes than a plain one, for the estimate of a connection's
+ * first guided request (no guided answer time yet): a backward pass per denoising step roughly
+ * doubles the work (1.7-2.3x measured, bench/results/README.md "Real-time chunking").
+ */
+const GUIDED_COST = 2;
 
 /**
  * One connection's RTC state: its settings, the last chunk it was sent and when, its recent
@@ -165,7 +172,7 @@ const RECENT = 4;
  */
 export class RtcConnection {
   private last: { actions: Float32Array; sentMs: number } | null = null;
-  private totals: number[] = [];
+  private totals: Record<'plain' | RtcMode, number[]> = { plain: [], guided: [], prefix: [] };
   private rttMs: number | null = null;
   private pingMs: number | null = null;
 
@@ -185,18 +192,23 @@ export class RtcConnection {
     this.pingMs = null;
   }
 
-  /** An answer with robot actions `actions` was sent at `sentMs`, `totalMs` after its observation arrived. */
-  answered(actions: Float32Array, sentMs: number, totalMs: number): void {
+  /**
+   * An answer with robot actions `actions` was sent at `sentMs`, `totalMs` after its observation
+   * arrived, sampled as `kind` (plain, or the RTC mode it ran).
+   */
+  answered(actions: Float32Array, sentMs: number, totalMs: number, kind: 'plain' | RtcMode): void {
     this.last = { actions, sentMs };
-    this.totals.push(totalMs);
-    if (this.totals.length > RECENT) this.totals.shift();
+    const t = this.totals[kind];
+    t.push(totalMs);
+    if (t.length > RECENT) t.shift();
   }
 
   /**
    * The plan for an observation with RTC keys `keys` (null when it sent none: plain, no report),
    * for a policy of `horizon` served actions whose checkpoint was trained with `rtcMaxDelay` (0 =
-   * not). The delay: `rtc/delay`, else the setting, else ceil((rtt + the slowest of the recent
-   * answer times) x control rate), clamped to the overlap.
+   * not). The delay: `rtc/delay`, else the setting, else ceil((rtt + the slowest of the last
+   * answer times of this mode) x control rate), clamped to the overlap; before the first answer
+   * of the mode, the plain answers' times (x GUIDED_COST for guided) stand in.
    */
   plan(keys: RtcKeys, horizon: number, rtcMaxDelay: number): RtcPlan | null {
     if (keys.controlHz !== null) this.settings.controlHz = keys.controlHz;
@@ -214,7 +226,9 @@ export class RtcConnection {
     else if (s.delay !== null) [delay, delaySource] = [s.delay, 'setting'];
     else {
       if (s.controlHz === null) return { ...base, mode: 'off', reason: 'the control rate is unknown: send rtc/control_hz once (or rtc/delay), or connect with ?control_hz=' };
-      const serverMs = Math.max(...this.totals);
+      const own = this.totals[mode];
+      const stand = this.totals.plain.length > 0 ? this.totals.plain : [...this.totals.guided, ...this.totals.prefix];
+      const serverMs = own.length > 0 ? Math.max(...own) : Math.max(0, ...stand) * (mode === 'guided' ? GUIDED_COST : 1);
       delay = Math.ceil((((this.rttMs ?? 0) + serverMs) * s.controlHz) / 1000);
       delaySource = 'measured';
     }

@@ -200,6 +200,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   await initZstd();
   const { engine, policyId } = opts;
   const limits: PolicyLimits = { ...DEFAULT_POLICY_LIMITS, ...opts.limits };
+  const rtc: RtcSettings = { ...DEFAULT_RTC_SETTINGS, ...opts.rtc };
   const isLive = opts.live !== undefined;
   let swaps = 0;
   let liveStep: number | null = null;
@@ -215,9 +216,11 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   /**
    * One sample of a lone robot's request (one datum, every camera the policy binds, a zero state,
    * an empty prompt) before the first robot sends: on an engine that runs graphs it traces that
-   * layout's graph (about 1 s on a 2-core machine) here rather than in a robot's first answer. Skipped
-   * where the engine does not make graphs (there a sample costs what it costs). Best effort: a
-   * failure is logged and serving goes on.
+   * layout's graph (about 1 s on a 2-core machine) here rather than in a robot's first answer; then
+   * the same with real-time chunking in the policy's default mode (guided or prefix: a graph of its
+   * own, whose first run would otherwise inflate a robot's measured delay). Skipped where the
+   * engine does not make graphs (there a sample costs what it costs). Best effort: a failure is
+   * logged and serving goes on.
    */
   const warmUp = async (v: Version): Promise<void> => {
     if (!engine.info.graphs) return;
@@ -226,9 +229,17 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     const datum = { images: Array.from({ length: model.slots }, (_, k) => (k < v.meta.cameras.length ? frame : null)), state: new Float32Array(v.meta.stateDim ?? 0), prompt: '' };
     const t0 = performance.now();
     try {
-      const batch = makeBatch(model, [datum], { maxPromptBytes: limits.maxPromptBytes, encodePrompt: model.encodePrompt });
+      const lone = () => makeBatch(model, [datum], { maxPromptBytes: limits.maxPromptBytes, encodePrompt: model.encodePrompt });
+      const batch = lone();
       await engine.call(v.engineId, 'infer', { batch, seeds: [0], numSteps: v.meta.numSteps }, batchBuffers(batch));
-      log.debug(`policy ${v.engineId}: warmed up (one sample, graph traced) in ${Math.round(performance.now() - t0)} ms`);
+      const mode = rtc.mode === 'auto' ? (v.meta.rtcMaxDelay > 0 ? 'prefix' : 'guided') : rtc.mode;
+      if (mode !== 'off') {
+        const n = model.horizon * model.actionDim;
+        const chunk = { mode, maxGuidance: rtc.maxGuidance, actions: new Float32Array(n), weights: new Float32Array(n) };
+        const again = lone(); // the first call's buffers moved to the engine's thread
+        await engine.call(v.engineId, 'infer', { batch: again, seeds: [0], numSteps: v.meta.numSteps, rtc: chunk }, batchBuffers(again));
+      }
+      log.debug(`policy ${v.engineId}: warmed up (a plain and an RTC sample, graphs traced) in ${Math.round(performance.now() - t0)} ms`);
     } catch (e) {
       log.warn(`policy ${v.engineId}: the warm-up sample failed (${(e as Error).message}); the first request will trace its graph`);
     }
@@ -311,7 +322,6 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   const dictionary = loadObservationDictionary();
   const dictId = dictionaryId(dictionary);
   const weightsVersion = () => (isLive ? liveStep : current.label);
-  const rtc: RtcSettings = { ...DEFAULT_RTC_SETTINGS, ...opts.rtc };
   let swapChain: Promise<unknown> = Promise.resolve();
   return {
     id: policyId,
