@@ -8,7 +8,7 @@
  */
 import * as tf from '@tensorflow/tfjs';
 import type { Rng } from './rng.ts';
-import { guidanceGradient, guidanceWeight, prefixTimes, type ChunkTensors } from './rtc.ts';
+import { guidanceGradient, guidanceWeight, type ChunkTensors } from './rtc.ts';
 
 export type LossFn = 'mse' | 'l1';
 
@@ -81,27 +81,29 @@ export function mseVelocityGrad(velocity: Float32Array, target: Float32Array, ma
 /**
  * Euler integration from noise (t = 1) to t = 0: dt = -1 / numSteps, `x += dt * v(x, t)`,
  * `t += dt` while t >= -dt / 2 (MODEL.md "Sampling"); t is kept in float32 as openpi does.
- * `velocityAt(x, time)` returns a new tensor [b, ah, ad] for x [b, ah, ad] at flow times `time`:
- * [b] (one per datum), or [b * ah] (one per action) in RTC's prefix mode. x starts as `noise`
- * [b, ah, ad]. With `chunk` (kernels/rtc.ts) the chunk is made to continue a previous one:
- * `guided` adds c(t) ∇_x L to the velocity (one backward pass per step), `prefix` holds each
- * datum's first d actions at the previous chunk's (flow time 0 for them). Returns the final x (the
+ * `velocityAt(x, time, held)` returns a new tensor [b, ah, ad] for x [b, ah, ad] at flow times
+ * `time` [b]; `held` [b, ah, 1] (RTC's prefix mode) marks the actions that are at flow time 0
+ * instead. x starts as `noise` [b, ah, ad]. With `chunk` (kernels/rtc.ts) the chunk is made to
+ * continue a previous one: `guided` adds c(t) ∇_x L to the velocity (one backward pass per step),
+ * `prefix` holds each datum's first d actions at the previous chunk's. Returns the final x (the
  * caller owns it).
  * @throws RangeError for numSteps that is not an integer >= 1.
  */
-export function eulerSample(noise: tf.Tensor, numSteps: number, velocityAt: (x: tf.Tensor, time: Float32Array) => tf.Tensor, chunk?: ChunkTensors): tf.Tensor {
+export function eulerSample(noise: tf.Tensor, numSteps: number, velocityAt: (x: tf.Tensor, time: Float32Array, held?: tf.Tensor) => tf.Tensor, chunk?: ChunkTensors): tf.Tensor {
   if (!Number.isInteger(numSteps) || numSteps < 1) throw new RangeError(`num_steps is ${numSteps}; it must be an integer >= 1`);
   const dt = Math.fround(-1 / numSteps);
   const [b, ah] = noise.shape as [number, number, number];
   const prefix = chunk?.mode === 'prefix' ? chunk : null;
-  // prefix: keep = 1 - weights, so x = keep * x + weights * prev holds the first d actions.
+  // prefix: x = keep * x + weights * prev holds the first d actions (weights 1 there, 0 elsewhere),
+  // and `held` (the weights' first dim) puts them at time 0: tensors, so a traced graph serves every delay.
   const keep = prefix ? tf.sub(1, prefix.weights) : null;
+  const held = prefix ? tf.slice(prefix.weights, [0, 0, 0], [b, ah, 1]) : undefined;
   const hold = (x: tf.Tensor) => (prefix ? tf.add(tf.mul(keep!, x), tf.mul(prefix.weights, prefix.actions)) : x);
   let t = 1;
   let x = prefix ? tf.tidy(() => hold(noise)) : tf.clone(noise);
   try {
     while (t >= -dt / 2) {
-      const time = prefix ? prefixTimes(prefix.delays, ah, t) : new Float32Array(b).fill(t);
+      const time = new Float32Array(b).fill(t);
       const tt = t;
       const next = tf.tidy(() => {
         if (chunk?.mode === 'guided') {
@@ -110,14 +112,14 @@ export function eulerSample(noise: tf.Tensor, numSteps: number, velocityAt: (x: 
           tf.dispose([velocity, grad]);
           return tf.add(x, tf.mul(v, dt));
         }
-        return hold(tf.add(x, tf.mul(velocityAt(x, time), dt)));
+        return hold(tf.add(x, tf.mul(velocityAt(x, time, held), dt)));
       });
       x.dispose();
       x = next;
       t = Math.fround(t + dt);
     }
   } finally {
-    keep?.dispose();
+    tf.dispose([keep, held].filter((z): z is tf.Tensor => !!z));
   }
   return x;
 }

@@ -36,15 +36,13 @@ export const DEFAULT_MAX_GUIDANCE = 5;
  * What a new chunk must agree with, per datum of a batch of b, in the model's action space.
  * `actions` [b, ah, ad] float32: the previous chunk at the new chunk's indices (entries past the
  * overlap are ignored: their weight is 0). `weights` [b, ah, ad] float32 in [0, 1]: guided, the
- * guidance weights W (rtcWeights broadcast over the dims that count); prefix, 1 on the first d_i
- * actions of datum i (every dim) and 0 elsewhere, with `delays` [b] giving each d_i.
+ * guidance weights W (rtcWeights broadcast over the dims that count); prefix, 1 on every dim of
+ * the first d_i actions of datum i (its delay) and 0 elsewhere.
  */
 export interface ChunkPrefix {
   readonly mode: RtcMode;
   readonly actions: Float32Array;
   readonly weights: Float32Array;
-  /** prefix: the delay d_i of each datum (how many leading actions are written). */
-  readonly delays?: readonly number[];
   /** guided: β, the cap on the guidance weight (DEFAULT_MAX_GUIDANCE). */
   readonly maxGuidance?: number;
 }
@@ -105,15 +103,15 @@ export interface ChunkTensors {
   readonly mode: RtcMode;
   readonly actions: tf.Tensor; // [b, ah, ad]
   readonly weights: tf.Tensor; // [b, ah, ad]
-  readonly delays: readonly number[];
   readonly maxGuidance: number;
 }
 
 /**
  * Checks `chunk` against a batch of `b` chunks of [horizon, actionDim] and makes its tensors
  * (the caller disposes `actions` and `weights`).
- * @throws RangeError naming the field for a wrong length, a weight outside [0, 1] or not finite,
- *   a delay outside 0..horizon, a β that is not a finite number >= 0, or an unknown mode.
+ * @throws RangeError naming the field for a wrong length, a weight outside [0, 1] (prefix: not 0 or
+ *   1 alike over an action's dims), an action that is not finite, a β that is not a finite
+ *   number >= 0, or an unknown mode.
  */
 export function chunkTensors(chunk: ChunkPrefix, b: number, horizon: number, actionDim: number): ChunkTensors {
   const n = b * horizon * actionDim;
@@ -123,23 +121,27 @@ export function chunkTensors(chunk: ChunkPrefix, b: number, horizon: number, act
   for (let i = 0; i < n; i++) {
     const w = chunk.weights[i]!;
     if (!(w >= 0 && w <= 1)) throw new RangeError(`rtc weights[${i}] is ${w}; weights lie in [0, 1]`);
+    if (chunk.mode === 'prefix' && w !== chunk.weights[i - (i % actionDim)]) throw new RangeError(`rtc weights[${i}] is ${w}; prefix weights are 1 on every dim of a held action and 0 elsewhere`);
+    if (chunk.mode === 'prefix' && w !== 0 && w !== 1) throw new RangeError(`rtc weights[${i}] is ${w}; prefix weights are 1 on every dim of a held action and 0 elsewhere`);
     if (!Number.isFinite(chunk.actions[i]!)) throw new RangeError(`rtc actions[${i}] is ${chunk.actions[i]}; values must be finite`);
   }
   const maxGuidance = chunk.maxGuidance ?? DEFAULT_MAX_GUIDANCE;
   if (!(Number.isFinite(maxGuidance) && maxGuidance >= 0)) throw new RangeError(`rtc max_guidance is ${maxGuidance}; it must be a finite number >= 0`);
-  const delays = chunk.delays ?? new Array<number>(b).fill(0);
-  if (delays.length !== b) throw new RangeError(`rtc delays have ${delays.length} values; expected one per datum (${b})`);
-  for (const d of delays) if (!Number.isInteger(d) || d < 0 || d > horizon) throw new RangeError(`rtc delay is ${d}; it must be an integer in 0..${horizon}`);
   const shape = [b, horizon, actionDim];
-  return { mode: chunk.mode, actions: tf.tensor(chunk.actions, shape), weights: tf.tensor(chunk.weights, shape), delays, maxGuidance };
+  return { mode: chunk.mode, actions: tf.tensor(chunk.actions, shape), weights: tf.tensor(chunk.weights, shape), maxGuidance };
 }
 
-/** Per-token flow times [b * ah] for prefix mode: 0 on datum i's first delays[i] actions, t elsewhere. */
-export function prefixTimes(delays: readonly number[], horizon: number, t: number): Float32Array {
-  const out = new Float32Array(delays.length * horizon).fill(t);
-  delays.forEach((d, i) => out.fill(0, i * horizon, i * horizon + d));
-  return out;
+/**
+ * For prefix mode's time embeddings: `perToken` [b, ah, w] with the rows where `held` [b, ah, 1] is 1 replaced by `atZero()` [b, w]
+ * (the same per-token computation at flow time 0), selected exactly; `perToken` itself without `held`.
+ */
+export function holdAtZero(perToken: tf.Tensor, held: tf.Tensor | undefined, atZero: () => tf.Tensor): tf.Tensor {
+  if (!held) return perToken;
+  const [b, ah, w] = perToken.shape as [number, number, number];
+  const zero = tf.tile(tf.expandDims(atZero(), 1), [1, ah, 1]);
+  return tf.where(tf.cast(tf.tile(held, [1, 1, w]), 'bool'), zero, perToken);
 }
+
 
 /**
  * The previous chunk `prev` [ah, ad] (model space) moved to the new chunk's indices after

@@ -62,10 +62,9 @@ export function sampleGraphStats(): Readonly<typeof stats> {
 export function sampleWithGraph<B, C>(policy: FlowPolicy<B, C>, W: PolicyWeights, batch: B, noise: tf.Tensor, numSteps: number, chunk?: ChunkTensors): tf.Tensor | null {
   if (!samplesAsGraphs(policy)) return null;
   const inputs = policy.sampleInputs!(batch);
-  // RTC: the previous chunk and its weights are inputs; what decides the ops is baked in the key
-  // (guided: β, the guidance weight per step being a constant; prefix: the delays, whose
-  // per-action times become the steps' time embeddings).
-  const rtc = !chunk ? '' : chunk.mode === 'guided' ? `|guided:${chunk.maxGuidance}` : `|prefix:${chunk.delays.join(',')}`;
+  // RTC: the previous chunk and its weights are inputs (prefix mode's delays with them); β is
+  // baked in (the guidance weight of each step is a constant).
+  const rtc = !chunk ? '' : chunk.mode === 'guided' ? `|guided:${chunk.maxGuidance}` : '|prefix';
   const key = `${inputs.key}|${noise.shape.join(',')}|${numSteps}${rtc}`;
   const fed = chunk ? [noise, chunk.actions, chunk.weights] : [noise];
   let cache = graphs.get(policy);

@@ -77,6 +77,8 @@ export interface TrainingOptions {
 export interface ExportedState {
   config: {
     preset: string; finetune: 'lora' | 'full'; lora_rank: number; lora_alpha: number; lora_targets: string[]; ema_decay?: number;
+    /** Trained with training-time RTC (TrainingOptions.rtcMaxDelay): policy servers sample it in RTC's prefix mode. */
+    rtc_max_delay?: number;
     /** Only when they differ from lora_rank / lora_alpha. */
     lora_action_rank?: number; lora_action_alpha?: number;
     /** Full fine-tune: the parameters left frozen, when any. */
@@ -487,6 +489,7 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
     return {
       finetune: this.finetune, lora_rank: this.rank, lora_alpha: this.alpha, lora_targets: [...this.targets], preset: this.policy.name,
       ...(this.ema ? { ema_decay: this.emaDecay } : {}),
+      ...(this.rtcMaxDelay > 0 ? { rtc_max_delay: this.rtcMaxDelay } : {}),
       ...(this.actionRank !== this.rank ? { lora_action_rank: this.actionRank } : {}),
       ...(this.actionAlpha !== this.alpha ? { lora_action_alpha: this.actionAlpha } : {}),
       ...(this.frozen.length > 0 ? { frozen: [...this.frozen] } : {}),

@@ -8,10 +8,16 @@
  *   const conn = await vela.connect(s);
  *   const { loss } = await conn.forwardBackward(data, { codec: 'JPEG' });
  *   await conn.optimStep({ learning_rate: 1e-3 });
+ *
+ * A policy (section 6) is driven with `PolicyConnection`, and with real-time chunking by
+ * `RealTimeChunking` over an `ActionQueue` (protocol/policy-client.ts, re-exported here).
  */
 import WebSocket from 'ws';
 import { pack, unpack } from './msgpack.ts';
 import { fromWire, toWire, type NDArray } from './ndarray.ts';
+
+export { ActionQueue, type ActionQueueOptions, type Capture, type Splice } from './action-queue.ts';
+export { PolicyConnection, RealTimeChunking, type PolicyAnswer, type RealTimeChunkingOptions, type RtcTiming } from './policy-client.ts';
 
 /** An error answer of an op, or an HTTP error: `code` is the server's code (or the HTTP status). */
 export class VelaError extends Error {

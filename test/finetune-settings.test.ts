@@ -82,7 +82,7 @@ describe('fine-tune config (POST /v1/fine-tunes and vela finetune)', () => {
     expect(cfg).toMatchObject({
       finetune: 'full', steps: RECIPE.steps, batch_size: RECIPE.batch_size, learning_rate: RECIPE.learning_rate, eval_fraction: 0.1, eval_episodes: null,
       eval_dataset: null, eval_stride: 4, warmup_steps: defaultWarmupSteps(RECIPE.steps), lr_floor: RECIPE.lr_floor, adam_eps: RECIPE.adam_eps, weight_decay: RECIPE.weight_decay,
-      ema_decay: RECIPE.ema_decay, augment: RECIPE.augment, time_sampling: RECIPE.time_sampling,
+      ema_decay: RECIPE.ema_decay, augment: RECIPE.augment, time_sampling: RECIPE.time_sampling, rtc_max_delay: 0,
     });
     // The recipe's model when none is named (vela finetune and POST /v1/fine-tunes alike).
     expect(parseFineTuneConfig({ dataset_name: 'd' })).toMatchObject({ model: RECIPE.model, finetune: 'full', ema_decay: 0.99, steps: 1500, batch_size: 32, learning_rate: 3e-4 });
@@ -120,6 +120,8 @@ describe('fine-tune config (POST /v1/fine-tunes and vela finetune)', () => {
       [{ ema_decay: 1 }, /ema_decay must be a number in \[0, 1\), got 1/],
       [{ augment: 'yes' }, /augment must be true or false, got "yes"/],
       [{ time_sampling: 'logit' }, /time_sampling must be "beta" or "uniform", got "logit"/],
+      [{ rtc_max_delay: -1 }, /rtc_max_delay must be an integer in 0..63, got -1/],
+      [{ rtc_max_delay: 2.5 }, /rtc_max_delay must be an integer in 0..63, got 2.5/],
       // An unknown field names the one it resembles, or the fine-tune name of a session's field.
       [{ step: 5 }, /^unknown field "step" \(did you mean "steps"\?\); known fields: model, /],
       [{ base_model: 'flow05-tiny' }, /^unknown field "base_model" \(did you mean "model"\?\)/],
@@ -155,8 +157,8 @@ describe('fine-tune config (POST /v1/fine-tunes and vela finetune)', () => {
 describe('runFineTune: settings reach the trainer, the evaluation reaches the events', () => {
   it('passes the schedule, AdamW eps / weight decay and the default full mode to the engine', async () => {
     const dir = armDataset('sched');
-    const { engine, progress } = await run({ dataset_name: dir, eval_episodes: [1], warmup_steps: 2, lr_floor: 0.25, learning_rate: 0.01, adam_eps: 1e-6, weight_decay: 0.02, ema_decay: 0.9, time_sampling: 'uniform' });
-    expect(engine.calls.find((c) => c.op === 'create_session')!.args).toMatchObject({ finetune: 'full', emaDecay: 0.9, timeSampling: 'uniform' });
+    const { engine, progress } = await run({ dataset_name: dir, eval_episodes: [1], warmup_steps: 2, lr_floor: 0.25, learning_rate: 0.01, adam_eps: 1e-6, weight_decay: 0.02, ema_decay: 0.9, time_sampling: 'uniform', rtc_max_delay: 4 });
+    expect(engine.calls.find((c) => c.op === 'create_session')!.args).toMatchObject({ finetune: 'full', emaDecay: 0.9, timeSampling: 'uniform', rtcMaxDelay: 4 });
     // The moving average is what the evaluation scores and what the job exports.
     const evalCalls = engine.calls.filter((c) => c.op === 'sample' || c.op === 'forward');
     expect(evalCalls.length).toBeGreaterThan(0);

@@ -96,7 +96,7 @@ describe('policy server: handshake and HTTP routes', () => {
     });
     expect(c.metadata.zstd_dictionary_id).toBeGreaterThan(0);
     // Self-describing: the keys to send (short camera names), their dtypes and shapes, the answer.
-    expect(Object.keys(c.metadata.observation_keys)).toEqual(['observation/cam_high', 'observation/cam_wrist', 'observation/state', 'prompt']);
+    expect(Object.keys(c.metadata.observation_keys)).toEqual(['observation/cam_high', 'observation/cam_wrist', 'observation/state', 'prompt', 'rtc/executed', 'rtc/control_hz', 'rtc/delay']);
     expect(c.metadata.observation_keys['observation/state']).toBe('float32 [7], the robot\'s raw state (normalised by the server)');
     expect(c.metadata.observation_keys['observation/cam_high']).toMatch(/^uint8 \[height, width, 3\] or \[3, height, width\]/);
     expect(c.metadata.observation_keys.prompt).toBe('str, at most 1024 UTF-8 bytes');
@@ -437,6 +437,7 @@ describe('vela policy: arguments', () => {
     expect(parsePolicyArgs(['ckpt'], {})).toEqual({
       checkpoint: 'ckpt', base: null, model: null, cameras: null, port: 8000, host: '127.0.0.1', seed: null, debug: false, batchWindowMs: 5, maxBatch: 16, apiKey: null,
       backend: 'auto', maxMessageBytes: 16 * 1024 * 1024, logLevel: 'info', metricsPublic: false,
+      rtc: { mode: 'auto', controlHz: null, delay: null, schedule: 'exp', maxGuidance: 5 },
     });
   });
 

@@ -4,6 +4,8 @@
  *   and keeps its checkpoints; its `vela policy` (port 0 instead of 8000) serves the result;
  * - the README's Python client runs unchanged against that `vela policy`, and, with its job line
  *   uncommented, against a job's policy on `vela serve`, started as the README's curl body asks;
+ * - the README's real-time chunking loop (on that client's helpers) runs against the same
+ *   `vela policy` with a synthetic robot, splicing each answer in at the row it should;
  * - the README's training-session example (TypeScript) runs against the same server.
  * Code is cut from README.md at run time; only addresses, keys, ids and step counts are swapped.
  */
@@ -118,6 +120,73 @@ describe('the quickstart', () => {
   it.skipIf(noPython)('the README\'s Python client gets actions from `vela policy`, with no key', async () => {
     const lines = await runPythonClient(`url, api_key = "${policyUrl}", None`);
     expect(lines).toEqual(["['cam_high'] 26 16 26", '(16, 26) float32']);
+  });
+
+  it.skipIf(noPython)('the README\'s real-time chunking loop runs against `vela policy`: RTC chunks after the first, each spliced in at the row it says', async () => {
+    // The client section's helpers (pack, unpack, infer), then infer wrapped to keep what was
+    // sent and answered, then the RTC block at 10 Hz for 60 ticks with a synthetic robot.
+    const helpers = PY_CLIENT.slice(0, PY_CLIENT.indexOf(POLICY_LINE));
+    expect(helpers).toContain('def infer(ws, obs):');
+    const record = [
+      'import json',
+      'sent, answers, executed_actions = [], [], []',
+      '_infer = infer',
+      'def infer(ws, obs):',
+      '    answer = _infer(ws, obs)',
+      '    sent.append({k: v for k, v in obs.items() if k.startswith("rtc/")})',
+      '    answers.append({"actions": answer["actions"].tolist(), "rtc": answer["server_timing"].get("rtc")})',
+      '    return answer',
+    ].join('\n');
+    let rtc = block('Real-time chunking', 'python');
+    rtc = swap(rtc, 'url = "ws://127.0.0.1:8000"', `url = "${policyUrl}"`);
+    rtc = swap(rtc, 'control_hz, execute_horizon, ticks = 30, 8, 300', 'control_hz, execute_horizon, ticks = 10, 8, 60');
+    rtc = swap(rtc, 'np.zeros((480, 640, 3), np.uint8)', 'np.random.default_rng(done).integers(0, 256, (48, 64, 3), np.uint8)');
+    rtc = swap(rtc, '"observation/state": np.zeros(26, np.float32)', '"observation/state": np.full(26, 0.01 * done, np.float32)');
+    rtc = swap(rtc, 'def robot_step(action):                              # replace: command one action [action_dim], raw units\n    pass',
+      'def robot_step(action):\n    executed_actions.append(action.tolist())');
+    const script = path.join(tmp, 'rtc.py');
+    fs.writeFileSync(script, [helpers, record, rtc, 'print(json.dumps({"sent": sent, "answers": answers, "executed": executed_actions}))'].join('\n'));
+    let stdout = '';
+    try {
+      ({ stdout } = await run(PY.python!, [script], { timeout: 120_000 }));
+    } catch (e) {
+      throw new Error(`the README's RTC loop failed:\n${(e as { stderr?: string }).stderr ?? (e as Error).message}`);
+    }
+    const lines = stdout.trim().split('\n');
+    const seen = JSON.parse(lines.pop()!) as { sent: Record<string, number>[]; answers: { actions: number[][]; rtc: any }[]; executed: number[][] };
+    const summary = /^(\d+) actions in 60 ticks; (\d+) ticks without one$/.exec(lines.pop()!);
+    expect(summary, stdout).not.toBeNull();
+    const [done, late] = [Number(summary![1]), Number(summary![2])];
+    expect(done + late).toBe(60);
+    expect(seen.executed).toHaveLength(done);
+    // One line per answer: where it asked (rtc/executed) and the row k it spliced the answer in at.
+    const splices = lines.map((l) => {
+      const m = /^asked at action (None|\d+), spliced at row (\d+), rtc (\w+) \(delay (None|\d+)\)$/.exec(l);
+      expect(m, l).not.toBeNull();
+      return { executed: m![1] === 'None' ? null : Number(m![1]), k: Number(m![2]), mode: m![3], delay: m![4] };
+    });
+    expect(splices.length).toBeGreaterThanOrEqual(3);
+    expect(seen.answers).toHaveLength(splices.length);
+    expect(splices[0]).toEqual({ executed: null, k: 0, mode: 'plain', delay: 'None' });
+    expect(seen.sent[0]).toEqual({ 'rtc/control_hz': 10 });
+    expect(seen.answers[0]!.rtc).toBeNull();
+    splices.slice(1).forEach((s, j) => {
+      const i = j + 1;
+      expect(s.executed).toBeGreaterThanOrEqual(8); // asked once 8 actions of the chunk had run
+      expect(seen.sent[i]).toEqual({ 'rtc/control_hz': 10, 'rtc/executed': s.executed });
+      expect(seen.answers[i]!.rtc).toMatchObject({ mode: 'guided', executed: s.executed, control_hz: 10, delay: Number(s.delay) });
+      expect(seen.answers[i]!.rtc.weights).toHaveLength(16);
+    });
+    // Each executed action is the row the splices say: chunk i from row k_i until the next
+    // request's capture (its rtc/executed) plus the k actions run while that one was out.
+    const expected: number[][] = [];
+    splices.forEach((s, i) => {
+      const next = splices[i + 1];
+      const end = next ? next.executed! + next.k : 16;
+      for (let r = s.k; r < end && expected.length < done; r++) expected.push(seen.answers[i]!.actions[r]!);
+    });
+    expect(seen.executed).toEqual(expected);
+    process.stdout.write(`README RTC loop: ${done} actions in 60 ticks at 10 Hz, ${late} without one; splices (rtc/executed / k / server's d): ${splices.slice(1).map((s) => `${s.executed}/${s.k}/d${s.delay}`).join(' ')}\n`);
   });
 });
 

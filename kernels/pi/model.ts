@@ -17,7 +17,7 @@
 import * as tf from '@tensorflow/tfjs';
 import { ShapeError } from '../errors.ts';
 import { drawNoiseTime, eulerSample } from '../flow.ts';
-import type { ChunkTensors } from '../rtc.ts';
+import { holdAtZero, type ChunkTensors } from '../rtc.ts';
 import { geluTanh, rmsNorm, rmsNormalize, swish, type LoraFactors } from '../layers.ts';
 import type { Rng } from '../rng.ts';
 import { tokensPerCamera, type GemmaDims, type RealPiConfig } from './config.ts';
@@ -100,7 +100,7 @@ function layerNorm(P: RealPiWeights, name: string, x: tf.Tensor): tf.Tensor {
 
 /**
  * A Gemma norm `name`. Plain: x * rsqrt(mean(x^2) + 1e-6) * (1 + w), w stored as the offset
- * (initialised to 0). Adaptive (pi0.5 expert, `cond` [b, E]): Linear(E, 3E) of cond split as
+ * (initialised to 0). Adaptive (pi0.5 expert, `cond` [b, E], or [b, n, E] per token): Linear(E, 3E) of cond split as
  * scale, shift, gate; y = rms(x) * (1 + scale) + shift and the gate multiplies the sub-layer
  * output in the residual (the gate itself, not 1 + gate). x [b, n, w].
  */
@@ -395,13 +395,15 @@ export function timeEmbedding(time: Float32Array, width: number): Float32Array {
 
 /**
  * The suffix (FACTS 1.8 / 1.9) for noisy actions xT [b, ah, ad] at times [b] (or [b * ah], a
- * time per action: RTC's prefix, kernels/rtc.ts).
+ * time per action: training-time RTC, kernels/rtc.ts). `held` [b, ah, 1] (1 or 0): the actions
+ * at flow time 0 instead (RTC's prefix mode at sampling: a tensor, so one traced graph serves
+ * every delay).
  * pi0: [state_proj(state); action_time_mlp_out(swish(action_time_mlp_in([action_in_proj(x_t);
  * e(t)])))], flags [1, 1, 0, ...]. pi0.5: action_in_proj(x_t), flags [1, 0, ...], and the
  * conditioning cond = swish(time_mlp_out(swish(time_mlp_in(e(t))))) [b, E] for every expert norm.
  * All suffix tokens are valid. Returns embs [b, s, E], cond (pi0.5) and the flags [s].
  */
-export function embedSuffix(model: RealPiModel, state: Float32Array | undefined, xT: tf.Tensor, time: Float32Array): { embs: tf.Tensor; cond: tf.Tensor | null; ar: Uint8Array } {
+export function embedSuffix(model: RealPiModel, state: Float32Array | undefined, xT: tf.Tensor, time: Float32Array, held?: tf.Tensor): { embs: tf.Tensor; cond: tf.Tensor | null; ar: Uint8Array } {
   const { config: c, params: P } = model;
   const [b, ah] = xT.shape as [number, number, number];
   const E = c.expert.width;
@@ -411,7 +413,7 @@ export function embedSuffix(model: RealPiModel, state: Float32Array | undefined,
   const act = linear(P, 'model.action_in_proj', xT); // [b, ah, E]
   if (c.variant === 'pi0') {
     if (!state) throw new ShapeError('shape_mismatch', 'pi0 needs batch.state [b, stateDim]; it is missing');
-    const tt = perAction ? temb : tf.tile(tf.expandDims(temb, 1), [1, ah, 1]); // [b, ah, E]
+    const tt = holdAtZero(perAction ? temb : tf.tile(tf.expandDims(temb, 1), [1, ah, 1]), held, () => tf.tensor2d(timeEmbedding(new Float32Array(b), E), [b, E])); // [b, ah, E]
     const h = linear(P, 'model.action_time_mlp_out', swish(linear(P, 'model.action_time_mlp_in', tf.concat([act, tt], 2))));
     const st = tf.expandDims(linear(P, 'model.state_proj', tf.tensor2d(state, [b, c.stateDim])), 1); // [b, 1, E]
     const ar = new Uint8Array(1 + ah);
@@ -419,7 +421,9 @@ export function embedSuffix(model: RealPiModel, state: Float32Array | undefined,
     ar[1] = 1;
     return { embs: tf.concat([st, h], 1), cond: null, ar };
   }
-  const cond = swish(linear(P, 'model.time_mlp_out', swish(linear(P, 'model.time_mlp_in', temb)))); // [b, E] or [b, ah, E]
+  const mlp = (e: tf.Tensor) => swish(linear(P, 'model.time_mlp_out', swish(linear(P, 'model.time_mlp_in', e))));
+  let cond = mlp(temb); // [b, E] or [b, ah, E]
+  if (held) cond = holdAtZero(perAction ? cond : tf.tile(tf.expandDims(cond, 1), [1, ah, 1]), held, () => mlp(tf.tensor2d(timeEmbedding(new Float32Array(b), E), [b, E])));
   const ar = new Uint8Array(ah);
   ar[0] = 1;
   return { embs: act, cond, ar };
@@ -552,17 +556,17 @@ function checkTime(b: number, time: Float32Array, ah: number): void {
 
 /**
  * The velocity v(x_t, t) [b, ah, ad] for noisy actions xT [b, ah, ad] at times [b] (t = 1 is
- * noise), in one joint pass of prefix and suffix through the stack (the training forward).
+ * noise; or [b * ah], one per action; `held` as embedSuffix), in one joint pass of prefix and suffix through the stack (the training forward).
  * @throws ShapeError for a batch or tensor that does not fit the config.
  */
-export function velocity(model: RealPiModel, batch: RealPiBatch, xT: tf.Tensor | Float32Array, time: Float32Array): tf.Tensor {
+export function velocity(model: RealPiModel, batch: RealPiBatch, xT: tf.Tensor | Float32Array, time: Float32Array, held?: tf.Tensor): tf.Tensor {
   const c = model.config;
   checkBatch(c, batch);
   checkTime(batch.size, time, c.actionHorizon);
   return tf.tidy(() => {
     const b = batch.size;
     const prefix = embedPrefix(model, batch);
-    const suffix = embedSuffix(model, batch.state, asActions(c, b, xT, 'xT'), time);
+    const suffix = embedSuffix(model, batch.state, asActions(c, b, xT, 'xT'), time, held);
     const { mask, positions, p, s, N } = sequenceLayout(c, prefix.valid, b);
     const hd = c.vlm.headDim;
     const pre = ropeTables(positionRows(positions, b, N, 0, p), b, p, hd);
@@ -681,8 +685,8 @@ export function sample(model: RealPiModel, batch: RealPiBatch, noise: tf.Tensor 
   });
   try {
     const x0 = asActions(c, b, noise, 'noise');
-    const out = eulerSample(x0, numSteps, (x, time) => {
-      const suffix = embedSuffix(model, batch.state, x, time);
+    const out = eulerSample(x0, numSteps, (x, time, held) => {
+      const suffix = embedSuffix(model, batch.state, x, time, held);
       const [out] = gemmaStack(
         model.params,
         [{ x: suffix.embs, names: NAMES.expert, dims: c.expert, cond: suffix.cond, cos: fixed.cos, sin: fixed.sin, bias: fixed.bias, output: true }],

@@ -126,7 +126,7 @@ export function realPiPolicy(c: RealPiConfig, name = `real-${c.variant}`): FlowP
     velocity: (W, batch, xT, time) => velocity(model(W), batch, xT, time),
     sample(W, batch, noise, numSteps, cache, chunk) {
       if (cache) return sample(model(W), batch, noise, numSteps, undefined, chunk);
-      return eulerSample(noise, numSteps, (x, time) => velocity(model(W), batch, x, time), chunk);
+      return eulerSample(noise, numSteps, (x, time, held) => velocity(model(W), batch, x, time, held), chunk);
     },
     sampleInputs(given) {
       checkBatch(c, given);

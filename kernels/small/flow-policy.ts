@@ -30,7 +30,7 @@ function cachedSample(V: WeightsView, batch: ModelBatch, host: PrefixHost, noise
   });
   const full = { ...kept, length: kept.keyBias.shape[3]! };
   try {
-    return eulerSample(noise, numSteps, (x, time) => decodeSuffix(V, batch, full, x, time), chunk);
+    return eulerSample(noise, numSteps, (x, time, held) => decodeSuffix(V, batch, full, x, time, undefined, held), chunk);
   } finally {
     disposeCache(full);
   }
@@ -75,7 +75,7 @@ export function smallPolicy(c: PolicyConfig): FlowPolicy<ModelBatch, PolicyConfi
     velocity: (W, batch, xT, time) => velocity(view(W), batch, xT, time),
     sample(W, batch, noise, numSteps, cache, chunk) {
       const V = view(W);
-      if (!cache) return eulerSample(noise, numSteps, (x, time) => velocity(V, batch, x, time), chunk);
+      if (!cache) return eulerSample(noise, numSteps, (x, time, held) => velocity(V, batch, x, time, undefined, undefined, held), chunk);
       return cachedSample(V, batch, prefixHost(c, batch), noise, numSteps, chunk);
     },
     velocityInputs(batch, time) {

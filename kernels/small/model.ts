@@ -7,6 +7,7 @@
  * Axis legend: see kernels/small/config.ts. Linear weights are stored [in, out] (y = x · W + b).
  */
 import * as tf from '@tensorflow/tfjs';
+import { holdAtZero } from '../rtc.ts';
 import type { PolicyConfig } from './config.ts';
 import type { ModelBatch } from './batch.ts';
 import { Rng } from '../rng.ts';
@@ -366,11 +367,12 @@ export function disposeCache(cache: PrefixCache): void {
 
 /**
  * The velocity [b, ah, ad] for noisy actions xT [b, ah, ad] at times `time` [b] (t = 1 is
- * noise; or [b * ah], a time per action: RTC's prefix, kernels/rtc.ts), decoding the suffix against the prefix cache; `timeEmb` is timeEmbedding(time, width). pi0: suffix = [state token, actions],
+ * noise; or [b * ah], a time per action: training-time RTC, kernels/rtc.ts; `held` [b, ah, 1]
+ * marks actions at flow time 0 instead, RTC's prefix at sampling: holdAtZero), decoding the suffix against the prefix cache; `timeEmb` is timeEmbedding(time, width). pi0: suffix = [state token, actions],
  * the state token sees the prefix and itself; pi0.5: suffix = actions, time conditions the
  * adaptive RMSNorm of every action-expert block. Action tokens see everything (D8).
  */
-export function decodeSuffix(W: WeightsView, batch: ModelBatch, cache: PrefixCache, xT: tf.Tensor, time: Float32Array, timeEmb: Float32Array = timeEmbedding(time, W.config.width)): tf.Tensor {
+export function decodeSuffix(W: WeightsView, batch: ModelBatch, cache: PrefixCache, xT: tf.Tensor, time: Float32Array, timeEmb: Float32Array = timeEmbedding(time, W.config.width), held?: tf.Tensor): tf.Tensor {
   const c = W.config;
   const B = batch.size;
   const w = c.width;
@@ -382,12 +384,14 @@ export function decodeSuffix(W: WeightsView, batch: ModelBatch, cache: PrefixCac
   let x: tf.Tensor;
   let cond: tf.Tensor | undefined;
   if (c.variant === 'pi0') {
-    const tt = perAction ? temb : tf.tile(tf.expandDims(temb, 1), [1, H, 1]); // [b, ah, w]
+    const tt = holdAtZero(perAction ? temb : tf.tile(tf.expandDims(temb, 1), [1, H, 1]), held, () => tf.tensor2d(timeEmbedding(new Float32Array(B), w), [B, w])); // [b, ah, w]
     act = linear(swish(linear(tf.concat([act, tt], 2), lin(W, 'act.time1'))), lin(W, 'act.time2'));
     const st = tf.expandDims(linear(tf.tensor2d(batch.state, [B, c.stateDim]), lin(W, 'state.proj')), 1); // [b, 1, w]
     x = tf.concat([st, act], 1); // [b, 1+ah, w]
   } else {
-    cond = swish(linear(swish(linear(temb, lin(W, 'time.mlp1'))), lin(W, 'time.mlp2'))); // [b, w] or [b, ah, w]
+    const mlp = (e: tf.Tensor) => swish(linear(swish(linear(e, lin(W, 'time.mlp1'))), lin(W, 'time.mlp2')));
+    cond = mlp(temb); // [b, w] or [b, ah, w]
+    if (held) cond = holdAtZero(perAction ? cond : tf.tile(tf.expandDims(cond, 1), [1, H, 1]), held, () => mlp(tf.tensor2d(timeEmbedding(new Float32Array(B), w), [B, w])));
     x = act;
   }
   const ts = x.shape[1]!;
@@ -424,6 +428,6 @@ export function decodeSuffix(W: WeightsView, batch: ModelBatch, cache: PrefixCac
  * The velocity for a whole batch in one pass (prefix and suffix): [b, ah, ad]. `host` and
  * `timeEmb` (timeEmbedding(time, width)) are computed here when not given.
  */
-export function velocity(W: WeightsView, batch: ModelBatch, xT: tf.Tensor, time: Float32Array, host?: PrefixHost, timeEmb?: Float32Array): tf.Tensor {
-  return tf.tidy(() => decodeSuffix(W, batch, encodePrefix(W, batch, host), xT, time, timeEmb));
+export function velocity(W: WeightsView, batch: ModelBatch, xT: tf.Tensor, time: Float32Array, host?: PrefixHost, timeEmb?: Float32Array, held?: tf.Tensor): tf.Tensor {
+  return tf.tidy(() => decodeSuffix(W, batch, encodePrefix(W, batch, host), xT, time, timeEmb, held));
 }

@@ -11,6 +11,16 @@ import { log } from '../log.ts';
 import { unwatchEngine, watchEngine, type MetricsEngine } from '../metrics/sources.ts';
 import { applyNativeEnv, pinNativeLibrary, type NativeThreads } from '../../kernels/backend/native.ts';
 
+/** Whether `b` was moved to another thread (a view of a detached buffer cannot be made). */
+function isDetached(b: ArrayBuffer): boolean {
+  try {
+    new Uint8Array(b);
+    return false;
+  } catch {
+    return true;
+  }
+}
+
 interface Pending {
   callId: number;
   session: string;
@@ -199,6 +209,9 @@ export class Engine implements EngineLike, MetricsEngine {
    */
   call<T = unknown>(session: string, op: string, args: Record<string, unknown> = {}, transfer: ArrayBuffer[] = []): Promise<T> {
     if (this.dead) return Promise.reject(this.dead);
+    // A buffer an earlier call already moved to the worker is detached: posting it again loses
+    // the message on the worker's side (no answer, and the queue would wait for one forever).
+    if (transfer.some(isDetached)) return Promise.reject(new EngineError('bad_request', `engine op ${op} was given a buffer that an earlier call moved to the engine's thread; make its arrays again`));
     if (this.priority?.role === 'urgent') {
       const gate = this.priority.gate;
       gate.enter();
@@ -253,7 +266,15 @@ export class Engine implements EngineLike, MetricsEngine {
     this.inFlight = p;
     this.calls++;
     const msg: ToWorker = { kind: 'call', callId: p.callId, session: p.session, op: p.op, args: p.args };
-    this.worker.postMessage(msg, p.transfer);
+    try {
+      this.worker.postMessage(msg, p.transfer);
+    } catch (e) {
+      // Arguments that cannot be sent (a function, say) fail this call alone; the queue must not
+      // wait for an answer that never comes.
+      this.inFlight = null;
+      p.reject(new EngineError('bad_request', `engine op ${p.op} could not be sent to the worker: ${(e as Error).message}`));
+      queueMicrotask(() => this.pump());
+    }
   }
 
   private onMessage(m: FromWorker): void {

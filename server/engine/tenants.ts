@@ -28,6 +28,8 @@ export interface TenantOptions {
   emaDecay?: number;
   /** Training time distribution (kernels/flow.ts TimeSampling). */
   timeSampling?: 'beta' | 'uniform';
+  /** Training-time real-time chunking (TrainingOptions.rtcMaxDelay); 0 = off. */
+  rtcMaxDelay?: number;
 }
 
 export class Tenant {

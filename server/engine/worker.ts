@@ -26,6 +26,7 @@ import { parseEngineModel } from './model-key.ts';
 import { EngineError, type BackendInfo, type EngineInfo, type EngineMemory, type FromWorker, type ToWorker } from './messages.ts';
 import { TenantPool, toExported, type Tenant } from './tenants.ts';
 import { powerOfTwoChunks } from './sample-chunks.ts';
+import type { ChunkPrefix, RtcMode } from '../../kernels/rtc.ts';
 
 const port = parentPort!;
 /**
@@ -118,7 +119,7 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
     case 'create_session': {
       const opts = {
         finetune: args.finetune, rank: args.rank, alpha: args.alpha, actionRank: args.actionRank ?? undefined, actionAlpha: args.actionAlpha ?? undefined,
-        targets: args.targets, seed: args.seed, emaDecay: args.emaDecay ?? 0, timeSampling: args.timeSampling ?? 'beta',
+        targets: args.targets, seed: args.seed, emaDecay: args.emaDecay ?? 0, timeSampling: args.timeSampling ?? 'beta', rtcMaxDelay: args.rtcMaxDelay ?? 0,
       };
       const t = await pool.create(sessionId, args.dir, opts);
       return [answer(null, { trainableParams: t.state!.trainableParamCount, tenantBytes: t.bytes, baseBytes: baseBytes() }), []];
@@ -320,8 +321,12 @@ async function infer(policyId: string, args: Record<string, any>): Promise<[unkn
   const per = config.horizon * config.actionDim;
   const noise = new Float32Array(batch.size * per);
   seeds.forEach((seed, i) => noise.set(new Rng(seed).normals(per), i * per));
+  const rtc = args.rtc as RtcArgs | undefined;
+  if (rtc && (rtc.actions?.length !== batch.size * per || rtc.weights?.length !== batch.size * per)) {
+    throw new EngineError('bad_request', `infer's rtc needs ${batch.size} x ${per} actions and weights`);
+  }
   if (basePolicies.has(policyId)) {
-    const actions = inChunks(batch, noise, per, (b, n) => sampleActions(base.policy, base.view(), config.toBatch(b), new Rng(0), { numSteps: args.numSteps ?? 10, noise: n }));
+    const actions = inChunks(batch, noise, per, rtc, (b, n, chunk) => sampleActions(base.policy, base.view(), config.toBatch(b), new Rng(0), { numSteps: args.numSteps ?? 10, noise: n, chunk }));
     return [answer(null, { actions, step: null }), answerBuffers(actions)];
   }
   let state = policies.get(policyId) ?? null;
@@ -334,7 +339,7 @@ async function infer(policyId: string, args: Record<string, any>): Promise<[unkn
   }
   if (!state) throw new EngineError('not_found', `policy ${policyId} is not loaded in this engine`);
   const st = state;
-  const actions = inChunks(batch, noise, per, (b, n) => st.sample(config.toBatch(b), { numSteps: args.numSteps ?? 10, noise: n }));
+  const actions = inChunks(batch, noise, per, rtc, (b, n, chunk) => st.sample(config.toBatch(b), { numSteps: args.numSteps ?? 10, noise: n, chunk }));
   return [answer(null, { actions, step }), answerBuffers(actions)];
 }
 
@@ -343,18 +348,29 @@ async function infer(policyId: string, args: Record<string, any>): Promise<[unkn
  * graphs) within one call, so every part runs on the same weights; `per` floats of noise and of
  * actions per datum. Returns the actions of every datum in order. Where sampling runs eagerly
  * (no graphs: wasm, VELA_GRAPHS=0, a family without sampleInputs) each part would pay the whole
- * per-call dispatch again, so the batch goes in one piece.
+ * per-call dispatch again, so the batch goes in one piece. `rtc`: the batch's real-time chunking
+ * input (server/policy/service.ts), split with it.
  */
-function inChunks(batch: ModelBatch, noise: Float32Array, per: number, sample: (b: ModelBatch, noise: Float32Array) => Float32Array): Float32Array {
+function inChunks(batch: ModelBatch, noise: Float32Array, per: number, rtc: RtcArgs | undefined, sample: (b: ModelBatch, noise: Float32Array, chunk: ChunkPrefix | undefined) => Float32Array): Float32Array {
   const sizes = samplesAsGraphs(base.policy) ? powerOfTwoChunks(batch.size) : [batch.size];
-  if (sizes.length === 1) return sample(batch, noise);
+  const part = (from: number, to: number): ChunkPrefix | undefined =>
+    rtc && { mode: rtc.mode, maxGuidance: rtc.maxGuidance, actions: rtc.actions.slice(from * per, to * per), weights: rtc.weights.slice(from * per, to * per) };
+  if (sizes.length === 1) return sample(batch, noise, part(0, batch.size));
   const out = new Float32Array(batch.size * per);
   let at = 0;
   for (const n of sizes) {
-    out.set(sample(sliceBatch(batch, at, at + n), noise.slice(at * per, (at + n) * per)), at * per);
+    out.set(sample(sliceBatch(batch, at, at + n), noise.slice(at * per, (at + n) * per), part(at, at + n)), at * per);
     at += n;
   }
   return out;
+}
+
+/** infer's `rtc` argument: kernels/rtc.ts ChunkPrefix for the whole batch, [b * per] arrays. */
+interface RtcArgs {
+  mode: RtcMode;
+  maxGuidance: number;
+  actions: Float32Array;
+  weights: Float32Array;
 }
 
 /**

@@ -54,6 +54,7 @@ export interface FineTuneConfig {
   ema_decay: number; // moving average of the weights, evaluated and exported; 0 = none (kernels/trainer.ts)
   augment: boolean; // random crop, rotation and colour jitter of training frames (datasets/augment.ts)
   time_sampling: 'beta' | 'uniform'; // flow-matching time distribution in training (kernels/flow.ts)
+  rtc_max_delay: number; // training-time real-time chunking: a random delay 0..this per datum (kernels/rtc.ts); 0 = off
 }
 
 /** The job's AdamW settings besides its learning rate (openpi's defaults for pi0 fine-tunes). */
@@ -62,7 +63,7 @@ export const JOB_ADAMW: Omit<AdamWOptions, 'learningRate'> = { beta1: 0.9, beta2
 const TARGETS = ['attn', 'mlp', 'action_expert', 'prefix_expert', 'all'];
 const FIELDS = [
   'model', 'base', 'dataset_name', 'batch_size', 'learning_rate', 'steps', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed',
-  'eval_every', 'checkpoint_every', 'eval_fraction', 'eval_episodes', 'eval_dataset', 'eval_stride', 'warmup_steps', 'lr_floor', 'adam_eps', 'weight_decay', 'ema_decay', 'augment', 'time_sampling',
+  'eval_every', 'checkpoint_every', 'eval_fraction', 'eval_episodes', 'eval_dataset', 'eval_stride', 'warmup_steps', 'lr_floor', 'adam_eps', 'weight_decay', 'ema_decay', 'augment', 'time_sampling', 'rtc_max_delay',
 ];
 
 /** Fields a stored config carries that a request does not give (filled in by this server). */
@@ -286,6 +287,8 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
     ema_decay: real(body, 'ema_decay', RECIPE.ema_decay, 0, 1, true),
     augment: bool(body, 'augment', RECIPE.augment),
     time_sampling: timeSampling as 'beta' | 'uniform',
+    // Below the action horizon, which the dataset and model decide: the engine refuses more in one line when the job starts.
+    rtc_max_delay: int(body, 'rtc_max_delay', 0, 0, 63),
   };
 }
 

@@ -215,7 +215,7 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
   };
 
   const created = await call<{ trainableParams: number }>(ctx, 'create_session', {
-    finetune: cfg.finetune, rank: cfg.lora_rank, alpha: cfg.lora_alpha, targets: cfg.targets, seed: cfg.seed, dir: ctx.workDir, emaDecay: cfg.ema_decay, timeSampling: cfg.time_sampling,
+    finetune: cfg.finetune, rank: cfg.lora_rank, alpha: cfg.lora_alpha, targets: cfg.targets, seed: cfg.seed, dir: ctx.workDir, emaDecay: cfg.ema_decay, timeSampling: cfg.time_sampling, rtcMaxDelay: cfg.rtc_max_delay ?? 0,
     ...(cfg.lora_action_rank != null ? { actionRank: cfg.lora_action_rank } : {}), ...(cfg.lora_action_alpha != null ? { actionAlpha: cfg.lora_action_alpha } : {}),
   });
   ctx.emit('log', { message: `model built: ${cfg.model}, ${cfg.finetune} (${created.trainableParams.toLocaleString('en-US')} trainable parameters)` });

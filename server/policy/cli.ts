@@ -13,6 +13,7 @@ import { DEFAULT_POLICY_LIMITS } from './observation.ts';
 import { storedPreset } from '../presets.ts';
 import { REAL_MODELS, type RealModel } from '../models/bases.ts';
 import { baseServing, classifyFolder, OPENPI_CAMERAS, type ServedFolder } from './checkpoint.ts';
+import { DEFAULT_RTC_SETTINGS, rtcSettings, type RtcSettings } from './rtc.ts';
 
 const HELP = 'vela policy --help';
 
@@ -60,6 +61,16 @@ Options:
   --backend B           ${BACKEND_CHOICES.join(' | ')} (default auto; also VELA_BACKEND)
   --max-message-bytes N largest observation message (default ${DEFAULT_POLICY_LIMITS.maxMessageBytes})
   --log-level L         ${LOG_LEVELS.join(' | ')} (default info)
+Real-time chunking (a robot that sends rtc/executed gets a chunk that continues the one it is
+executing; docs/PROTOCOL.md section 6). Defaults for every connection, each may override them
+with the query parameter in brackets:
+  --rtc MODE            auto | guided | prefix | off [rtc] (default auto: prefix for a
+                        checkpoint trained with rtc_max_delay, else guided)
+  --control-hz HZ       the robots' control rate, for the measured delay [control_hz]
+                        (default: none until a robot sends rtc/control_hz)
+  --rtc-delay N         plan for a fixed delay of N control steps instead of measuring [rtc_delay]
+  --rtc-schedule S      exp | linear: how guidance weights fall over the overlap [rtc_schedule] (default exp)
+  --rtc-max-guidance B  the cap on the guidance weight [rtc_max_guidance] (default 5)
   -h, --help            this text
 `;
 
@@ -81,13 +92,19 @@ interface Parsed {
   backend: string;
   maxMessageBytes: number;
   logLevel: string;
+  /** Real-time chunking defaults (server/policy/rtc.ts). */
+  rtc: RtcSettings;
 }
 
 const SPEC: FlagSpec = {
   '--port': 'value', '--host': 'value', '--seed': 'value', '--debug': 'switch', '--batch-window-ms': 'value', '--max-batch': 'value',
   '--api-key': 'value', '--metrics-public': 'switch', '--backend': 'value', '--max-message-bytes': 'value', '--log-level': 'value',
   '--checkpoint': 'value', '--base': 'value', '--model': 'value', '--cameras': 'value',
+  '--rtc': 'value', '--control-hz': 'value', '--rtc-delay': 'value', '--rtc-schedule': 'value', '--rtc-max-guidance': 'value',
 };
+
+/** `vela policy`'s RTC flags and the query parameter each stands for. */
+const RTC_FLAGS: Record<string, string> = { '--rtc': 'rtc', '--control-hz': 'control_hz', '--rtc-delay': 'rtc_delay', '--rtc-schedule': 'rtc_schedule', '--rtc-max-guidance': 'rtc_max_guidance' };
 
 /**
  * Parses the arguments.
@@ -97,6 +114,7 @@ export function parsePolicyArgs(argv: string[], env: NodeJS.ProcessEnv = process
   const out: Parsed = {
     checkpoint: null, base: null, model: null, cameras: null, port: 8000, host: '127.0.0.1', seed: null, debug: false, batchWindowMs: 5, maxBatch: 16,
     apiKey: env.VELA_API_KEY || null, metricsPublic: /^(1|true|yes|on)$/i.test(env.VELA_METRICS_PUBLIC ?? ''), backend: env.VELA_BACKEND || 'auto', maxMessageBytes: DEFAULT_POLICY_LIMITS.maxMessageBytes, logLevel: 'info',
+    rtc: { ...DEFAULT_RTC_SETTINGS },
   };
   const { flags, positional } = splitArgs(argv, SPEC, HELP);
   for (const f of flags) {
@@ -123,6 +141,15 @@ export function parsePolicyArgs(argv: string[], env: NodeJS.ProcessEnv = process
         out.cameras = names;
         break;
       }
+      default:
+        if (f.flag in RTC_FLAGS) {
+          try {
+            out.rtc = rtcSettings(out.rtc, { get: (name) => (name === RTC_FLAGS[f.flag] ? f.value : null) });
+          } catch (e) {
+            const rule = /; expected (.*)$/.exec((e as Error).message);
+            throw badValue(f, rule ? `must be ${rule[1]}` : (e as Error).message);
+          }
+        }
     }
   }
   const given = out.checkpoint !== null ? 1 : 0;
@@ -224,7 +251,7 @@ export async function policyCommand(argv: string[]): Promise<void> {
   try {
     server = await startPolicyServer({
       engine, ...served, policyId: 'policy', seed: args.seed, debug: args.debug, batchWindowMs: args.batchWindowMs,
-      maxBatch: args.maxBatch, apiKey: args.apiKey, metricsPublic: args.metricsPublic, limits: { maxMessageBytes: args.maxMessageBytes }, host: args.host, port: args.port,
+      maxBatch: args.maxBatch, apiKey: args.apiKey, metricsPublic: args.metricsPublic, limits: { maxMessageBytes: args.maxMessageBytes }, host: args.host, port: args.port, rtc: args.rtc,
     });
   } catch (e) {
     await engine.close();

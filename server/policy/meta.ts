@@ -17,6 +17,8 @@
  * - `action_space`: `delta` or `absolute` (default). For `delta`, `delta_mask` (booleans per
  *   action dimension), else the mask from `state_names` / `action_names` (MODEL.md).
  * - `num_steps`: Euler steps of sampling (default 10).
+ * - `rtc_max_delay`: trained with training-time real-time chunking up to this delay (default 0:
+ *   not); such a policy serves RTC requests in `prefix` mode (server/policy/rtc.ts).
  */
 import { resolveStoredPreset } from '../../kernels/small/config.ts';
 import { deltaMaskFromNames, normalizerFor, parseNormStats, type NormMode, type NormStatsSet, type Normalizer } from '../../kernels/normalize.ts';
@@ -48,6 +50,8 @@ export interface PolicyMeta {
   deltaMask: boolean[]; // length actionDim; all false for absolute
   norm: { normalizer: Normalizer; stats: NormStatsSet } | null;
   numSteps: number;
+  /** The checkpoint's training-time RTC delay bound (config.json rtc_max_delay); 0 = trained without. */
+  rtcMaxDelay: number;
 }
 
 function bad(message: string): never {
@@ -147,9 +151,10 @@ export function policyMeta(info: EngineInfo, config: unknown, normStats: unknown
   }
   const horizon = count(cfg, 'action_horizon', 1, model.horizon) ?? model.horizon;
   const numSteps = count(cfg, 'num_steps', 1, 1000) ?? 10;
+  const rtcMaxDelay = count(cfg, 'rtc_max_delay', 0, model.horizon) ?? 0;
   return {
     preset, model, cameras, actionHorizon: horizon, actionDim, stateDim, stateNames: stateNames ?? null, actionNames: actionNames ?? null, actionSpace: space, deltaMask,
-    norm: stats ? { normalizer: normalizerFor(opts.normMode === 'zscore' ? 'pi0' : opts.normMode === 'quantile' ? 'pi05' : preset), stats } : null, numSteps,
+    norm: stats ? { normalizer: normalizerFor(opts.normMode === 'zscore' ? 'pi0' : opts.normMode === 'quantile' ? 'pi05' : preset), stats } : null, numSteps, rtcMaxDelay,
   };
 }
 

@@ -21,7 +21,7 @@ import { ProtocolError } from '../../protocol/errors.ts';
 import { decodeFrameResized, parseCodec } from '../../protocol/frames.ts';
 import { NDArray, unpackNumpy } from '../../protocol/ndarray.ts';
 import { isZstdFrame, zstdDecompress } from '../../protocol/zstd.ts';
-import { toAbsoluteActions } from '../../kernels/normalize.ts';
+import { toAbsoluteActions, toDeltaActions } from '../../kernels/normalize.ts';
 import type { DatumInput } from '../../kernels/small/batch.ts';
 import { shortCamera, type PolicyMeta } from './meta.ts';
 
@@ -224,5 +224,26 @@ export function toRobotActions(row: Float32Array, meta: PolicyMeta, rawState: Fl
   if (meta.norm) out = meta.norm.normalizer.unnormalize(out, a, meta.norm.stats.actions);
   const mask = meta.deltaMask.slice(0, meta.deltaMask.lastIndexOf(true) + 1);
   if (mask.length > 0) out = toAbsoluteActions(out, a, rawState, mask);
+  return out;
+}
+
+/**
+ * The inverse of toRobotActions for the chunk a robot was sent: robot actions [h, a] (absolute,
+ * robot units) as the model's chunk [H, A] relative to the observation's raw state `rawState`
+ * (delta dims made relative to it again), normalised, padded with zeros to the model's horizon
+ * and action dims. Used for real-time chunking (server/policy/rtc.ts): the previous chunk as the
+ * model must continue it.
+ */
+export function toModelActions(actions: Float32Array, meta: PolicyMeta, rawState: Float32Array): Float32Array {
+  const { horizon: H, actionDim: A } = meta.model;
+  const h = meta.actionHorizon;
+  const a = meta.actionDim;
+  if (actions.length !== h * a) throw new Error(`a chunk of ${actions.length} values; the policy answers ${h} x ${a}`);
+  let x: Float32Array = actions;
+  const mask = meta.deltaMask.slice(0, meta.deltaMask.lastIndexOf(true) + 1);
+  if (mask.length > 0) x = toDeltaActions(x, a, rawState, mask);
+  if (meta.norm) x = meta.norm.normalizer.normalize(x, a, meta.norm.stats.actions);
+  const out = new Float32Array(H * A);
+  for (let i = 0; i < h; i++) out.set(x.subarray(i * a, (i + 1) * a), i * A);
   return out;
 }

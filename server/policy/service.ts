@@ -26,7 +26,9 @@ import { baseServing, classifyFolder, servedNormStats } from './checkpoint.ts';
 import type { NormMode } from '../../kernels/normalize.ts';
 import { policyMeta, PolicyConfigError, type PolicyMeta } from './meta.ts';
 import type { ObservationOutOfRange } from './range-warning.ts';
-import { DEFAULT_POLICY_LIMITS, observationKeys, parseObservation, toDatum, toRobotActions, type PolicyLimits } from './observation.ts';
+import { DEFAULT_POLICY_LIMITS, observationKeys, parseObservation, toDatum, toModelActions, toRobotActions, type PolicyLimits } from './observation.ts';
+import { DEFAULT_RTC_SETTINGS, RTC_KEYS, type RtcPlan, type RtcSettings } from './rtc.ts';
+import { shiftChunk, type RtcMode } from '../../kernels/rtc.ts';
 
 export interface PolicyServerOptions {
   engine: EngineLike;
@@ -60,6 +62,8 @@ export interface PolicyServerOptions {
   /** When set, clients must send `Authorization: Api-Key <k>` or `Bearer <k>` (standalone server). */
   apiKey?: string | null;
   limits?: Partial<PolicyLimits>;
+  /** Real-time chunking defaults for this policy's connections (server/policy/rtc.ts; each may override them by query). */
+  rtc?: Partial<RtcSettings>;
 }
 
 /** A served request's answer, before encoding. */
@@ -73,6 +77,18 @@ export interface PolicyAnswer {
   queueMs: number;
   /** The raw state was far outside the norm stats (range-warning.ts); null when in range or unnormalised. */
   outOfRange: ObservationOutOfRange | null;
+  /** The actions as sent (robot units, [action_horizon * action_dim]): the next RTC request's previous chunk. */
+  robotActions: Float32Array;
+  /** The RTC plan the chunk was sampled with (its mode off, with the reason, when it could not be); null without RTC keys. */
+  rtc: RtcPlan | null;
+}
+
+/** One datum's real-time chunking input, in the model's space ([H * A] each; kernels/rtc.ts ChunkPrefix). */
+interface DatumChunk {
+  mode: RtcMode;
+  actions: Float32Array;
+  weights: Float32Array;
+  maxGuidance: number;
 }
 
 export interface PolicyStats extends BatchStats {
@@ -99,12 +115,17 @@ export interface PolicyServer {
   readonly seed: number | null;
   readonly debug: boolean;
   readonly apiKey: string | null;
+  /** Real-time chunking defaults of its connections (server/policy/rtc.ts). */
+  readonly rtc: Readonly<RtcSettings>;
   /** The zstd dictionary served at GET /v1/observation.zdict. */
   readonly dictionary: Uint8Array;
   /** The handshake map sent first on every connection. */
   metadata(): Record<string, unknown>;
-  /** Runs one decoded observation. @throws ProtocolError and the like for bad input (see socket.ts). */
-  infer(obs: Record<string, unknown>, seed: number): Promise<PolicyAnswer>;
+  /**
+   * Runs one decoded observation; with `rtc` (server/policy/rtc.ts, a plan whose mode is not off)
+   * the chunk continues the previous one. @throws ProtocolError and the like for bad input (see socket.ts).
+   */
+  infer(obs: Record<string, unknown>, seed: number, rtc?: RtcPlan | null): Promise<PolicyAnswer>;
   stats(): PolicyStats;
   /** Counters kept by the websocket layer. */
   readonly counters: { connections: number; errors: number };
@@ -137,6 +158,38 @@ interface Version {
 }
 
 
+/** What a datum is batched with: its weights version and its RTC input (null: a plain chunk). */
+interface Tag {
+  v: Version;
+  chunk: DatumChunk | null;
+}
+
+function concat(parts: Float32Array[]): Float32Array {
+  const out = new Float32Array(parts.reduce((n, p) => n + p.length, 0));
+  let at = 0;
+  for (const p of parts) {
+    out.set(p, at);
+    at += p.length;
+  }
+  return out;
+}
+
+/**
+ * A plan's previous chunk and weights in the model's space for an observation with raw state
+ * `state`: the chunk as the model would have answered it relative to this state, moved by the
+ * executed count; guided weights on the dataset's action dims only (the padded dims are free),
+ * prefix weights on every dim of the held actions (training held the padding too).
+ */
+function datumChunk(plan: RtcPlan, meta: PolicyMeta, state: Float32Array): DatumChunk {
+  const { horizon: H, actionDim: A } = meta.model;
+  const mode = plan.mode as RtcMode;
+  const actions = shiftChunk(toModelActions(plan.previous!, meta, state), H, plan.executed);
+  const weights = new Float32Array(H * A);
+  const dims = mode === 'guided' ? meta.actionDim : A;
+  plan.weights.forEach((w, i) => weights.fill(w, i * A, i * A + dims));
+  return { mode, actions, weights, maxGuidance: plan.maxGuidance };
+}
+
 /**
  * Loads a checkpoint into the engine (`load_policy`), or binds a session's live weights, and
  * returns the policy ready to serve.
@@ -147,6 +200,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   await initZstd();
   const { engine, policyId } = opts;
   const limits: PolicyLimits = { ...DEFAULT_POLICY_LIMITS, ...opts.limits };
+  const rtc: RtcSettings = { ...DEFAULT_RTC_SETTINGS, ...opts.rtc };
   const isLive = opts.live !== undefined;
   let swaps = 0;
   let liveStep: number | null = null;
@@ -162,9 +216,11 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   /**
    * One sample of a lone robot's request (one datum, every camera the policy binds, a zero state,
    * an empty prompt) before the first robot sends: on an engine that runs graphs it traces that
-   * layout's graph (about 1 s on a 2-core machine) here rather than in a robot's first answer. Skipped
-   * where the engine does not make graphs (there a sample costs what it costs). Best effort: a
-   * failure is logged and serving goes on.
+   * layout's graph (about 1 s on a 2-core machine) here rather than in a robot's first answer; then
+   * the same with real-time chunking in the policy's default mode (guided or prefix: a graph of its
+   * own, whose first run would otherwise inflate a robot's measured delay). Skipped where the
+   * engine does not make graphs (there a sample costs what it costs). Best effort: a failure is
+   * logged and serving goes on.
    */
   const warmUp = async (v: Version): Promise<void> => {
     if (!engine.info.graphs) return;
@@ -173,9 +229,17 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     const datum = { images: Array.from({ length: model.slots }, (_, k) => (k < v.meta.cameras.length ? frame : null)), state: new Float32Array(v.meta.stateDim ?? 0), prompt: '' };
     const t0 = performance.now();
     try {
-      const batch = makeBatch(model, [datum], { maxPromptBytes: limits.maxPromptBytes, encodePrompt: model.encodePrompt });
+      const lone = () => makeBatch(model, [datum], { maxPromptBytes: limits.maxPromptBytes, encodePrompt: model.encodePrompt });
+      const batch = lone();
       await engine.call(v.engineId, 'infer', { batch, seeds: [0], numSteps: v.meta.numSteps }, batchBuffers(batch));
-      log.debug(`policy ${v.engineId}: warmed up (one sample, graph traced) in ${Math.round(performance.now() - t0)} ms`);
+      const mode = rtc.mode === 'auto' ? (v.meta.rtcMaxDelay > 0 ? 'prefix' : 'guided') : rtc.mode;
+      if (mode !== 'off') {
+        const n = model.horizon * model.actionDim;
+        const chunk = { mode, maxGuidance: rtc.maxGuidance, actions: new Float32Array(n), weights: new Float32Array(n) };
+        const again = lone(); // the first call's buffers moved to the engine's thread
+        await engine.call(v.engineId, 'infer', { batch: again, seeds: [0], numSteps: v.meta.numSteps, rtc: chunk }, batchBuffers(again));
+      }
+      log.debug(`policy ${v.engineId}: warmed up (a plain and an RTC sample, graphs traced) in ${Math.round(performance.now() - t0)} ms`);
     } catch (e) {
       log.warn(`policy ${v.engineId}: the warm-up sample failed (${(e as Error).message}); the first request will trace its graph`);
     }
@@ -218,20 +282,29 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   const counters = { connections: 0, errors: 0 };
   const batcher = new Batcher(
     async (datums, seeds, tags) => {
-      // One engine call per weights version in the batch (more than one only around a swap).
-      const groups = new Map<Version, number[]>();
+      // One engine call per weights version in the batch (more than one only around a swap), and
+      // per kind of sampling: plain chunks keep the plain sampler, RTC ones share a guided or prefix call.
+      const groups = new Map<string, { v: Version; idx: number[] }>();
+      const versionIds = new Map<Version, number>();
       tags.forEach((t, i) => {
-        const v = t as Version;
-        if (!groups.has(v)) groups.set(v, []);
-        groups.get(v)!.push(i);
+        const { v, chunk } = t as Tag;
+        if (!versionIds.has(v)) versionIds.set(v, versionIds.size);
+        const key = `${versionIds.get(v)}|${chunk ? `${chunk.mode}:${chunk.maxGuidance}` : 'plain'}`;
+        if (!groups.has(key)) groups.set(key, { v, idx: [] });
+        groups.get(key)!.idx.push(i);
       });
       const rows: Float32Array[] = new Array(datums.length);
       let inferMs = 0;
-      for (const [v, idx] of groups) {
+      for (const { v, idx } of groups.values()) {
         const { horizon: H, actionDim: A } = v.meta.model;
         const batch = makeBatch(v.meta.model, idx.map((i) => datums[i]!), { maxPromptBytes: limits.maxPromptBytes, encodePrompt: v.meta.model.encodePrompt });
+        const chunks = idx.map((i) => (tags[i] as Tag).chunk);
+        const rtc = chunks[0] ? {
+          mode: chunks[0].mode, maxGuidance: chunks[0].maxGuidance,
+          actions: concat(chunks.map((c) => c!.actions)), weights: concat(chunks.map((c) => c!.weights)),
+        } : undefined;
         const t0 = performance.now();
-        const ans = await engine.call<{ result: { actions: Float32Array; step?: number | null } }>(v.engineId, 'infer', { batch, seeds: idx.map((i) => seeds[i]!), numSteps: v.meta.numSteps }, batchBuffers(batch));
+        const ans = await engine.call<{ result: { actions: Float32Array; step?: number | null } }>(v.engineId, 'infer', { batch, seeds: idx.map((i) => seeds[i]!), numSteps: v.meta.numSteps, ...(rtc ? { rtc } : {}) }, batchBuffers(batch));
         inferMs += performance.now() - t0;
         const actions = ans?.result?.actions;
         if (!(actions instanceof Float32Array) || actions.length !== idx.length * H * A) {
@@ -259,6 +332,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     seed: opts.seed ?? null,
     debug: opts.debug ?? false,
     apiKey: opts.apiKey ?? null,
+    rtc,
     dictionary,
     counters,
     isLive,
@@ -274,10 +348,10 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         cameras: meta.cameras,
         state_dim: meta.stateDim ?? meta.model.stateDim,
         // Self-description: the keys to send and what comes back (PROTOCOL.md section 6).
-        observation_keys: observationKeys(meta, limits),
+        observation_keys: { ...observationKeys(meta, limits), ...RTC_KEYS },
         answer_keys: {
           actions: `float32 [${meta.actionHorizon}, ${meta.actionDim}]: action_horizon steps of the robot's actions, in its units${meta.actionSpace === 'delta' ? ' (absolute: the server adds the state back on the delta dims)' : ''}`,
-          policy_timing: 'map: infer_ms', server_timing: 'map: infer_ms, prev_total_ms',
+          policy_timing: 'map: infer_ms', server_timing: 'map: infer_ms, prev_total_ms, and rtc (when the observation sent rtc/executed): mode, delay, delay_source, executed, overlap, control_hz, weights',
           ...(meta.norm ? { warnings: 'list of str, only when the state is far outside the norm stats (wrong units, stats or dim order); the actions are still sent' } : {}),
         },
         ...(meta.stateNames ? { state_names: meta.stateNames } : {}),
@@ -291,9 +365,14 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         seeded: opts.seed !== undefined && opts.seed !== null,
         weights_version: weightsVersion(),
         live: isLive,
+        // Real-time chunking (PROTOCOL.md section 6): what an observation with rtc/executed gets by default.
+        rtc: {
+          mode: rtc.mode === 'auto' ? (meta.rtcMaxDelay > 0 ? 'prefix' : 'guided') : rtc.mode, control_hz: rtc.controlHz, delay: rtc.delay,
+          schedule: rtc.schedule, max_guidance: rtc.maxGuidance, trained_max_delay: meta.rtcMaxDelay,
+        },
       };
     },
-    async infer(obs, seed) {
+    async infer(obs, seed, rtcPlan) {
       const v = current; // pinned for the whole request
       v.refs++;
       try {
@@ -304,11 +383,15 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         // A real model's prompt over its token limit (ShapeError too_large) is refused for this
         // request alone, here, not in makeBatch where it would fail every robot batched with it.
         v.meta.model.encodePrompt?.(datum.prompt, datum.state);
+        let plan = rtcPlan ?? null;
+        // Weights swapped in since the previous chunk may answer another shape: that chunk cannot be continued.
+        if (plan && plan.mode !== 'off' && plan.previous!.length !== v.meta.actionHorizon * v.meta.actionDim) plan = { ...plan, mode: 'off', reason: 'the served weights changed shape since the previous chunk' };
+        const chunk = plan && plan.mode !== 'off' ? datumChunk(plan, v.meta, parsed.state) : null;
         const submittedMs = performance.now();
-        const r = await batcher.submit(datum, seed, v);
+        const r = await batcher.submit(datum, seed, { v, chunk } satisfies Tag);
         const actions = toRobotActions(r.row, v.meta, parsed.state);
         return { actions: ndarray(actions, [v.meta.actionHorizon, v.meta.actionDim]), policyInferMs: r.inferMs, batchSize: r.batchSize, submittedMs, queueMs: r.queueMs,
-          outOfRange: report && norm ? { report, stats: norm.stats.state, stateNames: v.meta.stateNames } : null,
+          outOfRange: report && norm ? { report, stats: norm.stats.state, stateNames: v.meta.stateNames } : null, robotActions: actions, rtc: plan,
         };
       } finally {
         v.refs--;

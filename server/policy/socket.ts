@@ -20,6 +20,7 @@ import { randomId } from '../store.ts';
 import { decodeMessage, DEFAULT_POLICY_LIMITS } from './observation.ts';
 import { RangeWarnings } from './range-warning.ts';
 import { MAX_STREAM_CHARS, seedStream } from './seeds.ts';
+import { RtcConnection, rtcReport, rtcSettings, takeRtcKeys, type RtcPlan, type RtcSettings } from './rtc.ts';
 import type { PolicyAnswer, PolicyServer } from './service.ts';
 
 /** What a resolver sees of the upgrade request (copied out of uWS). */
@@ -55,6 +56,8 @@ interface Conn {
   metrics?: PolicyConnectionMetrics;
   /** Out-of-range observations: warned once per connection, counted each time. */
   range?: RangeWarnings;
+  /** Real-time chunking: the last chunk sent, answer times, round trip (rtc.ts). */
+  rtc: RtcConnection;
 }
 
 const CLIENT_ERRORS = new Set(['ShapeError', 'NormError', 'PolicyConfigError']);
@@ -107,8 +110,9 @@ function flush(conn: Conn): void {
     let bytes: Buffer;
     if (Buffer.isBuffer(e.answer)) bytes = e.answer;
     else {
-      const serverTiming: Record<string, number> = { infer_ms: e.doneMs - e.arrivedMs };
+      const serverTiming: Record<string, unknown> = { infer_ms: e.doneMs - e.arrivedMs };
       if (conn.prevTotalMs !== null) serverTiming.prev_total_ms = conn.prevTotalMs;
+      if (e.answer.rtc) serverTiming.rtc = rtcReport(e.answer.rtc);
       const warnings = conn.range?.check(e.answer.outOfRange);
       bytes = packNumpy({ actions: e.answer.actions, policy_timing: { infer_ms: e.answer.policyInferMs }, server_timing: serverTiming, ...(warnings ? { warnings } : {}) });
     }
@@ -124,6 +128,9 @@ function flush(conn: Conn): void {
     conn.prevTotalMs = sentMs - e.arrivedMs;
     if (!Buffer.isBuffer(e.answer)) {
       const a = e.answer;
+      conn.rtc.answered(a.robotActions, sentMs, sentMs - e.arrivedMs, a.rtc && a.rtc.mode !== 'off' ? a.rtc.mode : 'plain');
+      // The round trip for RTC's delay estimate: clients answer pings on their own (RFC 6455).
+      if (conn.rtc.pinging(sentMs)) ws.ping();
       conn.metrics?.answered({
         decodeMs: a.submittedMs - e.arrivedMs, queueMs: a.queueMs, computeMs: a.policyInferMs, sendMs: sentMs - e.doneMs, totalMs: sentMs - e.arrivedMs, batchSize: a.batchSize,
       });
@@ -165,8 +172,14 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
           const seedQ = upgrade.query.get('seed');
           const seed = seedQ === null ? policy.seed : Number(seedQ);
           if (seed !== null && (!/^\d+$/.test(seedQ ?? String(seed)) || !Number.isSafeInteger(seed) || seed > 0xffffffff)) return refuse(400, `seed must be an integer in 0..4294967295, got ${JSON.stringify(seedQ)}`);
+          let rtc: RtcSettings;
+          try {
+            rtc = rtcSettings(policy.rtc, upgrade.query);
+          } catch (e) {
+            return refuse(400, (e as Error).message);
+          }
           if (aborted) return;
-          const conn: Conn = { policy, seeds: seedStream(seed, stream), queue: [], prevTotalMs: null, closed: false, failed: false };
+          const conn: Conn = { policy, seeds: seedStream(seed, stream), queue: [], prevTotalMs: null, closed: false, failed: false, rtc: new RtcConnection(rtc) };
           res.cork(() => res.upgrade<Conn>(conn, headers['sec-websocket-key']!, headers['sec-websocket-protocol'] ?? '', headers['sec-websocket-extensions'] ?? '', ctx));
         })
         .catch((err) => {
@@ -215,8 +228,14 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
         entry.answer = packNumpy({ __ack__: ctrl === 'episode_start' || ctrl === 'episode_end' ? ctrl : 'ignored' });
         return flush(conn);
       }
+      let plan: RtcPlan | null;
+      try {
+        plan = conn.rtc.plan(takeRtcKeys(obs), conn.policy.meta.actionHorizon, conn.policy.meta.rtcMaxDelay);
+      } catch (err) {
+        return fail(conn, err);
+      }
       conn.policy
-        .infer(obs, conn.seeds.next())
+        .infer(obs, conn.seeds.next(), plan)
         .then((answer) => {
           entry.answer = answer;
           entry.doneMs = performance.now();
@@ -227,6 +246,7 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
         .finally(() => flush(conn));
     },
     drain: (ws) => flush(ws.getUserData()),
+    pong: (ws) => ws.getUserData().rtc.pong(performance.now()),
     close: (ws) => {
       const conn = ws.getUserData();
       conn.closed = true;
