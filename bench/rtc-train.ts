@@ -101,7 +101,7 @@ export async function trainedPolicy(ds: Dataset, recipe: RtcRecipe, dir: string,
   fs.mkdirSync(dir, { recursive: true });
   const ex = state.exportWeights({ ema: true });
   await saveCheckpoint(weightsDir, {
-    config: { ...ex.config, preset: model.preset, action_horizon: model.horizon, cameras: setup.cameras, image_size: model.imageSize, image_slots: model.slots, base_seed: 0, session_seed: recipe.seed, action_space: setup.actionSpace, fps: ds.meta.fps, state_dim: ds.meta.stateDim, action_dim: ds.meta.actionDim, rtc_max_delay: recipe.rtcMaxDelay },
+    config: { ...ex.config, preset: model.preset, action_horizon: model.horizon, cameras: setup.cameras, image_size: model.imageSize, image_slots: model.slots, base_seed: 0, session_seed: recipe.seed, action_space: setup.actionSpace, fps: ds.meta.fps, state_dim: ds.meta.stateDim, action_dim: ds.meta.actionDim },
     weights: ex.weights, normStats: parseNormStats(normStatsToJson(setup.norm)),
   }, { overwrite: true });
   const meta: TrainedMeta = { recipe, train_s: trainS, loadavg_start: loadStart, loadavg_end: readLoad(), final_loss: loss, eval_ratio_hold_state: score.ratio, eval_mse: score.mse };

@@ -181,7 +181,7 @@ async function episodeChunks(ds: Dataset, e: number, length: number, setup: Retu
     };
     const g: ChunkPrefix = { mode: 'guided', actions: prevOf(guided), weights: gw, maxGuidance: o.beta };
     const gOut = P.sample(many, { noise: repeat(noise, D), chunk: g });
-    const t: ChunkPrefix = { mode: 'prefix', actions: prevOf(trained), weights: pw, delays: o.delays };
+    const t: ChunkPrefix = { mode: 'prefix', actions: prevOf(trained), weights: pw };
     const tOut = R.sample(many, { noise: repeat(noise, D), chunk: t });
     for (let k = 0; k < D; k++) {
       guided[k]!.push(sp.toRobot(gOut.subarray(k * H * A, (k + 1) * H * A), raw));
@@ -216,7 +216,7 @@ async function timeInference(ds: Dataset, setup: ReturnType<typeof g1Setup>, P: 
     ['plain_p', (b, noise) => P.sample(b, { noise })],
     ['guided_p', (b, noise) => P.sample(b, { noise, chunk: { mode: 'guided', actions: prev, weights: gw, maxGuidance: o.beta } })],
     ['plain_r', (b, noise) => R.sample(b, { noise })],
-    ['prefix_r', (b, noise) => R.sample(b, { noise, chunk: { mode: 'prefix', actions: prev, weights: pw, delays: [d] } })],
+    ['prefix_r', (b, noise) => R.sample(b, { noise, chunk: { mode: 'prefix', actions: prev, weights: pw } })],
   ];
   const ms: Record<string, number[]> = Object.fromEntries(kinds.map(([k]) => [k, []]));
   const warm = 3;
@@ -321,10 +321,10 @@ async function main(o: Options): Promise<void> {
   const joints = spread.map((s, k) => [s, k] as const).sort((a, b) => b[0] - a[0]).slice(0, 3).map(([, k]) => k);
   const col = (x: Float32Array, k: number) => Array.from({ length: L }, (_, t) => x[t * ad + k]!);
   const traceModes: Mode[] = ['switch', 'ensemble', 'guided', 'trained'];
-  const svg = tracesSvg(`G1 episode ${te} (held out), d = ${traceD}, s = ${o.s}: executed actions at 30 Hz vs recorded`, joints.map((k) => ({
+  const svg = tracesSvg(`G1 episode ${te} (held out), d = ${traceD}, s = ${o.s}: executed actions at 30 Hz vs recorded${traceD + o.s >= H ? ' (ensembling = switching here, drawn under it)' : ''}`, joints.map((k) => ({
     label: ds.meta.actionNames?.[k] ?? `action ${k}`,
     series: [{ label: 'recorded', values: col(rec, k) }, ...traceModes.map((m) => ({ label: MODE_LABEL[m], values: col(exec.get(`${m}/${traceD}`)![0]!.actions, k) }))],
-  })), exec.get(`switch/${traceD}`)![0]!.splices, 'rad (dataset units)');
+  })), exec.get(`switch/${traceD}`)![0]!.splices, 'dataset units');
   fs.mkdirSync(RESULTS, { recursive: true });
   fs.writeFileSync(path.join(RESULTS, `${o.name}-traces.svg`), svg);
   const out = {
