@@ -150,13 +150,13 @@ export function rtcRecipes(steps: number): [RtcRecipe, RtcRecipe] {
 export const RTC_STEPS = 1000;
 
 /** Why `npm run bench -- --quick` leaves the rtc part out. */
-export const RTC_QUICK_SKIP = 'not in --quick: the RTC replay needs ../shared/datasets/g1_pick_bottle and two trained policies (npx tsx bench/rtc.ts trains them once, ~17 min on 2 cores)';
+export const RTC_QUICK_SKIP = 'not in --quick: the RTC replay needs ../shared/datasets/g1_pick_bottle and two trained policies (npx tsx bench/rtc.ts trains them once, ~15 min on 2 cores)';
 
 /** Why the rtc part of `npm run bench` cannot run here, or null: it replays cached policies only (training them is bench/rtc.ts's first run). */
 export function rtcUnavailable(): string | null {
   if (!fs.existsSync(path.join(G1, 'meta/info.json'))) return `no ${G1} (the G1 dataset lives in ../shared)`;
   const missing = rtcRecipes(RTC_STEPS).filter((r) => !fs.existsSync(path.join(RTC_CACHE, recipeKey(r), 'rtc-meta.json')));
-  if (missing.length) return `the replay's policies are not trained yet (${missing.map(recipeKey).join(', ')} missing in ${RTC_CACHE}): run npx tsx bench/rtc.ts once (~17 min on 2 cores), then the rtc part replays them`;
+  if (missing.length) return `the replay's policies are not trained yet (${missing.map(recipeKey).join(', ')} missing in ${RTC_CACHE}): run npx tsx bench/rtc.ts once (~15 min on 2 cores), then the rtc part replays them`;
   return null;
 }
 
