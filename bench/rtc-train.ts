@@ -147,7 +147,7 @@ export function rtcRecipes(steps: number): [RtcRecipe, RtcRecipe] {
 }
 
 /** Training steps of the replay's policies unless --steps says otherwise. */
-export const RTC_STEPS = 1000;
+export const RTC_STEPS = 1500;
 
 /** Why `npm run bench -- --quick` leaves the rtc part out. */
 export const RTC_QUICK_SKIP = 'not in --quick: the RTC replay needs ../shared/datasets/g1_pick_bottle and two trained policies (npx tsx bench/rtc.ts trains them once, ~15 min on 2 cores)';

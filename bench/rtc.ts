@@ -55,7 +55,7 @@ each on 2 cores) unless .scratch/rtc/ has them. Needs ../shared/datasets/g1_pick
   --beta X           guided RTC's guidance cap (default 5)
   --schedule S       guided weights over the overlap: exp (default) or linear
   --m X              temporal ensembling's exp(-m j) weights, oldest first (default 0.01, ACT's)
-  --steps N          training steps per policy (default 1000, batch 32)
+  --steps N          training steps per policy (default 1500, the job's recipe; batch 32)
   --timing-rounds N  batch-1 inference timing rounds, each kind once per round (default 30)
   --name NAME        results as bench/results/NAME.json and NAME-traces.svg (default rtc)
   --quick            smoke run: 40 training steps, one episode's first 120 steps, d 0,4,8; writes nothing
