@@ -23,7 +23,7 @@ export function drawNoiseTime(rng: Rng, batch: number, horizon: number, actionDi
   return { noise, time };
 }
 
-/** x_t = t * noise + (1 - t) * actions and target = noise - actions, float32, [b, ah, ad]. */
+/** x_t = t * noise + (1 - t) * actions and target = noise - actions, float32, [b, ah, ad]; `time` [b], or [b * ah] (one per action). */
 export function noisyActions(actions: Float32Array, noise: Float32Array, time: Float32Array): { xT: Float32Array; target: Float32Array } {
   const per = actions.length / time.length;
   const xT = new Float32Array(actions.length);
@@ -34,6 +34,24 @@ export function noisyActions(actions: Float32Array, noise: Float32Array, time: F
     target[i] = noise[i]! - actions[i]!;
   }
   return { xT, target };
+}
+
+/**
+ * Training-time real-time chunking (kernels/rtc.ts; TrainingOptions.rtcMaxDelay): from one
+ * uniform `u_i` per datum a delay d_i = floor(u_i (maxDelay + 1)) in 0..maxDelay; the flow time
+ * per action [b * ah] is 0 on datum i's first d_i actions (given clean: x_t = the actions there)
+ * and its drawn t_i after, and the loss mask [b, ah, ad] is cleared on those d_i actions. `drawn`
+ * holds the datum's noise [b, ah, ad], time [b] and target; actions and mask come from `targets`.
+ */
+export function heldPrefix(targets: { actions: Float32Array; actionMask: Float32Array }, drawn: { noise: Float32Array; time: Float32Array; target: Float32Array }, u: Float32Array, maxDelay: number, horizon: number): { xT: Float32Array; target: Float32Array; time: Float32Array; actionMask: Float32Array } {
+  const H = horizon;
+  const A = targets.actions.length / (drawn.time.length * H);
+  const delays = Array.from(u, (x) => Math.min(maxDelay, Math.floor(x * (maxDelay + 1))));
+  const time = new Float32Array(delays.length * H).map((_, k) => (k % H < delays[Math.floor(k / H)]! ? 0 : drawn.time[Math.floor(k / H)]!));
+  const { xT } = noisyActions(targets.actions, drawn.noise, time);
+  const actionMask = Float32Array.from(targets.actionMask);
+  delays.forEach((d, i) => actionMask.fill(0, i * H * A, (i * H + d) * A));
+  return { xT, target: drawn.target, time, actionMask };
 }
 
 /**

@@ -12,20 +12,21 @@
  * (kernels/optim.ts), flow matching (kernels/flow.ts); this file is the step and the state's
  * export / import.
  */
-import { sampleWithGraph } from './sample-graph.ts';
-import { chunkTensors, type ChunkPrefix, type ChunkTensors } from './rtc.ts';
+import type { ChunkPrefix } from './rtc.ts';
+import { sampleActions } from './sampling.ts';
 import { lossGraphsOf, type LossGraphs } from './step-graph.ts';
 import * as tf from '@tensorflow/tfjs';
 import type { PolicyConfig } from './small/config.ts';
 import { ShapeError, type ModelBatch } from './small/batch.ts';
 import { Rng, type RngState } from './rng.ts';
-import { drawNoiseTime, noisyActions, weightedLoss, type LossFn, type TimeSampling } from './flow.ts';
+import { drawNoiseTime, heldPrefix, noisyActions, weightedLoss, type LossFn, type TimeSampling } from './flow.ts';
 import type { FlowPolicy, PolicyWeights } from './flow-policy.ts';
 import { AdamWMoments, adamwStep, resolveAdamWOptions, type AdamWOptions } from './optim.ts';
 import { BaseWeights, TrainerError, checkNamed, size, type NamedTensors } from './base-weights.ts';
 import { fullCopies, loraAdapters, weightsView, type LoraShape } from './adapters.ts';
 
 export { BaseWeights, TrainerError, type NamedTensors, type TrainerErrorCode } from './base-weights.ts';
+export { sampleActions } from './sampling.ts';
 
 // ---------------------------------------------------------------- training state
 
@@ -293,23 +294,6 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
   }
 
   /**
-   * Training-time RTC (TrainingOptions.rtcMaxDelay): one delay d_i per datum from the state's
-   * generator, then per-action times [b * ah] (0 on the first d_i actions, t_i after), x_t equal to
-   * the clean actions there, and the loss mask cleared on them.
-   */
-  private withDelays(batch: B, drawn: ReturnType<TrainingState<B, C>['draw']>): { xT: Float32Array; target: Float32Array; time: Float32Array; actionMask: Float32Array } {
-    const { horizon: H, actionDim: A } = this.policy;
-    const targets = this.policy.lossTargets(batch);
-    const u = this.rng.uniforms(drawn.time.length);
-    const delays = Array.from(u, (x) => Math.min(this.rtcMaxDelay, Math.floor(x * (this.rtcMaxDelay + 1))));
-    const time = new Float32Array(delays.length * H).map((_, k) => (k % H < delays[Math.floor(k / H)]! ? 0 : drawn.time[Math.floor(k / H)]!));
-    const { xT } = noisyActions(targets.actions, drawn.noise, time);
-    const actionMask = Float32Array.from(targets.actionMask);
-    delays.forEach((d, i) => actionMask.fill(0, i * H * A, (i * H + d) * A));
-    return { xT, target: drawn.target, time, actionMask };
-  }
-
-  /**
    * forward_backward: draws noise and time, adds the gradient of sum_i w_i * loss_i to G and
    * sum_i w_i to D. Returns loss = sum w_i loss_i / sum w_i (0 when every weight is 0) and
    * loss_per_datum [b]. Throws ShapeError for a batch that does not fit the config.
@@ -320,7 +304,10 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
     if (lossFn !== 'mse' && lossFn !== 'l1') throw new TrainerError('bad_option', `loss_fn is '${String(lossFn)}'; expected 'mse' or 'l1'`);
     const B = this.policy.batchSize(batch);
     const { weight } = this.policy.lossTargets(batch);
-    const { xT, target, time, actionMask } = this.rtcMaxDelay > 0 ? this.withDelays(batch, this.draw(batch, options)) : { ...this.draw(batch, options), actionMask: this.policy.lossTargets(batch).actionMask };
+    const drawn = this.draw(batch, options);
+    const { xT, target, time, actionMask } = this.rtcMaxDelay > 0
+      ? heldPrefix(this.policy.lossTargets(batch), drawn, this.rng.uniforms(B), this.rtcMaxDelay, this.policy.horizon)
+      : { ...drawn, actionMask: this.policy.lossTargets(batch).actionMask };
     const shape = this.actionShape(B);
     let per: tf.Tensor | undefined;
     const vin = this.policy.velocityInputs?.(batch, time);
@@ -620,44 +607,4 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
     for (const v of this.params.values()) v.dispose();
     for (const v of this.ema?.values() ?? []) v.dispose();
   }
-}
-
-/**
- * Euler sampling (MODEL.md "Sampling") of `policy` computing with `view` (a training state's
- * weights, or a frozen base's: BaseWeights.view): actions [b, ah, ad] float32, the prefix encoded
- * once and its keys / values cached unless `cache: false`. Noise is `options.noise` ([b, ah, ad],
- * the policy server's per-request streams, drawing nothing) or drawn from `rng`. With
- * `options.chunk` each datum's chunk continues its previous one (real-time chunking,
- * kernels/rtc.ts: guided by a vector-Jacobian product per step, or a trained policy's prefix).
- * @throws ShapeError (the batch, or noise of the wrong length), TrainerError('bad_option')
- *   for num_steps outside [1, 1000] or a chunk that does not fit the batch (naming the field).
- */
-export function sampleActions<B, C>(policy: FlowPolicy<B, C>, view: PolicyWeights, batch: B, rng: Rng, options: { numSteps?: number; cache?: boolean; noise?: Float32Array; chunk?: ChunkPrefix } = {}): Float32Array {
-  policy.checkBatch(batch, false);
-  const numSteps = options.numSteps ?? 10;
-  if (!Number.isInteger(numSteps) || numSteps < 1 || numSteps > 1000) {
-    throw new TrainerError('bad_option', `num_steps is ${numSteps}; it must be an integer in [1, 1000]`);
-  }
-  const shape = [policy.batchSize(batch), policy.horizon, policy.actionDim];
-  const n = size(shape);
-  if (options.noise && options.noise.length !== n) throw new ShapeError('shape_mismatch', `noise has ${options.noise.length} values; the batch needs ${n}`);
-  let chunk: ChunkTensors | undefined;
-  if (options.chunk) {
-    try {
-      chunk = chunkTensors(options.chunk, shape[0]!, shape[1]!, shape[2]!);
-    } catch (e) {
-      throw new TrainerError('bad_option', (e as Error).message);
-    }
-  }
-  const noise = tf.tensor(options.noise ?? rng.normals(n), shape);
-  let out: tf.Tensor;
-  try {
-    const cache = options.cache !== false;
-    out = (cache ? sampleWithGraph(policy, view, batch, noise, numSteps, chunk) : null) ?? policy.sample(view, batch, noise, numSteps, cache, chunk);
-  } finally {
-    tf.dispose([noise, ...(chunk ? [chunk.actions, chunk.weights] : [])]);
-  }
-  const data = out.dataSync() as Float32Array;
-  out.dispose();
-  return data;
 }

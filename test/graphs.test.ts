@@ -8,7 +8,7 @@
  */
 import * as tf from '@tensorflow/tfjs';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { NATIVE_PRESENT, useBackend } from './helpers/tf.ts';
+import { NATIVE_PRESENT, useBackend, withGraphs } from './helpers/tf.ts';
 import { GraphTraceError, traceGraph } from '../kernels/backend/graph.ts';
 import { sampleGraphStats } from '../kernels/sample-graph.ts';
 import { lossGraphStats } from '../kernels/step-graph.ts';
@@ -20,17 +20,6 @@ import { REAL_PI_TINY_PI0, REAL_PI_TINY_PI05 } from '../kernels/pi/config.ts';
 import { fakeRealPiBatch } from '../kernels/pi/fake.ts';
 import { OPENPI_LORA, realPiPolicy } from '../kernels/pi/policy.ts';
 import type { RealPiBatch } from '../kernels/pi/model.ts';
-
-function withGraphs<T>(on: boolean, fn: () => T): T {
-  const before = process.env.VELA_GRAPHS;
-  process.env.VELA_GRAPHS = on ? '1' : '0';
-  try {
-    return fn();
-  } finally {
-    if (before === undefined) delete process.env.VELA_GRAPHS;
-    else process.env.VELA_GRAPHS = before;
-  }
-}
 
 /** max |a - b| / max |b|: float32 rounding of a ~2,000-op chain is ~1e-6 of the scale. */
 function relDiff(a: Float32Array, b: Float32Array): number {

@@ -11,16 +11,12 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { saveCheckpoint } from '../kernels/checkpoint.ts';
 import { outOfRange } from '../kernels/norm-range.ts';
 import type { NormStatsSet } from '../kernels/normalize.ts';
-import { makeConfig } from '../kernels/small/config.ts';
-import { BaseWeights, TrainingState } from '../kernels/trainer.ts';
-import { writeCheckpointNormStats } from '../server/models/norm-stats.ts';
 import { parseExposition } from './helpers/prom.ts';
 import { runPythonJson } from './helpers/python.ts';
 import { missing, pythonEnv } from './helpers/requires.ts';
-import { useBackend } from './helpers/tf.ts';
+import { tinyLoraCheckpoint } from './helpers/policy-proc.ts';
 
 const SKIP = missing('the test virtualenv (websockets, msgpack, numpy, zstandard)', pythonEnv().reason);
 const D = 7;
@@ -56,16 +52,8 @@ beforeAll(async () => {
   if (SKIP) return;
   dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-range-'));
   const ck = path.join(dir, 'ck');
-  // A LoRA checkpoint of flow0-tiny on the base of seed 0 (what `vela policy` builds), stats in radians.
-  await useBackend('wasm');
-  const state = new TrainingState(BaseWeights.create(makeConfig('flow0-tiny'), 0), { finetune: 'lora', rank: 4, alpha: 8, seed: 0 });
-  const ex = state.exportWeights();
-  state.dispose();
-  await saveCheckpoint(ck, {
-    config: { ...ex.config, preset: 'flow0-tiny', cameras: ['cam_high'], state_names: NAMES, action_dim: 6, action_horizon: 4, base_seed: 0 },
-    adapter: { tensors: ex.weights, config: { peft_type: 'LORA', r: 4, lora_alpha: 8 } },
-  });
-  await writeCheckpointNormStats(ck, STATS, 'zscore');
+  // Stats in radians.
+  await tinyLoraCheckpoint(ck, { cameras: ['cam_high'], state_names: NAMES, action_dim: 6, action_horizon: 4 }, STATS);
   const { wsUrl, httpUrl } = await startPolicy(ck);
   seen = await runPythonJson('openpi_range_check.py', [wsUrl, String(D)], 240_000);
   // The server logs before it sends, and the last connection's answer is in: its lines are written.

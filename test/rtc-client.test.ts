@@ -12,15 +12,10 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { saveCheckpoint } from '../kernels/checkpoint.ts';
 import type { NormStatsSet } from '../kernels/normalize.ts';
-import { makeConfig } from '../kernels/small/config.ts';
-import { BaseWeights, TrainingState } from '../kernels/trainer.ts';
-import { writeCheckpointNormStats } from '../server/models/norm-stats.ts';
 import { ndarray } from '../protocol/ndarray.ts';
 import { PolicyConnection, RealTimeChunking, type PolicyAnswer, type RtcTiming, type Splice } from '../protocol/client.ts';
-import { startPolicyProc, type PolicyProc } from './helpers/policy-proc.ts';
-import { useBackend } from './helpers/tf.ts';
+import { startPolicyProc, tinyLoraCheckpoint, type PolicyProc } from './helpers/policy-proc.ts';
 
 const HORIZON = 10;
 const AD = 6;
@@ -37,16 +32,7 @@ let policy: PolicyProc;
 beforeAll(async () => {
   dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-rtc-client-'));
   const ck = path.join(dir, 'ck');
-  // A LoRA checkpoint of flow0-tiny on the base of seed 0 (what `vela policy` builds).
-  await useBackend('wasm');
-  const state = new TrainingState(BaseWeights.create(makeConfig('flow0-tiny'), 0), { finetune: 'lora', rank: 4, alpha: 8, seed: 0 });
-  const ex = state.exportWeights();
-  state.dispose();
-  await saveCheckpoint(ck, {
-    config: { ...ex.config, preset: 'flow0-tiny', cameras: ['cam_high'], action_dim: AD, action_horizon: HORIZON, base_seed: 0 },
-    adapter: { tensors: ex.weights, config: { peft_type: 'LORA', r: 4, lora_alpha: 8 } },
-  });
-  await writeCheckpointNormStats(ck, STATS, 'zscore');
+  await tinyLoraCheckpoint(ck, { cameras: ['cam_high'], action_dim: AD, action_horizon: HORIZON }, STATS);
   policy = await startPolicyProc([ck, '--seed', '3']);
 }, 240_000);
 afterAll(() => {

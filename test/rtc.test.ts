@@ -16,18 +16,7 @@ import { guidanceGradient, guidanceWeight, rtcWeights, shiftChunk, type ChunkPre
 import { REAL_PI_TINY_PI05 } from '../kernels/pi/config.ts';
 import { fakeRealPiBatch } from '../kernels/pi/fake.ts';
 import { realPiPolicy } from '../kernels/pi/policy.ts';
-import { NATIVE_PRESENT, useBestBackend } from './helpers/tf.ts';
-
-function withGraphs<T>(on: boolean, fn: () => T): T {
-  const before = process.env.VELA_GRAPHS;
-  process.env.VELA_GRAPHS = on ? '1' : '0';
-  try {
-    return fn();
-  } finally {
-    if (before === undefined) delete process.env.VELA_GRAPHS;
-    else process.env.VELA_GRAPHS = before;
-  }
-}
+import { NATIVE_PRESENT, useBestBackend, withGraphs } from './helpers/tf.ts';
 
 function maxAbs(a: Float32Array, b: Float32Array, from = 0, to = a.length): number {
   let m = 0;

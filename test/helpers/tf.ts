@@ -41,3 +41,15 @@ export function forEachBackend(title: string, body: (kind: BackendKind) => void)
     body(kind);
   });
 }
+
+/** Runs `fn` with traced graphs on (`VELA_GRAPHS=1`) or off (`0`), restoring the variable after. */
+export function withGraphs<T>(on: boolean, fn: () => T): T {
+  const before = process.env.VELA_GRAPHS;
+  process.env.VELA_GRAPHS = on ? '1' : '0';
+  try {
+    return fn();
+  } finally {
+    if (before === undefined) delete process.env.VELA_GRAPHS;
+    else process.env.VELA_GRAPHS = before;
+  }
+}
