@@ -10,7 +10,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ndarray, NDArray } from '../protocol/ndarray.ts';
+import { ndarray, NDArray, NpScalar } from '../protocol/ndarray.ts';
 import { Engine } from '../server/engine/host.ts';
 import { startPolicyServer, type PolicyServerHandle } from '../server/policy/index.ts';
 import { parsePolicyArgs } from '../server/policy/cli.ts';
@@ -177,6 +177,9 @@ describe('real-time chunking over the policy websocket', () => {
       [{ 'rtc/executed': 'three' }, 'rtc/executed must be a number; got string'],
       [{ 'rtc/control_hz': 0 }, 'rtc/control_hz is 0; expected a rate in Hz, > 0 and <= 10000'],
       [{ 'rtc/speed': 1 }, 'unknown key rtc/speed; the real-time chunking keys are rtc/executed, rtc/control_hz, rtc/delay'],
+      // np.bool_(True) is no count, as Python's True is not (it read as executed = 1).
+      [{ 'rtc/executed': new NpScalar('|b1', true) }, 'rtc/executed must be a number; got a numpy bool'],
+      [{ 'rtc/executed': true }, 'rtc/executed must be a number; got boolean'],
     ] as const) {
       const bad = await connect(server);
       await expect(bad.infer(observation(1, extra))).rejects.toThrow(text);
@@ -184,6 +187,13 @@ describe('real-time chunking over the policy websocket', () => {
     }
     await expect(PolicyClient.connect(`${server.wsUrl}?rtc=maybe`)).rejects.toMatchObject({ status: 400 });
     await expect(PolicyClient.connect(`${server.wsUrl}?control_hz=-3`)).rejects.toMatchObject({ status: 400 });
+    // A setting given twice is ambiguous (it took the first, and a bad second value passed unseen).
+    await expect(PolicyClient.connect(`${server.wsUrl}?rtc=off&rtc=guided`)).rejects.toMatchObject({ status: 400 });
+    await expect(PolicyClient.connect(`${server.wsUrl}?control_hz=30&control_hz=-1`)).rejects.toMatchObject({ status: 400 });
+    // numpy ints and floats are counts and rates as Python's are.
+    const np = await connect(server);
+    await np.infer(observation(1, { 'rtc/control_hz': new NpScalar('<f4', 30) }));
+    expect((await np.infer(observation(2, { 'rtc/executed': new NpScalar('<i8', 3), 'rtc/delay': new NpScalar('<i8', 2) }))).server_timing.rtc).toMatchObject({ mode: 'guided', executed: 3, delay: 2, control_hz: 30 });
     // The good connection and its chunk state are untouched.
     const ans = await good.infer(observation(2, { 'rtc/executed': 1, 'rtc/delay': 2 }));
     expect(ans.server_timing.rtc).toMatchObject({ mode: 'guided', delay: 2 });

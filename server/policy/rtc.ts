@@ -59,11 +59,14 @@ function setting(name: string, raw: string, kind: 'mode' | 'hz' | 'delay' | 'sch
 /**
  * `base` with the RTC settings of a connection's query (`rtc`, `control_hz`, `rtc_delay`,
  * `rtc_schedule`, `rtc_max_guidance`) or of a server's flags (the same names).
- * @throws RangeError naming the parameter and what it accepts.
+ * @throws RangeError naming the parameter and what it accepts, or one given more than once (`getAll`).
  */
-export function rtcSettings(base: Readonly<RtcSettings>, given: { get(name: string): string | null | undefined }): RtcSettings {
+export function rtcSettings(base: Readonly<RtcSettings>, given: { get(name: string): string | null | undefined; getAll?(name: string): string[] }): RtcSettings {
   const out: RtcSettings = { ...base };
   const take = (name: string, kind: Parameters<typeof setting>[2]) => {
+    // `?rtc=off&rtc=guided` is ambiguous: refused rather than silently taking the first.
+    const all = given.getAll?.(name) ?? [];
+    if (all.length > 1) throw new RangeError(`${name} is given ${all.length} times (${all.map((v) => JSON.stringify(v)).join(', ')}); give it once`);
     const raw = given.get(name);
     return raw === null || raw === undefined ? undefined : setting(name, raw, kind);
   };
@@ -95,6 +98,8 @@ export const RTC_KEYS: Readonly<Record<string, string>> = Object.freeze({
 });
 
 function scalar(key: string, v: unknown): number {
+  // numpy's bool (np.bool_, a bool array) is no count, as Python's True is not: Number() would make it 1.
+  if ((v instanceof NpScalar || v instanceof NDArray) && v.dtype.endsWith('b1')) throw new ProtocolError('bad_request', `${key} must be a number; got a numpy bool`);
   const x = v instanceof NpScalar ? Number(v.value) : v instanceof NDArray && v.data.length === 1 ? Number(v.data[0]) : v;
   if (typeof x !== 'number' || !Number.isFinite(x)) throw new ProtocolError('bad_request', `${key} must be a number; got ${x === null ? 'nil' : typeof x === 'number' ? x : typeof x}`);
   return x;
