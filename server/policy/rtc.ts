@@ -141,6 +141,8 @@ export interface RtcPlan {
   mode: RtcMode | 'off';
   reason?: string;
   previous?: Float32Array;
+  /** `previous`'s [horizon, actionDim] as sent: weights pushed since may answer another shape of the same size. */
+  previousShape?: readonly [number, number];
   executed: number;
   delay: number;
   delaySource: 'client' | 'setting' | 'measured';
@@ -176,7 +178,7 @@ const GUIDED_COST = 2;
  * answer times (arrival to send, ms) and websocket round trip.
  */
 export class RtcConnection {
-  private last: { actions: Float32Array; sentMs: number } | null = null;
+  private last: { actions: Float32Array; shape: readonly [number, number]; sentMs: number } | null = null;
   private totals: Record<'plain' | RtcMode, number[]> = { plain: [], guided: [], prefix: [] };
   private rttMs: number | null = null;
   private pingMs: number | null = null;
@@ -198,11 +200,11 @@ export class RtcConnection {
   }
 
   /**
-   * An answer with robot actions `actions` was sent at `sentMs`, `totalMs` after its observation
-   * arrived, sampled as `kind` (plain, or the RTC mode it ran).
+   * An answer with robot actions `actions` ([horizon, actionDim] `shape`) was sent at `sentMs`,
+   * `totalMs` after its observation arrived, sampled as `kind` (plain, or the RTC mode it ran).
    */
-  answered(actions: Float32Array, sentMs: number, totalMs: number, kind: 'plain' | RtcMode): void {
-    this.last = { actions, sentMs };
+  answered(actions: Float32Array, shape: readonly [number, number], sentMs: number, totalMs: number, kind: 'plain' | RtcMode): void {
+    this.last = { actions, shape, sentMs };
     const t = this.totals[kind];
     t.push(totalMs);
     if (t.length > RECENT) t.shift();
@@ -239,6 +241,6 @@ export class RtcConnection {
     }
     delay = Math.min(delay, overlap);
     const weights = mode === 'guided' ? Array.from(rtcWeights(horizon, delay, overlap, s.schedule)) : Array.from({ length: horizon }, (_, i) => (i < delay ? 1 : 0));
-    return { ...base, mode, previous: this.last.actions, delay, delaySource, overlap, weights };
+    return { ...base, mode, previous: this.last.actions, previousShape: this.last.shape, delay, delaySource, overlap, weights };
   }
 }
