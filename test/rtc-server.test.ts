@@ -10,7 +10,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ndarray, NDArray } from '../protocol/ndarray.ts';
+import { ndarray, NDArray, NpScalar } from '../protocol/ndarray.ts';
 import { Engine } from '../server/engine/host.ts';
 import { startPolicyServer, type PolicyServerHandle } from '../server/policy/index.ts';
 import { parsePolicyArgs } from '../server/policy/cli.ts';
@@ -20,6 +20,7 @@ import { fakeBatch } from '../kernels/small/batch.ts';
 import { rtcWeights } from '../kernels/rtc.ts';
 import { computeNormStats, normStatsToJson } from '../kernels/normalize.ts';
 import { PolicyClient } from './helpers/policy-stub.ts';
+import { encodeWeightsPush } from '../server/policy/push.ts';
 import { TEST_BACKENDS } from './helpers/tf.ts';
 
 const PRESET = 'flow0-tiny';
@@ -177,6 +178,9 @@ describe('real-time chunking over the policy websocket', () => {
       [{ 'rtc/executed': 'three' }, 'rtc/executed must be a number; got string'],
       [{ 'rtc/control_hz': 0 }, 'rtc/control_hz is 0; expected a rate in Hz, > 0 and <= 10000'],
       [{ 'rtc/speed': 1 }, 'unknown key rtc/speed; the real-time chunking keys are rtc/executed, rtc/control_hz, rtc/delay'],
+      // np.bool_(True) is no count, as Python's True is not (it read as executed = 1).
+      [{ 'rtc/executed': new NpScalar('|b1', true) }, 'rtc/executed must be a number; got a numpy bool'],
+      [{ 'rtc/executed': true }, 'rtc/executed must be a number; got boolean'],
     ] as const) {
       const bad = await connect(server);
       await expect(bad.infer(observation(1, extra))).rejects.toThrow(text);
@@ -184,9 +188,38 @@ describe('real-time chunking over the policy websocket', () => {
     }
     await expect(PolicyClient.connect(`${server.wsUrl}?rtc=maybe`)).rejects.toMatchObject({ status: 400 });
     await expect(PolicyClient.connect(`${server.wsUrl}?control_hz=-3`)).rejects.toMatchObject({ status: 400 });
+    // A setting given twice is ambiguous (it took the first, and a bad second value passed unseen).
+    await expect(PolicyClient.connect(`${server.wsUrl}?rtc=off&rtc=guided`)).rejects.toMatchObject({ status: 400 });
+    await expect(PolicyClient.connect(`${server.wsUrl}?control_hz=30&control_hz=-1`)).rejects.toMatchObject({ status: 400 });
+    // numpy ints and floats are counts and rates as Python's are.
+    const np = await connect(server);
+    await np.infer(observation(1, { 'rtc/control_hz': new NpScalar('<f4', 30) }));
+    expect((await np.infer(observation(2, { 'rtc/executed': new NpScalar('<i8', 3), 'rtc/delay': new NpScalar('<i8', 2) }))).server_timing.rtc).toMatchObject({ mode: 'guided', executed: 3, delay: 2, control_hz: 30 });
     // The good connection and its chunk state are untouched.
     const ans = await good.infer(observation(2, { 'rtc/executed': 1, 'rtc/delay': 2 }));
     expect(ans.server_timing.rtc).toMatchObject({ mode: 'guided', delay: 2 });
+  }, 60_000);
+});
+
+describe('real-time chunking across a weights push', () => {
+  it('does not continue a chunk of another shape of the same size (10 x 6 read as 12 x 5)', async () => {
+    const keyed = await startPolicyServer({ engine, checkpointDir: plainDir, policyId: 'pol-keyed', seed: 11, batchWindowMs: 0, port: 0, apiKey: 'k' });
+    servers.push(keyed);
+    const robot = await PolicyClient.connect(keyed.wsUrl, { authorization: 'Bearer k' });
+    clients.push(robot);
+    await robot.infer(observation(1));
+    // The same weights answering [12, 5] (no norm stats: the stats are of 6 action dims); 12 x 5 = 10 x 6 floats.
+    const config = { ...JSON.parse(fs.readFileSync(path.join(plainDir, 'config.json'), 'utf8')), action_horizon: 12, action_dim: 5 };
+    delete config.action_names;
+    const files: Record<string, Uint8Array> = { 'config.json': Buffer.from(JSON.stringify(config)) };
+    for (const f of fs.readdirSync(plainDir)) if (f.endsWith('.safetensors')) files[f] = fs.readFileSync(path.join(plainDir, f));
+    const res = await fetch(`${keyed.baseUrl}/weights`, { method: 'PUT', headers: { 'content-type': 'application/msgpack', authorization: 'Bearer k' }, body: encodeWeightsPush({ weights_version: 2, model_id: null, files }) });
+    expect(res.status, await res.text()).toBe(200);
+    const after = await robot.infer(observation(2, { 'rtc/executed': 1, 'rtc/delay': 3 }));
+    expect((after.actions as NDArray).shape).toEqual([12, 5]);
+    expect(after.server_timing.rtc).toEqual({ mode: 'off', reason: 'the served weights changed shape since the previous chunk' });
+    // The chunk it just sent is of the new shape: the next request continues it.
+    expect((await robot.infer(observation(3, { 'rtc/executed': 1, 'rtc/delay': 3 }))).server_timing.rtc).toMatchObject({ mode: 'guided', delay: 3, overlap: 11 });
   }, 60_000);
 });
 

@@ -15,6 +15,7 @@ import { storedEngineModel } from '../jobs/base.ts';
 import { performance } from 'node:perf_hooks';
 import type { TemplatedApp } from 'uWebSockets.js';
 import { loadObservationDictionary } from '../../protocol/zstd.ts';
+import { ProtocolError } from '../../protocol/errors.ts';
 import { credentialOf, safeEqual } from '../auth.ts';
 import { HttpError, route, sendJson, statusLine, type Req } from '../http.ts';
 import { applyWeightsPush, createFolderPolicy, createPolicyServer, decodeWeightsPush, MAX_PUSH_BYTES, mountPolicySocket, randomSeed, type PolicyServer } from '../policy/index.ts';
@@ -134,6 +135,9 @@ export async function answerInfer(deps: InferenceDeps, r: Req, t: Target, value:
   const seed = obs.seed ?? randomSeed();
   delete obs.seed;
   if (typeof seed !== 'number' || !Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) throw new HttpError(400, `seed must be an integer in 0..4294967295, got ${JSON.stringify(seed)}`);
+  // Real-time chunking continues the connection's last chunk: a request here has no connection to keep it.
+  const rtcKey = Object.keys(obs).find((k) => k.startsWith('rtc/'));
+  if (rtcKey) throw new ProtocolError('bad_request', `${rtcKey}: real-time chunking needs the policy websocket (this route's /policy instead of /infer), which keeps each connection's last chunk; this HTTP route answers plain chunks and takes no rtc/ keys`);
   if (format === 'json') jsonFrames(obs);
   const got = await deps.served.acquire(t.key, t.load, t.alive);
   const t0 = performance.now();

@@ -59,11 +59,14 @@ function setting(name: string, raw: string, kind: 'mode' | 'hz' | 'delay' | 'sch
 /**
  * `base` with the RTC settings of a connection's query (`rtc`, `control_hz`, `rtc_delay`,
  * `rtc_schedule`, `rtc_max_guidance`) or of a server's flags (the same names).
- * @throws RangeError naming the parameter and what it accepts.
+ * @throws RangeError naming the parameter and what it accepts, or one given more than once (`getAll`).
  */
-export function rtcSettings(base: Readonly<RtcSettings>, given: { get(name: string): string | null | undefined }): RtcSettings {
+export function rtcSettings(base: Readonly<RtcSettings>, given: { get(name: string): string | null | undefined; getAll?(name: string): string[] }): RtcSettings {
   const out: RtcSettings = { ...base };
   const take = (name: string, kind: Parameters<typeof setting>[2]) => {
+    // `?rtc=off&rtc=guided` is ambiguous: refused rather than silently taking the first.
+    const all = given.getAll?.(name) ?? [];
+    if (all.length > 1) throw new RangeError(`${name} is given ${all.length} times (${all.map((v) => JSON.stringify(v)).join(', ')}); give it once`);
     const raw = given.get(name);
     return raw === null || raw === undefined ? undefined : setting(name, raw, kind);
   };
@@ -95,6 +98,8 @@ export const RTC_KEYS: Readonly<Record<string, string>> = Object.freeze({
 });
 
 function scalar(key: string, v: unknown): number {
+  // numpy's bool (np.bool_, a bool array) is no count, as Python's True is not: Number() would make it 1.
+  if ((v instanceof NpScalar || v instanceof NDArray) && v.dtype.endsWith('b1')) throw new ProtocolError('bad_request', `${key} must be a number; got a numpy bool`);
   const x = v instanceof NpScalar ? Number(v.value) : v instanceof NDArray && v.data.length === 1 ? Number(v.data[0]) : v;
   if (typeof x !== 'number' || !Number.isFinite(x)) throw new ProtocolError('bad_request', `${key} must be a number; got ${x === null ? 'nil' : typeof x === 'number' ? x : typeof x}`);
   return x;
@@ -136,6 +141,8 @@ export interface RtcPlan {
   mode: RtcMode | 'off';
   reason?: string;
   previous?: Float32Array;
+  /** `previous`'s [horizon, actionDim] as sent: weights pushed since may answer another shape of the same size. */
+  previousShape?: readonly [number, number];
   executed: number;
   delay: number;
   delaySource: 'client' | 'setting' | 'measured';
@@ -171,7 +178,7 @@ const GUIDED_COST = 2;
  * answer times (arrival to send, ms) and websocket round trip.
  */
 export class RtcConnection {
-  private last: { actions: Float32Array; sentMs: number } | null = null;
+  private last: { actions: Float32Array; shape: readonly [number, number]; sentMs: number } | null = null;
   private totals: Record<'plain' | RtcMode, number[]> = { plain: [], guided: [], prefix: [] };
   private rttMs: number | null = null;
   private pingMs: number | null = null;
@@ -193,11 +200,11 @@ export class RtcConnection {
   }
 
   /**
-   * An answer with robot actions `actions` was sent at `sentMs`, `totalMs` after its observation
-   * arrived, sampled as `kind` (plain, or the RTC mode it ran).
+   * An answer with robot actions `actions` ([horizon, actionDim] `shape`) was sent at `sentMs`,
+   * `totalMs` after its observation arrived, sampled as `kind` (plain, or the RTC mode it ran).
    */
-  answered(actions: Float32Array, sentMs: number, totalMs: number, kind: 'plain' | RtcMode): void {
-    this.last = { actions, sentMs };
+  answered(actions: Float32Array, shape: readonly [number, number], sentMs: number, totalMs: number, kind: 'plain' | RtcMode): void {
+    this.last = { actions, shape, sentMs };
     const t = this.totals[kind];
     t.push(totalMs);
     if (t.length > RECENT) t.shift();
@@ -234,6 +241,6 @@ export class RtcConnection {
     }
     delay = Math.min(delay, overlap);
     const weights = mode === 'guided' ? Array.from(rtcWeights(horizon, delay, overlap, s.schedule)) : Array.from({ length: horizon }, (_, i) => (i < delay ? 1 : 0));
-    return { ...base, mode, previous: this.last.actions, delay, delaySource, overlap, weights };
+    return { ...base, mode, previous: this.last.actions, previousShape: this.last.shape, delay, delaySource, overlap, weights };
   }
 }

@@ -385,7 +385,9 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         v.meta.model.encodePrompt?.(datum.prompt, datum.state);
         let plan = rtcPlan ?? null;
         // Weights swapped in since the previous chunk may answer another shape: that chunk cannot be continued.
-        if (plan && plan.mode !== 'off' && plan.previous!.length !== v.meta.actionHorizon * v.meta.actionDim) plan = { ...plan, mode: 'off', reason: 'the served weights changed shape since the previous chunk' };
+        // (compared by shape: 16 x 26 and 13 x 32 have the same size, and the old chunk would be read as the new shape).
+        const [ph, pa] = plan?.previousShape ?? [0, 0];
+        if (plan && plan.mode !== 'off' && (ph !== v.meta.actionHorizon || pa !== v.meta.actionDim)) plan = { ...plan, mode: 'off', reason: 'the served weights changed shape since the previous chunk' };
         const chunk = plan && plan.mode !== 'off' ? datumChunk(plan, v.meta, parsed.state) : null;
         const submittedMs = performance.now();
         const r = await batcher.submit(datum, seed, { v, chunk } satisfies Tag);
