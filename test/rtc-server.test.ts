@@ -174,7 +174,8 @@ describe('real-time chunking over the policy websocket', () => {
     const good = await connect(server);
     await good.infer(observation(1));
     for (const [extra, text] of [
-      [{ 'rtc/executed': -1 }, 'rtc/executed is -1; expected an integer in 0..1024'],
+      [{ 'rtc/executed': -1 }, 'rtc/executed is -1; expected an integer in 0..1000000'],
+      [{ 'rtc/delay': 1025 }, 'rtc/delay is 1025; expected an integer in 0..1024'],
       [{ 'rtc/executed': 'three' }, 'rtc/executed must be a number; got string'],
       [{ 'rtc/control_hz': 0 }, 'rtc/control_hz is 0; expected a rate in Hz, > 0 and <= 10000'],
       [{ 'rtc/speed': 1 }, 'unknown key rtc/speed; the real-time chunking keys are rtc/executed, rtc/control_hz, rtc/delay'],
@@ -198,6 +199,12 @@ describe('real-time chunking over the policy websocket', () => {
     // The good connection and its chunk state are untouched.
     const ans = await good.infer(observation(2, { 'rtc/executed': 1, 'rtc/delay': 2 }));
     expect(ans.server_timing.rtc).toMatchObject({ mode: 'guided', delay: 2 });
+    // OpenPI's episode_start: the last chunk belongs to the old episode; the first request of the new one is plain.
+    expect(await good.infer({ __ctrl__: 'episode_start' })).toEqual({ __ack__: 'episode_start' });
+    expect((await good.infer(observation(3, { 'rtc/executed': 1 }))).server_timing.rtc).toEqual({
+      mode: 'off', reason: 'a new episode started on this connection (episode_start / episode_end): no previous answer in it yet',
+    });
+    expect((await good.infer(observation(4, { 'rtc/executed': 1, 'rtc/delay': 1 }))).server_timing.rtc).toMatchObject({ mode: 'guided', delay: 1 });
   }, 60_000);
 });
 
@@ -244,5 +251,7 @@ describe('vela policy RTC flags', () => {
     expect(() => parsePolicyArgs(['ck', '--control-hz', '0'])).toThrow('--control-hz 0: must be a rate in Hz, > 0 and <= 10000');
     expect(() => parsePolicyArgs(['ck', '--rtc-delay', '2.5'])).toThrow('--rtc-delay 2.5: must be an integer number of control steps in 0..1024');
     expect(() => parsePolicyArgs(['ck', '--rtc', 'on'])).toThrow('--rtc on: must be auto, guided, prefix or off');
+    expect(() => parsePolicyArgs(['ck', '--rtc-max-guidance', '50'])).toThrow('--rtc-max-guidance 50: must be a number in 0..20');
+    expect(() => parsePolicyArgs(['ck', '--control-hz', '0x1e'])).toThrow('--control-hz 0x1e: must be a rate in Hz, > 0 and <= 10000');
   });
 });

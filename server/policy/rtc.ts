@@ -32,7 +32,16 @@ export const DEFAULT_RTC_SETTINGS: Readonly<RtcSettings> = Object.freeze({ mode:
 /** Largest accepted control rate, delay and β (sanity bounds on client input). */
 const MAX_HZ = 10_000;
 const MAX_DELAY = 1024;
-const MAX_GUIDANCE = 1000;
+const MAX_EXECUTED = 1_000_000;
+/**
+ * β above this overshoots: the guidance term moves x by up to β / num_steps of the weighted error
+ * per Euler step, so at 10 steps β ~ 20 is about where a step starts to jump past the old chunk
+ * (β 50 still held it, 1000 threw actions to 6x the chunk's range). The paper uses 5.
+ */
+const MAX_GUIDANCE = 20;
+
+/** A plain decimal number (Number() would also take '0x1e', '1e2', ' 30 '). */
+const DECIMAL = /^\d+(\.\d+)?$/;
 
 /** Checks one setting; returns its value or throws RangeError naming it and what it accepts. */
 function setting(name: string, raw: string, kind: 'mode' | 'hz' | 'delay' | 'schedule' | 'beta'): unknown {
@@ -45,13 +54,13 @@ function setting(name: string, raw: string, kind: 'mode' | 'hz' | 'delay' | 'sch
       if (raw !== 'exp' && raw !== 'linear') throw new RangeError(`${name} is ${JSON.stringify(raw)}; expected exp or linear`);
       return raw;
     case 'hz':
-      if (raw === '' || !(num > 0 && num <= MAX_HZ)) throw new RangeError(`${name} is ${JSON.stringify(raw)}; expected a rate in Hz, > 0 and <= ${MAX_HZ}`);
+      if (!DECIMAL.test(raw) || !(num > 0 && num <= MAX_HZ)) throw new RangeError(`${name} is ${JSON.stringify(raw)}; expected a rate in Hz, > 0 and <= ${MAX_HZ}`);
       return num;
     case 'delay':
       if (!/^\d+$/.test(raw) || num > MAX_DELAY) throw new RangeError(`${name} is ${JSON.stringify(raw)}; expected an integer number of control steps in 0..${MAX_DELAY}`);
       return num;
     case 'beta':
-      if (raw === '' || !(num >= 0 && num <= MAX_GUIDANCE)) throw new RangeError(`${name} is ${JSON.stringify(raw)}; expected a number in 0..${MAX_GUIDANCE}`);
+      if (!DECIMAL.test(raw) || !(num >= 0 && num <= MAX_GUIDANCE)) throw new RangeError(`${name} is ${JSON.stringify(raw)}; expected a number in 0..${MAX_GUIDANCE}`);
       return num;
   }
 }
@@ -118,7 +127,8 @@ export function takeRtcKeys(obs: Record<string, unknown>): RtcKeys {
     delete obs[key];
     const x = scalar(key, v);
     if (key === 'rtc/executed' || key === 'rtc/delay') {
-      if (!Number.isInteger(x) || x < 0 || x > MAX_DELAY) throw new ProtocolError('bad_request', `${key} is ${x}; expected an integer in 0..${MAX_DELAY}`);
+      const max = key === 'rtc/executed' ? MAX_EXECUTED : MAX_DELAY;
+      if (!Number.isInteger(x) || x < 0 || x > max) throw new ProtocolError('bad_request', `${key} is ${x}; expected an integer in 0..${max}`);
       if (key === 'rtc/executed') keys.executed = x;
       else keys.delay = x;
     } else if (key === 'rtc/control_hz') {
@@ -182,6 +192,8 @@ export class RtcConnection {
   private totals: Record<'plain' | RtcMode, number[]> = { plain: [], guided: [], prefix: [] };
   private rttMs: number | null = null;
   private pingMs: number | null = null;
+  /** Why there is no last chunk (for the answer's reason). */
+  private noLast = 'no previous answer on this connection yet';
 
   constructor(readonly settings: RtcSettings) {}
 
@@ -197,6 +209,12 @@ export class RtcConnection {
     if (this.pingMs === null) return;
     this.rttMs = nowMs - this.pingMs;
     this.pingMs = null;
+  }
+
+  /** A new episode (OpenPI's episode_start / episode_end): the last chunk is not the robot's any more. */
+  newEpisode(): void {
+    this.last = null;
+    this.noLast = 'a new episode started on this connection (episode_start / episode_end): no previous answer in it yet';
   }
 
   /**
@@ -224,7 +242,7 @@ export class RtcConnection {
     const mode: RtcMode | 'off' = s.mode === 'auto' ? (rtcMaxDelay > 0 ? 'prefix' : 'guided') : s.mode;
     const base = { executed: keys.executed, delay: 0, delaySource: 'measured' as const, overlap: 0, controlHz: s.controlHz, weights: [] as number[], schedule: s.schedule, maxGuidance: s.maxGuidance };
     if (mode === 'off') return { ...base, mode, reason: 'real-time chunking is off for this connection (rtc=off)' };
-    if (!this.last) return { ...base, mode: 'off', reason: 'no previous answer on this connection yet' };
+    if (!this.last) return { ...base, mode: 'off', reason: this.noLast };
     const overlap = Math.max(0, horizon - keys.executed);
     if (overlap === 0) return { ...base, mode: 'off', reason: `rtc/executed is ${keys.executed}: the previous chunk of ${horizon} actions is used up` };
     let delay: number;

@@ -225,6 +225,7 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
       conn.queue.push(entry);
       if ('__ctrl__' in obs) {
         const ctrl = obs.__ctrl__;
+        if (ctrl === 'episode_start' || ctrl === 'episode_end') conn.rtc.newEpisode();
         entry.answer = packNumpy({ __ack__: ctrl === 'episode_start' || ctrl === 'episode_end' ? ctrl : 'ignored' });
         return flush(conn);
       }
