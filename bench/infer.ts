@@ -9,7 +9,7 @@
  *     weights for the small presets, the contract init (the same values as Vela's) for the real
  *     tiny configs; prefix keys/values once, 10 Euler steps, the same noise, on as many threads as
  *     TensorFlow's intra-op pool; the largest difference of the actions from Vela's is recorded;
- *  3. the policy server's round trip (an OpenPI client, bench/openpi-client.ts) on flow05-tiny:
+ *  3. the policy server's round trip (an OpenPI client, protocol/policy-client.ts) on flow05-tiny:
  *     1 and 3 cameras, JPEG and RAW frames, batch 1 (one client) and 8 (eight clients sending at
  *     once, which the server's batcher runs as one engine call), against PyTorch's sampling of
  *     the same batch size and cameras.
@@ -28,7 +28,7 @@ import { encodeSafetensors, type SafeTensor } from '../kernels/safetensors.ts';
 import { makeConfig } from '../kernels/small/config.ts';
 import { BaseWeights, sampleActions } from '../kernels/trainer.ts';
 import { toDatums, toModelBatch, type RawSample } from './data.ts';
-import { OpenPiClient } from './openpi-client.ts';
+import { PolicyConnection } from '../protocol/policy-client.ts';
 import { makeCheckpoint, observationMessage } from './policy.ts';
 import type { InferLatency, InferResult, InferRoundTripRow, InferSampleRow, InferTorchRow } from './schema.ts';
 import { ServerProc } from './server-proc.ts';
@@ -145,7 +145,7 @@ export async function runInfer(opts: InferOptions): Promise<InferResult> {
   const torchWhy = torchUnavailable();
   let torch: TorchProcess | null = null;
   let server: ServerProc | null = null;
-  const clients: OpenPiClient[] = [];
+  const clients: PolicyConnection[] = [];
   const bases: BaseWeights<any, any>[] = [];
   try {
     // Vela's sampler rows: per model, its backends; graphs on and off where the home backend is native.
@@ -223,11 +223,11 @@ export async function runInfer(opts: InferOptions): Promise<InferResult> {
     server = await ServerProc.start(SERVED);
     const ckpt = await makeCheckpoint(server, SERVED, opts.samples.slice(0, 2), 'full');
     const url = await server.startPolicy(ckpt);
-    for (let i = 0; i < BATCH8; i++) clients.push(await OpenPiClient.connect(url));
+    for (let i = 0; i < BATCH8; i++) clients.push(await PolicyConnection.open(url));
     // Batch 1 is a lone robot: a policy server of its own with one client connected. (With other
     // robots connected but silent, the batcher holds a request up to its window, 5 ms, for company.)
     const loneUrl = await server.startPolicy(ckpt, true);
-    const lone = await OpenPiClient.connect(loneUrl);
+    const lone = await PolicyConnection.open(loneUrl);
     clients.push(lone);
     // The policy servers' batcher counts (GET /stats): how many engine calls a row's requests made.
     const statsOf = (u: string) => `${u.replace(/^ws/, 'http').replace(/\/$/, '')}/stats`;

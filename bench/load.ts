@@ -9,7 +9,7 @@
  * before the sessions open, after each has stepped once, when the load stops, after they close.
  */
 import { VelaClient, type Datum, type SessionConnection } from '../protocol/client.ts';
-import { OpenPiClient } from './openpi-client.ts';
+import { PolicyConnection } from '../protocol/policy-client.ts';
 import { slope, summarize, timeCalls } from './stats.ts';
 import type { LoadResult, MemorySample } from './schema.ts';
 import type { ServerProc } from './server-proc.ts';
@@ -52,7 +52,7 @@ export async function runLoad(server: ServerProc, setup: LoadSetup): Promise<Loa
     if (errors.length < 5) errors.push((e as Error).message);
   };
   const before = (await server.stats()).tensors;
-  const policies = setup.policyUrl && setup.policyMessage ? await Promise.all(Array.from({ length: setup.policyClients }, () => OpenPiClient.connect(setup.policyUrl!))) : [];
+  const policies = setup.policyUrl && setup.policyMessage ? await Promise.all(Array.from({ length: setup.policyClients }, () => PolicyConnection.open(setup.policyUrl!))) : [];
   // The idle phase: one client, nothing else running (the other clients are connected but silent).
   const idleMs: number[] = [];
   const idleEngineMs: number[] = [];

@@ -9,7 +9,7 @@ import { encodeFrame } from '../protocol/frames.ts';
 import { ndarray, packNumpy } from '../protocol/ndarray.ts';
 import { initZstd, loadObservationDictionary, zstdCompress, zstdDecompress } from '../protocol/zstd.ts';
 import { CAMERA_NAMES, toDatums, type RawSample } from './data.ts';
-import { OpenPiClient } from './openpi-client.ts';
+import { PolicyConnection } from '../protocol/policy-client.ts';
 import { summarize, timeCalls } from './stats.ts';
 import type { PolicyRow } from './schema.ts';
 import type { ServerProc } from './server-proc.ts';
@@ -63,7 +63,7 @@ export async function observationMessage(sample: RawSample, cameras: number, v: 
 
 /** Latency rows for 1 and 3 cameras x the variants, `requests` timed each. */
 export async function runPolicy(wsUrl: string, sample: RawSample, requests: number, notes: string[]): Promise<PolicyRow[]> {
-  const client = await OpenPiClient.connect(wsUrl);
+  const client = await PolicyConnection.open(wsUrl);
   const rows: PolicyRow[] = [];
   try {
     for (const cameras of [1, 3]) {

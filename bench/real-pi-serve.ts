@@ -4,7 +4,7 @@
  *
  * 1. `vela policy --base DIR`: start-up (load) time, then OpenPI observations (G1 frames, 480x640
  *    JPEG, 1 and 3 cameras, the 26-dim state, the task) over the websocket with
- *    bench/openpi-client.ts (OpenPI's wire protocol); round trip per request and peak RSS.
+ *    protocol/policy-client.ts (OpenPI's wire protocol); round trip per request and peak RSS.
  * 2. `vela serve` and a LoRA training session on the same base (openpi's ranks 16 / 32, the
  *    server's default): forward_backward + optim_step at batch 1 (one G1 datum, one camera)
  *    through the session websocket; step time and peak RSS. Skipped, with the memory estimate
@@ -27,7 +27,7 @@ import { VelaClient } from '../protocol/client.ts';
 import { encodeFrame } from '../protocol/frames.ts';
 import { ndarray, packNumpy } from '../protocol/ndarray.ts';
 import { CAMERA_NAMES, g1Samples, toDatums } from './data.ts';
-import { OpenPiClient } from './openpi-client.ts';
+import { PolicyConnection } from '../protocol/policy-client.ts';
 import { realPiConfigFromHub } from '../kernels/pi/config.ts';
 import { estimateMemory } from '../kernels/pi/memory.ts';
 import { availableMemory, checkFits } from '../server/models/memory.ts';
@@ -104,7 +104,7 @@ async function policyPart(result: Record<string, unknown>): Promise<void> {
   try {
     const samples = await g1Samples(Number(values.requests) + 1, 3, 10);
     for (const cameras of values.cameras.split(',').map(Number)) {
-      const client = await OpenPiClient.connect(match[1]!);
+      const client = await PolicyConnection.open(match[1]!);
       const times: number[] = [];
       for (let i = 0; i < samples.length; i++) {
         const s = samples[i]!;
@@ -113,7 +113,7 @@ async function policyPart(result: Record<string, unknown>): Promise<void> {
         const t0 = performance.now();
         const answer = await client.infer(packNumpy(obs));
         const t = performance.now() - t0;
-        if (i === 0) console.log(`policy: ${cameras} camera(s): actions [${(answer.actions as { shape: number[] }).shape}] (warm-up ${t.toFixed(0)} ms)`);
+        if (i === 0) console.log(`policy: ${cameras} camera(s): actions [${answer.actions.shape}] (warm-up ${t.toFixed(0)} ms)`);
         else times.push(t);
       }
       await client.close();

@@ -70,7 +70,7 @@ with the query parameter in brackets:
                         (default: none until a robot sends rtc/control_hz)
   --rtc-delay N         plan for a fixed delay of N control steps instead of measuring [rtc_delay]
   --rtc-schedule S      exp | linear: how guidance weights fall over the overlap [rtc_schedule] (default exp)
-  --rtc-max-guidance B  the cap on the guidance weight [rtc_max_guidance] (default 5)
+  --rtc-max-guidance B  the cap on the guidance weight, 0..20 [rtc_max_guidance] (default 5)
   -h, --help            this text
 `;
 
