@@ -132,3 +132,25 @@ export function mse(a: Float32Array, b: Float32Array): number {
 export function mean(xs: readonly number[]): number {
   return xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : NaN;
 }
+
+/**
+ * The closed-state replay's proprioception (bench/rtc.ts `--loop state`): a robot that reaches
+ * the joint positions it was commanded. The state reported at step T is the recorded state of
+ * step T moved by how far the executed action of step T - 1 differed from the recorded one, on
+ * each state dim that an action dim commands; other state dims stay as recorded.
+ * @param recordedState [stateDim] the dataset's state at step T (robot units).
+ * @param executed [actionDim] the action the simulated robot executed at step T - 1.
+ * @param recordedAction [actionDim] the dataset's action at step T - 1.
+ * @param pairs [actionIndex, stateIndex] pairs (the dataset's action/state name pairs).
+ * @returns a new [stateDim] array.
+ * @throws RangeError for executed and recorded actions of different lengths or a pair outside the arrays.
+ */
+export function closedLoopState(recordedState: Float32Array, executed: Float32Array, recordedAction: Float32Array, pairs: readonly (readonly [number, number])[]): Float32Array {
+  if (executed.length !== recordedAction.length) throw new RangeError(`executed action has ${executed.length} dims, the recorded one ${recordedAction.length}`);
+  const out = Float32Array.from(recordedState);
+  for (const [a, s] of pairs) {
+    if (!(a >= 0 && a < executed.length && s >= 0 && s < out.length)) throw new RangeError(`pair [${a}, ${s}] is outside ${executed.length} action and ${out.length} state dims`);
+    out[s] = recordedState[s]! + (executed[a]! - recordedAction[a]!);
+  }
+  return out;
+}

@@ -1,14 +1,19 @@
 /**
  * Real-time chunking replay on held-out G1 episodes (issue 26).
  *
- *   npx tsx bench/rtc.ts [--quick] [--s 8] [--delays 0,1,2,4,6,8] [--beta 5] [--m 0.01]
+ *   npx tsx bench/rtc.ts [--quick] [--loop open|state] [--s 8] [--delays 0,1,2,4,6,8] [--beta 5] [--m 0.01]
  *
  * Trains (once; cached under .scratch/rtc/) two flow0-tiny policies on split A of
  * ../shared/datasets/g1_pick_bottle (bench/rtc-train.ts): P, the job's recipe, and R, the same
  * recipe with training-time RTC (rtcMaxDelay 8). Then replays the held-out episodes 4, 7, 12 as a
  * simulated robot at 30 Hz, open loop: chunk c is asked for with the recorded observation (camera
  * + state) of step c * s and arrives d steps later, the robot executing the old chunk meanwhile
- * (bench/rtc-math.ts has the timing). Modes, every one with the same noise per request:
+ * (bench/rtc-math.ts has the timing). `--loop state` closes the loop on proprioception: the state
+ * observed at step T is the recorded one plus the executed-minus-recorded action of step T - 1 on
+ * the state dims the action dims command (same names; G1: all 26 joints), a robot that reaches its
+ * commanded positions; the camera frames stay the recorded ones. Each mode and d then has its own
+ * states, hence its own chunks (one datum each in the request's batch, the same noise).
+ * Modes, every one with the same noise per request:
  *   switch     P's plain chunk, switched to at once (from its row d);
  *   ensemble   P's plain chunks, ACT's temporal ensembling (weights exp(-m j), oldest first);
  *   guided     P, guided RTC: the old chunk (shifted by s = the executed count, in model space
@@ -21,7 +26,8 @@
  * steps where a chunk begins (ensembling: where its set of chunks changes), also over the
  * recorded data's own mean step-to-step change; the MSE of the executed actions to the recorded
  * ones; and batch-1 inference times (graphs on, as served), the kinds in turns.
- * Writes bench/results/rtc.json and rtc-traces.svg, and prints the table (bench/results/README.md
+ * Writes bench/results/rtc.json and rtc-traces.svg (--loop state: rtc-state.json and
+ * rtc-state-traces.svg), and prints the table (bench/results/README.md
  * holds the one of the last full run). --quick: 40 training steps (its own cache), one episode's
  * first 120 steps, d in 0,4,8, a few timing rounds; writes nothing.
  */
@@ -36,7 +42,7 @@ import type { TrainingState } from '../kernels/trainer.ts';
 import { makeDatum, openDataset, pairsFor, type Dataset } from '../server/datasets/index.ts';
 import { toBatch } from '../server/jobs/datums.ts';
 import { G1, HELD_OUT } from './recipe-split.ts';
-import { executeEnsembling, executeSwitching, mean, meanStepChange, mse, stepJumps, type Execution } from './rtc-math.ts';
+import { closedLoopState, executeEnsembling, executeSwitching, mean, meanStepChange, mse, stepJumps, type Execution } from './rtc-math.ts';
 import { g1Setup, readLoad, recipeKey, RTC_CACHE, RTC_STEPS, rtcRecipes, trainedPolicy, type TrainedMeta } from './rtc-train.ts';
 import { tracesSvg } from './svg.ts';
 
@@ -44,12 +50,15 @@ const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const RESULTS = path.join(REPO, 'bench/results');
 const say = (l: string) => process.stderr.write(`[rtc ${new Date().toISOString().slice(11, 19)}] ${l}\n`);
 
-const USAGE = `Usage: npx tsx bench/rtc.ts [--quick] [--s N] [--delays LIST] [--beta X] [--schedule exp|linear] [--m X] [--steps N] [--timing-rounds N]
+const USAGE = `Usage: npx tsx bench/rtc.ts [--quick] [--loop open|state] [--s N] [--delays LIST] [--beta X] [--schedule exp|linear] [--m X] [--steps N] [--timing-rounds N]
 
 Replays the held-out G1 episodes ${HELD_OUT.join(', ')} as a robot at 30 Hz that asks for a chunk every s
 steps and gets it d steps later: switching at once, temporal ensembling, guided RTC (policy P) and
 trained RTC (policy R, rtc_max_delay 8). Trains P and R first (flow0-tiny, --steps each, ~7 min
 each on 2 cores) unless .scratch/rtc/ has them. Needs ../shared/datasets/g1_pick_bottle.
+  --loop L           open (default): every request observes the recorded state; state: the state follows
+                     the executed actions (recorded state + executed - recorded action of the step before,
+                     on the joints the actions command), camera frames still the recorded ones
   --s N              actions of a chunk executed before asking for the next (default 8 = horizon / 2)
   --delays LIST      delays d in control steps (default 0,1,2,3,4,5,6,7,8; s + d <= 16)
   --beta X           guided RTC's guidance cap (default 5)
@@ -57,9 +66,12 @@ each on 2 cores) unless .scratch/rtc/ has them. Needs ../shared/datasets/g1_pick
   --m X              temporal ensembling's exp(-m j) weights, oldest first (default 0.01, ACT's)
   --steps N          training steps per policy (default 1500, the job's recipe; batch 32)
   --timing-rounds N  batch-1 inference timing rounds, each kind once per round (default 30)
-  --name NAME        results as bench/results/NAME.json and NAME-traces.svg (default rtc)
+  --name NAME        results as bench/results/NAME.json and NAME-traces.svg (default rtc; rtc-state for --loop state)
   --quick            smoke run: 40 training steps, one episode's first 120 steps, d 0,4,8; writes nothing
 `;
+
+/** open: every request observes the recorded state; state: the state follows what was executed (closedLoopState). */
+type Loop = 'open' | 'state';
 
 type Mode = 'switch' | 'ensemble' | 'guided' | 'trained' | 'switch_r';
 const MODES: Mode[] = ['switch', 'ensemble', 'guided', 'trained', 'switch_r'];
@@ -80,12 +92,12 @@ interface Row {
   mse_vs_switch: number;
 }
 
-interface Options { name: string; s: number; delays: number[]; beta: number; schedule: RtcSchedule; m: number; steps: number; timingRounds: number; quick: boolean }
+interface Options { name: string; loop: Loop; s: number; delays: number[]; beta: number; schedule: RtcSchedule; m: number; steps: number; timingRounds: number; quick: boolean }
 
 function parse(argv: string[]): Options | null {
   const { values } = parseArgs({ args: argv, options: {
     help: { type: 'boolean' }, quick: { type: 'boolean', default: false }, s: { type: 'string', default: '8' }, delays: { type: 'string' }, beta: { type: 'string', default: '5' },
-    schedule: { type: 'string', default: 'exp' }, m: { type: 'string', default: '0.01' }, steps: { type: 'string' }, 'timing-rounds': { type: 'string' }, name: { type: 'string', default: 'rtc' },
+    schedule: { type: 'string', default: 'exp' }, m: { type: 'string', default: '0.01' }, steps: { type: 'string' }, 'timing-rounds': { type: 'string' }, name: { type: 'string' }, loop: { type: 'string', default: 'open' },
   } });
   if (values.help) return null;
   const quick = values.quick!;
@@ -96,8 +108,10 @@ function parse(argv: string[]): Options | null {
   };
   const schedule = values.schedule as RtcSchedule;
   if (schedule !== 'exp' && schedule !== 'linear') throw new Error(`--schedule is ${schedule}; expected exp or linear`);
+  const loop = values.loop as Loop;
+  if (loop !== 'open' && loop !== 'state') throw new Error(`--loop is ${loop}; expected open or state`);
   return {
-    name: values.name!, s: num('s', values.s!), delays: (values.delays ?? (quick ? '0,4,8' : '0,1,2,3,4,5,6,7,8')).split(',').map((x) => num('delays', x)), beta: num('beta', values.beta!), schedule, m: num('m', values.m!),
+    name: values.name ?? (loop === 'state' ? 'rtc-state' : 'rtc'), loop, s: num('s', values.s!), delays: (values.delays ?? (quick ? '0,4,8' : '0,1,2,3,4,5,6,7,8')).split(',').map((x) => num('delays', x)), beta: num('beta', values.beta!), schedule, m: num('m', values.m!),
     steps: num('steps', values.steps ?? (quick ? '40' : String(RTC_STEPS))), timingRounds: num('timing-rounds', values['timing-rounds'] ?? (quick ? '3' : '30')), quick,
   };
 }
@@ -136,8 +150,24 @@ const repeat = (x: Float32Array, k: number) => {
   return out;
 };
 
-/** Every mode's chunks (robot units) for one episode: chunks[mode][d index][c]. */
-async function episodeChunks(ds: Dataset, e: number, length: number, setup: ReturnType<typeof g1Setup>, P: TrainingState, R: TrainingState, o: Options) {
+/** How a mode's chunks are executed: ACT's ensembling for `ensemble`, else switching at once. */
+function executeMode(mode: Mode, chunks: readonly Float32Array[], s: number, d: number, H: number, ad: number, length: number, m: number): Execution {
+  return mode === 'ensemble' ? executeEnsembling(chunks, s, d, H, ad, length, m) : executeSwitching(chunks, s, d, H, ad, length);
+}
+
+/** The modes that sample P's or R's plain chunks (their own trajectories only in the closed-state loop). */
+const PLAIN: Record<'P' | 'R', Mode[]> = { P: ['switch', 'ensemble'], R: ['switch_r'] };
+
+/**
+ * Every mode's chunks (robot units) for one episode: chunks[mode][d index][c]. Open loop: each
+ * request sees the recorded state, so the plain chunks are one per request, shared by every d
+ * (and by switching and ensembling). Closed state (`--loop state`): each mode and d has its own
+ * state trajectory (closedLoopState: the recorded state plus the executed-minus-recorded action of
+ * the step before, on the paired dims), so every (mode, d) is its own datum in the request's
+ * batch; the camera frame stays the recorded one. The noise is one stream per request, the same
+ * for every mode and d, in both loops.
+ */
+async function episodeChunks(ds: Dataset, e: number, length: number, setup: ReturnType<typeof g1Setup>, P: TrainingState, R: TrainingState, o: Options): Promise<Record<Mode, Float32Array[][]>> {
   const { model } = setup;
   const H = model.horizon;
   const A = model.actionDim;
@@ -148,47 +178,66 @@ async function episodeChunks(ds: Dataset, e: number, length: number, setup: Retu
   const overlap = H - o.s;
   const table = ds.table(e);
   const n = Math.ceil(length / o.s);
-  const plainP: Float32Array[] = [];
-  const plainR: Float32Array[] = [];
-  const guided: Float32Array[][] = o.delays.map(() => []);
-  const trained: Float32Array[][] = o.delays.map(() => []);
+  const closed = o.loop === 'state';
+  // Every action dim commands the state dim of its name (G1: all 26, the same order).
+  const statePairs = pairsFor(ds.meta, 'delta');
+  const chunks = Object.fromEntries(MODES.map((m) => [m, o.delays.map(() => [] as Float32Array[])])) as Record<Mode, Float32Array[][]>;
   // Guided weights per d over the dataset's dims (0 on the padding); prefix: 1 on the first d rows, every dim.
   const gw = repeatRows(o.delays.map((d) => rtcWeights(H, d, overlap, o.schedule)), H, A, ad);
   const pw = repeatRows(o.delays.map((d) => Float32Array.from({ length: H }, (_, i) => (i < d ? 1 : 0))), H, A, A);
   for (let c = 0; c < n; c++) {
     const T = c * o.s;
     const datum = await makeDatum(ds, e, T, setup.datumOpts);
-    const raw = table.state.subarray(T * sd, (T + 1) * sd);
-    const one = toBatch(model, [datum], setup.cameras, setup.norm, setup.normalizer, ad);
-    const many = toBatch(model, o.delays.map(() => datum), setup.cameras, setup.norm, setup.normalizer, ad);
+    const rec = table.state.subarray(T * sd, (T + 1) * sd);
+    // The state each (mode, d) reports at step T: the recorded one in the open loop and before
+    // anything was executed (c = 0: every mode's first chunk is the plain one).
+    const stateOf = (mode: Mode, k: number): Float32Array => {
+      if (!closed || c === 0) return rec;
+      const x = executeMode(mode, chunks[mode][k]!, o.s, o.delays[k]!, H, ad, T, o.m).actions;
+      return closedLoopState(rec, x.subarray((T - 1) * ad, T * ad), table.action.subarray((T - 1) * ad, T * ad), statePairs);
+    };
+    const states = Object.fromEntries(MODES.map((m) => [m, o.delays.map((_, k) => stateOf(m, k))])) as Record<Mode, Float32Array[]>;
+    const batchOf = (xs: Float32Array[]) => toBatch(model, xs.map((state) => ({ ...datum, state })), setup.cameras, setup.norm, setup.normalizer, ad);
     // One noise per request, the same for every mode and d.
     const noise = new Rng(1_000_003 * e + c).normals(H * A);
-    const p = sp.toRobot(P.sample(one, { noise }), raw);
-    const r = sp.toRobot(R.sample(one, { noise }), raw);
-    plainP.push(p);
-    plainR.push(r);
-    if (c === 0) {
-      for (let k = 0; k < D; k++) {
-        guided[k]!.push(p);
-        trained[k]!.push(r);
+    const rows = (out: Float32Array, i: number) => out.subarray(i * H * A, (i + 1) * H * A);
+    if (!closed || c === 0) {
+      // Every plain mode and d sees the recorded state: one chunk per policy and request, shared.
+      const p = sp.toRobot(P.sample(batchOf([rec]), { noise }), rec);
+      const r = sp.toRobot(R.sample(batchOf([rec]), { noise }), rec);
+      for (const k of o.delays.keys()) {
+        for (const m of PLAIN.P) chunks[m][k]!.push(p);
+        for (const m of PLAIN.R) chunks[m][k]!.push(r);
+        if (c === 0) {
+          // Nothing to continue yet: the first chunk is the plain one in every mode.
+          chunks.guided[k]!.push(p);
+          chunks.trained[k]!.push(r);
+        }
       }
-      continue;
+    } else {
+      for (const [policy, modes] of [[P, PLAIN.P], [R, PLAIN.R]] as const) {
+        const xs = modes.flatMap((m) => states[m]);
+        const out = policy.sample(batchOf(xs), { noise: repeat(noise, xs.length) });
+        modes.forEach((m, j) => o.delays.forEach((_, k) => chunks[m][k]!.push(sp.toRobot(rows(out, j * D + k), states[m][k]!))));
+      }
     }
-    const prevOf = (chunks: Float32Array[][]) => {
+    if (c === 0) continue;
+    // The old chunk in the model's space relative to the state this request reports, shifted by the executed count s.
+    const prevOf = (mode: Mode) => {
       const out = new Float32Array(D * H * A);
-      for (let k = 0; k < D; k++) out.set(sp.toModel(shiftChunk(chunks[k]![c - 1]!, H, o.s), raw, overlap), k * H * A);
+      for (let k = 0; k < D; k++) out.set(sp.toModel(shiftChunk(chunks[mode][k]![c - 1]!, H, o.s), states[mode][k]!, overlap), k * H * A);
       return out;
     };
-    const g: ChunkPrefix = { mode: 'guided', actions: prevOf(guided), weights: gw, maxGuidance: o.beta };
-    const gOut = P.sample(many, { noise: repeat(noise, D), chunk: g });
-    const t: ChunkPrefix = { mode: 'prefix', actions: prevOf(trained), weights: pw };
-    const tOut = R.sample(many, { noise: repeat(noise, D), chunk: t });
+    const g: ChunkPrefix = { mode: 'guided', actions: prevOf('guided'), weights: gw, maxGuidance: o.beta };
+    const gOut = P.sample(batchOf(states.guided), { noise: repeat(noise, D), chunk: g });
+    const t: ChunkPrefix = { mode: 'prefix', actions: prevOf('trained'), weights: pw };
+    const tOut = R.sample(batchOf(states.trained), { noise: repeat(noise, D), chunk: t });
     for (let k = 0; k < D; k++) {
-      guided[k]!.push(sp.toRobot(gOut.subarray(k * H * A, (k + 1) * H * A), raw));
-      trained[k]!.push(sp.toRobot(tOut.subarray(k * H * A, (k + 1) * H * A), raw));
+      chunks.guided[k]!.push(sp.toRobot(rows(gOut, k), states.guided[k]!));
+      chunks.trained[k]!.push(sp.toRobot(rows(tOut, k), states.trained[k]!));
     }
   }
-  return { plainP, plainR, guided, trained };
+  return chunks;
 }
 
 /** Per-row weights [k][H] -> [k, H, A] with the first `dims` dims of each row set. */
@@ -263,14 +312,10 @@ async function main(o: Options): Promise<void> {
   const t0 = performance.now();
   for (const e of episodes) {
     const L = recorded.get(e)!.length / ad;
-    say(`episode ${e}: ${L} steps, ${Math.ceil(L / o.s)} requests, d in ${o.delays.join(',')}`);
+    say(`episode ${e}: ${L} steps, ${Math.ceil(L / o.s)} requests, d in ${o.delays.join(',')}, ${o.loop === 'state' ? 'closed state' : 'open loop'}`);
     const ch = await episodeChunks(ds, e, L, setup, P, R, o);
     o.delays.forEach((d, k) => {
-      put('switch', d, executeSwitching(ch.plainP, o.s, d, H, ad, L));
-      put('ensemble', d, executeEnsembling(ch.plainP, o.s, d, H, ad, L, o.m));
-      put('guided', d, executeSwitching(ch.guided[k]!, o.s, d, H, ad, L));
-      put('trained', d, executeSwitching(ch.trained[k]!, o.s, d, H, ad, L));
-      put('switch_r', d, executeSwitching(ch.plainR, o.s, d, H, ad, L));
+      for (const mode of MODES) put(mode, d, executeMode(mode, ch[mode][k]!, o.s, d, H, ad, L, o.m));
     });
   }
   const replayS = (performance.now() - t0) / 1000;
@@ -321,7 +366,7 @@ async function main(o: Options): Promise<void> {
   const joints = spread.map((s, k) => [s, k] as const).sort((a, b) => b[0] - a[0]).slice(0, 3).map(([, k]) => k);
   const col = (x: Float32Array, k: number) => Array.from({ length: L }, (_, t) => x[t * ad + k]!);
   const traceModes: Mode[] = ['switch', 'ensemble', 'guided', 'trained'];
-  const svg = tracesSvg(`G1 episode ${te} (held out), d = ${traceD}, s = ${o.s}: executed actions at 30 Hz vs recorded${traceD + o.s >= H ? ' (ensembling = switching here, drawn under it)' : ''}`, joints.map((k) => ({
+  const svg = tracesSvg(`G1 episode ${te} (held out), ${o.loop === 'state' ? 'closed state' : 'open loop'}, d = ${traceD}, s = ${o.s}: executed actions at 30 Hz vs recorded${traceD + o.s >= H ? ' (ensembling = switching here, drawn under it)' : ''}`, joints.map((k) => ({
     label: ds.meta.actionNames?.[k] ?? `action ${k}`,
     series: [{ label: 'recorded', values: col(rec, k) }, ...traceModes.map((m) => ({ label: MODE_LABEL[m], values: col(exec.get(`${m}/${traceD}`)![0]!.actions, k) }))],
   })), exec.get(`switch/${traceD}`)![0]!.splices, 'dataset units');
@@ -330,7 +375,10 @@ async function main(o: Options): Promise<void> {
   const out = {
     name: o.name, date: new Date().toISOString(), loadavg_start: load0, loadavg_end: load1, replay_s: replayS,
     setup: {
-      dataset: 'g1_pick_bottle (split A)', held_out: episodes, preset: base.preset, horizon: H, control_hz: ds.meta.fps, s: o.s, delays: o.delays, beta: o.beta, schedule: o.schedule, ensemble_m: o.m,
+      dataset: 'g1_pick_bottle (split A)', held_out: episodes, loop: o.loop,
+      observation: o.loop === 'state'
+        ? 'recorded camera frame; state = recorded state + (executed - recorded action of the step before) on the state dims named like action dims (all 26), per mode and d'
+        : 'recorded camera frame and state', preset: base.preset, horizon: H, control_hz: ds.meta.fps, s: o.s, delays: o.delays, beta: o.beta, schedule: o.schedule, ensemble_m: o.m,
       noise: 'one seeded N(0,1) stream per request (episode, c), the same for every mode and d', sample_steps: 10, metric_space: 'absolute actions, z-score with the training chunks\' absolute statistics (the job\'s held-out scoring space)',
       recorded_mean_step_change: stepChange,
     },

@@ -4,7 +4,7 @@
  * in `npx tsx bench/rtc.ts` (it needs ../shared and trained policies), not here.
  */
 import { describe, expect, it } from 'vitest';
-import { ensembleWeights, executeEnsembling, executeSwitching, meanStepChange, mse, stepJumps } from '../bench/rtc-math.ts';
+import { closedLoopState, ensembleWeights, executeEnsembling, executeSwitching, meanStepChange, mse, stepJumps } from '../bench/rtc-math.ts';
 import { tracesSvg } from '../bench/svg.ts';
 
 // Horizon 4, one action dim: chunk c holds 10c + i at row i (chunk c observed at step 2c).
@@ -23,6 +23,12 @@ describe('executeSwitching', () => {
     const x = executeSwitching(CHUNKS, 2, 0, 4, 1, 6);
     expect(Array.from(x.actions)).toEqual([0, 1, 10, 11, 20, 21]);
     expect(x.splices).toEqual([2, 4]);
+  });
+
+  it('executes the steps before chunk c * s from chunks 0..c-1 alone (what the closed-state loop reads before asking for chunk c)', () => {
+    const full = executeSwitching(CHUNKS, 2, 1, 4, 1, 6).actions;
+    expect(Array.from(executeSwitching(CHUNKS.slice(0, 2), 2, 1, 4, 1, 4).actions)).toEqual(Array.from(full.subarray(0, 4)));
+    expect(Array.from(executeEnsembling(CHUNKS.slice(0, 2), 2, 1, 4, 1, 4, 0).actions)).toEqual([0, 1, 2, 7]);
   });
 
   it('refuses a delay the old chunk does not cover, and too few chunks', () => {
@@ -50,6 +56,28 @@ describe('executeEnsembling', () => {
 
   it('is switching at once when the delay reaches the end of the overlap (d = horizon - s)', () => {
     expect(Array.from(executeEnsembling(CHUNKS, 2, 2, 4, 1, 6, 0.01).actions)).toEqual(Array.from(executeSwitching(CHUNKS, 2, 2, 4, 1, 6).actions));
+  });
+});
+
+describe('closedLoopState', () => {
+  it('moves each commanded state dim by the executed-minus-recorded action of the step before', () => {
+    // State (3 dims) at T: [0.5, -1, 2]; action dims 0 and 1 command state dims 2 and 0.
+    // Executed [0.3, 0.1] against recorded [0.25, 0.4]: state 2 += 0.05, state 0 -= 0.3; state 1 as recorded.
+    const s = closedLoopState(Float32Array.from([0.5, -1, 2]), Float32Array.from([0.3, 0.1]), Float32Array.from([0.25, 0.4]), [[0, 2], [1, 0]]);
+    expect(s[0]).toBeCloseTo(0.2, 6);
+    expect(s[1]).toBe(-1);
+    expect(s[2]).toBeCloseTo(2.05, 6);
+  });
+
+  it('is the recorded state when the robot executed the recorded action', () => {
+    const rec = Float32Array.from([0.5, -1, 2]);
+    const a = Float32Array.from([0.3, 0.1]);
+    expect(Array.from(closedLoopState(rec, a, a, [[0, 2], [1, 0]]))).toEqual(Array.from(rec));
+  });
+
+  it('refuses actions of different lengths and pairs outside the arrays', () => {
+    expect(() => closedLoopState(Float32Array.of(0), Float32Array.of(0, 1), Float32Array.of(0), [])).toThrow(/2 dims, the recorded one 1/);
+    expect(() => closedLoopState(Float32Array.of(0), Float32Array.of(0), Float32Array.of(0), [[0, 1]])).toThrow(/pair \[0, 1\] is outside/);
   });
 });
 
