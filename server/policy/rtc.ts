@@ -179,7 +179,7 @@ const RECENT = 4;
 /**
  * How much longer a guided answer takes than a plain one, for the estimate of a connection's
  * first guided request (no guided answer time yet): a backward pass per denoising step roughly
- * doubles the work (1.7-2.3x measured, bench/results/README.md "Real-time chunking").
+ * doubles the work (1.9-2.0x measured for flow0-tiny, bench/results/README.md "Real-time chunking: replay").
  */
 const GUIDED_COST = 2;
 
