@@ -43,6 +43,11 @@ const MAX_GUIDANCE = 20;
 /** A plain decimal number (Number() would also take '0x1e', '1e2', ' 30 '). */
 const DECIMAL = /^\d+(\.\d+)?$/;
 
+/** The mode a setting means for a checkpoint trained with `rtcMaxDelay` (0 = without): `auto` is prefix for one trained so, else guided. */
+export function rtcMode(setting: RtcSetting, rtcMaxDelay: number): RtcMode | 'off' {
+  return setting === 'auto' ? (rtcMaxDelay > 0 ? 'prefix' : 'guided') : setting;
+}
+
 /** Checks one setting; returns its value or throws RangeError naming it and what it accepts. */
 function setting(name: string, raw: string, kind: 'mode' | 'hz' | 'delay' | 'schedule' | 'beta'): unknown {
   const num = Number(raw);
@@ -239,7 +244,7 @@ export class RtcConnection {
     if (keys.controlHz !== null) this.settings.controlHz = keys.controlHz;
     if (keys.executed === null) return null;
     const s = this.settings;
-    const mode: RtcMode | 'off' = s.mode === 'auto' ? (rtcMaxDelay > 0 ? 'prefix' : 'guided') : s.mode;
+    const mode = rtcMode(s.mode, rtcMaxDelay);
     const base = { executed: keys.executed, delay: 0, delaySource: 'measured' as const, overlap: 0, controlHz: s.controlHz, weights: [] as number[], schedule: s.schedule, maxGuidance: s.maxGuidance };
     if (mode === 'off') return { ...base, mode, reason: 'real-time chunking is off for this connection (rtc=off)' };
     if (!this.last) return { ...base, mode: 'off', reason: this.noLast };

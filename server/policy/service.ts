@@ -27,7 +27,7 @@ import type { NormMode } from '../../kernels/normalize.ts';
 import { policyMeta, PolicyConfigError, type PolicyMeta } from './meta.ts';
 import type { ObservationOutOfRange } from './range-warning.ts';
 import { DEFAULT_POLICY_LIMITS, observationKeys, parseObservation, toDatum, toModelActions, toRobotActions, type PolicyLimits } from './observation.ts';
-import { DEFAULT_RTC_SETTINGS, RTC_KEYS, type RtcPlan, type RtcSettings } from './rtc.ts';
+import { DEFAULT_RTC_SETTINGS, RTC_KEYS, rtcMode, type RtcPlan, type RtcSettings } from './rtc.ts';
 import { shiftChunk, type RtcMode } from '../../kernels/rtc.ts';
 
 export interface PolicyServerOptions {
@@ -232,7 +232,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
       const lone = () => makeBatch(model, [datum], { maxPromptBytes: limits.maxPromptBytes, encodePrompt: model.encodePrompt });
       const batch = lone();
       await engine.call(v.engineId, 'infer', { batch, seeds: [0], numSteps: v.meta.numSteps }, batchBuffers(batch));
-      const mode = rtc.mode === 'auto' ? (v.meta.rtcMaxDelay > 0 ? 'prefix' : 'guided') : rtc.mode;
+      const mode = rtcMode(rtc.mode, v.meta.rtcMaxDelay);
       if (mode !== 'off') {
         const n = model.horizon * model.actionDim;
         const chunk = { mode, maxGuidance: rtc.maxGuidance, actions: new Float32Array(n), weights: new Float32Array(n) };
@@ -367,7 +367,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         live: isLive,
         // Real-time chunking (PROTOCOL.md section 6): what an observation with rtc/executed gets by default.
         rtc: {
-          mode: rtc.mode === 'auto' ? (meta.rtcMaxDelay > 0 ? 'prefix' : 'guided') : rtc.mode, control_hz: rtc.controlHz, delay: rtc.delay,
+          mode: rtcMode(rtc.mode, meta.rtcMaxDelay), control_hz: rtc.controlHz, delay: rtc.delay,
           schedule: rtc.schedule, max_guidance: rtc.maxGuidance, trained_max_delay: meta.rtcMaxDelay,
         },
       };
