@@ -429,6 +429,10 @@ if (!opts) {
   process.stdout.write(USAGE);
   process.exit(0);
 }
+if (!fs.existsSync(G1)) {
+  process.stderr.write(`rtc: the replay needs the G1 dataset (LeRobot v2.1, 15 episodes) at ${G1}, the project's ../shared/datasets/g1_pick_bottle beside the clone; it is not in a clone from a git host\n`);
+  process.exit(2);
+}
 main(opts).then(
   () => process.exit(0),
   (e) => {

@@ -18,6 +18,8 @@ import { fromWire, toWire, type NDArray } from './ndarray.ts';
 
 export { ActionQueue, type ActionQueueOptions, type Capture, type Splice } from './action-queue.ts';
 export { PolicyConnection, RealTimeChunking, type PolicyAnswer, type RealTimeChunkingOptions, type RtcTiming } from './policy-client.ts';
+// Observations are maps of NDArrays: `ndarray(data, shape)` makes one.
+export { ndarray, NDArray } from './ndarray.ts';
 
 /** An error answer of an op, or an HTTP error: `code` is the server's code (or the HTTP status). */
 export class VelaError extends Error {

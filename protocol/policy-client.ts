@@ -74,7 +74,21 @@ export class PolicyConnection {
       const ws = new WebSocket(url, { headers, perMessageDeflate: false, maxPayload: 0 });
       const conn = new PolicyConnection(ws);
       let opened = false;
-      ws.on('unexpected-response', (_req, res) => reject(new VelaError(String(res.statusCode), `policy connection refused: HTTP ${res.statusCode}`)));
+      // The refusal's body says why (`{"error": "rtc is \"maybe\"; expected ..."}`): pass it on.
+      ws.on('unexpected-response', (_req, res) => {
+        let body = '';
+        res.setEncoding('utf8');
+        res.on('data', (chunk: string) => (body += chunk.slice(0, 4096 - body.length)));
+        res.on('end', () => {
+          let why = body.trim();
+          try {
+            why = String((JSON.parse(body) as { error?: unknown }).error ?? why);
+          } catch {
+            // not JSON: the text as it came
+          }
+          reject(new VelaError(String(res.statusCode), `policy connection refused: HTTP ${res.statusCode}${why ? `: ${why}` : ''}`));
+        });
+      });
       ws.on('error', (e) => !opened && reject(e));
       ws.on('message', (data: Buffer, binary: boolean) => {
         if (!opened) {

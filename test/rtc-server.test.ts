@@ -20,6 +20,7 @@ import { fakeBatch } from '../kernels/small/batch.ts';
 import { rtcWeights } from '../kernels/rtc.ts';
 import { computeNormStats, normStatsToJson } from '../kernels/normalize.ts';
 import { PolicyClient } from './helpers/policy-stub.ts';
+import { PolicyConnection } from '../protocol/client.ts';
 import { encodeWeightsPush } from '../server/policy/push.ts';
 import { TEST_BACKENDS } from './helpers/tf.ts';
 
@@ -189,6 +190,13 @@ describe('real-time chunking over the policy websocket', () => {
     }
     await expect(PolicyClient.connect(`${server.wsUrl}?rtc=maybe`)).rejects.toMatchObject({ status: 400 });
     await expect(PolicyClient.connect(`${server.wsUrl}?control_hz=-3`)).rejects.toMatchObject({ status: 400 });
+    // The TS client passes the refusal's reason on; a typo is refused, not ignored.
+    await expect(PolicyConnection.open(`${server.wsUrl}?rtc=maybe`)).rejects.toThrow('policy connection refused: HTTP 400: rtc is "maybe"; expected auto, guided, prefix or off');
+    await expect(PolicyConnection.open(`${server.wsUrl}?controlhz=30`)).rejects.toThrow('policy connection refused: HTTP 400: unknown query parameter "controlhz"; a policy connection takes stream, seed, rtc, control_hz, rtc_delay, rtc_schedule, rtc_max_guidance');
+    // The metadata says what this connection gets.
+    const tuned = await PolicyConnection.open(`${server.wsUrl}?rtc=off&control_hz=30`);
+    expect(tuned.metadata.rtc).toMatchObject({ mode: 'off', control_hz: 30 });
+    await tuned.close();
     // A setting given twice is ambiguous (it took the first, and a bad second value passed unseen).
     await expect(PolicyClient.connect(`${server.wsUrl}?rtc=off&rtc=guided`)).rejects.toMatchObject({ status: 400 });
     await expect(PolicyClient.connect(`${server.wsUrl}?control_hz=30&control_hz=-1`)).rejects.toMatchObject({ status: 400 });

@@ -51,8 +51,9 @@ Options (defaults in brackets: the recipe measured in bench/results/recipe.md):
   --ema-decay X            moving average of the weights, evaluated and exported; 0 = none [${RECIPE.ema_decay}]
   --augment true|false     random crop, rotation and colour jitter of training frames [${RECIPE.augment}]
   --time-sampling beta|uniform   flow-matching time distribution in training [${RECIPE.time_sampling}]
-  --rtc-max-delay N        training-time real-time chunking: a random delay 0..N per datum,
-                           served with RTC's prefix mode (docs/PROTOCOL.md section 6); 0 = off [0]
+  --rtc-max-delay N        training-time real-time chunking: a random delay 0..N per datum, N
+                           below the action horizon (0..63); the policy then serves RTC's
+                           prefix mode (docs/PROTOCOL.md section 6); 0 = off [0]
   --finetune lora|full     [lora on pi0 / pi05 (a pretrained base); full on a preset (seeded)]
   --lora-rank N / --lora-alpha X   with --finetune lora  [pi0 / pi05: 16 / 16, the action expert 32 / 32 (openpi's); presets 16 / 32]
   --targets a,b            LoRA targets: attn, mlp, action_expert, prefix_expert, all [all]

@@ -61,17 +61,19 @@ Options:
   --backend B           ${BACKEND_CHOICES.join(' | ')} (default auto; also VELA_BACKEND)
   --max-message-bytes N largest observation message (default ${DEFAULT_POLICY_LIMITS.maxMessageBytes})
   --log-level L         ${LOG_LEVELS.join(' | ')} (default info)
+  -h, --help            this text
+
 Real-time chunking (a robot that sends rtc/executed gets a chunk that continues the one it is
 executing; docs/PROTOCOL.md section 6). Defaults for every connection, each may override them
 with the query parameter in brackets:
   --rtc MODE            auto | guided | prefix | off [rtc] (default auto: prefix for a
-                        checkpoint trained with rtc_max_delay, else guided)
-  --control-hz HZ       the robots' control rate, for the measured delay [control_hz]
+                        checkpoint fine-tuned with --rtc-max-delay, else guided; guided works
+                        with any checkpoint)
+  --control-hz HZ       the robots' control rate (0..10000), for the measured delay [control_hz]
                         (default: none until a robot sends rtc/control_hz)
-  --rtc-delay N         plan for a fixed delay of N control steps instead of measuring [rtc_delay]
+  --rtc-delay N         plan for a fixed delay of N control steps (0..1024) instead of measuring [rtc_delay]
   --rtc-schedule S      exp | linear: how guidance weights fall over the overlap [rtc_schedule] (default exp)
   --rtc-max-guidance B  the cap on the guidance weight, 0..20 [rtc_max_guidance] (default 5)
-  -h, --help            this text
 `;
 
 interface Parsed {
@@ -102,6 +104,13 @@ const SPEC: FlagSpec = {
   '--checkpoint': 'value', '--base': 'value', '--model': 'value', '--cameras': 'value',
   '--rtc': 'value', '--control-hz': 'value', '--rtc-delay': 'value', '--rtc-schedule': 'value', '--rtc-max-guidance': 'value',
 };
+
+/** What an RTC request gets, for the startup line: `real-time chunking guided (β 5) at 30 Hz`. */
+function rtcLine(rtc: Record<string, unknown>): string {
+  if (rtc.mode === 'off') return 'real-time chunking off';
+  const how = rtc.mode === 'guided' ? `guided (β ${rtc.max_guidance})` : `prefix (trained up to delay ${rtc.trained_max_delay})`;
+  return `real-time chunking ${how}${rtc.control_hz ? ` at ${rtc.control_hz} Hz` : ''}${rtc.delay !== null ? `, delay ${rtc.delay}` : ''}`;
+}
 
 /** `vela policy`'s RTC flags and the query parameter each stands for. */
 const RTC_FLAGS: Record<string, string> = { '--rtc': 'rtc', '--control-hz': 'control_hz', '--rtc-delay': 'rtc_delay', '--rtc-schedule': 'rtc_schedule', '--rtc-max-guidance': 'rtc_max_guidance' };
@@ -261,7 +270,7 @@ export async function policyCommand(argv: string[]): Promise<void> {
   const what = target.kind === 'base' ? `the ${m.preset} base ${target.dir}` : target.baseDir ? `${m.preset} on the base ${target.baseDir}` : m.preset;
   process.stdout.write(
     `Vela policy server on ${server.wsUrl} (${what} on ${engine.info.backend}; cameras ${m.cameras.join(', ')}; ` +
-      `actions [${m.actionHorizon}, ${m.actionDim}], absolute${m.actionSpace === 'delta' ? ' (trained as deltas; the state is added back)' : ''}${m.norm ? '' : ', unnormalised'}${args.seed !== null ? `; seed ${args.seed}` : ''}${args.apiKey ? '; API key required' : ''})\n` +
+      `actions [${m.actionHorizon}, ${m.actionDim}], absolute${m.actionSpace === 'delta' ? ' (trained as deltas; the state is added back)' : ''}${m.norm ? '' : ', unnormalised'}${args.seed !== null ? `; seed ${args.seed}` : ''}${args.apiKey ? '; API key required' : ''}; ${rtcLine(server.policy.metadata().rtc as Record<string, unknown>)})\n` +
       `${engine.info.backendLine}\n`,
   );
   stopOnSignals(() => server.close().then(() => engine.close()), 'shutting down');

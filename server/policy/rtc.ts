@@ -70,6 +70,9 @@ function setting(name: string, raw: string, kind: 'mode' | 'hz' | 'delay' | 'sch
   }
 }
 
+/** The query parameters (and `vela policy` flags, with dashes) of the RTC settings. */
+export const RTC_QUERY_KEYS: readonly string[] = Object.freeze(['rtc', 'control_hz', 'rtc_delay', 'rtc_schedule', 'rtc_max_guidance']);
+
 /**
  * `base` with the RTC settings of a connection's query (`rtc`, `control_hz`, `rtc_delay`,
  * `rtc_schedule`, `rtc_max_guidance`) or of a server's flags (the same names).

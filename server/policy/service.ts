@@ -119,8 +119,8 @@ export interface PolicyServer {
   readonly rtc: Readonly<RtcSettings>;
   /** The zstd dictionary served at GET /v1/observation.zdict. */
   readonly dictionary: Uint8Array;
-  /** The handshake map sent first on every connection. */
-  metadata(): Record<string, unknown>;
+  /** The handshake map sent first on every connection; `rtc`: that connection's RTC settings (default: the policy's). */
+  metadata(rtc?: Readonly<RtcSettings>): Record<string, unknown>;
   /**
    * Runs one decoded observation; with `rtc` (server/policy/rtc.ts, a plan whose mode is not off)
    * the chunk continues the previous one. @throws ProtocolError and the like for bad input (see socket.ts).
@@ -269,6 +269,9 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
       ? await loadBase(policyId, opts.version ?? 'base')
       : await load(policyId, opts.checkpointDir ?? '', opts.version ?? null);
   const versions = new Set<Version>([current]);
+  if (rtc.mode === 'prefix' && current.meta.rtcMaxDelay === 0) {
+    log.warn(`policy ${policyId}: real-time chunking is set to prefix, but this checkpoint was not fine-tuned with rtc_max_delay: it never saw a held prefix (guided works with any checkpoint)`);
+  }
   if (!isLive) await warmUp(current);
 
   /** A retired version is freed once nothing runs on it (its engine queue orders the unload after its last infer). */
@@ -337,7 +340,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     counters,
     isLive,
     weightsVersion,
-    metadata: () => {
+    metadata: (conn = rtc) => {
       const meta = current.meta;
       return {
         server: 'vela',
@@ -365,10 +368,10 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         seeded: opts.seed !== undefined && opts.seed !== null,
         weights_version: weightsVersion(),
         live: isLive,
-        // Real-time chunking (PROTOCOL.md section 6): what an observation with rtc/executed gets by default.
+        // Real-time chunking (PROTOCOL.md section 6): what an observation with rtc/executed gets on this connection.
         rtc: {
-          mode: rtcMode(rtc.mode, meta.rtcMaxDelay), control_hz: rtc.controlHz, delay: rtc.delay,
-          schedule: rtc.schedule, max_guidance: rtc.maxGuidance, trained_max_delay: meta.rtcMaxDelay,
+          mode: rtcMode(conn.mode, meta.rtcMaxDelay), control_hz: conn.controlHz, delay: conn.delay,
+          schedule: conn.schedule, max_guidance: conn.maxGuidance, trained_max_delay: meta.rtcMaxDelay,
         },
       };
     },

@@ -20,7 +20,7 @@ import { randomId } from '../store.ts';
 import { decodeMessage, DEFAULT_POLICY_LIMITS } from './observation.ts';
 import { RangeWarnings } from './range-warning.ts';
 import { MAX_STREAM_CHARS, seedStream } from './seeds.ts';
-import { RtcConnection, rtcReport, rtcSettings, takeRtcKeys, type RtcPlan, type RtcSettings } from './rtc.ts';
+import { RTC_QUERY_KEYS, RtcConnection, rtcReport, rtcSettings, takeRtcKeys, type RtcPlan, type RtcSettings } from './rtc.ts';
 import type { PolicyAnswer, PolicyServer } from './service.ts';
 
 /** What a resolver sees of the upgrade request (copied out of uWS). */
@@ -59,6 +59,9 @@ interface Conn {
   /** Real-time chunking: the last chunk sent, answer times, round trip (rtc.ts). */
   rtc: RtcConnection;
 }
+
+/** The query parameters of a policy connection (PROTOCOL.md section 6). */
+const QUERY_KEYS = ['stream', 'seed', ...RTC_QUERY_KEYS];
 
 const CLIENT_ERRORS = new Set(['ShapeError', 'NormError', 'PolicyConfigError']);
 const CLOSE_INTERNAL = 1011;
@@ -166,6 +169,9 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
       Promise.resolve()
         .then(() => resolve(upgrade))
         .then((policy) => {
+          // A typo (`controlhz`) would otherwise silently leave the setting at its default.
+          const unknown = [...upgrade.query.keys()].filter((k) => !QUERY_KEYS.includes(k));
+          if (unknown.length > 0) return refuse(400, `unknown query parameter ${unknown.map((k) => JSON.stringify(k)).join(', ')}; a policy connection takes ${QUERY_KEYS.join(', ')}`);
           const stream = upgrade.query.get('stream') ?? '0';
           if (stream.length > MAX_STREAM_CHARS) return refuse(400, `stream is ${stream.length} characters; the limit is ${MAX_STREAM_CHARS}`);
           // ?seed=N: this connection's own seed (reproducible runs on a server started without --seed).
@@ -196,7 +202,7 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
       conn.range = new RangeWarnings(conn.policy.id);
       conn.policy.counters.connections++;
       opts.sockets?.add(ws as WebSocket<unknown>);
-      ws.send(packNumpy(conn.policy.metadata()), true);
+      ws.send(packNumpy(conn.policy.metadata(conn.rtc.settings)), true);
     },
     message: (ws, message, isBinary) => {
       const conn = ws.getUserData();
