@@ -216,9 +216,9 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   /**
    * One sample of a lone robot's request (one datum, every camera the policy binds, a zero state,
    * an empty prompt) before the first robot sends: on an engine that runs graphs it traces that
-   * layout's graph (about 1 s on a 2-core machine) here rather than in a robot's first answer; then
-   * the same with real-time chunking in the policy's default mode (guided or prefix: a graph of its
-   * own, whose first run would otherwise inflate a robot's measured delay). Skipped where the
+   * layout's graph (about 1 s on a 2-core machine) here rather than in a robot's first answer; then,
+   * in the background, the same with real-time chunking in the policy's default mode (guided or
+   * prefix: a graph of its own, whose first run would otherwise inflate a robot's measured delay). Skipped where the
    * engine does not make graphs (there a sample costs what it costs). Best effort: a failure is
    * logged and serving goes on.
    */
@@ -229,20 +229,27 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     const datum = { images: Array.from({ length: model.slots }, (_, k) => (k < v.meta.cameras.length ? frame : null)), state: new Float32Array(v.meta.stateDim ?? 0), prompt: '' };
     const t0 = performance.now();
     try {
-      const lone = () => makeBatch(model, [datum], { maxPromptBytes: limits.maxPromptBytes, encodePrompt: model.encodePrompt });
-      const batch = lone();
+      const batch = makeBatch(model, [datum], { maxPromptBytes: limits.maxPromptBytes, encodePrompt: model.encodePrompt });
       await engine.call(v.engineId, 'infer', { batch, seeds: [0], numSteps: v.meta.numSteps }, batchBuffers(batch));
-      const mode = rtcMode(rtc.mode, v.meta.rtcMaxDelay);
-      if (mode !== 'off') {
-        const n = model.horizon * model.actionDim;
-        const chunk = { mode, maxGuidance: rtc.maxGuidance, actions: new Float32Array(n), weights: new Float32Array(n) };
-        const again = lone(); // the first call's buffers moved to the engine's thread
-        await engine.call(v.engineId, 'infer', { batch: again, seeds: [0], numSteps: v.meta.numSteps, rtc: chunk }, batchBuffers(again));
-      }
-      log.debug(`policy ${v.engineId}: warmed up (a plain and an RTC sample, graphs traced) in ${Math.round(performance.now() - t0)} ms`);
+      log.debug(`policy ${v.engineId}: warmed up (one sample, graph traced) in ${Math.round(performance.now() - t0)} ms`);
     } catch (e) {
       log.warn(`policy ${v.engineId}: the warm-up sample failed (${(e as Error).message}); the first request will trace its graph`);
+      return;
     }
+    // The RTC graph is traced after the policy is up, not awaited: a guided trace takes seconds on
+    // loaded cores, and a policy the main server loads on a robot's connect would otherwise keep
+    // its handshake waiting past clients' timeouts (Python's websockets: 10 s). A robot's first
+    // plain request may queue behind it once; its first RTC answer no longer carries the trace.
+    const mode = rtcMode(rtc.mode, v.meta.rtcMaxDelay);
+    if (mode === 'off') return;
+    const n = model.horizon * model.actionDim;
+    const chunk = { mode, maxGuidance: rtc.maxGuidance, actions: new Float32Array(n), weights: new Float32Array(n) };
+    const again = makeBatch(model, [datum], { maxPromptBytes: limits.maxPromptBytes, encodePrompt: model.encodePrompt });
+    const t1 = performance.now();
+    engine.call(v.engineId, 'infer', { batch: again, seeds: [0], numSteps: v.meta.numSteps, rtc: chunk }, batchBuffers(again)).then(
+      () => log.debug(`policy ${v.engineId}: ${mode} real-time chunking warmed up in ${Math.round(performance.now() - t1)} ms`),
+      (e) => log.debug(`policy ${v.engineId}: the ${mode} warm-up sample failed (${(e as Error).message}); the first RTC request will trace its graph`),
+    );
   };
   const load = async (engineId: string, dir: string, label: string | number | null): Promise<Version> => {
     const loaded = await engine.call<{ result: { config: unknown; normStats: unknown } }>(engineId, 'load_policy', { dir });
