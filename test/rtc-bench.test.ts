@@ -1,7 +1,8 @@
 /**
  * The RTC replay's arithmetic (bench/rtc-math.ts) on hand-made chunks: when the robot switches
  * chunks under a delay, ACT's temporal ensembling, and the splice metrics. The replay itself runs
- * in `npx tsx bench/rtc.ts` (it needs ../shared and trained policies), not here.
+ * in `npx tsx bench/rtc.ts` (it needs the G1 dataset beside the clone and trained policies), not here:
+ * this file needs nothing outside the repository.
  */
 import { describe, expect, it } from 'vitest';
 import { closedLoopState, ensembleWeights, executeEnsembling, executeSwitching, meanStepChange, mse, stepJumps } from '../bench/rtc-math.ts';

@@ -13,7 +13,7 @@ import { DEFAULT_POLICY_LIMITS } from './observation.ts';
 import { storedPreset } from '../presets.ts';
 import { REAL_MODELS, type RealModel } from '../models/bases.ts';
 import { baseServing, classifyFolder, OPENPI_CAMERAS, type ServedFolder } from './checkpoint.ts';
-import { DEFAULT_RTC_SETTINGS, rtcSettings, type RtcSettings } from './rtc.ts';
+import { DEFAULT_RTC_SETTINGS, RTC_QUERY_KEYS, rtcSettings, type RtcSettings } from './rtc.ts';
 
 const HELP = 'vela policy --help';
 
@@ -98,11 +98,14 @@ interface Parsed {
   rtc: RtcSettings;
 }
 
+/** `vela policy`'s RTC flags and the query parameter each stands for. */
+const RTC_FLAGS: Record<string, string> = Object.fromEntries(RTC_QUERY_KEYS.map((name) => [`--${name.replaceAll('_', '-')}`, name]));
+
 const SPEC: FlagSpec = {
   '--port': 'value', '--host': 'value', '--seed': 'value', '--debug': 'switch', '--batch-window-ms': 'value', '--max-batch': 'value',
   '--api-key': 'value', '--metrics-public': 'switch', '--backend': 'value', '--max-message-bytes': 'value', '--log-level': 'value',
   '--checkpoint': 'value', '--base': 'value', '--model': 'value', '--cameras': 'value',
-  '--rtc': 'value', '--control-hz': 'value', '--rtc-delay': 'value', '--rtc-schedule': 'value', '--rtc-max-guidance': 'value',
+  ...Object.fromEntries(Object.keys(RTC_FLAGS).map((f) => [f, 'value' as const])),
 };
 
 /** What an RTC request gets, for the startup line: `real-time chunking guided (β 5) at 30 Hz`. */
@@ -112,8 +115,6 @@ function rtcLine(rtc: Record<string, unknown>): string {
   return `real-time chunking ${how}${rtc.control_hz ? ` at ${rtc.control_hz} Hz` : ''}${rtc.delay !== null ? `, delay ${rtc.delay}` : ''}`;
 }
 
-/** `vela policy`'s RTC flags and the query parameter each stands for. */
-const RTC_FLAGS: Record<string, string> = { '--rtc': 'rtc', '--control-hz': 'control_hz', '--rtc-delay': 'rtc_delay', '--rtc-schedule': 'rtc_schedule', '--rtc-max-guidance': 'rtc_max_guidance' };
 
 /**
  * Parses the arguments.

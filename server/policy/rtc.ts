@@ -70,8 +70,13 @@ function setting(name: string, raw: string, kind: 'mode' | 'hz' | 'delay' | 'sch
   }
 }
 
-/** The query parameters (and `vela policy` flags, with dashes) of the RTC settings. */
-export const RTC_QUERY_KEYS: readonly string[] = Object.freeze(['rtc', 'control_hz', 'rtc_delay', 'rtc_schedule', 'rtc_max_guidance']);
+/** Each RTC setting: its query parameter (`vela policy`'s flag is `--` + it with dashes), its check, its field. */
+const RTC_FIELDS: readonly [string, Parameters<typeof setting>[2], keyof RtcSettings][] = [
+  ['rtc', 'mode', 'mode'], ['control_hz', 'hz', 'controlHz'], ['rtc_delay', 'delay', 'delay'], ['rtc_schedule', 'schedule', 'schedule'], ['rtc_max_guidance', 'beta', 'maxGuidance'],
+];
+
+/** The query parameters of the RTC settings (`vela policy`'s flags: `--` + the name with dashes). */
+export const RTC_QUERY_KEYS: readonly string[] = Object.freeze(RTC_FIELDS.map(([name]) => name));
 
 /**
  * `base` with the RTC settings of a connection's query (`rtc`, `control_hz`, `rtc_delay`,
@@ -87,16 +92,10 @@ export function rtcSettings(base: Readonly<RtcSettings>, given: { get(name: stri
     const raw = given.get(name);
     return raw === null || raw === undefined ? undefined : setting(name, raw, kind);
   };
-  const mode = take('rtc', 'mode');
-  if (mode !== undefined) out.mode = mode as RtcSetting;
-  const hz = take('control_hz', 'hz');
-  if (hz !== undefined) out.controlHz = hz as number;
-  const delay = take('rtc_delay', 'delay');
-  if (delay !== undefined) out.delay = delay as number;
-  const schedule = take('rtc_schedule', 'schedule');
-  if (schedule !== undefined) out.schedule = schedule as RtcSchedule;
-  const beta = take('rtc_max_guidance', 'beta');
-  if (beta !== undefined) out.maxGuidance = beta as number;
+  for (const [name, kind, field] of RTC_FIELDS) {
+    const v = take(name, kind);
+    if (v !== undefined) (out as unknown as Record<string, unknown>)[field] = v;
+  }
   return out;
 }
 
@@ -196,7 +195,7 @@ const GUIDED_COST = 2;
  * answer times (arrival to send, ms) and websocket round trip.
  */
 export class RtcConnection {
-  private last: { actions: Float32Array; shape: readonly [number, number]; sentMs: number } | null = null;
+  private last: { actions: Float32Array; shape: readonly [number, number] } | null = null;
   private totals: Record<'plain' | RtcMode, number[]> = { plain: [], guided: [], prefix: [] };
   private rttMs: number | null = null;
   private pingMs: number | null = null;
@@ -226,11 +225,11 @@ export class RtcConnection {
   }
 
   /**
-   * An answer with robot actions `actions` ([horizon, actionDim] `shape`) was sent at `sentMs`,
+   * An answer with robot actions `actions` ([horizon, actionDim] `shape`) was sent,
    * `totalMs` after its observation arrived, sampled as `kind` (plain, or the RTC mode it ran).
    */
-  answered(actions: Float32Array, shape: readonly [number, number], sentMs: number, totalMs: number, kind: 'plain' | RtcMode): void {
-    this.last = { actions, shape, sentMs };
+  answered(actions: Float32Array, shape: readonly [number, number], totalMs: number, kind: 'plain' | RtcMode): void {
+    this.last = { actions, shape };
     const t = this.totals[kind];
     t.push(totalMs);
     if (t.length > RECENT) t.shift();

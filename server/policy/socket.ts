@@ -131,7 +131,7 @@ function flush(conn: Conn): void {
     conn.prevTotalMs = sentMs - e.arrivedMs;
     if (!Buffer.isBuffer(e.answer)) {
       const a = e.answer;
-      conn.rtc.answered(a.robotActions, a.actions.shape as [number, number], sentMs, sentMs - e.arrivedMs, a.rtc && a.rtc.mode !== 'off' ? a.rtc.mode : 'plain');
+      conn.rtc.answered(a.robotActions, a.actions.shape as [number, number], sentMs - e.arrivedMs, a.rtc && a.rtc.mode !== 'off' ? a.rtc.mode : 'plain');
       // The round trip for RTC's delay estimate: clients answer pings on their own (RFC 6455).
       if (conn.rtc.pinging(sentMs)) ws.ping();
       conn.metrics?.answered({
