@@ -325,7 +325,8 @@ async function main(o: Options): Promise<void> {
       const xs = exec.get(`${mode}/${d}`)!;
       const jumps = xs.flatMap((x) => stepJumps(normAbs(x.actions), ad, x.splices));
       const executed = xs.map((x) => normAbs(x.actions));
-      const err = mse(concat(executed), concat(episodes.map((e) => normAbs(recorded.get(e)!))));
+      const flat = (xs: Float32Array[]) => Float32Array.from(xs.flatMap((x) => Array.from(x)));
+      const err = mse(flat(executed), flat(episodes.map((e) => normAbs(recorded.get(e)!))));
       const within = xs.flatMap((x, i) => {
         const at = new Set(x.splices);
         return stepJumps(executed[i]!, ad, Array.from({ length: executed[i]!.length / ad - 1 }, (_, t) => t + 1).filter((t) => !at.has(t)));
@@ -390,15 +391,6 @@ async function main(o: Options): Promise<void> {
   say(`wrote ${path.join(RESULTS, `${o.name}.json`)} and ${o.name}-traces.svg`);
 }
 
-function concat(xs: Float32Array[]): Float32Array {
-  const out = new Float32Array(xs.reduce((s, x) => s + x.length, 0));
-  let o = 0;
-  for (const x of xs) {
-    out.set(x, o);
-    o += x.length;
-  }
-  return out;
-}
 
 /** The replay table: one row per d, per mode the splice jump (over the data's step change) and the MSE. */
 export function markdownTable(rows: Row[], delays: number[]): string {
