@@ -40,6 +40,8 @@ import { Rng } from '../kernels/rng.ts';
 import { rtcWeights, shiftChunk, type ChunkPrefix, type RtcSchedule } from '../kernels/rtc.ts';
 import type { TrainingState } from '../kernels/trainer.ts';
 import { makeDatum, openDataset, pairsFor, type Dataset } from '../server/datasets/index.ts';
+import { toModelActions, toRobotActions } from '../server/policy/observation.ts';
+import type { PolicyMeta } from '../server/policy/meta.ts';
 import { toBatch } from '../server/jobs/datums.ts';
 import { G1, HELD_OUT } from './recipe-split.ts';
 import { closedLoopState, executeEnsembling, executeSwitching, mean, meanStepChange, mse, stepJumps, type Execution } from './rtc-math.ts';
@@ -116,29 +118,26 @@ function parse(argv: string[]): Options | null {
   };
 }
 
-/** Robot units <-> the model's space for one observation (the server's conversions): delta dims relative to its raw state, normalised, padded. */
+/**
+ * Robot units <-> the model's space for one observation, by the policy server's own conversions
+ * (server/policy/observation.ts toRobotActions / toModelActions): delta dims relative to the raw
+ * state, normalised, padded. toModel's rows from `valid` on are zero (past the overlap: weight 0).
+ */
 function spaces(setup: ReturnType<typeof g1Setup>, ds: Dataset) {
   const H = setup.model.horizon;
   const A = setup.model.actionDim; // the model's padded action dim
   const ad = ds.meta.actionDim;
   const pairs = pairsFor(ds.meta, setup.actionSpace);
+  // The server's delta mask pairs action dim k with state dim k.
+  if (pairs.some(([a, st]) => a !== st)) throw new Error(`the dataset pairs delta action dims with other state dims (${JSON.stringify(pairs)}); the policy server's conversion assumes the same index`);
+  const deltaMask = Array.from({ length: ad }, (_, k) => pairs.some(([a]) => a === k));
+  const meta = { model: { horizon: H, actionDim: A }, actionHorizon: H, actionDim: ad, deltaMask, norm: { normalizer: setup.normalizer, stats: { actions: setup.norm.actions } } } as unknown as PolicyMeta;
   return {
-    /** model rows [H, A] normalised -> robot [H, ad] (server/policy/observation.ts toRobotActions). */
-    toRobot(row: Float32Array, rawState: Float32Array): Float32Array {
-      const cut = new Float32Array(H * ad);
-      for (let i = 0; i < H; i++) cut.set(row.subarray(i * A, i * A + ad), i * ad);
-      const out = setup.normalizer.unnormalize(cut, ad, setup.norm.actions);
-      for (let i = 0; i < H; i++) for (const [a, s] of pairs) out[i * ad + a] += rawState[s]!;
-      return out;
-    },
-    /** robot [H, ad] -> model rows [H, A] relative to `rawState` (rows >= valid stay 0: past the overlap, weight 0). */
+    /** model rows [H, A] normalised -> robot [H, ad]. */
+    toRobot: (row: Float32Array, rawState: Float32Array): Float32Array => toRobotActions(row, meta, rawState),
+    /** robot [H, ad] -> model rows [H, A] relative to `rawState`. */
     toModel(robot: Float32Array, rawState: Float32Array, valid: number): Float32Array {
-      const rel = Float32Array.from(robot);
-      for (let i = 0; i < H; i++) for (const [a, s] of pairs) rel[i * ad + a] -= rawState[s]!;
-      const n = setup.normalizer.normalize(rel, ad, setup.norm.actions);
-      const out = new Float32Array(H * A);
-      for (let i = 0; i < valid; i++) out.set(n.subarray(i * ad, (i + 1) * ad), i * A);
-      return out;
+      return toModelActions(robot, meta, rawState).fill(0, valid * A);
     },
   };
 }
