@@ -8,7 +8,7 @@
  */
 import * as tf from '@tensorflow/tfjs';
 import type { Rng } from './rng.ts';
-import { guidanceGradient, guidanceWeight, type ChunkTensors } from './rtc.ts';
+import { guidanceGradient, guidanceWeightTensor, type ChunkTensors } from './rtc.ts';
 
 export type LossFn = 'mse' | 'l1';
 
@@ -126,7 +126,7 @@ export function eulerSample(noise: tf.Tensor, numSteps: number, velocityAt: (x: 
       const next = tf.tidy(() => {
         if (chunk?.mode === 'guided') {
           const { velocity, grad } = guidanceGradient((xx) => velocityAt(xx, time), x, tt, chunk.actions, chunk.weights);
-          const v = tf.add(velocity, tf.mul(grad, guidanceWeight(tt, chunk.maxGuidance)));
+          const v = tf.add(velocity, tf.mul(grad, guidanceWeightTensor(tt, chunk.maxGuidance)));
           tf.dispose([velocity, grad]);
           return tf.add(x, tf.mul(v, dt));
         }

@@ -98,17 +98,31 @@ export function guidanceGradient(velocityAt: (x: tf.Tensor) => tf.Tensor, x: tf.
   return { velocity: velocity!, grad };
 }
 
+/**
+ * guidanceWeight with β a float32 scalar tensor (a graph input): min(β, fround(c(t))), which is
+ * fround(guidanceWeight(t, β)) for a float32 β (fround is monotone), so the traced graph's step
+ * weight is the eager one's bits. Returns a new scalar (the caller owns it).
+ */
+export function guidanceWeightTensor(t: number, maxGuidance: tf.Scalar): tf.Scalar {
+  const c = ((1 - t) * (1 - t) + t * t) / (t * (1 - t));
+  return Number.isFinite(c) ? tf.minimum(maxGuidance, c) : tf.clone(maxGuidance);
+}
+
 /** A ChunkPrefix as tensors for one sampling call (inputs of a traced graph). */
 export interface ChunkTensors {
   readonly mode: RtcMode;
   readonly actions: tf.Tensor; // [b, ah, ad]
   readonly weights: tf.Tensor; // [b, ah, ad]
-  readonly maxGuidance: number;
+  /**
+   * β as a float32 scalar tensor: an input of a traced graph like the chunk itself, so no value a
+   * client sends (?rtc_max_guidance=) traces a graph of its own (issue 32 item 7).
+   */
+  readonly maxGuidance: tf.Scalar;
 }
 
 /**
  * Checks `chunk` against a batch of `b` chunks of [horizon, actionDim] and makes its tensors
- * (the caller disposes `actions` and `weights`).
+ * (the caller disposes `actions`, `weights` and `maxGuidance`).
  * @throws RangeError naming the field for a wrong length, a weight outside [0, 1] (prefix: not 0 or
  *   1 alike over an action's dims), an action that is not finite, a β that is not a finite
  *   number >= 0, or an unknown mode.
@@ -128,7 +142,7 @@ export function chunkTensors(chunk: ChunkPrefix, b: number, horizon: number, act
   const maxGuidance = chunk.maxGuidance ?? DEFAULT_MAX_GUIDANCE;
   if (!(Number.isFinite(maxGuidance) && maxGuidance >= 0)) throw new RangeError(`rtc max_guidance is ${maxGuidance}; it must be a finite number >= 0`);
   const shape = [b, horizon, actionDim];
-  return { mode: chunk.mode, actions: tf.tensor(chunk.actions, shape), weights: tf.tensor(chunk.weights, shape), maxGuidance };
+  return { mode: chunk.mode, actions: tf.tensor(chunk.actions, shape), weights: tf.tensor(chunk.weights, shape), maxGuidance: tf.scalar(maxGuidance) };
 }
 
 /**

@@ -62,11 +62,13 @@ export function sampleGraphStats(): Readonly<typeof stats> {
 export function sampleWithGraph<B, C>(policy: FlowPolicy<B, C>, W: PolicyWeights, batch: B, noise: tf.Tensor, numSteps: number, chunk?: ChunkTensors): tf.Tensor | null {
   if (!samplesAsGraphs(policy)) return null;
   const inputs = policy.sampleInputs!(batch);
-  // RTC: the previous chunk and its weights are inputs (prefix mode's delays with them); β is
-  // baked in (the guidance weight of each step is a constant).
-  const rtc = !chunk ? '' : chunk.mode === 'guided' ? `|guided:${chunk.maxGuidance}` : '|prefix';
+  // RTC: the previous chunk, its weights (the delay, executed count and schedule are all in
+  // them) and β are inputs, so only the mode is in the key: no number a client sends traces a
+  // graph (issue 32 item 7). The key's other parts are layouts (sampleInputs.key), bounded by
+  // the server (power-of-two batch parts, the model's cameras and token length).
+  const rtc = !chunk ? '' : `|${chunk.mode}`;
   const key = `${inputs.key}|${noise.shape.join(',')}|${numSteps}${rtc}`;
-  const fed = chunk ? [noise, chunk.actions, chunk.weights] : [noise];
+  const fed = chunk ? (chunk.mode === 'guided' ? [noise, chunk.actions, chunk.weights, chunk.maxGuidance] : [noise, chunk.actions, chunk.weights]) : [noise];
   let cache = graphs.get(policy);
   if (!cache) graphs.set(policy, (cache = new GraphCache()));
   if (cache.isRefused(key)) return null;

@@ -44,7 +44,7 @@ export function sampleActions<B, C>(policy: FlowPolicy<B, C>, view: PolicyWeight
     const cache = options.cache !== false;
     out = (cache ? sampleWithGraph(policy, view, batch, noise, numSteps, chunk) : null) ?? policy.sample(view, batch, noise, numSteps, cache, chunk);
   } finally {
-    tf.dispose([noise, ...(chunk ? [chunk.actions, chunk.weights] : [])]);
+    tf.dispose([noise, ...(chunk ? [chunk.actions, chunk.weights, chunk.maxGuidance] : [])]);
   }
   const data = out.dataSync() as Float32Array;
   out.dispose();
