@@ -131,6 +131,32 @@ describe('RTC sampling', () => {
     base.dispose();
   });
 
+  it('guided: β is a graph input: a sweep of β traces one graph, and each β gives the eager chunk', () => {
+    if (!NATIVE_PRESENT) return;
+    const c = makeConfig('flow05-tiny');
+    const base = BaseWeights.create(c, 3);
+    const s = new TrainingState(base, { finetune: 'full', seed: 1 });
+    const batch = fakeBatch(c, 2, 2);
+    const n = 2 * c.horizon * c.actionDim;
+    const noise = new Rng(7).normals(n);
+    const Y = new Rng(9).normals(n);
+    const w = rtcWeights(c.horizon, 4, c.horizon - 3);
+    const W = Float32Array.from({ length: n }, (_, k) => w[Math.floor(k / c.actionDim) % c.horizon]!);
+    const at = (beta: number, graphs: boolean) => withGraphs(graphs, () => s.sample(batch, { noise, chunk: { mode: 'guided', actions: Y, weights: W, maxGuidance: beta } }));
+    at(5, true); // the layout's one trace
+    const traces = sampleGraphStats().traces;
+    const outs: Float32Array[] = [];
+    for (const beta of [3.000001, 3.000002, 0, 1.5, 20]) {
+      const graph = at(beta, true);
+      expect(maxAbs(graph, at(beta, false))).toBeLessThan(1e-4); // the bound of the graph = eager tests above
+      outs.push(graph);
+    }
+    expect(sampleGraphStats().traces).toBe(traces);
+    expect(maxAbs(outs[2]!, outs[4]!)).toBeGreaterThan(1e-3); // β reaches the graph (not a constant)
+    s.dispose();
+    base.dispose();
+  });
+
   it.each(['flow05-tiny', 'flow0-tiny'])('%s: prefix mode holds each datum\'s first d actions and samples the rest; d = 0 is plain', (preset) => {
     const c = makeConfig(preset);
     const base = BaseWeights.create(c, 3);
