@@ -53,7 +53,7 @@ or the cluster's PostgreSQL with --database-url (VELA_DATABASE_URL). Any other s
 vela serve --help is taken and ignored.
 `;
 
-const PRESETS_USAGE = 'Usage: vela presets\n\nPrints each model preset with its parameter count and deprecated alias (MODEL.md).\n';
+const PRESETS_USAGE = 'Usage: vela presets\n\nPrints each small model preset with its parameter count and deprecated alias, then the real pi0 / pi0.5\nwith their parameter counts and how to get their public checkpoints (MODEL.md).\n';
 
 function wantsHelp(args: string[]): boolean {
   return args.includes('--help') || args.includes('-h');
@@ -102,7 +102,8 @@ async function presets(argv: string[]): Promise<void> {
   splitArgs(argv, {}, 'vela presets --help');
   if (argv.length > 0) throw new UsageError(`unexpected argument ${shown(argv[0]!)} (see vela presets --help)`);
   const { describePresets } = await import('../kernels/small/config.ts');
-  process.stdout.write(describePresets() + '\n');
+  const { describeRealModels } = await import('./presets.ts');
+  process.stdout.write(`${describePresets()}\n${describeRealModels()}\n`);
 }
 
 async function policy(argv: string[]): Promise<void> {

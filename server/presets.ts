@@ -1,10 +1,13 @@
 /**
  * Preset names at the server's boundaries (issue 23): a new request may name a preset or a
  * deprecated alias (one warning line naming the new name), never bare `pi0` / `pi05` (the real
- * models, not served here yet); a stored record's name (jobs, sessions, checkpoints written
+ * models, which a request names as `base_model` with a `base` checkpoint); a stored record's name (jobs, sessions, checkpoints written
  * before the rename) resolves silently to the small preset it meant.
  */
 import { LEGACY_BARE_NAMES, PRESET_NAMES, realModelMessage, resolvePreset, resolveStoredPreset } from '../kernels/small/config.ts';
+import { REAL_PI0, REAL_PI05 } from '../kernels/pi/config.ts';
+import { realPiParamCount } from '../kernels/pi/params.ts';
+import { DEFAULT_BASES } from './models/bases.ts';
 import { HttpError } from './http.ts';
 import { log } from './log.ts';
 
@@ -26,4 +29,21 @@ export function storedPreset(name: string): string {
   } catch {
     return name;
   }
+}
+
+/**
+ * `vela presets`' lines for the real models: each with its parameter count (those used in a
+ * forward pass, LeRobot's state dict less its two unused LM heads: pi0 3,238,048,528, pi0.5
+ * 3,353,433,872) and the commands that get and use its public checkpoint; then what records stored
+ * before the rename meant by the bare names.
+ */
+export function describeRealModels(): string {
+  const row = (name: string, count: number, what: string, repo: string) =>
+    `${name.padEnd(12)} ${count.toLocaleString('en-US').padStart(13)} parameters, ${what}; get it: vela models download ${repo}`;
+  return [
+    row('pi0', realPiParamCount(REAL_PI0), 'the real pi0 (PaliGemma: SigLIP + Gemma 2B, Gemma 300M action expert)', DEFAULT_BASES.pi0),
+    row('pi05', realPiParamCount(REAL_PI05), 'the real pi0.5 (the same with adaRMSNorm time conditioning)', DEFAULT_BASES.pi05),
+    `the real models are named as "model" of a fine-tune or "base_model" of a session, with "base" (a Hub id, default ${DEFAULT_BASES.pi0} / ${DEFAULT_BASES.pi05}, or a checkpoint folder); vela policy --base ID serves one`,
+    `records stored before the rename that say pi0 / pi05 load them as ${LEGACY_BARE_NAMES.pi0}, ${LEGACY_BARE_NAMES.pi05}`,
+  ].join('\n');
 }

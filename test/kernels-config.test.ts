@@ -42,7 +42,7 @@ describe('presets', () => {
     const text = describePresets();
     expect(text).toContain('1,790,752');
     expect(text).toContain('36,408,992');
-    expect(text.split('\n')).toHaveLength(5);
+    expect(text.split('\n')).toHaveLength(4);
   });
   it('rejects unknown presets and bad sizes with ConfigError codes', () => {
     expect(() => makeConfig('pi1')).toThrow(ConfigError);

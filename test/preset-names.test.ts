@@ -17,6 +17,7 @@ import { parseSessionConfig } from '../server/sessions.ts';
 import { policyMeta } from '../server/policy/meta.ts';
 import { readCheckpointConfig } from '../server/policy/cli.ts';
 import { runCli } from '../server/cli-main.ts';
+import { describeRealModels } from '../server/presets.ts';
 import { log } from '../server/log.ts';
 import { G1_DIR } from './helpers/g1.ts';
 import { STUB_CONFIG, STUB_INFO, STUB_STATS, stubEngine } from './helpers/policy-stub.ts';
@@ -92,13 +93,19 @@ describe('kernels: names', () => {
     } finally {
       out.mockRestore();
     }
-    expect(text).toBe(`${describePresets()}\n`);
+    expect(text).toBe(`${describePresets()}\n${describeRealModels()}\n`);
     const lines = text.trim().split('\n');
     expect(lines[0]).toBe('flow0-tiny     1,790,752 parameters (deprecated alias: pi0-tiny)');
     expect(lines[1]).toBe('flow05-tiny    2,202,272 parameters (deprecated alias: pi05-tiny)');
     expect(lines[2]).toBe('flow0-small   29,368,352 parameters (deprecated alias: pi0-small)');
     expect(lines[3]).toBe('flow05-small  36,408,992 parameters (deprecated alias: pi05-small)');
-    expect(lines[4]).toMatch(/^pi0, pi05: the real models \(kernels\/pi\)/);
+    // The real models with the counts of LeRobot's state dicts less the two unused LM heads
+    // (shared/spec/real-pi FACTS 0) and the command that gets each (issue 32 item 6).
+    expect(lines[4]).toMatch(/^pi0 +3,238,048,528 parameters, the real pi0 .*; get it: vela models download lerobot\/pi0_base$/);
+    expect(lines[5]).toMatch(/^pi05 +3,353,433,872 parameters, the real pi0\.5 .*; get it: vela models download lerobot\/pi05_base$/);
+    expect(lines[6]).toContain('"base_model"');
+    expect(lines[7]).toBe('records stored before the rename that say pi0 / pi05 load them as flow0-small, flow05-small');
+    expect(text).not.toContain('not served');
   });
 });
 

@@ -12,7 +12,7 @@ import { forEachBackend } from './helpers/tf.ts';
 import { realPiInitValues } from './helpers/real-pi-init.ts';
 import { ConfigError } from '../kernels/small/config.ts';
 import { ShapeError } from '../kernels/small/batch.ts';
-import { REAL_PI0, REAL_PI05, REAL_PI_TINY_PI0, REAL_PI_TINY_PI05, makeRealPiConfig, type RealPiConfig } from '../kernels/pi/config.ts';
+import { REAL_PI0, REAL_PI05, REAL_PI_TINY_PI0, REAL_PI_TINY_PI05, makeRealPiConfig, realPiConfigFromHub, type RealPiConfig } from '../kernels/pi/config.ts';
 import { fakeRealPiBatch } from '../kernels/pi/fake.ts';
 import { NAMES, contractInitValues, createRealPiParams, disposeRealPiParams, realPiParamCount, realPiParamSpecs, type RealPiParams } from '../kernels/pi/params.ts';
 import { applyRope, attentionLayout, computeLoss, drawRealPiNoiseTime, embedPrefix, embedSuffix, ropeTables, sample, sequenceLayout, timeEmbedding, velocity, type RealPiBatch, type RealPiModel } from '../kernels/pi/model.ts';
@@ -107,6 +107,30 @@ describe('real pi config and parameter table', () => {
       /missing model\.paligemma_with_expert\.paligemma\.model\.language_model\.embed_tokens\.weight \[257152, 64\].*model\.action_in_proj\.weight is 3 values; expected \[32, 32\].*model\.action_out_proj\.weight is \[31, 32\]; expected \[32, 32\].*unexpected model\.state_proj\.weight/,
     );
     (values.get('model.action_out_proj.weight') as tf.Tensor).dispose();
+  });
+});
+
+describe("a checkpoint's config.json (docs/MODEL.md \"Checkpoint config\")", () => {
+  it('refuses a size LeRobot does not name with the accepted values and the vela_real_pi_config key (issue 32 item 5)', () => {
+    for (const [field, value] of [['paligemma_variant', 'gemma_7b'], ['action_expert_variant', 'gemma_2b']] as const) {
+      try {
+        realPiConfigFromHub({ type: 'pi05', [field]: value });
+        expect.unreachable();
+      } catch (e) {
+        expect(e).toBeInstanceOf(ConfigError);
+        const msg = (e as Error).message;
+        expect(msg).toContain(`${field} is "${value}"`);
+        expect(msg).toContain(field === 'paligemma_variant' ? '"gemma_2b"' : '"gemma_300m"');
+        expect(msg).toContain('"vela_real_pi_config"');
+      }
+    }
+  });
+
+  it("MODEL.md's vela_real_pi_config example builds the tiny pi0.5", () => {
+    const doc = fs.readFileSync(new URL('../docs/MODEL.md', import.meta.url), 'utf8');
+    const section = doc.slice(doc.indexOf('### Checkpoint config'));
+    const json = /```json\n([\s\S]*?)```/.exec(section)![1]!;
+    expect(realPiConfigFromHub(JSON.parse(json))).toEqual(REAL_PI_TINY_PI05);
   });
 });
 

@@ -96,6 +96,23 @@ describe('PaliGemma-kind tokenizer (trained, committed): ids equal Python tokeni
   });
 });
 
+describe("LeRobot's pi0 newline step", () => {
+  it('appends "\\n" only to a task that does not already end in one (issue 32 item 2)', async () => {
+    const tok = await loadPaligemmaTokenizer(DIR);
+    const task = '  stack the_red block on block 2';
+    const plain = tok.pi0Prompt(task, 48, 'lerobot');
+    const ended = tok.pi0Prompt(`${task}\n`, 48, 'lerobot');
+    // LeRobot's processor leaves a task ending in "\n" as it is, so both prompts are one text.
+    expect(Array.from(ended.tokens)).toEqual(Array.from(plain.tokens));
+    expect(ended.fullLength).toBe(plain.fullLength);
+    expect(Array.from(plain.tokens.slice(0, plain.length))).toEqual([tok.bosId, ...tok.encode(`${task}\n`)]);
+    // Two newlines stay two: only a missing one is added.
+    expect(tok.pi0Prompt(`${task}\n\n`, 48, 'lerobot').fullLength).toBe(1 + tok.encode(`${task}\n\n`).length);
+    // openpi's form cleans the task (the newline becomes a space) and encodes "\n" apart.
+    expect(tok.pi0Prompt(`${task}\n`, 48, 'openpi').fullLength).toBe(1 + tok.encode(cleanTaskText(`${task}\n`)).length + tok.encode('\n').length);
+  });
+});
+
 describe('prompt rules (pure)', () => {
   it('bins the state as numpy digitize over 256 edges of [-1, 1], including values at and beyond the edges', () => {
     expect(discretizeState([-1, -1 - 1e-9, -1e-30, 0, 1 - 2 / 256, 1 - 2 / 256 - 1e-12, 1, 7, Infinity, -Infinity])).toEqual([0, -1, 127, 128, 255, 254, 255, 255, 255, -1]);

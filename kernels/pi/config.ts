@@ -170,8 +170,8 @@ export function realPiConfigFromHub(json: Record<string, unknown>): RealPiConfig
   if (type !== 'pi0' && type !== 'pi05') throw new ConfigError('bad_config', `config.json type is ${JSON.stringify(type)}; a pi checkpoint says "pi0" or "pi05"`);
   const vlmName = json.paligemma_variant ?? 'gemma_2b';
   const expertName = json.action_expert_variant ?? 'gemma_300m';
-  if (vlmName !== 'gemma_2b') throw new ConfigError('bad_config', `config.json paligemma_variant is ${JSON.stringify(vlmName)}; Vela reads "gemma_2b" (the public pi0 / pi0.5 checkpoints)`);
-  if (expertName !== 'gemma_300m') throw new ConfigError('bad_config', `config.json action_expert_variant is ${JSON.stringify(expertName)}; Vela reads "gemma_300m" (the public pi0 / pi0.5 checkpoints)`);
+  if (vlmName !== 'gemma_2b') throw new ConfigError('bad_config', `config.json paligemma_variant is ${JSON.stringify(vlmName)}; Vela reads "gemma_2b" (the public pi0 / pi0.5 checkpoints) or, for a checkpoint of another size, the whole RealPiConfig under "vela_real_pi_config" (docs/MODEL.md "Checkpoint config")`);
+  if (expertName !== 'gemma_300m') throw new ConfigError('bad_config', `config.json action_expert_variant is ${JSON.stringify(expertName)}; Vela reads "gemma_300m" (the public pi0 / pi0.5 checkpoints) or, for a checkpoint of another size, the whole RealPiConfig under "vela_real_pi_config" (docs/MODEL.md "Checkpoint config")`);
   const res = json.image_resolution ?? [224, 224];
   if (!Array.isArray(res) || res.length !== 2 || res[0] !== 224 || res[1] !== 224) {
     throw new ConfigError('bad_config', `config.json image_resolution is ${JSON.stringify(res)}; SigLIP So400m/14 of the public checkpoints takes [224, 224]`);

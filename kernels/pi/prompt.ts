@@ -98,7 +98,7 @@ export function padPrompt(ids: readonly number[], maxLen: number): PromptTokens 
 /**
  * Whose pi0 prompt: 'lerobot' (the default: where openpi and LeRobot differ, Vela follows
  * LeRobot, whose checkpoints users download; its pi0 processor): the task as given with "\n"
- * appended, encoded in one pass; 'openpi' (openpi's data pipeline, which trained the base
+ * appended unless it already ends in one, encoded in one pass; 'openpi' (openpi's data pipeline, which trained the base
  * weights): the cleaned task, then a separately encoded "\n". They differ on `_`, newlines and
  * surrounding whitespace in the task (FACTS.md section 7).
  */
@@ -109,7 +109,8 @@ export type Pi0PromptStyle = 'openpi' | 'lerobot';
  * or cut to `maxLen` (48 for pi0, 200 for pi0.5).
  */
 export function pi0PromptTokens(encode: TextEncoder, task: string, maxLen: number, bosId = PALIGEMMA_BOS_ID, style: Pi0PromptStyle = 'lerobot'): PromptTokens {
-  const ids = style === 'lerobot' ? encode(`${task}\n`) : [...encode(cleanTaskText(task)), ...encode('\n')];
+  // LeRobot's newline step appends "\n" only to a task that does not already end in one.
+  const ids = style === 'lerobot' ? encode(task.endsWith('\n') ? task : `${task}\n`) : [...encode(cleanTaskText(task)), ...encode('\n')];
   return padPrompt([bosId, ...ids], maxLen);
 }
 

@@ -204,6 +204,5 @@ export function describePresets(): string {
     const count = countParams(makeConfig(name)).toLocaleString('en-US');
     return `${name.padEnd(12)} ${count.padStart(11)} parameters${aliases.length ? ` (deprecated alias: ${aliases.join(', ')})` : ''}`;
   });
-  rows.push('pi0, pi05: the real models (kernels/pi), not served here yet; records stored before the rename load them as flow0-small, flow05-small');
   return rows.join('\n');
 }
