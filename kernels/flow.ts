@@ -97,8 +97,11 @@ export function mseVelocityGrad(velocity: Float32Array, target: Float32Array, ma
 }
 
 /**
- * Euler integration from noise (t = 1) to t = 0: dt = -1 / numSteps, `x += dt * v(x, t)`,
- * `t += dt` while t >= -dt / 2 (MODEL.md "Sampling"); t is kept in float32 as openpi does.
+ * Euler integration from noise (t = 1) to t = 0 in exactly numSteps steps, `x += dt * v(x, t_k)`
+ * with dt = float32(-1 / numSteps) and t_k = float32(1 + k * (-1 / numSteps)) (k = 0 .. numSteps-1,
+ * the sum in float64), LeRobot's grid (policies/common/flow_matching.py `euler_integrate`:
+ * 1, 0.9, 0.8, ...). openpi instead accumulates t += dt in float32 (1, 0.9, 0.79999995, ...);
+ * MODEL.md "Sampling" says why LeRobot's is followed.
  * `velocityAt(x, time, held)` returns a new tensor [b, ah, ad] for x [b, ah, ad] at flow times
  * `time` [b]; `held` [b, ah, 1] (RTC's prefix mode) marks the actions that are at flow time 0
  * instead. x starts as `noise` [b, ah, ad]. With `chunk` (kernels/rtc.ts) the chunk is made to
@@ -117,12 +120,16 @@ export function eulerSample(noise: tf.Tensor, numSteps: number, velocityAt: (x: 
   const keep = prefix ? tf.sub(1, prefix.weights) : null;
   const held = prefix ? tf.slice(prefix.weights, [0, 0, 0], [b, ah, 1]) : undefined;
   const hold = (x: tf.Tensor) => (prefix ? tf.add(tf.mul(keep!, x), tf.mul(prefix.weights, prefix.actions)) : x);
-  let t = 1;
+  const dt64 = -1 / numSteps;
   let x = prefix ? tf.tidy(() => hold(noise)) : tf.clone(noise);
   try {
-    while (t >= -dt / 2) {
+    for (let k = 0; k < numSteps; k++) {
+      // LeRobot: time = 1.0 + step * dt in Python floats, cast to float32 for the model; its RTC
+      // guidance weight reads the float64 time.
+      const t64 = 1 + k * dt64;
+      const t = Math.fround(t64);
       const time = new Float32Array(b).fill(t);
-      const tt = t;
+      const tt = t64;
       const next = tf.tidy(() => {
         if (chunk?.mode === 'guided') {
           const { velocity, grad } = guidanceGradient((xx) => velocityAt(xx, time), x, tt, chunk.actions, chunk.weights);
@@ -134,7 +141,6 @@ export function eulerSample(noise: tf.Tensor, numSteps: number, velocityAt: (x: 
       });
       x.dispose();
       x = next;
-      t = Math.fround(t + dt);
     }
   } finally {
     tf.dispose([keep, held].filter((z): z is tf.Tensor => !!z));
