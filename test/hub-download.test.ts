@@ -145,6 +145,28 @@ describe('vela datasets download', () => {
     expect(fs.readdirSync(path.join(dest, '.cache/huggingface/download/data/chunk-000')).filter((n) => n.endsWith('.incomplete'))).toEqual([]);
   });
 
+  it('stops at the listed size when the hub sends an endless body, and keeps nothing of it (issue 32 item 10)', async () => {
+    const h = await hub({ endless: new Set([PARQUET]) });
+    const dest = path.join(tmp, 'endless', REPO);
+    const err = await hubError(downloadDataset({ repoId: REPO, endpoint: h.url, dest }));
+    expect(err.code).toBe('integrity');
+    const size = fs.statSync(path.join(G1_DIR, PARQUET)).size;
+    expect(err.message).toBe(`${PARQUET}: the hub sent more than the ${size} bytes its file list gives; the bytes were discarded, not saved`);
+    expect(fs.existsSync(path.join(dest, PARQUET))).toBe(false);
+    expect(fs.readdirSync(path.join(dest, '.cache/huggingface/download/data/chunk-000')).filter((n) => n.endsWith('.incomplete'))).toEqual([]);
+  });
+
+  it('refuses a listed oid that is not hex digits before any path is built from it (issue 32 item 11)', async () => {
+    const h = await hub({ listedOid: new Map([[PARQUET, '../../../outside/x']]) });
+    const root = path.join(tmp, 'oid');
+    const dest = path.join(root, REPO);
+    const err = await hubError(downloadDataset({ repoId: REPO, endpoint: h.url, dest }));
+    expect(err.code).toBe('bad_answer');
+    expect(err.message).toBe(`the file list of ${REPO}: ${PARQUET}: the hub listed an LFS SHA-256 of "../../../outside/x", not 64 hex digits; nothing was written`);
+    expect(fs.existsSync(dest)).toBe(false);
+    expect(fs.readdirSync(tmp).filter((n) => n === 'outside')).toEqual([]);
+  });
+
   it('sends HF_TOKEN as a Bearer token, and says what to do without one', async () => {
     const h = await hub({ token: 'hf_secret' });
     const dest = path.join(tmp, 'token', REPO);

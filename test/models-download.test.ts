@@ -180,6 +180,42 @@ describe('vela models download', () => {
     expect(fs.existsSync(path.join(repoDir(home, REPO), 'snapshots', h.commitOf(REPO), WEIGHTS))).toBe(false);
   });
 
+  it('stops at the listed size when the hub sends an endless body: nothing past it is written, nothing kept (issue 32 item 10)', async () => {
+    const h = await hub({ endless: new Set([WEIGHTS]) });
+    const home = path.join(tmp, 'home-endless');
+    const r = await vela(['models', 'download', REPO], { HF_HOME: home, HF_ENDPOINT: h.url }).done;
+    expect(r.code).toBe(1);
+    const size = fs.statSync(path.join(ckpt, WEIGHTS)).size;
+    expect(r.stderr.trim().split('\n').at(-1)).toBe(`vela models download: ${REPO}: ${WEIGHTS}: the hub sent more than the ${size} bytes its file list gives; the bytes were discarded, not saved in the cache`);
+    const blobs = path.join(repoDir(home, REPO), 'blobs');
+    // Nothing of the file is left: neither a blob nor a partial (which never held more than the listed size).
+    expect(fs.readdirSync(blobs).filter((n) => n.startsWith(sha256(fs.readFileSync(path.join(ckpt, WEIGHTS)))))).toEqual([]);
+  });
+
+  it('refuses a listed oid that is not 40 / 64 hex digits before building any path from it (issue 32 item 11)', async () => {
+    const h = await hub({ listedOid: new Map([[WEIGHTS, '../../../outside/x']]) });
+    const home = path.join(tmp, 'home-oid');
+    const r = await vela(['models', 'download', REPO], { HF_HOME: home, HF_ENDPOINT: h.url }).done;
+    expect(r.code).toBe(1);
+    expect(r.stderr.trim().split('\n').at(-1)).toBe(`vela models download: ${REPO}: ${WEIGHTS}: the hub listed an LFS SHA-256 of "../../../outside/x", not 64 hex digits; nothing was written`);
+    const hub0 = hubCacheDir({ HF_HOME: home });
+    expect(fs.existsSync(path.join(hub0, '..', 'outside'))).toBe(false);
+    expect(fs.existsSync(path.join(path.dirname(hub0), 'outside'))).toBe(false);
+    expect(fs.existsSync(path.join(home, 'outside'))).toBe(false);
+  });
+
+  it('hashes a blob of the listed size before linking it: other bytes are fetched again (issue 32 item 11)', async () => {
+    const h = await hub();
+    const home = path.join(tmp, 'home-samesize');
+    const want = sha256(fs.readFileSync(path.join(ckpt, WEIGHTS)));
+    const blob = path.join(repoDir(home, REPO), 'blobs', want);
+    fs.mkdirSync(path.dirname(blob), { recursive: true });
+    fs.writeFileSync(blob, Buffer.alloc(fs.statSync(path.join(ckpt, WEIGHTS)).size, 7));
+    const r = await vela(['models', 'download', REPO], { HF_HOME: home, HF_ENDPOINT: h.url }).done;
+    expect(r.code, r.stderr).toBe(0);
+    expect(sha256(fs.readFileSync(path.join(repoDir(home, REPO), 'snapshots', h.commitOf(REPO), WEIGHTS)))).toBe(want);
+  });
+
   it('a gated repository: one line naming the cause and the fix, without a token and with a token that has no access', async () => {
     const h = await hub();
     const home = path.join(tmp, 'home-gated');

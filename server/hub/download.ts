@@ -24,7 +24,8 @@
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
-import { Readable, Transform } from 'node:stream';
+import { badOid, badSize, capAt, TooLong } from './untrusted.ts';
+import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 
 export type HubErrorCode = 'bad_argument' | 'not_found' | 'unauthorized' | 'http' | 'network' | 'bad_answer' | 'integrity';
@@ -186,7 +187,12 @@ export async function listDatasetFiles(opts: Pick<DownloadOptions, 'repoId' | 'r
         throw new HubError('bad_answer', `the file list of ${opts.repoId} has an entry without path, size and oid: ${JSON.stringify(e).slice(0, 200)}`);
       }
       safeSegments(e.path);
-      files.push({ path: e.path, size: e.size, oid: e.oid, ...(lfs ? { lfs: { oid: lfs.oid as string, size: lfs.size as number } } : {}) });
+      const f: HubFile = { path: e.path, size: e.size, oid: e.oid, ...(lfs ? { lfs: { oid: lfs.oid as string, size: lfs.size as number } } : {}) };
+      // The oid names files (`<path>.<oid>.incomplete`): checked before any path is built from it.
+      const want = expectedHash(f);
+      const bad = badOid(f.oid, 'git-blob-sha1') ?? (lfs ? badOid(want.hex, 'sha256') : null) ?? badSize(f.size) ?? badSize(want.size);
+      if (bad) throw new HubError('bad_answer', `the file list of ${opts.repoId}: ${f.path}: ${bad}; nothing was written`);
+      files.push(f);
     }
     url = nextLink(res.headers.get('link'));
   }
@@ -315,14 +321,8 @@ async function fetchInto(hub: Hub, url: string, name: string, partial: string, w
     throw new HubError('network', `${name}: the server answered another range than bytes=${from}-; starting the file over`);
   }
   if (!res.body) throw new HubError('bad_answer', `${name}: the answer has no body`);
-  let fileBytes = append ? from : 0;
-  const count = new Transform({
-    transform(chunk: Buffer, _enc, cb) {
-      fileBytes += chunk.length;
-      onData(chunk.length, fileBytes);
-      cb(null, chunk);
-    },
-  });
+  // No byte past the listed size reaches the file, whatever the body goes on sending.
+  const count = capAt(append ? from : 0, want.size, onData);
   const out = fs.createWriteStream(partial, { flags: append ? 'a' : 'w' });
   try {
     await pipeline(Readable.fromWeb(res.body as import('node:stream/web').ReadableStream), count, out);
@@ -330,6 +330,10 @@ async function fetchInto(hub: Hub, url: string, name: string, partial: string, w
     // pipeline rejects as soon as the source breaks; writes already handed to the file may still
     // land. Wait for the file to close so the size we report (and resume from) is final.
     if (!out.closed) await new Promise<void>((resolve) => out.once('close', () => resolve()));
+    if (e instanceof TooLong) {
+      fs.rmSync(partial, { force: true });
+      throw new HubError('integrity', `${name}: ${e.message}; the bytes were discarded, not saved`);
+    }
     throw new HubError('network', `${name}: the connection broke after ${fs.statSync(partial).size} of ${want.size} bytes (${(e as Error & { cause?: Error }).cause?.message ?? (e as Error).message})`);
   }
 }

@@ -6,7 +6,8 @@
  */
 import crypto from 'node:crypto';
 import fs from 'node:fs';
-import { Readable, Transform } from 'node:stream';
+import { capAt, TooLong } from '../hub/untrusted.ts';
+import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import type { ReadableStream as NodeReadableStream } from 'node:stream/web';
 import { downloadFile, fileDownloadInfo, HubApiError, InvalidApiResponseFormatError } from '@huggingface/hub';
@@ -73,16 +74,12 @@ export async function fetchInto(o: {
   const blob = await downloadFile({ ...lib, repo, path: urlPath, revision: o.commit, xet: false, downloadInfo: info });
   if (!blob) throw new ModelError('not_found', `${o.repoId}: ${file.path} is listed at commit ${o.commit} but the hub has no such entry`);
   const rest = have > 0 ? blob.slice(have) : blob;
-  let fileBytes = have;
   // The watchdog: a transfer silent for idleTimeoutMs is broken off (and resumed by the caller).
+  // capAt lets no byte past the listed size into the file, whatever the body goes on sending.
   let watchdog: NodeJS.Timeout | undefined;
-  const count = new Transform({
-    transform(chunk: Buffer, _enc, cb) {
-      watchdog?.refresh();
-      fileBytes += chunk.length;
-      o.onData(chunk.length, fileBytes);
-      cb(null, chunk);
-    },
+  const count = capAt(have, file.size, (n, fileBytes) => {
+    watchdog?.refresh();
+    o.onData(n, fileBytes);
   });
   watchdog = setTimeout(() => count.destroy(new Error(`no data for ${o.idleTimeoutMs} ms`)), o.idleTimeoutMs);
   const out = fs.createWriteStream(partial, { flags: have > 0 ? 'a' : 'w' });
@@ -95,6 +92,10 @@ export async function fetchInto(o: {
     // land. Wait for the file to close so the size we resume from is final.
     if (!out.closed) await new Promise<void>((resolve) => out.once('close', () => resolve()));
     if (e instanceof RangeIgnored) throw e;
+    if (e instanceof TooLong) {
+      fs.rmSync(partial, { force: true });
+      throw new ModelError('integrity', `${o.repoId}: ${file.path}: ${e.message}; the bytes were discarded, not saved in the cache`);
+    }
     const reason = typeof e === 'string' ? e : ((e as Error & { cause?: Error }).cause?.message ?? (e as Error).message);
     throw new ModelError('network', `${o.repoId}: ${file.path}: the connection broke after ${(await sizeOf(partial)) ?? 0} of ${file.size} bytes (${reason})`);
   }

@@ -30,6 +30,7 @@
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
+import { badOid, badSize } from '../hub/untrusted.ts';
 import { HubApiError, listFiles, modelInfo } from '@huggingface/hub';
 import type { DownloadProgress } from '../hub/download.ts';
 import { fetchInto, hashFile, RangeIgnored, sizeOf, type TreeFile } from './blob-fetch.ts';
@@ -167,9 +168,11 @@ export async function downloadModel(opts: ModelDownloadOptions): Promise<ModelDo
       if (e.type !== 'file') continue;
       const segs = e.path.split('/');
       if (segs.some((s) => s === '' || s === '.' || s === '..' || s.includes('\\'))) throw new ModelError('network', `${what()}: the hub listed a file path ${JSON.stringify(e.path)} that is not plain relative segments`);
-      if (e.lfs) files.push({ path: e.path, size: e.lfs.size, etag: e.lfs.oid, algo: 'sha256' });
-      else if (e.oid) files.push({ path: e.path, size: e.size, etag: e.oid, algo: 'git-blob-sha1' });
-      else throw new ModelError('network', `${what(e.path)}: the hub's file list gives no oid to check it against`);
+      const f: TreeFile = e.lfs ? { path: e.path, size: e.lfs.size, etag: e.lfs.oid, algo: 'sha256' } : { path: e.path, size: e.size, etag: e.oid ?? '', algo: 'git-blob-sha1' };
+      // The oid names files in the cache (blobs/<oid>): checked before any path is built from it.
+      const bad = badOid(f.etag, f.algo) ?? badSize(f.size);
+      if (bad) throw new ModelError('integrity', `${what(e.path)}: ${bad}; nothing was written`);
+      files.push(f);
     }
   } catch (e) {
     if (e instanceof ModelError) throw e;
@@ -206,6 +209,12 @@ export async function downloadModel(opts: ModelDownloadOptions): Promise<ModelDo
     while (inflight.has(blob)) {
       await inflight.get(blob)!.catch(() => undefined);
       have = await sizeOf(blob);
+    }
+    // A blob of the listed size is linked only once its bytes hash to the listed oid: a file of
+    // the right size and other content (a torn write, another tool's) is fetched again.
+    if (have === f.size && (await hashFile(blob, f.algo)) !== f.etag) {
+      fs.rmSync(blob, { force: true });
+      have = null;
     }
     if (have === f.size) {
       // Already downloaded (by Vela or huggingface_hub): at most the snapshot link is missing.

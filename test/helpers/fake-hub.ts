@@ -50,6 +50,10 @@ export interface FakeHubOptions {
   corrupt?: Set<string>;
   /** Answer a range that does not start at 0 with the whole file (200), as some proxies do. */
   ignoreResumeRange?: boolean;
+  /** Paths whose GET answers the file, then goes on sending (no Content-Length) up to 50 MiB: a hub that lies about sizes. */
+  endless?: Set<string>;
+  /** path -> the oid the file list gives for it (as `lfs.oid` for an LFS file, else `oid`): a hub that lies in its listing. */
+  listedOid?: Map<string, string>;
 }
 
 export interface FakeHub {
@@ -117,12 +121,28 @@ export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
     }
     const slice = body.subarray(start, end + 1);
     res.writeHead(m ? 206 : 200, {
-      ...headers, 'content-type': 'application/octet-stream', 'content-length': String(slice.length), 'accept-ranges': 'bytes',
+      ...headers, 'content-type': 'application/octet-stream', 'accept-ranges': 'bytes',
+      ...(opts.endless?.has(file.path) && req.method !== 'HEAD' ? {} : { 'content-length': String(slice.length) }),
       ...(m ? { 'content-range': `bytes ${start}-${end}/${body.length}` } : {}),
     });
     if (req.method === 'HEAD') {
       // huggingface_hub reads a file's metadata with HEAD; faults are for the bytes of a GET.
       res.end();
+      return;
+    }
+    if (opts.endless?.has(file.path)) {
+      // A body that goes on past the listed size, bounded (50 MiB) so the fault itself stops.
+      res.write(slice);
+      const chunk = Buffer.alloc(64 * 1024, 0x61);
+      let sent = slice.length;
+      const more = () => {
+        while (sent < 50 * 2 ** 20 && !res.destroyed) {
+          sent += chunk.length;
+          if (!res.write(chunk)) return void res.once('drain', more);
+        }
+        res.end();
+      };
+      more();
       return;
     }
     const cut = cutOnce.get(file.path);
@@ -172,8 +192,9 @@ export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
       if (u.pathname.startsWith(`${api}tree/`)) {
         const rev = decodeURIComponent(u.pathname.slice(`${api}tree/`.length));
         if (!atRev(rev)) return json(404, { error: `Invalid rev id: ${rev}` }, { 'x-error-code': 'RevisionNotFound' });
+        const lie = (f: Repo['files'][number], real: string) => opts.listedOid?.get(f.path) ?? real;
         const entries = repo.files.map((f) => ({
-          type: 'file', oid: f.oid, size: f.bytes.length, path: f.path, ...(f.lfs ? { lfs: { oid: f.sha256, size: f.bytes.length, pointerSize: f.pointerSize } } : {}),
+          type: 'file', oid: f.lfs ? f.oid : lie(f, f.oid), size: f.bytes.length, path: f.path, ...(f.lfs ? { lfs: { oid: lie(f, f.sha256), size: f.bytes.length, pointerSize: f.pointerSize } } : {}),
         }));
         const page = Number(u.searchParams.get('cursor') ?? 0);
         const next = page + 2 < entries.length ? `<http://${req.headers.host}${u.pathname}?recursive=true&cursor=${page + 2}>; rel="next"` : undefined;
