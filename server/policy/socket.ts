@@ -275,6 +275,8 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
       const conn = ws.getUserData();
       conn.ticket?.release();
       if (code === WS_TOO_BIG.code && Buffer.from(message).toString() === WS_TOO_BIG.message) {
+        conn.policy.counters.errors++;
+        conn.metrics?.failed();
         log.warn(`policy connection ${conn.policy.id}: a message past the route's limit of ${ceiling} bytes (${bytesText(ceiling)}, ${opts.limitFlag ?? '--max-message-bytes'}); closed at its header`);
       }
       conn.closed = true;
