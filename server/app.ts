@@ -28,6 +28,7 @@ import { mountDatasetUpload, prepareDatasetsRoot } from './datasets/routes.ts';
 import { mountSidecar } from './sidecar/routes.ts';
 import { mountMetrics, watchStore } from './metrics/index.ts';
 import type { ServerConfig } from './config.ts';
+import { WsAdmission } from './ws-admission.ts';
 
 /** `GET /` for API clients (xorl's root info): what this server is and where its APIs live. */
 function rootInfo(baseUrl: string): Record<string, unknown> {
@@ -165,9 +166,14 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
     sendJson(r, 200, sessions.toJson((await store.getSession(row.id))!, wsBaseOf(row)));
   }));
 
-  mountSessionSocket(app, { store, sessions, config, elsewhere: (row) => (remoteOf(row) ? wsBaseOf(row) + `/v1/training_sessions/${row.id}/ws` : null) });
+  // One set of websocket caps for every websocket route of this server (issue 32, item 8).
+  const admission = new WsAdmission({
+    connectionsPerKey: config.maxWsConnectionsPerKey, connections: config.maxWsConnections,
+    bufferedBytesPerKey: config.maxWsBufferedBytesPerKey, bufferedBytes: config.maxWsBufferedBytes,
+  });
+  mountSessionSocket(app, { store, sessions, config, admission, elsewhere: (row) => (remoteOf(row) ? wsBaseOf(row) + `/v1/training_sessions/${row.id}/ws` : null) });
   const served = new ServedPolicies(config.inferIdleS);
-  const inference = { store, config, sessions, served, sampling: new Map<string, SamplingSession>(),
+  const inference = { store, config, sessions, served, admission, sampling: new Map<string, SamplingSession>(),
     // Checkpoint policies (fine-tunes, sampling sessions) run on the policy engine: own worker,
     // and training yields to it (a training session's live policy stays on its training engine).
     engineFor: (preset: string) => sessions.policyEngineFor(preset) };

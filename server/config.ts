@@ -9,6 +9,7 @@ import { shown, UsageError } from './cli-args.ts';
 import { defaultThreads } from '../kernels/backend/native.ts';
 import { parseAllowlist } from './inference/addresses.ts';
 import { parseBytes } from './models/memory.ts';
+import { DEFAULT_WS_CAPS } from './ws-admission.ts';
 
 /** A setting with a bad value, or an unknown one: `vela` prints it as one line and exits 2. */
 export class ConfigError extends UsageError {
@@ -61,6 +62,11 @@ export interface ServerConfig {
   allowDownloads: boolean;
   maxSessionMessageBytes: number;
   maxPolicyMessageBytes: number;
+  /** Websocket caps (ws-admission.ts): connections and reserved bytes per API key and in total. */
+  maxWsConnectionsPerKey: number;
+  maxWsConnections: number;
+  maxWsBufferedBytesPerKey: number;
+  maxWsBufferedBytes: number;
   maxObservationBytes: number;
   maxImagePixels: number;
   maxBatch: number;
@@ -116,6 +122,10 @@ export const SETTINGS: Setting[] = [
   { key: 'allowDownloads', flag: '--allow-downloads', env: 'VELA_ALLOW_DOWNLOADS', kind: 'bool', def: () => false, help: 'let a fine-tune download a Hub dataset (into the datasets root) or base checkpoint (into the HF cache) that is not here yet ($HF_ENDPOINT, $HF_TOKEN)' },
   { key: 'maxSessionMessageBytes', flag: '--max-session-message-bytes', env: 'VELA_MAX_SESSION_MESSAGE_BYTES', kind: 'int', def: () => 64 * MiB, help: 'session websocket message limit' },
   { key: 'maxPolicyMessageBytes', flag: '--max-policy-message-bytes', env: 'VELA_MAX_POLICY_MESSAGE_BYTES', kind: 'int', def: () => 16 * MiB, help: 'policy websocket message limit' },
+  { key: 'maxWsConnectionsPerKey', flag: '--max-ws-connections-per-key', env: 'VELA_MAX_WS_CONNECTIONS_PER_KEY', kind: 'int', def: () => DEFAULT_WS_CAPS.connectionsPerKey, help: 'open websocket connections (policy and session) per API key; past it an upgrade gets 429' },
+  { key: 'maxWsConnections', flag: '--max-ws-connections', env: 'VELA_MAX_WS_CONNECTIONS', kind: 'int', def: () => DEFAULT_WS_CAPS.connections, help: 'open websocket connections in all; past it an upgrade gets 429' },
+  { key: 'maxWsBufferedBytesPerKey', flag: '--max-ws-buffered-bytes-per-key', env: 'VELA_MAX_WS_BUFFERED_BYTES_PER_KEY', kind: 'int', def: () => DEFAULT_WS_CAPS.bufferedBytesPerKey, help: 'bytes one API key\'s websockets may make the server hold (each connection reserves its message limit plus its backpressure limit: 80 MiB policy, 576 MiB session); past it an upgrade gets 429', defaultText: '4294967296 (4 GiB)' },
+  { key: 'maxWsBufferedBytes', flag: '--max-ws-buffered-bytes', env: 'VELA_MAX_WS_BUFFERED_BYTES', kind: 'int', def: () => DEFAULT_WS_CAPS.bufferedBytes, help: 'bytes all websockets may make the server hold; past it an upgrade gets 429', defaultText: '17179869184 (16 GiB)' },
   { key: 'maxObservationBytes', flag: '--max-observation-bytes', env: 'VELA_MAX_OBSERVATION_BYTES', kind: 'int', def: () => 64 * MiB, help: 'decompressed observation limit' },
   { key: 'maxImagePixels', flag: '--max-image-pixels', env: 'VELA_MAX_IMAGE_PIXELS', kind: 'int', def: () => 4096 * 4096, help: 'largest frame, in pixels', defaultText: '16777216 (4096 x 4096)' },
   { key: 'maxBatch', flag: '--max-batch', env: 'VELA_MAX_BATCH', kind: 'int', def: () => 256, help: 'datums per request' },

@@ -317,24 +317,6 @@ export function route(paramCount: number, handler: Handler) {
   };
 }
 
-/** The smallest ceiling: above every message that the pixel and batch limits let a client mean to send. */
-const MIN_WS_CEILING = 1024 * 1024 * 1024;
-/** uWS's largest maxPayloadLength (an unsigned 32-bit int). */
-const MAX_WS_CEILING = 2 ** 32 - 1;
-
-/**
- * uWS's `maxPayloadLength` for a websocket whose own limit is `limitBytes`. uWS drops a message
- * above it with a bare TCP close as soon as the frame header declares its size (no close frame,
- * no reason: the client sees 1006), so it sits far above our limit: any message up to it is read
- * (buffered once, by uWS) and answered by our check with an error frame and close 1009 that name
- * the limit and what to do. 1 GiB, or 4x the limit when that is larger (capped at 4 GiB - 1):
- * a RAW 4096x4096 frame, the largest image a client may send, is 48 MiB. Above the ceiling the
- * bare close remains (a uWS limitation); it also caps what one connection can make us buffer.
- */
-export function wsPayloadCeiling(limitBytes: number): number {
-  return Math.min(MAX_WS_CEILING, Math.max(MIN_WS_CEILING, 4 * limitBytes));
-}
-
 /** A size in bytes for people: `16 MiB`, `1.5 GiB`, `812 bytes`. */
 export function bytesText(n: number): string {
   const units: [number, string][] = [[2 ** 30, 'GiB'], [2 ** 20, 'MiB'], [2 ** 10, 'KiB']];
@@ -343,10 +325,19 @@ export function bytesText(n: number): string {
 }
 
 /**
- * The uWS settings both websockets share: payload ceiling for a `limitBytes` message limit (see
- * wsPayloadCeiling), `maxBackpressure` bytes of unsent answers (bytes; the connection is closed by
- * us, not by uWS, past it), 120 s idle timeout with automatic pings.
+ * The uWS settings every websocket shares: `maxPayloadLength` is the route's message limit
+ * (`limitBytes`), so uWS closes a connection whose frame header (or fragments so far) declares more,
+ * before it buffers any of it: nothing past the limit is read (issue 32, item 8; an earlier ceiling
+ * of 1 GiB above the limit let three connections hold 3 GB). uWS 20.30 closes such a connection
+ * without a close frame: the client sees 1006 and no reason, the server's close handler gets 1006
+ * "Received too big message" (logged; ws-admission.ts). The limit is in each greeting
+ * (`max_message_bytes`), and Vela's clients refuse a larger message before sending it.
+ * `maxBackpressure` bytes of unsent answers (bytes; the connection is closed by us, not by uWS,
+ * past it), 120 s idle timeout with automatic pings.
  */
 export function wsSettings(limitBytes: number, maxBackpressure: number) {
-  return { maxPayloadLength: wsPayloadCeiling(limitBytes), maxBackpressure, closeOnBackpressureLimit: 0, idleTimeout: 120, sendPingsAutomatically: true } as const;
+  return { maxPayloadLength: limitBytes, maxBackpressure, closeOnBackpressureLimit: 0, idleTimeout: 120, sendPingsAutomatically: true } as const;
 }
+
+/** uWS's close code and message for a frame past maxPayloadLength (see wsSettings). */
+export const WS_TOO_BIG = { code: 1006, message: 'Received too big message' } as const;

@@ -12,7 +12,8 @@ import { fromWire, toWire } from '../protocol/ndarray.ts';
 import { idProblem, parseRequest, type RequestId, type SessionRequest } from '../protocol/messages.ts';
 import { credentialOf, safeEqual } from './auth.ts';
 import { EngineError } from './engine/messages.ts';
-import { bytesText, requestHeaders, statusLine, wsSettings } from './http.ts';
+import { bytesText, requestHeaders, statusLine, WS_TOO_BIG, wsSettings } from './http.ts';
+import type { WsAdmission, WsTicket } from './ws-admission.ts';
 import { log } from './log.ts';
 import { redactPaths } from './redact.ts';
 import { runOp } from './ops.ts';
@@ -56,7 +57,12 @@ interface ConnData {
   closed: boolean;
   ws?: WebSocket<ConnData>;
   handle?: { takeOver(reason: string): void };
+  /** This connection's reservation in the server's websocket caps (ws-admission.ts). */
+  ticket?: WsTicket;
 }
+
+/** Bytes of unsent answers past which a session connection is closed (1013). */
+const SESSION_BACKPRESSURE = 512 * 1024 * 1024;
 
 /** Turn a thrown value into the error text of an answer; internal errors are logged, not shown. */
 export function errorText(err: unknown, context: string): { error: string; code: string } {
@@ -88,15 +94,20 @@ function flush(conn: ConnData): void {
   });
 }
 
-/** Mount the session websocket at `/v1/training_sessions/:id/ws` (token-checked upgrade). */
+/**
+ * Mount the session websocket at `/v1/training_sessions/:id/ws` (token-checked upgrade). A message
+ * past --max-session-message-bytes is not read: uWS closes the connection at its header (1006, see
+ * wsSettings). `admission` caps connections and their buffered bytes per session owner (API key)
+ * and in total: past a cap the upgrade is answered 429 with the reason.
+ */
 export function mountSessionSocket(
   app: TemplatedApp,
-  deps: { store: Store; sessions: SessionManager; config: ServerConfig; elsewhere?: (row: SessionRow) => string | null },
+  deps: { store: Store; sessions: SessionManager; config: ServerConfig; elsewhere?: (row: SessionRow) => string | null; admission?: WsAdmission },
 ): void {
   const { store, sessions, config } = deps;
   const limit = config.maxSessionMessageBytes;
   app.ws<ConnData>('/v1/training_sessions/:id/ws', {
-    ...wsSettings(limit, 512 * 1024 * 1024),
+    ...wsSettings(limit, SESSION_BACKPRESSURE),
     upgrade: (res: HttpResponse, req: HttpRequest, ctx: us_socket_context_t) => {
       const id = req.getParameter(0) ?? '';
       const headers = requestHeaders(req);
@@ -111,8 +122,14 @@ export function mountSessionSocket(
       if (live) {
         if (!token || !safeEqual(token, live.row.token)) return reject(401, 'invalid or missing session token');
         if (!live.engine) return reject(409, `session ${id} is starting: poll GET /v1/training_sessions/${id} until ready`);
+        let ticket: WsTicket | undefined;
+        if (deps.admission) {
+          const granted = deps.admission.admit('owner:' + live.row.owner, limit + SESSION_BACKPRESSURE);
+          if ('status' in granted) return reject(granted.status, granted.message);
+          ticket = granted;
+        }
         return res.upgrade<ConnData>(
-          { sessionId: id, live, queue: [], closed: false },
+          { sessionId: id, live, queue: [], closed: false, ticket },
           headers['sec-websocket-key']!, headers['sec-websocket-protocol'] ?? '', headers['sec-websocket-extensions'] ?? '', ctx,
         );
       }
@@ -209,8 +226,12 @@ export function mountSessionSocket(
         .catch(fail);
     },
     drain: (ws) => flush(ws.getUserData()),
-    close: (ws, code) => {
+    close: (ws, code, message) => {
       const conn = ws.getUserData();
+      conn.ticket?.release();
+      if (code === WS_TOO_BIG.code && Buffer.from(message).toString() === WS_TOO_BIG.message) {
+        log.warn(`session ${conn.sessionId}: a message past ${limit} bytes (${bytesText(limit)}, --max-session-message-bytes); closed at its header`);
+      }
       conn.closed = true;
       const live = conn.live;
       if (live && live.connection === conn.handle) live.connection = null;

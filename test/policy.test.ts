@@ -345,8 +345,12 @@ describe('policy server: errors close one connection with a text frame', () => {
     const big = zstdCompress(new Uint8Array(2 * 1024 * 1024), { level: 1 });
     return expectError(big, /zstd frame decompresses to 2097152 bytes; the limit is 1048576/);
   });
-  it('an oversize message: close 1009 (Message Too Big)', () =>
-    expectError(new Uint8Array(100 * 1024), /message is 102400 bytes \(100 KiB\); the limit is 65536 \(64 KiB, --max-message-bytes\)\. Send frames as JPEG/, 1009));
+  it('an oversize message: closed at its header (1006, nothing read: PROTOCOL.md section 8); another client goes on', async () => {
+    const c = await PolicyClient.connect(server.wsUrl);
+    c.send(new Uint8Array(100 * 1024));
+    expect(await c.closed()).toBe(1006);
+    expect(actionsOf(await healthy.infer(observation(1)))).toHaveLength(30);
+  });
   it('an internal failure shows a request id, not the error', async () => {
     engine.failOnPrompt = 'explode';
     const text = await expectError(packNumpy({ ...obs(), prompt: 'explode' }), /^internal error \(req-[\w-]+; see the server log\)$/);
@@ -438,6 +442,7 @@ describe('vela policy: arguments', () => {
       checkpoint: 'ckpt', base: null, model: null, cameras: null, port: 8000, host: '127.0.0.1', seed: null, debug: false, batchWindowMs: 5, maxBatch: 16, apiKey: null,
       backend: 'auto', maxMessageBytes: 16 * 1024 * 1024, logLevel: 'info', metricsPublic: false,
       rtc: { mode: 'auto', controlHz: null, delay: null, schedule: 'exp', maxGuidance: 5 },
+      wsCaps: { connectionsPerKey: 16, connections: 256, bufferedBytesPerKey: 4 * 2 ** 30, bufferedBytes: 16 * 2 ** 30 },
     });
   });
 

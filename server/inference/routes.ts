@@ -18,6 +18,7 @@ import { loadObservationDictionary } from '../../protocol/zstd.ts';
 import { ProtocolError } from '../../protocol/errors.ts';
 import { credentialOf, safeEqual } from '../auth.ts';
 import { HttpError, route, sendJson, statusLine, type Req } from '../http.ts';
+import type { WsAdmission } from '../ws-admission.ts';
 import { applyWeightsPush, createFolderPolicy, createPolicyServer, decodeWeightsPush, MAX_PUSH_BYTES, mountPolicySocket, randomSeed, type PolicyServer } from '../policy/index.ts';
 import { readBody, sendAs, type Format } from '../futures/codec.ts';
 import { errorAnswer } from '../futures/requests.ts';
@@ -47,6 +48,8 @@ export interface InferenceDeps {
   /** Sampling sessions created or used since this server started; the store has every one (targetOf reads it). */
   sampling: Map<string, SamplingSession>;
   engineFor: (preset: string) => Promise<EngineLike>;
+  /** The server's websocket caps (shared with the session websocket); none: uncapped (tests of other things). */
+  admission?: WsAdmission;
 }
 
 /** What serving a target takes: its cache key, how to load it, whether it still exists. */
@@ -162,7 +165,7 @@ export function mountInference(app: TemplatedApp, deps: InferenceDeps): void {
     mountPolicySocket(app, `/v1/${kind}/:id/policy`, async (req) => {
       const t = await targetOf(deps, kind, req.params[0]!, req.headers);
       return (await served.acquire(t.key, t.load, t.alive)).policy;
-    }, { maxMessageBytes: config.maxPolicyMessageBytes, limitFlag: '--max-policy-message-bytes' });
+    }, { maxMessageBytes: config.maxPolicyMessageBytes, limitFlag: '--max-policy-message-bytes', admission: deps.admission });
 
     app.post(`/v1/${kind}/:id/infer`, route(1, async (r: Req) => {
       try {

@@ -14,6 +14,7 @@ import { storedPreset } from '../presets.ts';
 import { REAL_MODELS, type RealModel } from '../models/bases.ts';
 import { baseServing, classifyFolder, OPENPI_CAMERAS, type ServedFolder } from './checkpoint.ts';
 import { DEFAULT_RTC_SETTINGS, RTC_QUERY_KEYS, rtcSettings, type RtcSettings } from './rtc.ts';
+import { DEFAULT_WS_CAPS, type WsCaps } from '../ws-admission.ts';
 
 const HELP = 'vela policy --help';
 
@@ -61,6 +62,14 @@ Options:
   --backend B           ${BACKEND_CHOICES.join(' | ')} (default auto; also VELA_BACKEND)
   --max-message-bytes N largest observation message (default ${DEFAULT_POLICY_LIMITS.maxMessageBytes})
   --log-level L         ${LOG_LEVELS.join(' | ')} (default info)
+  --max-ws-connections-per-key N
+                        open connections per API key, or per remote address without
+                        --api-key; past it a connection gets 429 (default ${DEFAULT_WS_CAPS.connectionsPerKey})
+  --max-ws-connections N  open connections in all (default ${DEFAULT_WS_CAPS.connections})
+  --max-ws-buffered-bytes-per-key N
+                        bytes one key's (address's) connections may make the server hold: each
+                        reserves --max-message-bytes + 64 MiB of unsent answers (default ${DEFAULT_WS_CAPS.bufferedBytesPerKey})
+  --max-ws-buffered-bytes N  the same in all (default ${DEFAULT_WS_CAPS.bufferedBytes})
   -h, --help            this text
 
 Real-time chunking (a robot that sends rtc/executed gets a chunk that continues the one it is
@@ -93,6 +102,8 @@ interface Parsed {
   metricsPublic: boolean;
   backend: string;
   maxMessageBytes: number;
+  /** Websocket caps (ws-admission.ts). */
+  wsCaps: WsCaps;
   logLevel: string;
   /** Real-time chunking defaults (server/policy/rtc.ts). */
   rtc: RtcSettings;
@@ -104,6 +115,7 @@ const RTC_FLAGS: Record<string, string> = Object.fromEntries(RTC_QUERY_KEYS.map(
 const SPEC: FlagSpec = {
   '--port': 'value', '--host': 'value', '--seed': 'value', '--debug': 'switch', '--batch-window-ms': 'value', '--max-batch': 'value',
   '--api-key': 'value', '--metrics-public': 'switch', '--backend': 'value', '--max-message-bytes': 'value', '--log-level': 'value',
+  '--max-ws-connections-per-key': 'value', '--max-ws-connections': 'value', '--max-ws-buffered-bytes-per-key': 'value', '--max-ws-buffered-bytes': 'value',
   '--checkpoint': 'value', '--base': 'value', '--model': 'value', '--cameras': 'value',
   ...Object.fromEntries(Object.keys(RTC_FLAGS).map((f) => [f, 'value' as const])),
 };
@@ -124,6 +136,7 @@ export function parsePolicyArgs(argv: string[], env: NodeJS.ProcessEnv = process
   const out: Parsed = {
     checkpoint: null, base: null, model: null, cameras: null, port: 8000, host: '127.0.0.1', seed: null, debug: false, batchWindowMs: 5, maxBatch: 16,
     apiKey: env.VELA_API_KEY || null, metricsPublic: /^(1|true|yes|on)$/i.test(env.VELA_METRICS_PUBLIC ?? ''), backend: env.VELA_BACKEND || 'auto', maxMessageBytes: DEFAULT_POLICY_LIMITS.maxMessageBytes, logLevel: 'info',
+    wsCaps: { ...DEFAULT_WS_CAPS },
     rtc: { ...DEFAULT_RTC_SETTINGS },
   };
   const { flags, positional } = splitArgs(argv, SPEC, HELP);
@@ -139,6 +152,10 @@ export function parsePolicyArgs(argv: string[], env: NodeJS.ProcessEnv = process
       case '--metrics-public': out.metricsPublic = true; break;
       case '--backend': out.backend = choiceArg(f, BACKEND_CHOICES); break;
       case '--max-message-bytes': out.maxMessageBytes = intArg(f, 1024, 1024 * 1024 * 1024); break;
+      case '--max-ws-connections-per-key': out.wsCaps.connectionsPerKey = intArg(f, 1, 1_000_000); break;
+      case '--max-ws-connections': out.wsCaps.connections = intArg(f, 1, 1_000_000); break;
+      case '--max-ws-buffered-bytes-per-key': out.wsCaps.bufferedBytesPerKey = intArg(f, 1, 2 ** 50); break;
+      case '--max-ws-buffered-bytes': out.wsCaps.bufferedBytes = intArg(f, 1, 2 ** 50); break;
       case '--log-level': out.logLevel = choiceArg(f, LOG_LEVELS); break;
       case '--checkpoint': out.checkpoint = f.value; break;
       case '--base': out.base = f.value; break;
@@ -261,7 +278,7 @@ export async function policyCommand(argv: string[]): Promise<void> {
   try {
     server = await startPolicyServer({
       engine, ...served, policyId: 'policy', seed: args.seed, debug: args.debug, batchWindowMs: args.batchWindowMs,
-      maxBatch: args.maxBatch, apiKey: args.apiKey, metricsPublic: args.metricsPublic, limits: { maxMessageBytes: args.maxMessageBytes }, host: args.host, port: args.port, rtc: args.rtc,
+      maxBatch: args.maxBatch, apiKey: args.apiKey, metricsPublic: args.metricsPublic, limits: { maxMessageBytes: args.maxMessageBytes }, host: args.host, port: args.port, rtc: args.rtc, wsCaps: args.wsCaps,
     });
   } catch (e) {
     await engine.close();

@@ -12,7 +12,9 @@ import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket, us_socket_cont
 import { ProtocolError } from '../../protocol/errors.ts';
 import { packNumpy } from '../../protocol/ndarray.ts';
 import { EngineError } from '../engine/messages.ts';
-import { bytesText, decodeUrlPart, HttpError, requestHeaders, statusLine, wsSettings } from '../http.ts';
+import { credentialOf } from '../auth.ts';
+import { bytesText, decodeUrlPart, HttpError, requestHeaders, statusLine, WS_TOO_BIG, wsSettings } from '../http.ts';
+import { wsKeyOf, type WsAdmission, type WsTicket } from '../ws-admission.ts';
 import { log } from '../log.ts';
 import { PolicyConnectionMetrics } from '../metrics/policy.ts';
 import { redactPaths } from '../redact.ts';
@@ -58,7 +60,12 @@ interface Conn {
   range?: RangeWarnings;
   /** Real-time chunking: the last chunk sent, answer times, round trip (rtc.ts). */
   rtc: RtcConnection;
+  /** This connection's reservation in the server's websocket caps (ws-admission.ts). */
+  ticket?: WsTicket;
 }
+
+/** Bytes of unsent answers past which a policy connection is closed (1013). */
+const POLICY_BACKPRESSURE = 64 * 1024 * 1024;
 
 /** The query parameters of a policy connection (PROTOCOL.md section 6). */
 const QUERY_KEYS = ['stream', 'seed', ...RTC_QUERY_KEYS];
@@ -148,15 +155,19 @@ function paramCount(pattern: string): number {
 /**
  * Mounts the policy websocket at `pattern` (`/` standalone, `/v1/fine-tunes/:id/policy` on the
  * main server). `resolve` picks the policy (and checks the key) per connection; it may be async.
- * `maxMessageBytes` is the route's ceiling; each policy's own limit is checked per message.
+ * `maxMessageBytes` is the route's limit (uWS closes a connection, 1006, whose frame declares more:
+ * see wsSettings); each policy's own lower limit is checked per message (an error frame, 1009).
+ * `admission` caps connections and their buffered bytes per key (the credential presented, or the
+ * remote address without one) and in total: past a cap the upgrade is answered 429 with the reason.
  */
-export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: PolicyResolver, opts: { maxMessageBytes?: number; sockets?: Set<WebSocket<unknown>>; limitFlag?: string } = {}): void {
+export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: PolicyResolver, opts: { maxMessageBytes?: number; sockets?: Set<WebSocket<unknown>>; limitFlag?: string; admission?: WsAdmission } = {}): void {
   const ceiling = opts.maxMessageBytes ?? DEFAULT_POLICY_LIMITS.maxMessageBytes;
   const nParams = paramCount(pattern);
   app.ws<Conn>(pattern, {
-    ...wsSettings(ceiling, 64 * 1024 * 1024),
+    ...wsSettings(ceiling, POLICY_BACKPRESSURE),
     upgrade: (res: HttpResponse, req: HttpRequest, ctx: us_socket_context_t) => {
       const headers = requestHeaders(req);
+      const remote = Buffer.from(res.getRemoteAddressAsText()).toString();
       const params: string[] = [];
       for (let i = 0; i < nParams; i++) params.push(decodeUrlPart(req.getParameter(i) ?? ''));
       const upgrade: PolicyUpgrade = { url: req.getUrl(), query: new URLSearchParams(req.getQuery() ?? ''), headers, params };
@@ -185,7 +196,13 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
             return refuse(400, (e as Error).message);
           }
           if (aborted) return;
-          const conn: Conn = { policy, seeds: seedStream(seed, stream), queue: [], prevTotalMs: null, closed: false, failed: false, rtc: new RtcConnection(rtc) };
+          let ticket: WsTicket | undefined;
+          if (opts.admission) {
+            const granted = opts.admission.admit(wsKeyOf(credentialOf(headers), remote), ceiling + POLICY_BACKPRESSURE);
+            if ('status' in granted) return refuse(granted.status, granted.message);
+            ticket = granted;
+          }
+          const conn: Conn = { policy, seeds: seedStream(seed, stream), queue: [], prevTotalMs: null, closed: false, failed: false, rtc: new RtcConnection(rtc), ticket };
           res.cork(() => res.upgrade<Conn>(conn, headers['sec-websocket-key']!, headers['sec-websocket-protocol'] ?? '', headers['sec-websocket-extensions'] ?? '', ctx));
         })
         .catch((err) => {
@@ -254,8 +271,14 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
     },
     drain: (ws) => flush(ws.getUserData()),
     pong: (ws) => ws.getUserData().rtc.pong(performance.now()),
-    close: (ws) => {
+    close: (ws, code, message) => {
       const conn = ws.getUserData();
+      conn.ticket?.release();
+      if (code === WS_TOO_BIG.code && Buffer.from(message).toString() === WS_TOO_BIG.message) {
+        conn.policy.counters.errors++;
+        conn.metrics?.failed();
+        log.warn(`policy connection ${conn.policy.id}: a message past the route's limit of ${ceiling} bytes (${bytesText(ceiling)}, ${opts.limitFlag ?? '--max-message-bytes'}); closed at its header`);
+      }
       conn.closed = true;
       conn.metrics?.close();
       conn.policy.counters.connections--;

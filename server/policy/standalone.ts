@@ -13,6 +13,7 @@ import { hideServerPath } from '../redact.ts';
 import { mountMetrics } from '../metrics/index.ts';
 import { createPolicyServer, type PolicyServer, type PolicyServerOptions } from './service.ts';
 import { mountPolicySocket } from './socket.ts';
+import { WsAdmission, type WsCaps } from '../ws-admission.ts';
 import { applyWeightsPush, decodeWeightsPush, MAX_PUSH_BYTES } from './push.ts';
 
 export interface StandaloneOptions extends PolicyServerOptions {
@@ -24,6 +25,11 @@ export interface StandaloneOptions extends PolicyServerOptions {
   maxPushBytes?: number;
   /** Answer `GET /metrics` without the API key (`--metrics-public`); default false. */
   metricsPublic?: boolean;
+  /**
+   * Websocket caps (ws-admission.ts); default DEFAULT_WS_CAPS. Without --api-key a connection's
+   * key is its remote address, so one address gets connectionsPerKey connections.
+   */
+  wsCaps?: Partial<WsCaps>;
 }
 
 export interface PolicyServerHandle {
@@ -87,7 +93,7 @@ export async function startPolicyServer(opts: StandaloneOptions): Promise<Policy
   mountPolicySocket(app, '/', (req) => {
     checkPolicyKey(policy, req.headers);
     return policy;
-  }, { maxMessageBytes: policy.limits.maxMessageBytes, sockets });
+  }, { maxMessageBytes: policy.limits.maxMessageBytes, sockets, admission: new WsAdmission(opts.wsCaps) });
   app.fallback(route(0, (r) => {
     throw new HttpError(404, `no route ${r.method} ${r.url}; the policy websocket is at /`);
   }));
