@@ -170,9 +170,17 @@ export class SessionConnection {
   request<T = any>(op: string, args: Record<string, unknown> = {}): Promise<T> {
     if (this.closed) return Promise.reject(new VelaError('closed', `connection closed (${this.closed.code})`));
     const id = this.nextId++;
+    const bytes = pack(toWire({ id, op, ...args }));
+    // The server does not read a message past its limit (it closes the connection at the frame
+    // header, 1006, without a reason: PROTOCOL.md section 8), so the reason is given here.
+    const limit = this.info.max_message_bytes;
+    if (typeof limit === 'number' && bytes.length > limit) {
+      return Promise.reject(new VelaError('too_large', `message is ${bytes.length} bytes; the server's limit is ${limit} (max_message_bytes, --max-session-message-bytes). ` +
+        'Send frames as JPEG (codec "JPEG") or resize them, or split the batch into smaller requests', id));
+    }
     return new Promise<T>((resolve, reject) => {
       this.waiting.set(id, { resolve, reject });
-      this.ws.send(pack(toWire({ id, op, ...args })));
+      this.ws.send(bytes);
     });
   }
 
