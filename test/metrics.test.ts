@@ -209,7 +209,7 @@ describe('GET /metrics of vela policy (standalone)', () => {
     'observation/state': ndarray(Float32Array.of(0.5, -1.25, 2, 0.75, -3, 1.5, i), [7]),
     prompt: `pick up the bottle ${i}`,
   });
-  const start = async (opts: { apiKey?: string; metricsPublic?: boolean; policyId?: string }): Promise<PolicyServerHandle> => {
+  const start = async (opts: { apiKey?: string; metricsPublic?: boolean; policyId?: string; wsCaps?: { connectionsPerKey: number } }): Promise<PolicyServerHandle> => {
     const s = await startPolicyServer({ engine: stubEngine(), checkpointDir: '/ckpt/run-1', policyId: 'pol-metrics', seed: 7, batchWindowMs: 0, port: 0, ...opts });
     closers.push(() => s.close());
     return s;
@@ -231,7 +231,8 @@ describe('GET /metrics of vela policy (standalone)', () => {
   });
 
   it(`gives at most ${MAX_CONNECTION_SERIES} open connections their own series, and drops them on close`, async () => {
-    const s = await start({ metricsPublic: true, policyId: 'pol-many' });
+    // More robots than one address may open by default (16): the cap is raised for this test.
+    const s = await start({ metricsPublic: true, policyId: 'pol-many', wsCaps: { connectionsPerKey: MAX_CONNECTION_SERIES + 2 } });
     expect((await withoutConnections(s.baseUrl, null)).value('vela_policy_connections')).toBe(0);
     const robots = await Promise.all(Array.from({ length: MAX_CONNECTION_SERIES + 2 }, () => PolicyClient.connect(s.wsUrl)));
     await Promise.all(robots.map(async (r, i) => expect((await r.infer(observation(i % 3))).actions.shape).toEqual([5, 6])));
