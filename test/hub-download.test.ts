@@ -210,3 +210,14 @@ describe('vela datasets download', () => {
     }
   });
 });
+
+describe('a resumed transfer checks where the 206 starts (issue 32 item 12)', () => {
+  it('a 206 whose Content-Range starts elsewhere than the kept bytes is not appended: the file starts over and arrives whole', async () => {
+    const h = await hub({ cutAfter: new Map([[VIDEO, 1_000_000]]), wrongRangeStart: true });
+    const dest = path.join(tmp, 'wrongrange', REPO);
+    const phases: string[] = [];
+    await downloadDataset({ repoId: REPO, endpoint: h.url, dest, onProgress: (p) => p.file === VIDEO && phases.push(p.phase) });
+    expect(phases).toContain('retry');
+    expectSameAsSample(dest);
+  });
+});

@@ -443,3 +443,16 @@ describe.skipIf(missing('Python huggingface_hub', hfHubReason()))('the same cach
     expect(inspected).toMatchObject({ kind: 'pi05', parameters: nParams, normStats: true });
   });
 });
+
+describe('a resumed transfer checks where the 206 starts (issue 32 item 12)', () => {
+  it('a 206 whose Content-Range starts elsewhere than the kept bytes is not appended: the file starts over and arrives whole', async () => {
+    const h = await hub({ cutAfter: new Map([[WEIGHTS, 300_000]]), wrongRangeStart: true });
+    const phases: string[] = [];
+    const r = await downloadModel({ repoId: REPO, endpoint: h.url, cacheDir: path.join(tmp, 'home-wrongrange', 'hub'), onProgress: (p) => p.file === WEIGHTS && phases.push(p.phase) });
+    expect(phases).toContain('retry');
+    expect(Buffer.compare(fs.readFileSync(path.join(r.snapshot, WEIGHTS)), fs.readFileSync(path.join(ckpt, WEIGHTS)))).toBe(0);
+    // The answer from byte 0 to the resumed request was refused, then the file was fetched from 0.
+    const ranged = h.requests.filter((q) => q.range !== undefined && q.range !== 'bytes=0-0').map((q) => q.range!);
+    expect(ranged.some((q) => /^bytes=[1-9]\d*-/.test(q))).toBe(true);
+  });
+});

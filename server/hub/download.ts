@@ -24,7 +24,7 @@
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
-import { badOid, badSize, capAt, TooLong } from './untrusted.ts';
+import { badOid, badSize, capAt, contentRangeStart, TooLong } from './untrusted.ts';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 
@@ -311,10 +311,7 @@ async function fetchInto(hub: Hub, url: string, name: string, partial: string, w
     throw new HubError('integrity', `${name}: the hub's ETag is ${etag}; its file list says ${want.hex}`);
   }
   let append = from > 0 && res.status === 206;
-  if (append) {
-    const m = /^bytes (\d+)-/.exec(res.headers.get('content-range') ?? '');
-    if (!m || Number(m[1]) !== from) append = false; // not the range we asked for: start over
-  }
+  if (append && contentRangeStart(res.headers.get('content-range')) !== from) append = false; // not the range we asked for: start over
   if (!append && from > 0 && res.status === 206) {
     await res.body?.cancel();
     fs.truncateSync(partial, 0);

@@ -14,8 +14,9 @@
  * - Verification. The library renames whatever arrived into the blob. Here the finished file's
  *   size, then its SHA-256 (LFS files) or git blob SHA-1 (others), must equal the tree's before it
  *   is renamed into `blobs/<etag>`; otherwise it is deleted and the file is named in the error.
- * - A server that ignores Range (answers 200 to a resumed GET): caught in the fetch wrapper, the
- *   partial file is started over rather than appended to.
+ * - A server that ignores Range (answers 200 to a resumed GET), or answers a 206 whose
+ *   Content-Range does not start at the bytes kept: caught in the fetch wrapper, the partial file
+ *   is started over rather than appended to.
  * - Errors (hub-errors.ts): the library's HubApiError keeps neither X-Error-Code nor
  *   X-Error-Message, which is how the hub tells a gated repository from a private or missing
  *   one; the fetch wrapper keeps the last refused answer's headers so that ModelError can say
@@ -30,7 +31,7 @@
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
-import { badOid, badSize } from '../hub/untrusted.ts';
+import { badOid, badSize, contentRangeStart } from '../hub/untrusted.ts';
 import { HubApiError, listFiles, modelInfo } from '@huggingface/hub';
 import type { DownloadProgress } from '../hub/download.ts';
 import { fetchInto, hashFile, RangeIgnored, sizeOf, type TreeFile } from './blob-fetch.ts';
@@ -80,7 +81,7 @@ export interface ModelDownloadResult {
  * waits for the first instead of appending to the same .incomplete file. Other processes are
  * not locked out.
  */
-const inflight = new Map<string, Promise<void>>();
+const inflight = new Map<string, Promise<boolean>>();
 
 /** huggingface_hub's fnmatch: `*` any run of characters (`/` included), `?` one, `[...]` a set. */
 export function globToRegExp(glob: string): RegExp {
@@ -146,6 +147,14 @@ export async function downloadModel(opts: ModelDownloadOptions): Promise<ModelDo
       await res.body?.cancel();
       rangeIgnored = true;
       throw new RangeIgnored(`the server answered bytes=${range[1]}- with the whole file`);
+    }
+    // The library's WebBlob takes any 206 as the range it asked for and blob-fetch.ts appends it;
+    // a resumed file appends only bytes that start where the kept ones end, else it starts over
+    // (as for a 200). The dataset downloader checks the same (untrusted.ts contentRangeStart).
+    if (range && Number(range[1]) > 0 && res.status === 206 && contentRangeStart(res.headers.get('content-range')) !== Number(range[1])) {
+      await res.body?.cancel();
+      rangeIgnored = true;
+      throw new RangeIgnored(`the server answered bytes=${range[1]}- with Content-Range ${JSON.stringify(res.headers.get('content-range'))}`);
     }
     if (!res.ok) refusal = { status: res.status, errorCode: res.headers.get('x-error-code'), errorMessage: res.headers.get('x-error-message') };
     return res;
@@ -224,7 +233,12 @@ export async function downloadModel(opts: ModelDownloadOptions): Promise<ModelDo
       report(f, i, 'skip');
       continue;
     }
-    const fetchBlob = async (): Promise<void> => {
+    /** Resolves false when another download of this process finished the blob meanwhile. */
+    const fetchBlob = async (): Promise<boolean> => {
+      // The size read above and inflight.set below are not one step: another download in this
+      // process may have renamed this blob into place (and left inflight) during that read.
+      // Hashed right, it is used as is instead of being fetched twice.
+      if ((await sizeOf(blob)) === f.size && (await hashFile(blob, f.algo)) === f.etag) return false;
       const partial = `${blob}.incomplete`;
       fs.mkdirSync(path.dirname(blob), { recursive: true });
       report(f, i, 'start', (await sizeOf(partial)) ?? 0);
@@ -265,17 +279,20 @@ export async function downloadModel(opts: ModelDownloadOptions): Promise<ModelDo
         throw new ModelError('integrity', `${repoId}: ${f.path}: ${f.algo === 'sha256' ? 'SHA-256' : 'git blob SHA-1'} of the downloaded bytes is ${got}; the hub's list says ${f.etag}. The file was discarded, not saved in the cache`);
       }
       fs.renameSync(partial, blob);
+      return true;
     };
     const job = fetchBlob();
     inflight.set(blob, job);
+    let fetched: boolean;
     try {
-      await job;
+      fetched = await job;
     } finally {
       inflight.delete(blob);
     }
     await link(blob, pointer);
     doneBytes += f.size;
-    report(f, i, 'done');
+    if (!fetched) skipped++;
+    report(f, i, fetched ? 'done' : 'skip');
   }
   return { commit, snapshot, files: wanted.length, totalBytes, transferredBytes, skipped };
 }

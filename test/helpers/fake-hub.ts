@@ -15,7 +15,8 @@
  * Faults for tests: `cutAfter` (path -> bytes: the first GET of that file that would send more
  * than that many bytes is cut after that many), `stallAfter` (the same, but the connection then
  * hangs), `corrupt` (paths served with one byte flipped), `ignoreResumeRange` (a range from
- * byte N > 0 is answered with the whole file), `token` (Bearer required for everything but the
+ * byte N > 0 is answered with the whole file), `wrongRangeStart` (such a range answered 206 from
+ * byte 0: a malicious hub), `token` (Bearer required for everything but the
  * CDN: a private repo). A model repo may be
  * `gated` like google/paligemma-3b-pt-224: its metadata and file list are public, its files need
  * a token of an account that accepted the licence (401 without a token, 403 with another one,
@@ -50,6 +51,8 @@ export interface FakeHubOptions {
   corrupt?: Set<string>;
   /** Answer a range that does not start at 0 with the whole file (200), as some proxies do. */
   ignoreResumeRange?: boolean;
+  /** A malicious hub: a range from byte N > 0 is answered 206 with the bytes (and Content-Range) from byte 0. */
+  wrongRangeStart?: boolean;
   /** Paths whose GET answers the file, then goes on sending (no Content-Length) up to 50 MiB: a hub that lies about sizes. */
   endless?: Set<string>;
   /** path -> the oid the file list gives for it (as `lfs.oid` for an LFS file, else `oid`): a hub that lies in its listing. */
@@ -113,6 +116,7 @@ export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
     }
     let m = /^bytes=(\d+)-(\d*)$/.exec(req.headers.range ?? '');
     if (m && opts.ignoreResumeRange && m[1] !== '0') m = null;
+    if (m && opts.wrongRangeStart && m[1] !== '0') m = /^bytes=(\d+)-(\d*)$/.exec(`bytes=0-${m[2]}`);
     const start = m ? Number(m[1]) : 0;
     const end = m && m[2] ? Math.min(Number(m[2]), body.length - 1) : body.length - 1;
     if (m && (start >= body.length || end < start)) {
