@@ -7,6 +7,11 @@
  *
  * - pi0 presets: z-score `(x - mean) / (std + 1e-6)`.
  * - pi0.5 presets: quantile `(x - q01) / (q99 - q01 + 1e-6) * 2 - 1` (no clipping, as openpi).
+ * Those are openpi's transforms (openpi `transforms.py` Normalize / Unnormalize), which Vela's own
+ * training uses. A LeRobot checkpoint's stats are applied as LeRobot applies them
+ * (`lerobot/processor/normalize_processor.py` _NormalizationMixin._apply_transform): z-score
+ * `(x - mean) / (std + eps)` but `x * std + mean` back, quantile `2 (x - q01) / (q99 - q01) - 1`
+ * with eps only where q99 == q01 (eps from the step's config, 1e-8 by default); see normalizerOf.
  * Data whose last dimension d is smaller than the stats' uses the first d stats (openpi slices
  * the same way, since padded dimensions come last).
  */
@@ -166,16 +171,63 @@ export function quantileUnnormalize(x: ArrayLike<number>, dim: number, s: NormSt
   return apply(x, dim, s, (v, j) => ((v + 1) / 2) * (s.q99[j]! - s.q01[j]! + EPS) + s.q01[j]!);
 }
 
+/**
+ * Whose arithmetic applies the stats: openpi's (1e-6 added to std and to the quantile range, in
+ * both directions) or LeRobot's (eps added to std only when normalising, and to a quantile range
+ * only where it is zero). The stats are the same numbers; at a std of 0.08 the two z-scores differ
+ * by ~1.2e-5 relative, so a checkpoint is served with the convention it was trained with.
+ */
+export type NormConvention = 'openpi' | 'lerobot';
+
+/** LeRobot's NormalizerProcessorStep default eps. */
+export const LEROBOT_NORM_EPS = 1e-8;
+
+/** LeRobot's z-score: (x - mean) / (std + eps). */
+function lerobotZscore(eps: number): Normalizer['normalize'] {
+  return (x, dim, s) => apply(x, dim, s, (v, j) => (v - s.mean[j]!) / (s.std[j]! + eps));
+}
+
+/** LeRobot's inverse z-score: x * std + mean (no eps). */
+function lerobotUnzscore(x: ArrayLike<number>, dim: number, s: NormStats): Float32Array {
+  return apply(x, dim, s, (v, j) => v * s.std[j]! + s.mean[j]!);
+}
+
+/** LeRobot's quantile range: q99 - q01, or eps where they are equal. */
+const lerobotRange = (s: NormStats, j: number, eps: number): number => {
+  const d = s.q99[j]! - s.q01[j]!;
+  return d === 0 ? eps : d;
+};
+
 export interface Normalizer {
   mode: NormMode;
+  convention: NormConvention;
   normalize(x: ArrayLike<number>, dim: number, stats: NormStats): Float32Array;
   unnormalize(x: ArrayLike<number>, dim: number, stats: NormStats): Float32Array;
 }
 
 const NORMALIZERS: Record<NormMode, Normalizer> = {
-  zscore: { mode: 'zscore', normalize: zscore, unnormalize: unzscore },
-  quantile: { mode: 'quantile', normalize: quantileNormalize, unnormalize: quantileUnnormalize },
+  zscore: { mode: 'zscore', convention: 'openpi', normalize: zscore, unnormalize: unzscore },
+  quantile: { mode: 'quantile', convention: 'openpi', normalize: quantileNormalize, unnormalize: quantileUnnormalize },
 };
+
+/**
+ * The transform of `mode` in `convention`'s arithmetic (NormConvention). `eps` is LeRobot's
+ * (the normalizer step's `eps`, LEROBOT_NORM_EPS by default); openpi's is fixed at 1e-6.
+ * @throws NormError('bad_input') for an unknown mode or convention, or an eps that is not a finite number >= 0.
+ */
+export function normalizerOf(mode: NormMode, convention: NormConvention = 'openpi', eps = LEROBOT_NORM_EPS): Normalizer {
+  if (mode !== 'zscore' && mode !== 'quantile') throw new NormError('bad_input', `mode is ${JSON.stringify(mode)}; expected zscore or quantile`);
+  if (convention === 'openpi') return NORMALIZERS[mode];
+  if (convention !== 'lerobot') throw new NormError('bad_input', `convention is ${JSON.stringify(convention)}; expected openpi or lerobot`);
+  if (!Number.isFinite(eps) || eps < 0) throw new NormError('bad_input', `eps is ${eps}; expected a finite number >= 0`);
+  if (mode === 'zscore') return { mode, convention, normalize: lerobotZscore(eps), unnormalize: lerobotUnzscore };
+  return {
+    mode,
+    convention,
+    normalize: (x, dim, s) => apply(x, dim, s, (v, j) => (2 * (v - s.q01[j]!)) / lerobotRange(s, j, eps) - 1),
+    unnormalize: (x, dim, s) => apply(x, dim, s, (v, j) => ((v + 1) * lerobotRange(s, j, eps)) / 2 + s.q01[j]!),
+  };
+}
 
 /**
  * The transform of a preset family or variant: pi0's design (`pi0`, `flow0-tiny`, `flow0-small`,

@@ -75,6 +75,16 @@ describe('LeRobot processor files', () => {
     const r = (await readCheckpointNormStats(dir))!;
     expect(r.mode).toBe('zscore');
     expect(r.source).toBe(file);
+    // LeRobot's files are applied with LeRobot's arithmetic and the step's own eps.
+    expect([r.convention, r.eps]).toEqual(['lerobot', 1e-8]);
+    const pre = JSON.parse(fs.readFileSync(path.join(dir, 'policy_preprocessor.json'), 'utf8'));
+    pre.steps[2].config.eps = 1e-5;
+    fs.writeFileSync(path.join(dir, 'policy_preprocessor.json'), JSON.stringify(pre));
+    expect((await readCheckpointNormStats(dir))!.eps).toBe(1e-5);
+    pre.steps[2].config.eps = 'tiny';
+    fs.writeFileSync(path.join(dir, 'policy_preprocessor.json'), JSON.stringify(pre));
+    await expect(readCheckpointNormStats(dir)).rejects.toThrow(/the normalizer_processor step's eps is "tiny"; expected a finite number >= 0/);
+    fs.writeFileSync(path.join(dir, 'policy_preprocessor.json'), lerobotPre('MEAN_STD', FEATURES, file));
     expect(r.stats.state.mean).toEqual(fround(STATS.state.mean));
     expect(r.stats.actions.std).toEqual(fround(STATS.actions.std));
     expect(r.filled).toEqual(['state.q01', 'state.q99', 'actions.q01', 'actions.q99']);
@@ -92,7 +102,7 @@ describe('LeRobot processor files', () => {
       [post]: encodeSafetensors(Object.fromEntries(Object.entries(q(STATS.actions)).map(([k, v]) => [`action.${k}`, v]))),
     });
     const r = (await readCheckpointNormStats(dir))!;
-    expect(r).toMatchObject({ mode: 'quantile', source: pre, filled: [] });
+    expect(r).toMatchObject({ mode: 'quantile', source: pre, filled: [], convention: 'lerobot', eps: 1e-8 });
     expect(r.stats.actions.q01).toEqual(fround(STATS.actions.q01));
     expect(r.stats.state.q99).toEqual(fround(STATS.state.q99));
   });
@@ -132,7 +142,7 @@ describe('openpi assets and Vela\'s norm_stats.json', () => {
 
   it('reads the one asset, with the mode from config.json or the caller', async () => {
     const dir = folder({ 'assets/trossen/norm_stats.json': json, 'config.json': JSON.stringify({ type: 'pi0' }) });
-    expect(await readCheckpointNormStats(dir)).toEqual({ stats: STATS, mode: 'zscore', source: 'assets/trossen/norm_stats.json', filled: [] });
+    expect(await readCheckpointNormStats(dir)).toEqual({ stats: STATS, mode: 'zscore', source: 'assets/trossen/norm_stats.json', filled: [], convention: 'openpi', eps: 1e-8 });
     const bare = folder({ 'assets/droid/norm_stats.json': json });
     expect((await readCheckpointNormStats(bare, { mode: 'quantile' }))!.mode).toBe('quantile');
     await expect(readCheckpointNormStats(bare)).rejects.toThrow('assets/droid/norm_stats.json does not say how to normalise and config.json names no model family: pass the mode (zscore for pi0, quantile for pi0.5)');
@@ -149,7 +159,7 @@ describe('openpi assets and Vela\'s norm_stats.json', () => {
 
   it('Vela\'s root norm_stats.json, with the mode of the preset in config.json', async () => {
     const dir = folder({ 'norm_stats.json': json, 'config.json': JSON.stringify({ preset: 'flow05-tiny' }) });
-    expect(await readCheckpointNormStats(dir)).toEqual({ stats: STATS, mode: 'quantile', source: 'norm_stats.json', filled: [] });
+    expect(await readCheckpointNormStats(dir)).toEqual({ stats: STATS, mode: 'quantile', source: 'norm_stats.json', filled: [], convention: 'openpi', eps: 1e-8 });
     const broken = { norm_stats: { state: { mean: [0, 1], std: [1], q01: [0, 0], q99: [1, 1] }, actions: STATS.actions } };
     const bad = folder({ 'norm_stats.json': JSON.stringify(broken), 'config.json': JSON.stringify({ preset: 'flow0-tiny' }) });
     await expect(readCheckpointNormStats(bad)).rejects.toThrow(/^norm_stats.json: state.std has 1 values; state.mean has 2$/);
@@ -180,13 +190,15 @@ describe('a Vela fine-tune\'s output folder', () => {
       expect(post.steps[0]).toMatchObject({ registry_name: 'unnormalizer_processor', state_file: 'policy_postprocessor_step_0_unnormalizer_processor.safetensors', config: { features: { action: { type: 'ACTION', shape: [2] } } } });
       const back = (await readCheckpointNormStats(dir))!;
       expect(back.mode).toBe(mode);
+      // Vela trained these with openpi's arithmetic; its norm_stats.json beside the LeRobot files says so.
+      expect(back.convention).toBe('openpi');
       expect(back.source).toBe('policy_preprocessor_step_0_normalizer_processor.safetensors');
       for (const key of ['state', 'actions'] as const) {
         for (const f of ['mean', 'std', 'q01', 'q99'] as const) expect(back.stats[key][f]).toEqual(fround(STATS[key][f]));
       }
       // openpi-style tools and older Vela read the exact float64 stats from norm_stats.json.
       fs.rmSync(path.join(dir, 'policy_preprocessor.json'));
-      expect(await readCheckpointNormStats(dir, { mode })).toEqual({ stats: STATS, mode, source: 'norm_stats.json', filled: [] });
+      expect(await readCheckpointNormStats(dir, { mode })).toEqual({ stats: STATS, mode, source: 'norm_stats.json', filled: [], convention: 'openpi', eps: 1e-8 });
     }
   });
 

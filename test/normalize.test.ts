@@ -6,6 +6,7 @@ import {
   deltaMaskFromNames,
   normStatsToJson,
   normalizerFor,
+  normalizerOf,
   parseNormStats,
   quantileNormalize,
   quantileSorted,
@@ -161,5 +162,37 @@ describe('delta actions', () => {
   it('deltaMaskFromNames pairs equal names by index', () => {
     expect(deltaMaskFromNames(['a', 'b', 'c'], ['a', 'b', 'grip'])).toEqual([true, true, false]);
     expect(() => deltaMaskFromNames(['a', 'b'], ['b', 'a'])).toThrow(/action dimension 0 \(b\) is state dimension 1/);
+  });
+});
+
+describe("LeRobot's arithmetic (normalizerOf(mode, 'lerobot'))", () => {
+  // scripts/make_norm_lerobot_vectors.py: numpy float64 with LeRobot's operations in LeRobot's
+  // order, cast to float32 once. Ours does the same float64 operations in the same order and one
+  // fround, so the results are the same float32 numbers (toEqual, no tolerance).
+  const le = JSON.parse(readFileSync(new URL('./vectors/normalize/lerobot.json', import.meta.url), 'utf8')) as {
+    eps: number; zscore: number[]; unzscore: number[]; quantile: number[]; unquantile: number[];
+  };
+  it('z-score: (x - mean) / (std + 1e-8) and back x * std + mean, exactly numpy\'s', () => {
+    const n = normalizerOf('zscore', 'lerobot', le.eps);
+    const z = n.normalize(head, ref.d, ref.stats);
+    expect(Array.from(z)).toEqual(le.zscore);
+    expect(Array.from(n.unnormalize(z, ref.d, ref.stats))).toEqual(le.unzscore);
+    // The convention matters: openpi's 1e-6 moves column 1 (std ~0.2) by ~7e-6.
+    expect(Array.from(z)).not.toEqual(Array.from(normalizerOf('zscore').normalize(head, ref.d, ref.stats)));
+  });
+  it('quantiles: 2 (x - q01) / (q99 - q01) - 1 and back, eps only on the constant column, exactly numpy\'s', () => {
+    const n = normalizerOf('quantile', 'lerobot', le.eps);
+    const q = n.normalize(head, ref.d, ref.stats);
+    expect(Array.from(q)).toEqual(le.quantile);
+    expect(Array.from(n.unnormalize(q, ref.d, ref.stats))).toEqual(le.unquantile);
+    expect(n.mode).toBe('quantile');
+    expect(n.convention).toBe('lerobot');
+  });
+  it('openpi stays the default; bad modes, conventions and eps are refused', () => {
+    expect(normalizerOf('zscore')).toBe(normalizerFor('pi0'));
+    expect(normalizerOf('quantile', 'openpi')).toBe(normalizerFor('pi05'));
+    expect(() => normalizerOf('minmax' as never)).toThrow(/mode is "minmax"; expected zscore or quantile/);
+    expect(() => normalizerOf('zscore', 'jax' as never)).toThrow(/convention is "jax"; expected openpi or lerobot/);
+    expect(() => normalizerOf('zscore', 'lerobot', -1)).toThrow(/eps is -1; expected a finite number >= 0/);
   });
 });

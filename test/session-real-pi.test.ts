@@ -329,7 +329,7 @@ describe('refused bases: one line naming the cause and the fix, nothing left ope
     const noTokenizer = await writeTinyBase('pi05', { tokenizer: false });
     const noConfig = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-no-config-'));
     const cases: [Record<string, unknown>, RegExp][] = [
-      [{ base_model: 'pi05', base: noTokenizer }, /^the PaliGemma tokenizer is not in the Hugging Face cache and .* has no tokenizer\.json: google\/paligemma-3b-pt-224 is gated, so accept its licence on huggingface\.co, set HF_TOKEN, and run `vela models download google\/paligemma-3b-pt-224/],
+      [{ base_model: 'pi05', base: noTokenizer }, /^the PaliGemma tokenizer is not in the Hugging Face cache and .* has no tokenizer of its own \(tokenizer\.json, or the tokenizer\/ folder LeRobot's processor pipeline saves\): google\/paligemma-3b-pt-224 is gated, so accept its licence on huggingface\.co, set HF_TOKEN, and run `vela models download google\/paligemma-3b-pt-224/],
       [{ base_model: 'pi05', base: 'lerobot/not_a_base' }, /^base lerobot\/not_a_base is not in the Hugging Face cache .*`vela models download lerobot\/not_a_base`/],
       [{ base_model: 'pi0' }, /^base lerobot\/pi0_base is not in the Hugging Face cache .*`vela models download lerobot\/pi0_base`/],
       [{ base_model: 'pi05', base: noConfig }, /config\.json does not exist; a Hub checkpoint folder has config\.json beside model\.safetensors$/],

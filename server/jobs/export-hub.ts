@@ -171,7 +171,7 @@ export async function exportHubModel(o: ExportHubOptions): Promise<{ dir: string
     const own = TOKENIZER_FILES.filter((f) => fs.existsSync(path.join(o.baseDir, f)));
     if (own.length > 0) for (const f of own) await fs.promises.copyFile(path.join(o.baseDir, f), path.join(tmp, f));
     else {
-      // The public bases ship no tokenizer: the one in use (PaliGemma's, from the HF cache) travels with the output.
+      // No tokenizer.json at the base root (the public bases ship none: PaliGemma's from the HF cache; LeRobot's keep theirs in tokenizer/): the one in use travels with the output.
       const file = tokenizerFileFor(o.baseDir);
       await fs.promises.copyFile(file, path.join(tmp, 'tokenizer.json'));
       const beside = path.join(path.dirname(file), 'tokenizer_config.json');

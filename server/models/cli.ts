@@ -9,7 +9,7 @@ import { progressPrinter } from '../hub/cli.ts';
 import { downloadModel } from './download.ts';
 import { ModelError } from './errors.ts';
 import { cachedSnapshot, hubCacheDir, isHubRepoId } from './hf-cache.ts';
-import { findPaligemmaTokenizer, PALIGEMMA_TOKENIZER_REPO } from './tokenizer.ts';
+import { checkpointTokenizer, findPaligemmaTokenizer, PALIGEMMA_TOKENIZER_REPO } from './tokenizer.ts';
 import { formatBytes, formatCount, inspectModel, listModels, type ModelSummary } from './inspect.ts';
 
 export const MODELS_USAGE = `Usage:
@@ -141,11 +141,17 @@ async function inspect(argv: string[]): Promise<void> {
 
 /**
  * Where serving and training this checkpoint would get its tokenizer (server/models/layout.ts
- * tokenizerFileFor): the folder's tokenizer.json, else PaliGemma's in the HF cache, else neither
- * (both refuse then), with the command that fetches it.
+ * tokenizerFileFor): the folder's own (tokenizer.json, LeRobot's tokenizer/), else PaliGemma's in
+ * the HF cache, else neither (both refuse then), with the command that fetches it.
  */
 function tokenizerText(dir: string): string {
-  if (fs.existsSync(path.join(dir, 'tokenizer.json'))) return 'tokenizer.json in the folder';
+  let own;
+  try {
+    own = checkpointTokenizer(dir);
+  } catch (e) {
+    return `refused: ${(e as Error).message}`;
+  }
+  if (own) return own.from;
   const cached = findPaligemmaTokenizer();
   if (cached) return `none in the folder; PaliGemma's from the Hugging Face cache (${cached})`;
   return `none in the folder, nor PaliGemma's in the Hugging Face cache: serving and training refuse without one; ${PALIGEMMA_TOKENIZER_REPO} is gated: accept its licence, set HF_TOKEN, run \`vela models download ${PALIGEMMA_TOKENIZER_REPO} --include 'tokenizer*'\``;

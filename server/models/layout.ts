@@ -4,20 +4,18 @@
  * also the PaliGemma prompt (kernels/pi/prompt.ts via server/models/tokenizer.ts), so a datum's
  * task becomes the ids the model was trained on.
  *
- * The tokenizer is the checkpoint folder's own `tokenizer.json` when it carries one (Vela writes
- * it into fine-tune outputs; the tiny CI checkpoints have it), else PaliGemma's from the Hugging
- * Face cache (the public pi0 / pi0.5 repos ship none: it comes from the gated
- * google/paligemma-3b-pt-224).
+ * The tokenizer is the checkpoint folder's own when it carries or names one (Vela's `tokenizer.json`
+ * in fine-tune outputs and the tiny CI checkpoints; the `tokenizer/` folder LeRobot's processor
+ * pipeline saves; tokenizer.ts checkpointTokenizer), else PaliGemma's from the Hugging Face cache
+ * (the public pi0 / pi0.5 repos ship none: it comes from the gated google/paligemma-3b-pt-224).
  */
-import fs from 'node:fs';
-import path from 'node:path';
 import type { BatchLayout, MakeBatchOptions } from '../../kernels/small/batch.ts';
 import type { RealPiConfig } from '../../kernels/pi/config.ts';
 import type { PromptTokens } from '../../kernels/pi/prompt.ts';
 import { ShapeError } from '../../kernels/errors.ts';
 import type { EngineInfo } from '../engine/messages.ts';
 import { realConfigOf } from './plan.ts';
-import { findPaligemmaTokenizer, loadPaligemmaTokenizer, PALIGEMMA_TOKENIZER_REPO, TokenizerError, type PaligemmaTokenizer } from './tokenizer.ts';
+import { checkpointTokenizer, findPaligemmaTokenizer, loadPaligemmaTokenizer, PALIGEMMA_TOKENIZER_REPO, TokenizerError, type PaligemmaTokenizer } from './tokenizer.ts';
 
 /** A batch layout and, for the real family, its prompt encoder. */
 export interface ModelLayout extends BatchLayout {
@@ -32,17 +30,19 @@ export interface ModelLayout extends BatchLayout {
 const tokenizers = new Map<string, Promise<PaligemmaTokenizer>>();
 
 /**
- * The tokenizer.json for a real checkpoint folder: its own, else PaliGemma's in the HF cache.
- * @throws TokenizerError('missing_file') with the fix (the gated repo, HF_TOKEN, the command).
+ * The tokenizer.json for a real checkpoint folder: its own (checkpointTokenizer), else PaliGemma's
+ * in the HF cache.
+ * @throws TokenizerError('missing_file') with the fix (the gated repo, HF_TOKEN, the command);
+ *   TokenizerError from checkpointTokenizer for a pipeline file naming a bad tokenizer path.
  */
 export function tokenizerFileFor(baseDir: string, env: NodeJS.ProcessEnv = process.env): string {
-  const own = path.join(baseDir, 'tokenizer.json');
-  if (fs.existsSync(own)) return own;
+  const own = checkpointTokenizer(baseDir, env);
+  if (own) return own.file;
   const cached = findPaligemmaTokenizer(env);
   if (cached) return cached;
   throw new TokenizerError(
     'missing_file',
-    `the PaliGemma tokenizer is not in the Hugging Face cache and ${baseDir} has no tokenizer.json: ${PALIGEMMA_TOKENIZER_REPO} is gated, so accept its licence on huggingface.co, set HF_TOKEN, and run \`vela models download ${PALIGEMMA_TOKENIZER_REPO} --include 'tokenizer*'\``,
+    `the PaliGemma tokenizer is not in the Hugging Face cache and ${baseDir} has no tokenizer of its own (tokenizer.json, or the tokenizer/ folder LeRobot's processor pipeline saves): ${PALIGEMMA_TOKENIZER_REPO} is gated, so accept its licence on huggingface.co, set HF_TOKEN, and run \`vela models download ${PALIGEMMA_TOKENIZER_REPO} --include 'tokenizer*'\``,
   );
 }
 

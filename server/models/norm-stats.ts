@@ -17,14 +17,18 @@
  * the caller, else from the folder's `config.json` (LeRobot's `normalization_mapping` or
  * `type`, Vela's `preset`).
  *
- * Note on eps: LeRobot divides by (std + 1e-8) and openpi / Vela by (std + 1e-6); the stats are
- * the same numbers, only the transform's guard differs (below 1e-6 relative for any real std).
+ * The transform's arithmetic follows the file (kernels/normalize.ts NormConvention): LeRobot's for
+ * LeRobot's processor files (eps from the normalizer step, std + eps one way and std back, no eps
+ * on a quantile range), openpi's for openpi's assets and Vela's norm_stats.json. The stats are the
+ * same numbers either way, but at a std of 0.08 the two z-scores differ by ~1.2e-5 relative. Vela's
+ * own outputs carry both layouts from one set of stats and were trained with openpi's arithmetic:
+ * the norm_stats.json beside the LeRobot files marks them.
  */
 import { randomBytes } from 'node:crypto';
 import { open, readdir, readFile, rename, rm } from 'node:fs/promises';
 import path from 'node:path';
 import { CheckpointError, decodeSafetensors, encodeSafetensors, type SafeTensor } from '../../kernels/safetensors.ts';
-import { NormError, normalizerFor, normStatsToJson, parseNormStats, validateNormStats, type NormMode, type NormStats, type NormStatsSet } from '../../kernels/normalize.ts';
+import { LEROBOT_NORM_EPS, NormError, normalizerFor, type NormConvention, normStatsToJson, parseNormStats, validateNormStats, type NormMode, type NormStats, type NormStatsSet } from '../../kernels/normalize.ts';
 
 export const LEROBOT_PREPROCESSOR = 'policy_preprocessor.json';
 export const LEROBOT_POSTPROCESSOR = 'policy_postprocessor.json';
@@ -38,7 +42,6 @@ export const LEROBOT_ACTION_KEY = 'action';
 
 /** The z-value of the 1% / 99% quantiles of a normal distribution (filling missing stats). */
 const Z99 = 2.3263478740408408;
-const LEROBOT_EPS = 1e-8;
 const MODE_OF_LEROBOT: Record<string, NormMode> = { MEAN_STD: 'zscore', QUANTILES: 'quantile' };
 const LEROBOT_OF_MODE: Record<NormMode, string> = { zscore: 'MEAN_STD', quantile: 'QUANTILES' };
 
@@ -51,6 +54,10 @@ export interface CheckpointNormStats {
   source: string;
   /** Stats that the file lacked and were filled (see readCheckpointNormStats), e.g. `state.q01`. */
   filled: string[];
+  /** Whose arithmetic applies them: 'lerobot' for LeRobot's processor files, else 'openpi'. */
+  convention: NormConvention;
+  /** LeRobot's eps (the normalizer step's `eps`, 1e-8 by default); openpi's is fixed (1e-6). */
+  eps: number;
 }
 
 export interface ReadNormStatsOptions {
@@ -86,7 +93,7 @@ async function readJson(dir: string, rel: string): Promise<unknown | null> {
 
 interface LerobotStep {
   registry_name?: string;
-  config?: { features?: Record<string, { type?: string; shape?: number[] }>; norm_map?: Record<string, string> };
+  config?: { eps?: unknown; features?: Record<string, { type?: string; shape?: number[] }>; norm_map?: Record<string, string> };
   state_file?: string;
 }
 
@@ -196,7 +203,11 @@ async function readLerobot(dir: string): Promise<CheckpointNormStats | null> {
   if (!actionRaw) throw new NormError('bad_stats', `${actionFile}: no ${actionKey}.* tensors (nor in ${LEROBOT_POSTPROCESSOR}'s unnormalizer)`);
   const filled: string[] = [];
   const stats = { state: complete(tensors.get(stateKey), mode, 'state', step.state_file, filled), actions: complete(actionRaw, mode, 'actions', actionFile, filled) };
-  return { stats, mode, source: step.state_file, filled };
+  const eps = step.config?.eps ?? LEROBOT_NORM_EPS;
+  if (typeof eps !== 'number' || !Number.isFinite(eps) || eps < 0) badConfig(LEROBOT_PREPROCESSOR, `the normalizer_processor step's eps is ${JSON.stringify(eps)}; expected a finite number >= 0`);
+  // Vela's own outputs write these files and norm_stats.json from one set of stats, trained with openpi's arithmetic.
+  const velaOwn = (await readIfExists(path.join(dir, VELA_NORM_STATS))) !== null;
+  return { stats, mode, source: step.state_file, filled, convention: velaOwn ? 'openpi' : 'lerobot', eps };
 }
 
 /** The mode recorded by a folder's config.json (LeRobot's or Vela's), else null. */
@@ -280,7 +291,7 @@ async function finishJson(dir: string, found: { stats: NormStatsSet; source: str
   if (!mode) {
     throw new CheckpointError('bad_config', `${found.source} does not say how to normalise and config.json names no model family: pass the mode (zscore for pi0, quantile for pi0.5)`);
   }
-  return { stats: found.stats, mode, source: found.source, filled: [] };
+  return { stats: found.stats, mode, source: found.source, filled: [], convention: 'openpi', eps: LEROBOT_NORM_EPS };
 }
 
 /** Writes `data` as `dir/name` through a temporary name and a rename, fsynced. */
@@ -313,7 +324,7 @@ function lerobotStep(registry: string, mode: NormMode, features: Record<string, 
   const m = LEROBOT_OF_MODE[mode];
   return {
     registry_name: registry,
-    config: { eps: LEROBOT_EPS, features, norm_map: { VISUAL: 'IDENTITY', STATE: m, ACTION: m } },
+    config: { eps: LEROBOT_NORM_EPS, features, norm_map: { VISUAL: 'IDENTITY', STATE: m, ACTION: m } },
     state_file: stateFile,
   };
 }

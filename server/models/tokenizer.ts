@@ -112,26 +112,100 @@ export const PALIGEMMA_TOKENIZER_REPO = 'google/paligemma-3b-pt-224';
 export const PALIGEMMA_TOKENIZER_DOWNLOAD = `vela models download ${PALIGEMMA_TOKENIZER_REPO} --include 'tokenizer*'`;
 
 /**
+ * The `tokenizer.json` of one Hub repo's snapshot in the Hugging Face cache ($HF_HUB_CACHE, else
+ * $HF_HOME/hub, else ~/.cache/huggingface/hub), or null when no snapshot of it holds one.
+ */
+function cachedRepoTokenizer(repoId: string, env: NodeJS.ProcessEnv): string | null {
+  const snapshots = path.join(hubCacheDir(env), `models--${repoId.replace('/', '--')}`, 'snapshots');
+  let entries: string[];
+  try {
+    entries = fs.readdirSync(snapshots);
+  } catch {
+    return null;
+  }
+  for (const snap of entries.sort()) {
+    const file = path.join(snapshots, snap, 'tokenizer.json');
+    if (fs.existsSync(file)) return file;
+  }
+  return null;
+}
+
+/**
  * The path of PaliGemma's `tokenizer.json` in the Hugging Face cache, or null when it is not
- * there. Looks in $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub, under
- * `models--google--paligemma-3b-pt-224/snapshots/<any>/tokenizer.json` (also the -224 `mix`
+ * there: `models--google--paligemma-3b-pt-224/snapshots/<any>/tokenizer.json` (also the -224 `mix`
  * and 448 / 896 variants, which ship the same tokenizer). PALIGEMMA_TOKENIZER_DOWNLOAD puts it there.
  */
 export function findPaligemmaTokenizer(env: NodeJS.ProcessEnv = process.env): string | null {
-  const hub = hubCacheDir(env);
-  const repos = ['paligemma-3b-pt-224', 'paligemma-3b-mix-224', 'paligemma-3b-pt-448', 'paligemma-3b-pt-896'];
-  for (const repo of repos) {
-    const snapshots = path.join(hub, `models--google--${repo}`, 'snapshots');
-    let entries: string[];
-    try {
-      entries = fs.readdirSync(snapshots);
-    } catch {
-      continue;
+  for (const repo of ['paligemma-3b-pt-224', 'paligemma-3b-mix-224', 'paligemma-3b-pt-448', 'paligemma-3b-pt-896']) {
+    const file = cachedRepoTokenizer(`google/${repo}`, env);
+    if (file) return file;
+  }
+  return null;
+}
+
+/** A checkpoint's own tokenizer: the file, and where it was named (for logs and `vela models show`). */
+export interface CheckpointTokenizer {
+  file: string;
+  /** `tokenizer.json in the folder`, `tokenizer/ (policy_preprocessor.json's tokenizer_processor)`, ... */
+  from: string;
+}
+
+/** LeRobot's processor pipeline file, whose `tokenizer_processor` step names the tokenizer. */
+const LEROBOT_PREPROCESSOR_FILE = 'policy_preprocessor.json';
+
+/**
+ * The tokenizer a checkpoint folder names or carries, or null when it has none of its own (the
+ * caller then uses PaliGemma's from the HF cache). In order:
+ * 1. `<dir>/tokenizer.json`: Vela's fine-tune outputs and exports.
+ * 2. LeRobot's processor pipeline: `policy_preprocessor.json`'s `tokenizer_processor` step has
+ *    `config.tokenizer_name`. LeRobot's `save_pretrained` saves the tokenizer it used as an
+ *    artifact and writes its folder there, relative to the checkpoint (`"tokenizer"`, holding
+ *    tokenizer.json and tokenizer_config.json; lerobot/processor/tokenizer_processor.py
+ *    save_artifacts); older pipelines keep the Hub id they loaded (`google/paligemma-3b-pt-224`),
+ *    looked up in the HF cache (null when it is not there).
+ * 3. `<dir>/tokenizer/tokenizer.json` without a pipeline file naming it.
+ * @throws TokenizerError 'bad_tokenizer' when policy_preprocessor.json is not JSON, or its
+ *   tokenizer_name is an absolute path, leaves the folder (`..`, a link out of it), or is a
+ *   folder of the checkpoint without a tokenizer.json ('missing_file').
+ */
+export function checkpointTokenizer(dir: string, env: NodeJS.ProcessEnv = process.env): CheckpointTokenizer | null {
+  const own = path.join(dir, 'tokenizer.json');
+  if (fs.existsSync(own)) return { file: own, from: 'tokenizer.json in the folder' };
+  const named = lerobotTokenizerName(dir);
+  if (named !== null) {
+    const where = `${LEROBOT_PREPROCESSOR_FILE}'s tokenizer_processor step names tokenizer_name ${JSON.stringify(named)}`;
+    if (path.isAbsolute(named) || named.split(/[\\/]/).includes('..')) {
+      throw new TokenizerError('bad_tokenizer', `${where}: a tokenizer in the checkpoint must be a folder inside it (LeRobot writes "tokenizer")`);
     }
-    for (const snap of entries.sort()) {
-      const file = path.join(snapshots, snap, 'tokenizer.json');
-      if (fs.existsSync(file)) return file;
+    const folder = path.join(dir, named);
+    if (fs.existsSync(folder)) {
+      const file = path.join(folder, 'tokenizer.json');
+      const inside = path.relative(fs.realpathSync(dir), fs.realpathSync(folder));
+      if (inside.startsWith('..') || path.isAbsolute(inside)) throw new TokenizerError('bad_tokenizer', `${where}, a link that leaves the checkpoint folder`);
+      if (!fs.existsSync(file)) throw new TokenizerError('missing_file', `${where}, a folder without tokenizer.json (LeRobot saves tokenizer.json and tokenizer_config.json there)`);
+      return { file, from: `${named}/ (${LEROBOT_PREPROCESSOR_FILE}'s tokenizer_processor)` };
     }
+    if (/^[\w.-]+\/[\w.-]+$/.test(named)) {
+      const cached = cachedRepoTokenizer(named, env);
+      if (cached) return { file: cached, from: `${named} from the Hugging Face cache (${LEROBOT_PREPROCESSOR_FILE}'s tokenizer_processor)` };
+    }
+  }
+  const folder = path.join(dir, 'tokenizer', 'tokenizer.json');
+  if (fs.existsSync(folder)) return { file: folder, from: 'tokenizer/ in the folder' };
+  return null;
+}
+
+/** policy_preprocessor.json's tokenizer_processor `tokenizer_name`, or null (no file, no step, no name). */
+function lerobotTokenizerName(dir: string): string | null {
+  const file = path.join(dir, LEROBOT_PREPROCESSOR_FILE);
+  if (!fs.existsSync(file)) return null;
+  const json = parseJson(file, fs.readFileSync(file, 'utf8'));
+  const steps = Array.isArray(json.steps) ? (json.steps as unknown[]) : [];
+  for (const s of steps) {
+    const step = s as { registry_name?: unknown; config?: { tokenizer_name?: unknown } } | null;
+    if (step?.registry_name !== 'tokenizer_processor') continue;
+    const name = step.config?.tokenizer_name;
+    return typeof name === 'string' && name.length > 0 ? name : null;
   }
   return null;
 }

@@ -15,7 +15,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { readCheckpointNormStats } from '../models/norm-stats.ts';
-import { normalizerFor, parseNormStats, type NormMode, type NormStatsSet } from '../../kernels/normalize.ts';
+import { LEROBOT_NORM_EPS, normalizerFor, parseNormStats, type NormConvention, type NormMode, type NormStatsSet } from '../../kernels/normalize.ts';
 import { isRealModelKey, realModelKey } from '../engine/model-key.ts';
 import { storedPreset } from '../presets.ts';
 import { VELA_DATASET_FILE } from '../jobs/base.ts';
@@ -200,6 +200,9 @@ export function baseServing(target: Extract<ServedFolder, { kind: 'base' }>, cam
 export interface ServedNorm {
   stats: NormStatsSet;
   mode: NormMode | null;
+  /** Whose arithmetic (kernels/normalize.ts NormConvention) and LeRobot's eps: the file's own. */
+  convention: NormConvention;
+  eps: number;
   /** Where they came from, for the start-up line. */
   source: string;
 }
@@ -217,8 +220,8 @@ export interface ServedNorm {
  * @throws NormError / CheckpointError when stats are there but not valid (one line naming the file).
  */
 export async function servedNormStats(dir: string | null, fromEngine: unknown, mode: NormMode | null = null): Promise<ServedNorm | null> {
-  if (fromEngine !== null && fromEngine !== undefined) return { stats: parseNormStats(fromEngine), mode: null, source: dir ? path.join(dir, 'norm_stats.json') : 'the checkpoint' };
+  if (fromEngine !== null && fromEngine !== undefined) return { stats: parseNormStats(fromEngine), mode: null, source: dir ? path.join(dir, 'norm_stats.json') : 'the checkpoint', convention: 'openpi', eps: LEROBOT_NORM_EPS };
   if (!dir) return null;
   const own = await readCheckpointNormStats(dir, mode ? { mode } : {});
-  return own ? { stats: own.stats, mode: own.mode, source: own.source } : null;
+  return own ? { stats: own.stats, mode: own.mode, source: own.source, convention: own.convention, eps: own.eps } : null;
 }

@@ -21,7 +21,7 @@
  *   not); such a policy serves RTC requests in `prefix` mode (server/policy/rtc.ts).
  */
 import { resolveStoredPreset } from '../../kernels/small/config.ts';
-import { deltaMaskFromNames, normalizerFor, parseNormStats, type NormMode, type NormStatsSet, type Normalizer } from '../../kernels/normalize.ts';
+import { deltaMaskFromNames, normalizerFor, normalizerOf, parseNormStats, type NormConvention, type NormMode, type NormStatsSet, type Normalizer } from '../../kernels/normalize.ts';
 import type { EngineInfo } from '../engine/messages.ts';
 import type { ModelLayout } from '../models/layout.ts';
 
@@ -95,6 +95,8 @@ export interface MetaOptions {
   layout?: ModelLayout;
   /** The transform the stats were made for; default the family's (pi0 z-score, pi0.5 quantile). */
   normMode?: NormMode | null;
+  /** Whose arithmetic applies them (the stats file's: LeRobot's or openpi's) and LeRobot's eps; default openpi's. */
+  normConvention?: { convention: NormConvention; eps: number };
 }
 
 /**
@@ -154,7 +156,7 @@ export function policyMeta(info: EngineInfo, config: unknown, normStats: unknown
   const rtcMaxDelay = count(cfg, 'rtc_max_delay', 0, model.horizon) ?? 0;
   return {
     preset, model, cameras, actionHorizon: horizon, actionDim, stateDim, stateNames: stateNames ?? null, actionNames: actionNames ?? null, actionSpace: space, deltaMask,
-    norm: stats ? { normalizer: normalizerFor(opts.normMode === 'zscore' ? 'pi0' : opts.normMode === 'quantile' ? 'pi05' : preset), stats } : null, numSteps, rtcMaxDelay,
+    norm: stats ? { normalizer: normalizerOf(opts.normMode ?? normalizerFor(preset).mode, opts.normConvention?.convention, opts.normConvention?.eps), stats } : null, numSteps, rtcMaxDelay,
   };
 }
 

@@ -209,7 +209,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
 
   const metaOf = async (engineId: string, dir: string | null, config: unknown, fromEngine: unknown, what: string, normMode: NormMode | null = null): Promise<PolicyMeta> => {
     const norm = await servedNormStats(dir, fromEngine, normMode);
-    const meta = policyMeta(engine.info, config, norm ? { norm_stats: norm.stats } : null, { layout, normMode: norm?.mode });
+    const meta = policyMeta(engine.info, config, norm ? { norm_stats: norm.stats } : null, { layout, normMode: norm?.mode, normConvention: norm ? { convention: norm.convention, eps: norm.eps } : undefined });
     if (!meta.norm) log.warn(`policy ${engineId}: ${what} has no norm stats; states and actions pass unnormalised`);
     return meta;
   };
