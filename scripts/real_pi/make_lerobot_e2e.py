@@ -25,7 +25,7 @@ and the hard-coded sizes (tiny Gemma / SigLIP as check_lerobot.py, plus the voca
 tokenizer's 1,011 ids instead of 257,152, so a folder stays ~1.5 MB).
 
 Noise and flow times are drawn with Vela's generator (kernels/rng.ts, ported below as `VelaRng`)
-so a session's seeded `forward`, its first `forward_backward`, a seeded `sample` and `vela policy
+so a session's first `forward` and `forward_backward`, a seeded `sample` and `vela policy
 --seed` get the same inputs as LeRobot got here; the generator only makes inputs, it takes no
 part in what is compared.
 
@@ -63,7 +63,7 @@ B, S_DIM, A_DIM = 2, 6, 6  # the robot's native state / action dims (the model p
 CAMERAS = ['observation.images.base_0_rgb', 'observation.images.left_wrist_0_rgb', 'observation.images.right_wrist_0_rgb']
 CAMERA_NAMES = ['base_0_rgb', 'left_wrist_0_rgb', 'right_wrist_0_rgb']
 TASKS = ['pick up the red block\n', '  stack_the  green_cup on top ']
-FORWARD_SEED, SESSION_SEED, SAMPLE_SEED, POLICY_SEED = 7, 0, 11, 5
+SESSION_SEED, SAMPLE_SEED, POLICY_SEED = 0, 11, 5
 VELOCITY_TIMES = [0.3, 0.85]
 
 # Statistics in robot units (radians / metres): std ~0.08 and a narrow quantile range, so the
@@ -414,8 +414,10 @@ def run(L, variant: str, cfg: R.RealPiConfig) -> dict:
         with torch.no_grad():
             per, _ = policy.forward(batch, reduction='none')
         return per.double().numpy()
-    fwd_noise, fwd_time = draw_noise_time(VelaRng(FORWARD_SEED), B, cfg.actionHorizon, cfg.actionDim)
+    # A session's training generator is Rng(session seed + 0x5eed1) (kernels/trainer.ts): its first
+    # forward, and its first forward_backward after a load_state of the state saved before, draw this.
     fb_noise, fb_time = draw_noise_time(VelaRng(SESSION_SEED + 0x5EED1), B, cfg.actionHorizon, cfg.actionDim)
+    fwd_noise, fwd_time = fb_noise, fb_time
     loss_fwd, loss_fb = loss_with(fwd_noise, fwd_time), loss_with(fb_noise, fb_time)
     with torch.no_grad():
         a_norm = policy.prepare_action(batch)
@@ -459,7 +461,7 @@ def run(L, variant: str, cfg: R.RealPiConfig) -> dict:
         'state_padded': tolist(st),
         'actions_raw': tolist(actions), 'actions_normalized': tolist(batch['action']),
         'velocity': {'x_t_seed': 1234, 'x_t': tolist(x_t), 'time': VELOCITY_TIMES, 'velocity': tolist(vel)},
-        'forward': {'seed': FORWARD_SEED, 'noise': tolist(fwd_noise), 'time': tolist(fwd_time), 'x_t': tolist(fwd_xt),
+        'forward': {'session_seed': SESSION_SEED, 'rng_seed': SESSION_SEED + 0x5EED1, 'noise': tolist(fwd_noise), 'time': tolist(fwd_time), 'x_t': tolist(fwd_xt),
                     'velocity': tolist(fwd_vel), 'target': tolist(torch.from_numpy(fwd_noise) - a_norm), 'loss_per_datum': tolist(loss_fwd)},
         'forward_backward': {'session_seed': SESSION_SEED, 'rng_seed': SESSION_SEED + 0x5EED1, 'noise': tolist(fb_noise),
                              'time': tolist(fb_time), 'loss_per_datum': tolist(loss_fb), 'loss': float(loss_fb.mean())},
