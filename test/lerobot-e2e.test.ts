@@ -5,20 +5,23 @@
  * with LeRobot's `model.`-prefixed names, policy_preprocessor.json + its normalizer state,
  * policy_postprocessor.json + its unnormalizer state, the tokenizer step's `tokenizer/` folder),
  * against what LeRobot's own code computed from the same raw robot-unit inputs
- * (test/vectors/real-pi/lerobot_e2e.json). The 21 checks:
+ * (test/vectors/real-pi/lerobot_e2e.json). The 21 checks, 10 per model and pi0.5's state bins:
  *
- *   per model (x2): prompt ids + masks (Vela's tokenizer, from the folder), normalised state,
- *   the 10-step sample unnormalised through the folder's stats, the noise and the times a session
- *   draws (the inputs LeRobot was given: two checks), a session's `forward` velocity at LeRobot's
- *   x_t, t and its loss, `forward_backward`'s loss, a seeded `sample`, and `vela policy --base
- *   <folder>`'s robot-unit actions (10 each); plus pi0.5's state bins (21).
+ *   1 prompt ids + masks (Vela's tokenizer, found from the folder), 2 normalised state and
+ *   3 unnormalised actions (the folder's stats), the model loaded from the folder: 4 velocity at a
+ *   given (x_t, t), 5 per-datum loss at given noise and time, 6 10-step sample with given noise;
+ *   through the real server: 7 a session's `forward` (velocity at LeRobot's x_t, t; its loss; and
+ *   that it drew the noise and times LeRobot was given), 8 `forward_backward`'s loss, 9 a seeded
+ *   `sample`, 10 `vela policy --base <folder> --seed` answering raw robot observations in robot
+ *   units; 21 pi0.5's state bins.
  *
  * Tolerance: 1e-5 of each quantity's scale (max |value|, at least 1). Float32 arithmetic gives far
  * less: LeRobot and Vela both compute in float32 (ulp 6e-8 at 1), the model parity vectors measured
- * the whole forward / 10-step sample at 2e-7 .. 7e-7 of the scale (scripts/real_pi/README.md), and a
- * (un)normalisation is 2-3 rounded operations (< 3 ulp). What 1e-5 does catch: a different epsilon
- * (LeRobot (x - mean) / (std + 1e-8); 1e-6 instead moves x / std = 2.4 at std 0.018 by 1.3e-4), a
- * missing BOS, a different prompt form, a wrong bin. Prompt ids and bins are compared exactly.
+ * the whole forward / 10-step sample at 2e-7 .. 7e-7 of the scale (scripts/real_pi/README.md).
+ * A (un)normalisation alone is checked at 5e-7 of the scale (TOL_NORM). Prompt ids and bins are
+ * compared exactly. What these catch: a different epsilon (LeRobot (x - mean) / (std + 1e-8) and
+ * x * std + mean; 1e-6 instead moves x / std = 2.4 at std 0.018 by 1.3e-4), a missing BOS, a
+ * different prompt form, a wrong bin.
  */
 import fs from 'node:fs';
 import path from 'node:path';
@@ -31,6 +34,11 @@ import { normalizerFor } from '../kernels/normalize.ts';
 import { readCheckpointNormStats } from '../server/models/norm-stats.ts';
 import { loadPaligemmaTokenizer } from '../server/models/tokenizer.ts';
 import { tokenizerFileFor } from '../server/models/layout.ts';
+import * as tf from '@tensorflow/tfjs';
+import { realPiConfigFromHub } from '../kernels/pi/config.ts';
+import { computeLoss, sample, velocity, type RealPiBatch, type RealPiModel } from '../kernels/pi/model.ts';
+import { loadHubTensors } from '../server/models/load-tensors.ts';
+import { useBestBackend } from './helpers/tf.ts';
 import { PolicyClient } from './helpers/policy-stub.ts';
 import { startPolicyProc, type PolicyProc } from './helpers/policy-proc.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
@@ -43,8 +51,13 @@ const H = 10;
 const A = 32; // the model's action dim; the robot's is 6
 const NATIVE = 6;
 const TOL = 1e-5;
-/** A (un)normalisation alone is 2-3 rounded float32 operations: < 4 ulp = 2.4e-7 of the scale; 1e-6 leaves room and still sees a 1e-6 epsilon on a quantile range of 0.4 (2.5e-6). */
-const TOL_NORM = 1e-6;
+/**
+ * A (un)normalisation alone: LeRobot's float32 (x + 1) * (q99 - q01) / 2 + q01 is 4 roundings of
+ * values <= 4, at most ~3e-7 absolute on results of scale 2 (1.5e-7 of the scale), Vela's one
+ * rounding of a double less; 5e-7 of the scale covers that and still sees an epsilon of 1e-6 on
+ * a quantile range (unnormalised: (x + 1) / 2 * 1e-6, 9e-7 of the scale here).
+ */
+const TOL_NORM = 5e-7;
 
 type Variant = 'pi0' | 'pi05';
 const folder = (v: Variant) => path.join(ROOT, 'test/fixtures/real-pi', `lerobot_tiny_${v}`);
@@ -128,18 +141,57 @@ for (const v of ['pi0', 'pi05'] as const) {
       }
     });
 
-    it('normalised state and unnormalised actions: the folder\'s stats, LeRobot\'s transforms', async () => {
+    it('normalised state (and pi0.5\'s state bins): the folder\'s stats, LeRobot\'s transform', async () => {
       const ns = await readCheckpointNormStats(folder(v));
-      expect(ns).not.toBeNull();
       expect(ns!.mode).toBe(v === 'pi0' ? 'zscore' : 'quantile');
       const norm = normalizerFor(v);
-      close(`${v} normalised state`, norm.normalize(flat(e.state_raw), NATIVE, ns!.stats.state), flat(e.state_normalized), TOL_NORM);
-      close(`${v} unnormalised sample`, norm.unnormalize(flat(e.sample.actions_normalized), NATIVE, ns!.stats.actions), flat(e.sample.actions_robot), TOL_NORM);
       if (v === 'pi05') {
         const bins = [0, 1].map((b) => discretizeState(norm.normalize(e.state_raw[b], NATIVE, ns!.stats.state)));
         expect(bins).toEqual(e.state_bins);
       }
+      close(`${v} normalised state`, norm.normalize(flat(e.state_raw), NATIVE, ns!.stats.state), flat(e.state_normalized), TOL_NORM);
     });
+
+    it('unnormalised actions: the 10-step sample through the folder\'s stats', async () => {
+      const ns = await readCheckpointNormStats(folder(v));
+      close(`${v} unnormalised sample`, normalizerFor(v).unnormalize(flat(e.sample.actions_normalized), NATIVE, ns!.stats.actions), flat(e.sample.actions_robot), TOL_NORM);
+    });
+
+    it('the model loaded from the folder: velocity at (x_t, t), loss, 10-step sample with the given noise', async () => {
+      await useBestBackend();
+      const config = realPiConfigFromHub(JSON.parse(fs.readFileSync(path.join(folder(v), 'config.json'), 'utf8')));
+      const { tensors } = await loadHubTensors(folder(v), config);
+      const model: RealPiModel = { config, params: { get: (n) => tensors.get(n) } };
+      try {
+        // LeRobot's model inputs: frames / 255 * 2 - 1 in float32, its prompt ids, its normalised state padded to 32.
+        const images = new Float32Array(B * 3 * 3 * 56 * 56);
+        for (let b = 0; b < B; b++) {
+          for (let c = 0; c < 3; c++) {
+            const px = frame(b, c).data as Uint8Array;
+            for (let ch = 0; ch < 3; ch++) for (let i = 0; i < 56 * 56; i++) images[((b * 3 + c) * 3 + ch) * 56 * 56 + i] = Math.fround(Math.fround(px[i * 3 + ch]! / 255) * 2 - 1);
+          }
+        }
+        const actions = new Float32Array(B * H * A);
+        flat(e.actions_normalized).forEach((x, i) => (actions[Math.floor(i / NATIVE) * A + (i % NATIVE)] = x));
+        const batch: RealPiBatch = {
+          size: B, numCameras: 3, images, imageMasks: [1, 1, 1, 1, 1, 1],
+          tokens: Int32Array.from(flat(e.tokens)), tokenMasks: flat(e.token_masks),
+          ...(v === 'pi0' ? { state: Float32Array.from(flat(e.state_padded)) } : {}),
+          actions, lossActionDims: NATIVE,
+        };
+        const vel = tf.tidy(() => velocity(model, batch, Float32Array.from(flat(e.velocity.x_t)), Float32Array.from(e.velocity.time)));
+        close(`${v} model velocity`, await vel.data(), flat(e.velocity.velocity));
+        vel.dispose();
+        const loss = tf.tidy(() => computeLoss(model, batch, Float32Array.from(flat(e.forward.noise)), Float32Array.from(e.forward.time)));
+        close(`${v} model loss`, await loss.data(), e.forward.loss_per_datum);
+        loss.dispose();
+        const s = tf.tidy(() => sample(model, batch, Float32Array.from(flat(e.sample.noise)), 10));
+        close(`${v} model 10-step sample`, firstDims(await s.data(), A, NATIVE), flat(e.sample.actions_normalized));
+        s.dispose();
+      } finally {
+        for (const t of tensors.values()) t.dispose();
+      }
+    }, 120_000);
 
     it('a session on the folder: seeded forward, forward_backward, seeded sample', async () => {
       const created = await client.createSession({ base_model: v, base: folder(v), seed: e.forward_backward.session_seed });
