@@ -30,7 +30,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient, type Datum } from '../protocol/client.ts';
 import { ndarray, type NDArray } from '../protocol/ndarray.ts';
 import { discretizeState } from '../kernels/pi/prompt.ts';
-import { normalizerFor } from '../kernels/normalize.ts';
+import { normalizerOf } from '../kernels/normalize.ts';
 import { readCheckpointNormStats } from '../server/models/norm-stats.ts';
 import { loadPaligemmaTokenizer } from '../server/models/tokenizer.ts';
 import { tokenizerFileFor } from '../server/models/layout.ts';
@@ -143,8 +143,8 @@ for (const v of ['pi0', 'pi05'] as const) {
 
     it('normalised state (and pi0.5\'s state bins): the folder\'s stats, LeRobot\'s transform', async () => {
       const ns = await readCheckpointNormStats(folder(v));
-      expect(ns!.mode).toBe(v === 'pi0' ? 'zscore' : 'quantile');
-      const norm = normalizerFor(v);
+      expect(ns).toMatchObject({ mode: v === 'pi0' ? 'zscore' : 'quantile', convention: 'lerobot', eps: 1e-8 });
+      const norm = normalizerOf(ns!.mode, ns!.convention, ns!.eps);
       if (v === 'pi05') {
         const bins = [0, 1].map((b) => discretizeState(norm.normalize(e.state_raw[b], NATIVE, ns!.stats.state)));
         expect(bins).toEqual(e.state_bins);
@@ -154,7 +154,7 @@ for (const v of ['pi0', 'pi05'] as const) {
 
     it('unnormalised actions: the 10-step sample through the folder\'s stats', async () => {
       const ns = await readCheckpointNormStats(folder(v));
-      close(`${v} unnormalised sample`, normalizerFor(v).unnormalize(flat(e.sample.actions_normalized), NATIVE, ns!.stats.actions), flat(e.sample.actions_robot), TOL_NORM);
+      close(`${v} unnormalised sample`, normalizerOf(ns!.mode, ns!.convention, ns!.eps).unnormalize(flat(e.sample.actions_normalized), NATIVE, ns!.stats.actions), flat(e.sample.actions_robot), TOL_NORM);
     });
 
     it('the model loaded from the folder: velocity at (x_t, t), loss, 10-step sample with the given noise', async () => {
