@@ -13,6 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { NormStatsSet } from '../kernels/normalize.ts';
 import { VelaClient, type Datum } from '../protocol/client.ts';
 import { ndarray } from '../protocol/ndarray.ts';
+import { clearSeriesOwner, setSeriesOwner, tenantView } from '../server/metrics/owners.ts';
 import { nowS } from '../server/store.ts';
 import { g1Datums, g1Subset } from './helpers/g1.ts';
 import { tinyLoraCheckpoint } from './helpers/policy-proc.ts';
@@ -160,4 +161,30 @@ describe('GET /metrics: a tenant sees no other tenant\'s objects', () => {
     await robot.closed();
     conn.close();
   }, 180_000);
+});
+
+describe('tenantView (the filter of a key\'s scrape)', () => {
+  it('keeps comments, series without an object label and the owner\'s own; reads escaped values; an unknown owner is the operator\'s only', () => {
+    setSeriesOwner('policy', 'pol-a', 'key-a');
+    setSeriesOwner('policy', 'pol "b"\\x', 'key-b');
+    const text = [
+      '# HELP vela_x a help text naming policy="pol-b"',
+      '# TYPE vela_x counter',
+      'vela_total 3',
+      'vela_x{policy="pol-a"} 1',
+      'vela_x{policy="pol \\"b\\"\\\\x"} 2', // the format's escapes of pol "b"\x
+      'vela_x{connection="c1",policy="pol-a",stage="total"} 4',
+      'vela_x{route="/v1/x,policy=\\"pol-a\\""} 5', // not a policy label: a route's value
+      'vela_x{policy="pol-unknown"} 6',
+      '',
+    ].join('\n');
+    expect(tenantView(text, 'key-a').split('\n')).toEqual([
+      '# HELP vela_x a help text naming policy="pol-b"', '# TYPE vela_x counter', 'vela_total 3',
+      'vela_x{policy="pol-a"} 1', 'vela_x{connection="c1",policy="pol-a",stage="total"} 4', 'vela_x{route="/v1/x,policy=\\"pol-a\\""} 5', '',
+    ]);
+    expect(tenantView(text, 'key-b').split('\n').filter((l) => l.startsWith('vela_x{'))).toEqual(['vela_x{policy="pol \\"b\\"\\\\x"} 2', 'vela_x{route="/v1/x,policy=\\"pol-a\\""} 5']);
+    clearSeriesOwner('policy', 'pol-a');
+    expect(tenantView(text, 'key-a')).not.toContain('pol-a"} 1');
+    clearSeriesOwner('policy', 'pol "b"\\x');
+  });
 });
