@@ -9,7 +9,7 @@ import { assertNativeUws, assertPortFree, createApp, listenExclusive } from './g
 import path from 'node:path';
 import { hideServerPath } from './redact.ts';
 import { hubCacheDir } from './models/hf-cache.ts';
-import { requireOwner } from './auth.ts';
+import { credentialOf, requireOwner, safeEqual } from './auth.ts';
 import { log } from './log.ts';
 import { randomId, Store, type SessionRow } from './store.ts';
 import { PostgresDb } from './db/index.ts';
@@ -173,6 +173,8 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
   });
   mountSessionSocket(app, { store, sessions, config, admission, elsewhere: (row) => (remoteOf(row) ? wsBaseOf(row) + `/v1/training_sessions/${row.id}/ws` : null) });
   const served = new ServedPolicies(config.inferIdleS);
+  // A closed session's live policy is unloaded now, not at the next sweep (its series go with it).
+  sessions.onClosed = () => served.sweep();
   const inference = { store, config, sessions, served, admission, sampling: new Map<string, SamplingSession>(),
     // Checkpoint policies (fine-tunes, sampling sessions) run on the policy engine: own worker,
     // and training yields to it (a training session's live policy stays on its training engine).
@@ -187,8 +189,14 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
   mountSidecar(app, { store, config, runner, inference, keepaliveS: opts.sseKeepaliveS, streamCapS: opts.sidecarStreamCapS, watchdogS: opts.sidecarWatchdogS });
 
   mountUi(app, { rootInfo: () => rootInfo(baseUrl) });
-  // Any valid key may read the metrics (keys have no roles); --metrics-public drops the check.
-  mountMetrics(app, config.metricsPublic ? null : (r) => requireOwner(store, r).then(() => undefined));
+  // Any valid key may scrape, and sees the aggregates and its own objects' series; the operator
+  // (--metrics-key, or no key at all with --metrics-public) sees every series (metrics/owners.ts).
+  mountMetrics(app, async (r) => {
+    const key = credentialOf(r.headers);
+    if (key && config.metricsKey && safeEqual(key, config.metricsKey)) return null;
+    if (!key && config.metricsPublic) return null;
+    return requireOwner(store, r);
+  });
 
   app.fallback(route(0, (r) => {
     throw new HttpError(404, `no route ${r.method} ${r.url}`);

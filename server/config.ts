@@ -96,6 +96,7 @@ export interface ServerConfig {
   nodeHeartbeatS: number;
   nodeLostS: number;
   metricsPublic: boolean;
+  metricsKey: string | undefined;
 }
 
 /** LeRobot's dataset cache: $HF_LEROBOT_HOME, else $HF_HOME/lerobot, else ~/.cache/huggingface/lerobot. */
@@ -146,7 +147,8 @@ export const SETTINGS: Setting[] = [
   { key: 'maxDatasetBytes', flag: '--max-dataset-bytes', env: 'VELA_MAX_DATASET_BYTES', kind: 'int', def: () => 8 * 1024 * 1024 * 1024, help: 'largest uploaded dataset (PUT /v1/datasets/{name}, job_start dataset_content), archive and extracted' },
   { key: 'datasetsPerKeyBytes', flag: '--datasets-per-key-bytes', env: 'VELA_DATASETS_PER_KEY_BYTES', kind: 'int', def: () => 20 * 1024 * 1024 * 1024, help: 'uploaded datasets per API key, extracted bytes; an upload past it is refused (413)' },
   { key: 'logLevel', flag: '--log-level', env: 'VELA_LOG_LEVEL', kind: 'choice', choices: LOG_LEVELS, def: () => 'info', help: `least severe log lines shown: ${LOG_LEVELS.join(' | ')}` },
-  { key: 'metricsPublic', flag: '--metrics-public', env: 'VELA_METRICS_PUBLIC', kind: 'bool', def: () => false, help: 'answer GET /metrics without an API key (for a Prometheus on a trusted network); by default it needs any valid key' },
+  { key: 'metricsPublic', flag: '--metrics-public', env: 'VELA_METRICS_PUBLIC', kind: 'bool', def: () => false, help: 'answer GET /metrics without an API key, with every series (for a Prometheus on a trusted network); by default it needs a key, and an API key\'s scrape leaves out the series naming other keys\' jobs, policies and sessions' },
+  { key: 'metricsKey', flag: '--metrics-key', env: 'VELA_METRICS_KEY', kind: 'string', def: () => undefined, help: 'the operator\'s GET /metrics key (not an API key: it opens no other route): its scrape has every series, those naming any key\'s objects included', defaultText: 'none' },
   // A cluster (README "Several nodes"): nodes that share one PostgreSQL and one storage folder.
   { key: 'databaseUrl', flag: '--database-url', env: 'VELA_DATABASE_URL', kind: 'string', def: () => undefined, help: 'postgres://... : the store every node of a cluster shares', defaultText: 'none (SQLite in --data-dir, one node)' },
   { key: 'dbBufferRecords', flag: '--db-buffer-records', env: 'VELA_DB_BUFFER_RECORDS', kind: 'int', def: () => 10_000, help: 'job records (events) held in memory while PostgreSQL is unreachable, stored when it returns; at this many a job pauses at its next step until the database takes them (none is dropped)' },

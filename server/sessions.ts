@@ -181,6 +181,8 @@ export class SessionManager {
   readonly live = new Map<string, LiveSession>();
   /** The cluster node this process is (server/cluster), written on each session row; null on one node. */
   nodeId: string | null = null;
+  /** Called after a session closed (any reason): the server unloads its live policy then, and its metrics series go. */
+  onClosed: ((id: string) => void) | null = null;
   private idleTimer: NodeJS.Timeout;
 
   constructor(
@@ -423,6 +425,7 @@ export class SessionManager {
       live.connection?.takeOver(`session closed: ${reason}`);
       if (live.engine) await live.engine.call(id, 'close_session').catch((e) => log.warn(`closing ${id}: ${(e as Error).message}`));
     }
+    this.onClosed?.(id);
   }
 
   private closeIdle(): void {

@@ -34,7 +34,7 @@ export function mountJobPolicies(app: TemplatedApp, deps: { store: Store; config
     if (job.status !== 'succeeded') throw new HttpError(409, `fine-tune ${job.id} is ${job.status}; only a succeeded job has a policy to serve`);
     let p = served.get(job.id);
     if (!p) {
-      p = storedEngineModel(job.config).then((engineModel) => createFolderPolicy(engineFor, job.output_dir, { engineModel, policyId: `policy-${job.id}`, limits: { maxMessageBytes: config.maxPolicyMessageBytes } }));
+      p = storedEngineModel(job.config).then((engineModel) => createFolderPolicy(engineFor, job.output_dir, { engineModel, policyId: `policy-${job.id}`, owner: job.owner, limits: { maxMessageBytes: config.maxPolicyMessageBytes } }));
       served.set(job.id, p);
       p.catch(() => served.delete(job.id));
     }

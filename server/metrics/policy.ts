@@ -1,9 +1,11 @@
 /**
  * Policy serving (the OpenPI websocket, socket.ts): per request the time of each stage, the gap
  * between a robot's requests and its change (jitter), and batch sizes; overall and per live
- * connection. Connection series exist only while the connection is open and for at most
- * MAX_CONNECTION_SERIES connections at once (later ones count in the overall series only), so
- * label cardinality stays bounded however many robots come and go.
+ * connection. Connection series exist only while the connection is open and its policy loaded,
+ * and for at most MAX_CONNECTION_SERIES connections at once (later ones count in the overall
+ * series only), so label cardinality stays bounded however many robots come and go. Series
+ * labelled by `policy` belong to the policy's owner (owners.ts): a tenant key's scrape shows
+ * only its own; they go when the policy is unloaded (holdPolicySeries).
  *
  * Stages of one request (seconds): `decode` (message arrival -> the datum is handed to the
  * batcher: msgpack, zstd, image decode, normalisation), `queue_wait` (batcher -> its batch's
@@ -12,6 +14,7 @@
  * included), `total` (arrival -> written).
  */
 import client from 'prom-client';
+import { clearSeriesOwner, setSeriesOwner } from './owners.ts';
 import { LATENCY_BUCKETS_S, registry } from './registry.ts';
 
 /** Most connections that get their own series at once. */
@@ -70,11 +73,12 @@ export interface PolicyRequestTiming {
 
 let nextConnection = 1;
 let labelled = 0;
+/** The recorders that have their own series, so a policy's release can take them away. */
+const labelledConnections = new Set<PolicyConnectionMetrics>();
 
 /** One policy connection's recorder; `close()` it when the socket closes. */
 export class PolicyConnectionMetrics {
-  /** The connection's labels, or null when it is past the cap (overall series only). */
-  readonly labels: { connection: string; policy: string } | null;
+  private ownLabels: { connection: string; policy: string } | null;
   private lastArrivalMs: number | null = null;
   private lastGapMs: number | null = null;
   private closed = false;
@@ -82,8 +86,19 @@ export class PolicyConnectionMetrics {
   /** `policy`: the served policy's id (a fine-tune, session or checkpoint). */
   constructor(policy: string) {
     connections.inc();
-    this.labels = labelled < MAX_CONNECTION_SERIES ? { connection: `c${nextConnection++}`, policy } : null;
-    if (this.labels) labelled++;
+    this.ownLabels = labelled < MAX_CONNECTION_SERIES ? { connection: `c${nextConnection++}`, policy } : null;
+    if (this.ownLabels) {
+      labelled++;
+      labelledConnections.add(this);
+    }
+  }
+
+  /**
+   * The connection's labels, or null when it is past the cap or its policy was released
+   * (holdPolicySeries): then it counts in the overall series only.
+   */
+  get labels(): { connection: string; policy: string } | null {
+    return this.ownLabels;
   }
 
   /** A request arrived at `nowMs` (performance.now()): records the gap and jitter since the previous one. */
@@ -124,12 +139,20 @@ export class PolicyConnectionMetrics {
     if (this.closed) return;
     this.closed = true;
     connections.dec();
-    if (!this.labels) return;
+    this.unlabel();
+  }
+
+  /** Its own series go away (closed, or its policy released); later requests count overall only. */
+  unlabel(): void {
+    const labels = this.ownLabels;
+    if (!labels) return;
+    this.ownLabels = null;
     labelled--;
-    for (const stage of ['decode', 'queue_wait', 'compute', 'send', 'total']) connStageSeconds.remove({ ...this.labels, stage });
-    connInterval.remove(this.labels);
-    connJitter.remove(this.labels);
-    connBatchSize.remove(this.labels);
+    labelledConnections.delete(this);
+    for (const stage of ['decode', 'queue_wait', 'compute', 'send', 'total']) connStageSeconds.remove({ ...labels, stage });
+    connInterval.remove(labels);
+    connJitter.remove(labels);
+    connBatchSize.remove(labels);
   }
 }
 
@@ -140,11 +163,42 @@ export function recordPolicyBatch(size: number): void {
 
 const outOfRange = new client.Counter({
   name: 'vela_policy_observations_out_of_range_total',
-  help: 'policy observations whose state was far outside the norm stats served with (|z| > 6, or outside [-3, 3] quantile-normalised), by policy; each such observation counts',
+  help: 'policy observations whose state was far outside the norm stats served with (|z| > 6, or outside [-3, 3] quantile-normalised), by policy while it is loaded; each such observation counts',
   labelNames: ['policy'], registers: [registry],
 });
 
 /** An observation of `policy` had a state far outside its norm stats (kernels/norm-range.ts). */
 export function recordObservationOutOfRange(policy: string): void {
   outOfRange.inc({ policy });
+}
+
+/** Holds of each policy id: its series live while one is held. */
+const held = new Map<string, number>();
+
+/**
+ * A policy server with id `policy` exists (server/policy/service.ts createPolicyServer): series
+ * labelled `policy="<id>"` belong to `owner` (an API key's id; null: the operator's only, as on
+ * `vela policy`, whose one key is the operator's). Returns the release, called when the policy
+ * is unloaded or closed (idempotent): at the last release of the id its out-of-range counter
+ * and every open connection's own series go (those connections count in the overall series
+ * from then on) and its owner is forgotten. Holds are counted because a replaced policy (a live
+ * policy whose cameras changed) is disposed after its successor with the same id was made.
+ */
+export function holdPolicySeries(policy: string, owner: string | null): () => void {
+  held.set(policy, (held.get(policy) ?? 0) + 1);
+  if (owner !== null) setSeriesOwner('policy', policy, owner);
+  let released = false;
+  return () => {
+    if (released) return;
+    released = true;
+    const n = held.get(policy)! - 1;
+    if (n > 0) {
+      held.set(policy, n);
+      return;
+    }
+    held.delete(policy);
+    clearSeriesOwner('policy', policy);
+    outOfRange.remove({ policy });
+    for (const c of [...labelledConnections]) if (c.labels?.policy === policy) c.unlabel();
+  };
 }

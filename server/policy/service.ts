@@ -20,6 +20,7 @@ import type { EngineLike } from '../engine/host.ts';
 import { HttpError } from '../http.ts';
 import { outOfRange } from '../../kernels/norm-range.ts';
 import { log } from '../log.ts';
+import { holdPolicySeries } from '../metrics/policy.ts';
 import { modelLayout } from '../models/layout.ts';
 import { Batcher, type BatchStats } from './batcher.ts';
 import { baseServing, classifyFolder, servedNormStats } from './checkpoint.ts';
@@ -61,6 +62,12 @@ export interface PolicyServerOptions {
   maxBatch?: number;
   /** When set, clients must send `Authorization: Api-Key <k>` or `Bearer <k>` (standalone server). */
   apiKey?: string | null;
+  /**
+   * The API key id (store owner) of the object this policy serves (a fine-tune, a session):
+   * its metrics series are shown to that key's scrapes (metrics/owners.ts). Absent or null:
+   * to the operator's only (`vela policy`, whose scrapes are all the operator's).
+   */
+  owner?: string | null;
   limits?: Partial<PolicyLimits>;
   /** Real-time chunking defaults for this policy's connections (server/policy/rtc.ts; each may override them by query). */
   rtc?: Partial<RtcSettings>;
@@ -333,6 +340,8 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   const dictId = dictionaryId(dictionary);
   const weightsVersion = () => (isLive ? liveStep : current.label);
   let swapChain: Promise<unknown> = Promise.resolve();
+  // Its series (labelled policy=<policyId>) live until it is closed or unloaded.
+  const releaseSeries = holdPolicySeries(policyId, opts.owner ?? null);
   return {
     id: policyId,
     get meta() {
@@ -430,9 +439,11 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     },
     close: () => {
       batcher.close(new Error('the policy server is shutting down'));
+      releaseSeries();
     },
     async dispose() {
       batcher.close(new Error('the policy was unloaded'));
+      releaseSeries();
       for (const v of [...versions]) {
         v.retired = true;
         if (!isLive) release(v);

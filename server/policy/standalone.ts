@@ -81,7 +81,11 @@ export async function startPolicyServer(opts: StandaloneOptions): Promise<Policy
     authed(r);
     sendJson(r, 200, policy.stats());
   }));
-  mountMetrics(app, opts.metricsPublic ? null : authed);
+  // Its one key is the operator's: every scrape sees every series.
+  mountMetrics(app, (r) => {
+    if (!opts.metricsPublic) authed(r);
+    return null;
+  });
   // Weights pushed by a training server (sync_inference_weights): only with a key, since they
   // replace what every robot gets.
   app.put('/weights', route(0, async (r) => {
