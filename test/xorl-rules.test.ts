@@ -56,3 +56,49 @@ describe('xorl: full-weight training is the reserved model "default" (item 4)', 
     for (const m of ['default', 'fullx']) await c.call('kill_session', { model_id: m });
   }, 120_000);
 });
+
+describe('xorl: raw numerator losses only (item 5)', () => {
+  it('normalize_loss_before_backward: true refuses forward_backward, top level or in forward_backward_input; false runs as without it', async () => {
+    const [a, twin] = [await c.createModel({ ...LORA, model_id: 'norm-a' }), await c.createModel({ ...LORA, model_id: 'norm-twin' })];
+    const refused = (where: string) => ({
+      status: 400,
+      body: { error: `${where}normalize_loss_before_backward true is refused: training accepts raw numerator losses only (xorl); leave normalization to optim_step, which divides the accumulated gradient by the accumulated weights once; leave normalize_loss_before_backward out, or false` },
+    });
+    const data = syntheticBatch(0);
+    expect(await c.raw('POST', 'forward_backward', { model_id: a.model_id, data, codec: 'RAW', normalize_loss_before_backward: true })).toEqual(refused(''));
+    expect(await c.raw('POST', 'forward_backward', { model_id: a.model_id, forward_backward_input: { data, codec: 'RAW', normalize_loss_before_backward: true } })).toEqual(refused('forward_backward_input.'));
+    expect((await info(a.model_id)).pending_gradients).toBe(0); // nothing ran
+    // false is what Vela does anyway: accepted, not named as ignored, and the same numbers as without it.
+    const ack = await c.call('forward_backward', { model_id: a.model_id, data, codec: 'RAW', normalize_loss_before_backward: false });
+    expect(ack).not.toHaveProperty('ignored_fields');
+    const fa = await c.retrieve(ack.request_id);
+    const ft = await c.forwardBackward(twin.model_id, data, { codec: 'RAW' });
+    expect(fa.loss).toBe(ft.loss);
+    expect((await info(a.model_id)).pending_gradients).toBe(1);
+    expect(await c.optimStep(a.model_id, { learning_rate: 3e-3 })).toEqual(await c.optimStep(twin.model_id, { learning_rate: 3e-3 }));
+    for (const m of [a, twin]) await c.call('kill_session', { model_id: m.model_id });
+  }, 120_000);
+});
+
+describe('xorl: clipping by the L2 norm only (item 6)', () => {
+  it('refuses optim_step with another norm type under any of its names, before anything changes; L2 spelt any way steps as without it', async () => {
+    const [a, twin] = [await c.createModel({ ...LORA, model_id: 'clip-a' }), await c.createModel({ ...LORA, model_id: 'clip-twin' })];
+    for (const m of [a, twin]) await c.forwardBackward(m.model_id, syntheticBatch(0), { codec: 'RAW' });
+    const msg = (where: string, field: string, v: unknown) =>
+      `${where}${field} ${JSON.stringify(v)} is not supported: clipping uses the L2 norm only (xorl; gradient_clip / grad_clip_norm is the L2 threshold); leave ${field} out, or give "l2" or 2`;
+    for (const field of ['norm_type', 'clip_norm_type', 'grad_norm_type', 'max_norm_type']) {
+      for (const v of ['inf', 1, 'l1', 'fro', 2.5]) {
+        expect(await c.raw('POST', 'optim_step', { model_id: a.model_id, learning_rate: 3e-3, gradient_clip: 1, [field]: v })).toEqual({ status: 400, body: { error: msg('', field, v) } });
+      }
+    }
+    expect(await c.raw('POST', 'optim_step', { model_id: a.model_id, adam_params: { learning_rate: 3e-3, norm_type: 'inf' } })).toEqual({ status: 400, body: { error: msg('adam_params.', 'norm_type', 'inf') } });
+    expect((await info(a.model_id)).pending_gradients).toBe(1); // no step ran: the gradient is still there
+    // L2, spelt as clients do, is what Vela clips by: the same step as the twin's without it.
+    const twinStep = await c.optimStep(twin.model_id, { learning_rate: 3e-3, gradient_clip: 1 });
+    expect(await c.optimStep(a.model_id, { learning_rate: 3e-3, gradient_clip: 1, norm_type: 'l2', clip_norm_type: 'L2', grad_norm_type: 2, max_norm_type: '2' })).toEqual(twinStep);
+    for (const m of [a, twin]) await c.forwardBackward(m.model_id, syntheticBatch(1), { codec: 'RAW' });
+    const twinNext = await c.optimStep(twin.model_id, { learning_rate: 3e-3 });
+    expect(await c.optimStep(a.model_id, { adam_params: { learning_rate: 3e-3, norm_type: null } })).toEqual(twinNext);
+    for (const m of [a, twin]) await c.call('kill_session', { model_id: m.model_id });
+  }, 120_000);
+});

@@ -17,6 +17,7 @@ const VELA_FIELDS = new Set([
   'adam_params', 'num_steps', 'weights', 'seed', 'name', 'path', 'overwrite', 'checkpoint_id', 'base_model',
   'finetune', 'rank', 'alpha', 'targets', 'action_horizon', 'lora_config', 'quantization', 'url', 'api_key',
   'lr', 'gradient_clip', 'forward_backward_input', 'forward_input', 'observation',
+  'normalize_loss_before_backward', 'norm_type', 'clip_norm_type', 'grad_norm_type', 'max_norm_type',
 ]);
 
 const ignoredByReq = new WeakMap<Req, string[]>();
