@@ -102,3 +102,33 @@ describe('xorl: clipping by the L2 norm only (item 6)', () => {
     for (const m of [a, twin]) await c.call('kill_session', { model_id: m.model_id });
   }, 120_000);
 });
+
+describe('xorl: session_info shows a model asleep (item 7)', () => {
+  it('says status "asleep" (asleep: true, as GET /v1/training_sessions/{id} does) from sleep to wake_up, for one model and for POST /sleep', async () => {
+    const a = await c.createModel({ ...LORA, model_id: 'sleepy' });
+    const rest = async () => (await api(server, 'GET', `/v1/training_sessions/${a.training_session_id}`)).json;
+    expect(await info('sleepy')).toMatchObject({ status: 'ready', asleep: false });
+    expect(await rest()).toMatchObject({ status: 'ready', asleep: false });
+    expect(await c.call('sleep', { model_id: 'sleepy' })).toEqual({ model_id: 'sleepy', asleep: true });
+    expect(await info('sleepy')).toMatchObject({ status: 'asleep', asleep: true });
+    expect(await rest()).toMatchObject({ status: 'ready', asleep: true }); // the session's lifecycle status stays; asleep says why ops fail
+    expect(await c.call('session_heartbeat', { model_id: 'sleepy' })).toMatchObject({ status: 'asleep' });
+    expect(await c.call('weights_info', { model_id: 'sleepy' })).toMatchObject({ status: 'asleep' });
+    const op = await c.run('forward_backward', { model_id: 'sleepy', data: syntheticBatch(0), codec: 'RAW' }).catch((e) => e);
+    expect(op.body).toMatchObject({ code: 'asleep', category: 'user' });
+    expect(await c.call('wake_up', { model_id: 'sleepy' })).toEqual({ model_id: 'sleepy', asleep: false });
+    expect(await info('sleepy')).toMatchObject({ status: 'ready', asleep: false });
+    expect(await rest()).toMatchObject({ status: 'ready', asleep: false });
+    // xorl's whole-engine control: every model of the key.
+    const root = (name: string) => fetch(`${server.baseUrl}/${name}`, { method: 'POST', headers: { authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/json' }, body: '{}' }).then((r) => r.json());
+    expect(await root('sleep')).toEqual({ status: 'sleeping', models: ['sleepy'], refused: [] });
+    expect(await info('sleepy')).toMatchObject({ status: 'asleep', asleep: true });
+    expect(await root('wake_up')).toEqual({ status: 'awake', models: ['sleepy'], refused: [] });
+    expect(await info('sleepy')).toMatchObject({ status: 'ready', asleep: false });
+    // A sleep refused (pending gradients) leaves it awake.
+    await c.forwardBackward('sleepy', syntheticBatch(0), { codec: 'RAW' });
+    expect((await c.raw('POST', 'sleep', { model_id: 'sleepy' })).status).toBe(409);
+    expect(await info('sleepy')).toMatchObject({ status: 'ready', asleep: false });
+    await c.call('kill_session', { model_id: 'sleepy' });
+  }, 120_000);
+});
