@@ -132,3 +132,42 @@ describe('xorl: session_info shows a model asleep (item 7)', () => {
     await c.call('kill_session', { model_id: 'sleepy' });
   }, 120_000);
 });
+
+describe('xorl: ZORL fields are a migration error (item 8)', () => {
+  const migration = (what: string, field: string) => ({
+    status: 400,
+    body: { error: `${what}: "${field}" is a ZORL field, and ZORL was removed (xorl): configure the adapter with lora_config {rank, alpha, targets} on create_model instead`, code: 'zorl_removed' },
+  });
+  const post = (url: string, body: unknown) => api(server, 'POST', url, body).then((r) => ({ status: r.status, body: r.json }));
+
+  it('refuses zorl, zorl_config and zorl_* on create_model, at the top level and in lora_config, and opens nothing', async () => {
+    for (const [field, v] of [['zorl', true], ['zorl_config', { rank: 4 }], ['zorl_rank', 4], ['ZORL_alpha', 8]] as const) {
+      expect(await c.raw('POST', 'create_model', { ...LORA, model_id: 'z', [field]: v })).toEqual(migration('create_model', field));
+    }
+    expect(await c.raw('POST', 'create_model', { ...LORA, model_id: 'z', lora_config: { rank: 4, zorl_alpha: 8 } })).toEqual(migration('lora_config', 'zorl_alpha'));
+    expect(await openModels()).toEqual([]);
+  });
+
+  it('refuses them on every futures route, before the model is looked up (POST, GET, root paths)', async () => {
+    const a = await c.createModel({ ...LORA, model_id: 'zroutes' });
+    const routes = [
+      'forward_backward', 'forward', 'optim_step', 'abort_gradient_epoch', 'sample', 'save_weights', 'load_weights', 'save_weights_for_sampler',
+      'retrieve_future', 'create_session', 'session_info', 'get_info', 'session_heartbeat', 'unload_model', 'kill_session', 'sleep', 'wake_up',
+      'list_checkpoints', 'delete_checkpoint', 'weights_info', 'add_inference_endpoint', 'remove_inference_endpoint', 'set_sync_quantization',
+      'sync_inference_weights', 'create_sampling_session',
+    ];
+    for (const route of routes) expect(await post(`/api/v1/${route}`, { model_id: 'zroutes', zorl: true })).toEqual(migration(route, 'zorl'));
+    for (const route of ['sleep', 'wake_up', 'add_inference_endpoint', 'remove_inference_endpoint']) expect(await post(`/${route}`, { zorl_config: {} })).toEqual(migration(route, 'zorl_config'));
+    for (const route of ['api/v1/training_runs', 'api/v1/session_info', 'list_inference_endpoints', 'api/v1/list_checkpoints']) {
+      const got = await api(server, 'GET', `/${route}?zorl_mode=1`);
+      expect({ status: got.status, body: got.json }).toEqual(migration(route.replace('api/v1/', ''), 'zorl_mode'));
+    }
+    // Nested objects too; and the model is untouched (still open, awake, nothing accumulated).
+    expect(await post('/api/v1/optim_step', { model_id: 'zroutes', adam_params: { learning_rate: 1e-3, zorl_lr: 1 } })).toEqual(migration('adam_params', 'zorl_lr'));
+    expect(await post('/api/v1/forward_backward', { model_id: 'zroutes', forward_backward_input: { data: [], zorl: 1 } })).toEqual(migration('forward_backward_input', 'zorl'));
+    expect(await info('zroutes')).toMatchObject({ status: 'ready', pending_gradients: 0 });
+    // Unrelated unknown fields keep xorl's rolling-client behaviour: ignored and named back.
+    expect(await post('/api/v1/session_heartbeat', { model_id: 'zroutes', client_tag: 'x' })).toMatchObject({ status: 200, body: { ignored_fields: ['client_tag'] } });
+    await c.call('kill_session', { model_id: a.model_id });
+  }, 120_000);
+});

@@ -15,6 +15,7 @@ import { log } from '../log.ts';
 import type { InferenceDeps } from '../inference/routes.ts';
 import { formatOf, readBody, sendAs, type Body, type Format } from './codec.ts';
 import { errorAnswer } from './requests.ts';
+import { refuseZorl } from './fields.ts';
 import { SeqOrder } from './seq.ts';
 import { FutureStore } from './store.ts';
 import { forward, wasForwarded, type ClusterNode } from '../cluster/index.ts';
@@ -74,6 +75,8 @@ export class FuturesContext {
       try {
         const owner = await requireOwner(this.deps.store, r);
         const body = r.method === 'GET' ? { value: Object.fromEntries(r.query), raw: Buffer.alloc(0), format: fmt } : await readBody(r, this.deps.config.maxSessionMessageBytes);
+        // Every route, also those without checkFields (training_runs) and before a cluster forwards it.
+        refuseZorl(body.value, r.url.replace(/^\/(api\/v1\/)?/, ''));
         const cluster = this.deps.cluster?.() ?? null;
         if (cluster && !wasForwarded(r)) {
           const remote = await remoteTarget(cluster, this.deps, r, owner, body.value);
