@@ -135,6 +135,11 @@ export class LiveSession {
   layout: ModelLayout | null = null;
   /** Tail of the session's ordered engine calls (ops.ts). */
   chain: Promise<unknown> = Promise.resolve();
+  /**
+   * Put to sleep (the futures API's sleep, `/sleep`): its tensors are in host memory and its ops
+   * fail with `asleep` until wake_up. Shown as `asleep` in both session APIs' JSON.
+   */
+  asleep = false;
   constructor(readonly row: SessionRow, readonly config: SessionConfig, public engine: EngineLike | null) {}
   get id(): string {
     return this.row.id;
@@ -462,6 +467,7 @@ export class SessionManager {
       last_op: live?.lastOp ? { ...live.lastOp, id: jsonId(live.lastOp.id) } : null,
       ops_count: live?.opsCount ?? 0,
       pending_gradients: live?.pendingGradients ?? 0,
+      asleep: live?.asleep ?? false, // status stays the lifecycle (ready); its ops fail with `asleep` until wake_up
       last_activity_at: live ? live.lastActivityMs / 1000 : null,
       node: row.node_id,
     };

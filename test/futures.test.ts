@@ -122,11 +122,11 @@ describe('the futures API on flow05-tiny', () => {
     const { model_id } = await json.createModel(MODEL);
     const post = (route: string, body: unknown) => json.raw('POST', route, body);
     expect(await post('forward_backward', { model_id, data: batches[0], codec: 'JPEG', lr: 1 })).toEqual({
-      status: 400, body: { error: 'forward_backward has no field "lr" (a field of other routes); it takes model_id, seq_id, data, codec, loss_fn, forward_backward_input' },
+      status: 400, body: { error: 'forward_backward has no field "lr" (a field of other routes); it takes model_id, seq_id, data, codec, loss_fn, forward_backward_input, normalize_loss_before_backward' },
     });
     // A misspelling of a field of the route is refused and named; an unrelated unknown field passes and is named back.
     expect(await post('optim_step', { model_id, grad_clip: 1 })).toEqual({
-      status: 400, body: { error: 'optim_step has no field "grad_clip" (did you mean "grad_clip_norm"?); it takes model_id, seq_id, learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm, adam_params, gradient_clip, lr' },
+      status: 400, body: { error: 'optim_step has no field "grad_clip" (did you mean "grad_clip_norm"?); it takes model_id, seq_id, learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm, adam_params, gradient_clip, lr, norm_type, clip_norm_type, grad_norm_type, max_norm_type' },
     });
     expect((await post('optim_step', { model_id, adam_params: { learning_rate: 1e-3, Beta2: 0.9 } })).body.error).toMatch(/^adam_params has no field "Beta2" \(did you mean "beta2"\?\)/);
     const passed = await fetch(`${server.baseUrl}/api/v1/abort_gradient_epoch`, {

@@ -15,6 +15,7 @@ import { log } from '../log.ts';
 import type { InferenceDeps } from '../inference/routes.ts';
 import { formatOf, readBody, sendAs, type Body, type Format } from './codec.ts';
 import { errorAnswer } from './requests.ts';
+import { refuseZorl } from './fields.ts';
 import { SeqOrder } from './seq.ts';
 import { FutureStore } from './store.ts';
 import { forward, wasForwarded, type ClusterNode } from '../cluster/index.ts';
@@ -74,6 +75,8 @@ export class FuturesContext {
       try {
         const owner = await requireOwner(this.deps.store, r);
         const body = r.method === 'GET' ? { value: Object.fromEntries(r.query), raw: Buffer.alloc(0), format: fmt } : await readBody(r, this.deps.config.maxSessionMessageBytes);
+        // Every route, also those without checkFields (training_runs) and before a cluster forwards it.
+        refuseZorl(body.value, r.url.replace(/^\/(api\/v1\/)?/, ''));
         const cluster = this.deps.cluster?.() ?? null;
         if (cluster && !wasForwarded(r)) {
           const remote = await remoteTarget(cluster, this.deps, r, owner, body.value);
@@ -175,12 +178,21 @@ export class FuturesContext {
     return gate;
   }
 
-  /** Public JSON of a model (session_info, create_model's future). */
+  /**
+   * A model's status as the futures API shows it: the row's (`starting`, `ready`, `closed`,
+   * `error`, `lost`), or `asleep` for an open model put to sleep (its ops fail with code `asleep`
+   * until wake_up), so session_info does not say `ready` to a client whose ops would fail.
+   */
+  statusOf(row: SessionRow): string {
+    return row.status === 'ready' && this.deps.sessions.live.get(row.id)?.asleep ? 'asleep' : row.status;
+  }
+
+  /** Public JSON of a model (session_info, create_model's future); `asleep` as in `/v1/training_sessions`. */
   async modelJson(id: string): Promise<Record<string, unknown>> {
     const row = (await this.deps.store.getSession(id))!;
     const live = this.deps.sessions.live.get(id);
     return {
-      model_id: publicModelId(row), training_session_id: row.id, status: row.status, created_at: row.created_at, ...publicConfig(row.config), base_params: live?.engine?.info.baseParams ?? null,
+      model_id: publicModelId(row), training_session_id: row.id, status: this.statusOf(row), asleep: live?.asleep ?? false, created_at: row.created_at, ...publicConfig(row.config), base_params: live?.engine?.info.baseParams ?? null,
       action_horizon: live?.actionHorizon || (row.config as { action_horizon?: unknown }).action_horizon,
       trainable_params: live?.trainableParams ?? null, pending_gradients: live?.pendingGradients ?? 0,
       pending_futures: this.futures.pendingCount(id), cameras: live?.cameras ?? [],

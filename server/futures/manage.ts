@@ -5,7 +5,8 @@
  *   `session_heartbeat` take; a heartbeat on it refreshes every model created in it. Stored:
  *   it resolves after a restart (its models do not survive one: they are closed); one without an
  *   open model and without a heartbeat for --session-idle-timeout-s is deleted.
- * - `session_info` (GET or POST): the owner's open models, or one (`model_id`).
+ * - `session_info` (GET or POST): the owner's open models, or one (`model_id`); a model put to
+ *   sleep shows `status: "asleep"` (and `asleep: true`) until wake_up.
  * - `get_info` (Tinker; GET or POST, `model_id`): the model's info with Tinker's `model_data`
  *   (`arch`: base_model, `model_name`: the base checkpoint, `tokenizer_id`), `is_lora`, `lora_rank`.
  * - `session_heartbeat`: refreshes the idle clock (`model_id`, or `session_id`: a client
@@ -84,7 +85,7 @@ export function mountManagement(ctx: FuturesContext): void {
     }
     const live = await ctx.modelOf(owner, modelIdOf(body.value, 'session_id'));
     live.touch();
-    sendAs(r, body.format, 200, withIgnored(r, { model_id: publicModelId(live.row), status: (await store.getSession(live.id))!.status, last_activity_at: Math.floor(live.lastActivityMs / 1000) }));
+    sendAs(r, body.format, 200, withIgnored(r, { model_id: publicModelId(live.row), status: ctx.statusOf((await store.getSession(live.id))!), last_activity_at: Math.floor(live.lastActivityMs / 1000) }));
   });
 
   for (const name of ['unload_model', 'kill_session']) {
@@ -100,6 +101,7 @@ export function mountManagement(ctx: FuturesContext): void {
 
   const engineOp = async (live: LiveSession, op: 'sleep' | 'wake_up'): Promise<Record<string, unknown>> => {
     const result = await ctx.engineCall<unknown>(live, op);
+    live.asleep = op === 'sleep'; // after the engine did it: a refused sleep (pending gradients) leaves the model awake
     return result && typeof result === 'object' ? (result as Record<string, unknown>) : {};
   };
 
@@ -151,7 +153,7 @@ export function mountManagement(ctx: FuturesContext): void {
       const newest = listCheckpoints(root, row.id)[0] ?? null;
       const lora = cfg.finetune !== 'full';
       return sendAs(r, body.format, 200, withIgnored(r, {
-        model_id: publicModelId(row), training_session_id: row.id, status: row.status, base_model: cfg.base_model, is_lora: lora,
+        model_id: publicModelId(row), training_session_id: row.id, status: ctx.statusOf(row), base_model: cfg.base_model, is_lora: lora,
         lora_rank: lora ? cfg.rank : null, lora_alpha: lora ? cfg.alpha : null, targets: cfg.targets, finetune: cfg.finetune, last_checkpoint: newest,
       }));
     }
@@ -166,7 +168,7 @@ export function mountManagement(ctx: FuturesContext): void {
       const cfg = row.config as Record<string, unknown>;
       const live = sessions.live.get(row.id);
       return {
-        training_run_id: publicModelId(row), model_id: publicModelId(row), training_session_id: row.id, status: row.status, created_at: row.created_at,
+        training_run_id: publicModelId(row), model_id: publicModelId(row), training_session_id: row.id, status: ctx.statusOf(row), created_at: row.created_at,
         closed_at: row.closed_at, base_model: cfg.base_model, is_lora: cfg.finetune !== 'full', lora_rank: cfg.finetune !== 'full' ? cfg.rank : null,
         last_request_time: live ? Math.floor(live.lastActivityMs / 1000) : row.closed_at, last_checkpoint: listCheckpoints(root, row.id)[0] ?? null,
       };

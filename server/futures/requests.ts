@@ -20,9 +20,9 @@ export { checkFields } from './fields.ts';
  * (xorl / Tinker aliases included: they are mapped by `wsRequest`).
  */
 export const OPS: Record<string, { op: SessionRequest['op']; args: string[] }> = {
-  forward_backward: { op: 'forward_backward', args: ['data', 'codec', 'loss_fn', 'forward_backward_input'] },
+  forward_backward: { op: 'forward_backward', args: ['data', 'codec', 'loss_fn', 'forward_backward_input', 'normalize_loss_before_backward'] },
   forward: { op: 'forward', args: ['data', 'codec', 'keep', 'forward_input'] },
-  optim_step: { op: 'optim_step', args: ['learning_rate', 'beta1', 'beta2', 'eps', 'weight_decay', 'grad_clip_norm', 'adam_params', 'gradient_clip', 'lr'] },
+  optim_step: { op: 'optim_step', args: ['learning_rate', 'beta1', 'beta2', 'eps', 'weight_decay', 'grad_clip_norm', 'adam_params', 'gradient_clip', 'lr', 'norm_type', 'clip_norm_type', 'grad_norm_type', 'max_norm_type'] },
   abort_gradient_epoch: { op: 'abort_gradient_epoch', args: [] },
   sample: { op: 'sample', args: ['data', 'codec', 'num_steps', 'weights', 'seed'] },
   save_weights: { op: 'save_state', args: ['name', 'path', 'overwrite'] },
@@ -33,9 +33,49 @@ export const OPS: Record<string, { op: SessionRequest['op']; args: string[] }> =
 const ADAM_KEYS = ['learning_rate', 'beta1', 'beta2', 'eps', 'weight_decay', 'grad_clip_norm'];
 /** Other names of optim_step's fields: xorl's `gradient_clip`, the common `lr`. */
 const OPTIM_ALIASES: Record<string, string> = { gradient_clip: 'grad_clip_norm', lr: 'learning_rate' };
+/**
+ * Names clients give the clipping norm's type (torch's `norm_type`). xorl: "Authoritative adapter
+ * clipping supports the L2 norm only. gradient_clip remains the scalar L2 threshold; other norm
+ * types are rejected". Vela clips by the global L2 norm (PROTOCOL.md section 3).
+ */
+const NORM_TYPE_FIELDS = ['norm_type', 'clip_norm_type', 'grad_norm_type', 'max_norm_type'];
+
+/**
+ * Take the norm-type fields out of `fields` (the top level or adam_params), checking each is L2:
+ * the number 2 (JSON 2 and 2.0 alike), the string "2", "l2" in any case, or null (the default, L2).
+ * @throws HttpError 400 naming the field and its value.
+ */
+function takeNormType(fields: Record<string, unknown>, where: string): void {
+  for (const k of NORM_TYPE_FIELDS) {
+    if (!(k in fields)) continue;
+    const v = fields[k];
+    delete fields[k];
+    const l2 = v === null || v === 2 || (typeof v === 'string' && ['2', 'l2'].includes(v.trim().toLowerCase()));
+    if (!l2) {
+      throw new HttpError(400, `${where}${k} ${JSON.stringify(v)} is not supported: clipping uses the L2 norm only (xorl; gradient_clip / grad_clip_norm is the L2 threshold); leave ${k} out, or give "l2" or 2`);
+    }
+  }
+}
+
+/**
+ * forward_backward's `normalize_loss_before_backward` (xorl). xorl: "Multi-adapter training
+ * accepts raw numerator losses only. Setting normalize_loss_before_backward rejects the
+ * forward_backward call; leave normalization to optim_step". Vela's forward_backward already adds
+ * the raw numerator (sum_i w_i * loss_i) and optim_step divides by the weights once, so false (or
+ * null) is what happens anyway: taken out. @throws HttpError 400 for anything else.
+ */
+function takeNormalizeLoss(fields: Record<string, unknown>, where: string): void {
+  const k = 'normalize_loss_before_backward';
+  if (!(k in fields)) return;
+  const v = fields[k];
+  delete fields[k];
+  if (v === false || v === null) return;
+  throw new HttpError(400, `${where}${k} ${JSON.stringify(v)} is refused: training accepts raw numerator losses only (xorl); leave normalization to optim_step, which divides the accumulated gradient by the accumulated weights once; leave ${k} out, or false`);
+}
+
 /** Tinker's input wrappers: `forward_backward_input: {data, loss_fn}`, `forward_input: {data}`. */
 const INPUT_WRAPPERS: Record<string, { field: string; args: string[] }> = {
-  forward_backward: { field: 'forward_backward_input', args: ['data', 'codec', 'loss_fn'] },
+  forward_backward: { field: 'forward_backward_input', args: ['data', 'codec', 'loss_fn', 'normalize_loss_before_backward'] },
   forward: { field: 'forward_input', args: ['data', 'codec', 'keep'] },
 };
 
@@ -81,10 +121,12 @@ function autoName(): string {
 /**
  * The websocket request of a futures op body (validate it with parseRequest): Tinker's
  * `forward_backward_input` / `forward_input` unwrapped, `adam_params` flattened (with its
- * `betas: [b1, b2]`), xorl's `gradient_clip` and `lr` renamed, `path` read as `name`, a save
+ * `betas: [b1, b2]`), xorl's `gradient_clip` and `lr` renamed, xorl's L2 norm type and
+ * `normalize_loss_before_backward: false` checked and taken out, `path` read as `name`, a save
  * without a name given an automatic one. `load_weights` by `checkpoint_id` or by a path outside
  * the model's own folder is resolved by the caller (routes.ts) and reaches here as `name`.
- * @throws HttpError 400 for a field given twice, a bad wrapper or `adam_params`, a misspelt field in one.
+ * @throws HttpError 400 for a field given twice, a bad wrapper or `adam_params`, a misspelt field in one,
+ *   a norm type other than L2, `normalize_loss_before_backward` other than false.
  */
 export function wsRequest(name: string, body: Record<string, unknown>, r: Req | null = null): Record<string, unknown> {
   const spec = OPS[name]!;
@@ -97,9 +139,13 @@ export function wsRequest(name: string, body: Record<string, unknown>, r: Req | 
     delete top[wrapper.field];
     if (!isObject(inner)) throw new HttpError(400, `${wrapper.field} must be an object {${wrapper.args.join(', ')}}`);
     checkFields(r, inner, wrapper.args, wrapper.field);
-    merge(top, Object.fromEntries(Object.entries(inner).filter(([k]) => wrapper.args.includes(k))), wrapper.field);
+    const known = Object.fromEntries(Object.entries(inner).filter(([k]) => wrapper.args.includes(k)));
+    takeNormalizeLoss(known, `${wrapper.field}.`);
+    merge(top, known, wrapper.field);
   }
+  if (name === 'forward_backward') takeNormalizeLoss(top, '');
   if (name === 'optim_step') {
+    takeNormType(top, '');
     const p = top.adam_params;
     delete top.adam_params;
     const flat: Record<string, unknown> = {};
@@ -107,8 +153,9 @@ export function wsRequest(name: string, body: Record<string, unknown>, r: Req | 
     if (p !== undefined) {
       if (!isObject(p)) throw new HttpError(400, 'adam_params must be an object {learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm}');
       const { betas, ...rest } = p;
-      checkFields(r, rest, [...ADAM_KEYS, ...Object.keys(OPTIM_ALIASES)], 'adam_params');
-      const known = Object.fromEntries(Object.entries(rest).filter(([k]) => ADAM_KEYS.includes(k) || k in OPTIM_ALIASES));
+      checkFields(r, rest, [...ADAM_KEYS, ...Object.keys(OPTIM_ALIASES), ...NORM_TYPE_FIELDS], 'adam_params');
+      const known = Object.fromEntries(Object.entries(rest).filter(([k]) => ADAM_KEYS.includes(k) || k in OPTIM_ALIASES || NORM_TYPE_FIELDS.includes(k)));
+      takeNormType(known, 'adam_params.');
       if (betas !== undefined) {
         if (!Array.isArray(betas) || betas.length !== 2) throw new HttpError(400, `adam_params.betas must be [beta1, beta2], got ${JSON.stringify(betas)}`);
         merge(known, { beta1: betas[0], beta2: betas[1] }, 'adam_params.betas');

@@ -189,6 +189,10 @@ export function mountFutures(app: TemplatedApp, deps: FuturesDeps): FuturesHandl
       v.finetune = 'full';
     } else if (loraConfig && v.finetune === 'full') {
       throw new HttpError(400, 'lora_config applies to LoRA models, and this one is finetune "full", which trains every weight: leave lora_config out, or finetune out (LoRA is the default)');
+    } else if (v.finetune === 'full') {
+      // xorl: "full-weight mode only supports the reserved model_id="default" session"; without
+      // this a second full-weight model (another name, or a ts- id) would train beside "default".
+      throw new HttpError(400, `full-weight mode only supports the reserved model_id="default" session (xorl); got ${name === null ? 'no model_id' : `model_id ${JSON.stringify(name)}`}: create model_id "default" for full-weight training, or leave finetune out for a LoRA model`);
     }
     const sessionEntry = clientSession === null ? null : await ctx.clientSession(owner, clientSession);
     const row = await sessions.create(owner, parseSessionConfig(v), deps.baseUrl?.() ?? '', name as string | null);
