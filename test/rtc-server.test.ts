@@ -53,6 +53,13 @@ function actionsOf(answer: any): Float32Array {
   return a.data as Float32Array;
 }
 
+function maxDiff(a: Float32Array, b: Float32Array): number {
+  expect(a.length).toBe(b.length);
+  let m = 0;
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]! - b[i]!));
+  return m;
+}
+
 /** RMS over the first `n` actions of a and b[offset + i]. */
 function rms(a: Float32Array, b: Float32Array, n: number, offset = 0): number {
   let s = 0;
@@ -214,6 +221,46 @@ describe('real-time chunking over the policy websocket', () => {
     });
     expect((await good.infer(observation(4, { 'rtc/executed': 1, 'rtc/delay': 1 }))).server_timing.rtc).toMatchObject({ mode: 'guided', delay: 1 });
   }, 60_000);
+});
+
+describe('real-time chunking of robots with different β (rtc_max_guidance)', () => {
+  it('shares one engine call, and each robot gets what it gets alone (β is per datum, not per call)', async () => {
+    // A long window: the batch leaves when both connections have a request queued.
+    const batching = await startPolicyServer({ engine, checkpointDir: plainDir, policyId: 'pol-betas', seed: 11, batchWindowMs: 5000, port: 0 });
+    servers.push(batching);
+    const betas = [1, 15] as const;
+    const open = (k: number, beta: number) => PolicyClient.connect(`${batching.wsUrl}?seed=${5 + k}&rtc=guided&rtc_max_guidance=${beta}`);
+    const rtc2 = observation(2, { 'rtc/executed': 3, 'rtc/delay': 4 });
+    // Together: both requests of each round in one batch of 2.
+    const pair = [await open(0, betas[0]), await open(1, betas[1])];
+    await Promise.all(pair.map((c) => c.infer(observation(1))));
+    const calls = engine.stats().calls;
+    const together = await Promise.all(pair.map((c) => c.infer(rtc2)));
+    // One engine call for both (it was one per β), and both chunks guided with their own β.
+    expect(engine.stats().calls - calls).toBe(1);
+    together.forEach((a, k) => expect(a.server_timing.rtc).toMatchObject({ mode: 'guided', delay: 4, max_guidance: betas[k] }));
+    for (const c of pair) c.close();
+    await Promise.all(pair.map((c) => c.closed()));
+    const stats = (await (await fetch(`${batching.baseUrl}/stats`)).json()) as { batchSizes: Record<string, number> };
+    expect(stats.batchSizes).toEqual({ 2: 2 });
+    // Alone (one connection at a time: batches of 1), the same seeds and β: the same chunks.
+    const alone = async (k: number, beta: number) => {
+      const c = await open(k, beta);
+      await c.infer(observation(1));
+      const a = await c.infer(rtc2);
+      c.close();
+      await c.closed();
+      return actionsOf(a);
+    };
+    for (const k of [0, 1]) {
+      const solo = await alone(k, betas[k]!);
+      // Batch 2 and batch 1 are separate graphs (Grappler and the kernels may round differently): equal to a
+      // few float32 ulps of actions of order 1-10 (an ulp at 8 is 9.5e-7; measured 7.2e-7 at most).
+      expect(maxDiff(actionsOf(together[k]), solo)).toBeLessThanOrEqual(1e-5);
+    }
+    // β reaches each datum: robot 1's chunk with robot 0's β is another chunk.
+    expect(maxDiff(actionsOf(together[1]), await alone(1, betas[0]))).toBeGreaterThan(1e-3);
+  }, 120_000);
 });
 
 describe('real-time chunking across a weights push', () => {

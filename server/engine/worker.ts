@@ -354,7 +354,7 @@ async function infer(policyId: string, args: Record<string, any>): Promise<[unkn
 function inChunks(batch: ModelBatch, noise: Float32Array, per: number, rtc: RtcArgs | undefined, sample: (b: ModelBatch, noise: Float32Array, chunk: ChunkPrefix | undefined) => Float32Array): Float32Array {
   const sizes = samplesAsGraphs(base.policy) ? powerOfTwoChunks(batch.size) : [batch.size];
   const part = (from: number, to: number): ChunkPrefix | undefined =>
-    rtc && { mode: rtc.mode, maxGuidance: rtc.maxGuidance, actions: rtc.actions.slice(from * per, to * per), weights: rtc.weights.slice(from * per, to * per) };
+    rtc && { mode: rtc.mode, maxGuidance: typeof rtc.maxGuidance === 'number' ? rtc.maxGuidance : rtc.maxGuidance.slice(from, to), actions: rtc.actions.slice(from * per, to * per), weights: rtc.weights.slice(from * per, to * per) };
   if (sizes.length === 1) return sample(batch, noise, part(0, batch.size));
   const out = new Float32Array(batch.size * per);
   let at = 0;
@@ -368,7 +368,8 @@ function inChunks(batch: ModelBatch, noise: Float32Array, per: number, rtc: RtcA
 /** infer's `rtc` argument: kernels/rtc.ts ChunkPrefix for the whole batch, [b * per] arrays. */
 interface RtcArgs {
   mode: RtcMode;
-  maxGuidance: number;
+  /** β: one for the batch, or [b], one per datum (robots of different rtc_max_guidance share a batch). */
+  maxGuidance: number | Float32Array;
   actions: Float32Array;
   weights: Float32Array;
 }

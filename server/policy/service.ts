@@ -293,13 +293,14 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   const batcher = new Batcher(
     async (datums, seeds, tags) => {
       // One engine call per weights version in the batch (more than one only around a swap), and
-      // per kind of sampling: plain chunks keep the plain sampler, RTC ones share a guided or prefix call.
+      // per kind of sampling: plain chunks keep the plain sampler, RTC ones share a guided or prefix
+      // call. β is per datum (a graph input), so robots of different rtc_max_guidance share a call.
       const groups = new Map<string, { v: Version; idx: number[] }>();
       const versionIds = new Map<Version, number>();
       tags.forEach((t, i) => {
         const { v, chunk } = t as Tag;
         if (!versionIds.has(v)) versionIds.set(v, versionIds.size);
-        const key = `${versionIds.get(v)}|${chunk ? `${chunk.mode}:${chunk.maxGuidance}` : 'plain'}`;
+        const key = `${versionIds.get(v)}|${chunk ? chunk.mode : 'plain'}`;
         if (!groups.has(key)) groups.set(key, { v, idx: [] });
         groups.get(key)!.idx.push(i);
       });
@@ -310,7 +311,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         const batch = makeBatch(v.meta.model, idx.map((i) => datums[i]!), { maxPromptBytes: limits.maxPromptBytes, encodePrompt: v.meta.model.encodePrompt });
         const chunks = idx.map((i) => (tags[i] as Tag).chunk);
         const rtc = chunks[0] ? {
-          mode: chunks[0].mode, maxGuidance: chunks[0].maxGuidance,
+          mode: chunks[0].mode, maxGuidance: Float32Array.from(chunks, (c) => c!.maxGuidance),
           actions: concat(chunks.map((c) => c!.actions)), weights: concat(chunks.map((c) => c!.weights)),
         } : undefined;
         const t0 = performance.now();
