@@ -22,7 +22,7 @@ import { computeNormStats, normStatsToJson } from '../kernels/normalize.ts';
 import { PolicyClient } from './helpers/policy-stub.ts';
 import { PolicyConnection } from '../protocol/client.ts';
 import { encodeWeightsPush } from '../server/policy/push.ts';
-import { TEST_BACKENDS } from './helpers/tf.ts';
+import { NATIVE_PRESENT, TEST_BACKENDS } from './helpers/tf.ts';
 
 const PRESET = 'flow0-tiny';
 const C = makeConfig(PRESET);
@@ -296,6 +296,47 @@ describe('the engine', () => {
     const ans = await engine.call<{ result: { actions: Float32Array } }>('pol-plain', 'infer', { batch: again, seeds: [0], numSteps: 2 });
     expect(ans.result.actions.length).toBe(C.horizon * C.actionDim);
   }, 60_000);
+});
+
+describe.runIf(NATIVE_PRESENT)('traces on a shared engine (TRACE_QUIET_MS)', () => {
+  type Infer = { result: { actions: Float32Array; graphs: { traced: number; deferred: number } } };
+  const infer = (e: Engine, id: string, size: number, trace?: 'quiet') => e.call<Infer>(id, 'infer', { batch: fakeBatch(C, size, 5), seeds: Array.from({ length: size }, (_, i) => 40 + i), numSteps: 3, ...(trace ? { trace } : {}) });
+  const sessions = async (e: Engine, root: string) => {
+    for (const id of ['a', 'b']) await e.call(id, 'create_session', { finetune: 'lora', rank: 4, alpha: 8, targets: ['all'], seed: 1, dir: path.join(root, id) });
+  };
+
+  it('a new layout of one policy samples eagerly while another policy is busy, and traces once the others are quiet', async () => {
+    const root = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-quiet-'));
+    const e = await Engine.start({ preset: PRESET, backend: TEST_BACKENDS[0]!, traceQuietMs: 60_000 });
+    try {
+      await sessions(e, root);
+      // a alone on the engine: its layout (batch 1) traces at once.
+      expect((await infer(e, 'a', 1, 'quiet')).result.graphs).toEqual({ traced: 1, deferred: 0 });
+      // b's new layout (batch 2) while a was busy within the quiet time: eager, nothing traced, and
+      // a's next request runs its graph (nothing evicted, nothing traced in its way).
+      const eager = await infer(e, 'b', 2, 'quiet');
+      expect(eager.result.graphs).toEqual({ traced: 0, deferred: 1 });
+      expect((await infer(e, 'a', 1, 'quiet')).result.graphs).toEqual({ traced: 0, deferred: 0 });
+      // The same call told to trace (no `quiet`) traces, and the graph answers what eager did
+      // (graph = eager to float32 rounding: the bound of test/rtc.test.ts).
+      const traced = await infer(e, 'b', 2);
+      expect(traced.result.graphs).toEqual({ traced: 1, deferred: 0 });
+      expect(maxDiff(traced.result.actions, eager.result.actions)).toBeLessThan(1e-4);
+      expect((await infer(e, 'b', 2, 'quiet')).result.graphs).toEqual({ traced: 0, deferred: 0 });
+    } finally {
+      await e.close();
+    }
+    // Quiet others (a short quiet time, waited out): b's new layout traces on its own request.
+    const q = await Engine.start({ preset: PRESET, backend: TEST_BACKENDS[0]!, traceQuietMs: 200 });
+    try {
+      await sessions(q, root + '-q');
+      await infer(q, 'a', 1, 'quiet');
+      await new Promise((r) => setTimeout(r, 400));
+      expect((await infer(q, 'b', 4, 'quiet')).result.graphs).toEqual({ traced: 1, deferred: 0 });
+    } finally {
+      await q.close();
+    }
+  }, 120_000);
 });
 
 describe('vela policy RTC flags', () => {

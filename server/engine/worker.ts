@@ -8,7 +8,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import * as tf from '@tensorflow/tfjs';
 import { initBackend, type BackendReport } from '../../kernels/backend/backend.ts';
-import { samplesAsGraphs } from '../../kernels/sample-graph.ts';
+import { sampleGraphStats, samplesAsGraphs } from '../../kernels/sample-graph.ts';
 import { makeConfig } from '../../kernels/small/config.ts';
 import { BaseWeights, TrainingState, sampleActions } from '../../kernels/trainer.ts';
 import { checkpointFiles, loadCheckpoint, saveCheckpoint, type CheckpointContent } from '../../kernels/checkpoint.ts';
@@ -312,6 +312,9 @@ async function loadPolicy(policyId: string, dir: string): Promise<[unknown, Arra
  * Sample actions for a policy's batch: a loaded policy, or a training session's live weights
  * (a session's policy websocket). One call runs on one set of weights: an optim_step is one
  * call too, so a batch never sees a half-updated model. Answers the weights' step for sessions.
+ * `args.trace: false` (the host's answer to `trace: 'quiet'`): a layout without a graph samples
+ * eagerly instead of tracing one. The answer's `graphs`: how many graphs the call traced, and how
+ * many layouts it sampled eagerly for want of one.
  */
 async function infer(policyId: string, args: Record<string, any>): Promise<[unknown, ArrayBuffer[]]> {
   const batch = args.batch as ModelBatch;
@@ -322,12 +325,20 @@ async function infer(policyId: string, args: Record<string, any>): Promise<[unkn
   const noise = new Float32Array(batch.size * per);
   seeds.forEach((seed, i) => noise.set(new Rng(seed).normals(per), i * per));
   const rtc = args.rtc as RtcArgs | undefined;
+  // false: a layout without a graph samples eagerly, tracing nothing (the host decides: Engine, TRACE_QUIET_MS).
+  const trace = args.trace !== false;
   if (rtc && (rtc.actions?.length !== batch.size * per || rtc.weights?.length !== batch.size * per)) {
     throw new EngineError('bad_request', `infer's rtc needs ${batch.size} x ${per} actions and weights`);
   }
+  const before = sampleGraphStats();
+  // Graphs this call traced, and layouts it sampled eagerly instead of tracing (trace false).
+  const graphs = () => {
+    const now = sampleGraphStats();
+    return { traced: now.traces - before.traces, deferred: now.deferred - before.deferred };
+  };
   if (basePolicies.has(policyId)) {
-    const actions = inChunks(batch, noise, per, rtc, (b, n, chunk) => sampleActions(base.policy, base.view(), config.toBatch(b), new Rng(0), { numSteps: args.numSteps ?? 10, noise: n, chunk }));
-    return [answer(null, { actions, step: null }), answerBuffers(actions)];
+    const actions = inChunks(batch, noise, per, rtc, (b, n, chunk) => sampleActions(base.policy, base.view(), config.toBatch(b), new Rng(0), { numSteps: args.numSteps ?? 10, noise: n, chunk, trace }));
+    return [answer(null, { actions, step: null, graphs: graphs() }), answerBuffers(actions)];
   }
   let state = policies.get(policyId) ?? null;
   let step: number | null = null;
@@ -339,8 +350,8 @@ async function infer(policyId: string, args: Record<string, any>): Promise<[unkn
   }
   if (!state) throw new EngineError('not_found', `policy ${policyId} is not loaded in this engine`);
   const st = state;
-  const actions = inChunks(batch, noise, per, rtc, (b, n, chunk) => st.sample(config.toBatch(b), { numSteps: args.numSteps ?? 10, noise: n, chunk }));
-  return [answer(null, { actions, step }), answerBuffers(actions)];
+  const actions = inChunks(batch, noise, per, rtc, (b, n, chunk) => st.sample(config.toBatch(b), { numSteps: args.numSteps ?? 10, noise: n, chunk, trace }));
+  return [answer(null, { actions, step, graphs: graphs() }), answerBuffers(actions)];
 }
 
 /**
