@@ -50,7 +50,7 @@ export interface EngineOptions {
 }
 
 /**
- * A policy's `infer` with `trace: 'quiet'` may trace a new layout's graph (kernels/sample-graph.ts:
+ * A call with `trace: 'quiet'` (a policy's `infer`, a session's `sample`) may trace a new layout's graph (kernels/sample-graph.ts:
  * 1-2 s for flow05-tiny on 2 cores, up to ~10 s loaded) only when every other session of the
  * engine has had no call queued, running or answered for this long; else it samples that layout
  * eagerly. A trace then never holds up another policy's robots (which already have their graphs):

@@ -224,7 +224,8 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
     case 'sample': {
       const temp = args.weights ? await loadWeights(tenant, args.weights) : null;
       try {
-        const actions = (temp ?? state).sample(config.toBatch(args.batch as ModelBatch), { numSteps: args.numSteps, seed: args.seed ?? undefined, ema: !!args.ema });
+        // trace false (the host's answer to 'quiet'): a layout without a graph samples eagerly.
+        const actions = (temp ?? state).sample(config.toBatch(args.batch as ModelBatch), { numSteps: args.numSteps, seed: args.seed ?? undefined, ema: !!args.ema, trace: args.trace !== false });
         return [answer(state, { actions }), answerBuffers(actions)];
       } finally {
         temp?.dispose();
