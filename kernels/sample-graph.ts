@@ -86,6 +86,7 @@ export function sampleWithGraph<B, C>(policy: FlowPolicy<B, C>, W: PolicyWeights
     stats.deferred++;
     return null;
   }
+  if (process.env.VELA_GRAPH_DEBUG) console.error(`sample graph: tracing layout ${key}`);
   const reads: Read[] = [];
   let traced: ReturnType<typeof traceGraph>;
   try {
