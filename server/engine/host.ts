@@ -50,10 +50,10 @@ export interface EngineOptions {
 }
 
 /**
- * A call with `trace: 'quiet'` (a policy's `infer`, a session's `sample`) may trace a new layout's graph (kernels/sample-graph.ts:
- * 1-2 s for flow05-tiny on 2 cores, up to ~10 s loaded) only when every other session of the
- * engine has had no call queued, running or answered for this long; else it samples that layout
- * eagerly. A trace then never holds up another policy's robots (which already have their graphs):
+ * A call with `trace: 'quiet'` (a policy's `infer`, a session's `sample`) may trace a new
+ * layout's graph (kernels/sample-graph.ts: 1-2 s for flow05-tiny on 2 cores, up to ~10 s loaded)
+ * only when no other session of the engine has had an `infer` (a robot's request) queued, running
+ * or answered for this long; else it samples that layout eagerly. A trace then never holds up another policy's robots (which already have their graphs):
  * a robot querying at least every 2 s keeps other keys' traces off the engine, while a policy
  * alone on its engine traces at once. The host decides at dispatch, when the wait is known.
  */
