@@ -43,8 +43,11 @@ export interface ChunkPrefix {
   readonly mode: RtcMode;
   readonly actions: Float32Array;
   readonly weights: Float32Array;
-  /** guided: β, the cap on the guidance weight (DEFAULT_MAX_GUIDANCE). */
-  readonly maxGuidance?: number;
+  /**
+   * guided: β, the cap on the guidance weight (DEFAULT_MAX_GUIDANCE): one for the whole batch, or
+   * one per datum ([b]: the policy server batches robots of different `rtc_max_guidance`).
+   */
+  readonly maxGuidance?: number | ArrayLike<number>;
 }
 
 /** How the guidance weights fall over the overlap after the delay: the paper's exponential, or linear. */
@@ -99,11 +102,12 @@ export function guidanceGradient(velocityAt: (x: tf.Tensor) => tf.Tensor, x: tf.
 }
 
 /**
- * guidanceWeight with β a float32 scalar tensor (a graph input): min(β, fround(c(t))), which is
- * fround(guidanceWeight(t, β)) for a float32 β (fround is monotone), so the traced graph's step
- * weight is the eager one's bits. Returns a new scalar (the caller owns it).
+ * guidanceWeight with β a float32 tensor (a graph input; [b, 1, 1], a β per datum):
+ * min(β, fround(c(t))), which is fround(guidanceWeight(t, β)) for a float32 β (fround is
+ * monotone), so the traced graph's step weight is the eager one's bits. Returns a new tensor of
+ * β's shape (the caller owns it).
  */
-export function guidanceWeightTensor(t: number, maxGuidance: tf.Scalar): tf.Scalar {
+export function guidanceWeightTensor(t: number, maxGuidance: tf.Tensor): tf.Tensor {
   const c = ((1 - t) * (1 - t) + t * t) / (t * (1 - t));
   return Number.isFinite(c) ? tf.minimum(maxGuidance, c) : tf.clone(maxGuidance);
 }
@@ -114,18 +118,19 @@ export interface ChunkTensors {
   readonly actions: tf.Tensor; // [b, ah, ad]
   readonly weights: tf.Tensor; // [b, ah, ad]
   /**
-   * β as a float32 scalar tensor: an input of a traced graph like the chunk itself, so no value a
-   * client sends (?rtc_max_guidance=) traces a graph of its own (issue 32 item 7).
+   * β per datum, float32 [b, 1, 1]: an input of a traced graph like the chunk itself, so no value
+   * a client sends (?rtc_max_guidance=) traces a graph of its own, and robots of different β share
+   * one batch and one graph (issue 32 item 7).
    */
-  readonly maxGuidance: tf.Scalar;
+  readonly maxGuidance: tf.Tensor;
 }
 
 /**
  * Checks `chunk` against a batch of `b` chunks of [horizon, actionDim] and makes its tensors
  * (the caller disposes `actions`, `weights` and `maxGuidance`).
- * @throws RangeError naming the field for a wrong length, a weight outside [0, 1] (prefix: not 0 or
- *   1 alike over an action's dims), an action that is not finite, a β that is not a finite
- *   number >= 0, or an unknown mode.
+ * @throws RangeError naming the field for a wrong length (β: one, or one per datum), a weight
+ *   outside [0, 1] (prefix: not 0 or 1 alike over an action's dims), an action that is not finite,
+ *   a β that is not a finite number >= 0, or an unknown mode.
  */
 export function chunkTensors(chunk: ChunkPrefix, b: number, horizon: number, actionDim: number): ChunkTensors {
   const n = b * horizon * actionDim;
@@ -139,10 +144,15 @@ export function chunkTensors(chunk: ChunkPrefix, b: number, horizon: number, act
     if (chunk.mode === 'prefix' && w !== 0 && w !== 1) throw new RangeError(`rtc weights[${i}] is ${w}; prefix weights are 1 on every dim of a held action and 0 elsewhere`);
     if (!Number.isFinite(chunk.actions[i]!)) throw new RangeError(`rtc actions[${i}] is ${chunk.actions[i]}; values must be finite`);
   }
-  const maxGuidance = chunk.maxGuidance ?? DEFAULT_MAX_GUIDANCE;
-  if (!(Number.isFinite(maxGuidance) && maxGuidance >= 0)) throw new RangeError(`rtc max_guidance is ${maxGuidance}; it must be a finite number >= 0`);
+  const given = chunk.maxGuidance ?? DEFAULT_MAX_GUIDANCE;
+  if (typeof given !== 'number' && given.length !== b) throw new RangeError(`rtc max_guidance has ${given.length} values; a batch of ${b} needs one, or one per datum`);
+  const beta = typeof given === 'number' ? new Float32Array(b).fill(given) : Float32Array.from(given);
+  for (let i = 0; i < b; i++) {
+    const v = typeof given === 'number' ? given : given[i]!;
+    if (!(Number.isFinite(v) && v >= 0)) throw new RangeError(`rtc max_guidance${typeof given === 'number' ? '' : `[${i}]`} is ${v}; it must be a finite number >= 0`);
+  }
   const shape = [b, horizon, actionDim];
-  return { mode: chunk.mode, actions: tf.tensor(chunk.actions, shape), weights: tf.tensor(chunk.weights, shape), maxGuidance: tf.scalar(maxGuidance) };
+  return { mode: chunk.mode, actions: tf.tensor(chunk.actions, shape), weights: tf.tensor(chunk.weights, shape), maxGuidance: tf.tensor(beta, [b, 1, 1]) };
 }
 
 /**

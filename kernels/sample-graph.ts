@@ -20,7 +20,7 @@ import { gather, recording, type Read } from './weights-trace.ts';
 
 /** Per policy, its sampling graphs (kernels/graph-cache.ts: one budget for the thread). */
 const graphs = new WeakMap<object, GraphCache<CachedGraph>>();
-const stats = { traces: 0, runs: 0, refused: 0 };
+const stats = { traces: 0, runs: 0, refused: 0, deferred: 0 };
 
 /**
  * Above this many parameters a sample is seconds of arithmetic and the ~30 us per eager op is
@@ -46,7 +46,10 @@ export function samplesAsGraphs(policy: FlowPolicy<unknown, unknown>): boolean {
   return graphsEnabled() && !!policy.sampleInputs && graphWorthIt(policy);
 }
 
-/** Counts since the process started: graphs traced, graph calls made, layouts left eager. */
+/**
+ * Counts since the process started: graphs traced, graph calls made, layouts left eager (not
+ * traceable), and calls that ran eagerly because they were told not to trace (`trace: false`).
+ */
 export function sampleGraphStats(): Readonly<typeof stats> {
   return { ...stats };
 }
@@ -56,10 +59,12 @@ export function sampleGraphStats(): Readonly<typeof stats> {
  * real-time chunking: kernels/rtc.ts), or null where
  * graphs are not available or not enabled, the family has no sampleInputs, the model is above
  * GRAPH_MAX_PARAMS, or this layout could not be traced (remembered: it then stays eager). The first call of a layout traces (an eager
- * run, the graph's load and one graph run); the caller owns the result.
+ * run, the graph's load and one graph run: 1-2 s for flow05-tiny on 2 cores, several times a
+ * request's eager time) unless `trace` is false: then it answers null (the caller samples
+ * eagerly) and a later call with `trace` traces it. The caller owns the result.
  * @throws whatever the family's sampler throws for a bad batch (before any graph runs).
  */
-export function sampleWithGraph<B, C>(policy: FlowPolicy<B, C>, W: PolicyWeights, batch: B, noise: tf.Tensor, numSteps: number, chunk?: ChunkTensors): tf.Tensor | null {
+export function sampleWithGraph<B, C>(policy: FlowPolicy<B, C>, W: PolicyWeights, batch: B, noise: tf.Tensor, numSteps: number, chunk?: ChunkTensors, trace = true): tf.Tensor | null {
   if (!samplesAsGraphs(policy)) return null;
   const inputs = policy.sampleInputs!(batch);
   // RTC: the previous chunk, its weights (the delay, executed count and schedule are all in
@@ -77,6 +82,11 @@ export function sampleWithGraph<B, C>(policy: FlowPolicy<B, C>, W: PolicyWeights
     stats.runs++;
     return found.entry.graph.run([...fed, ...found.weights], inputs.host)[0]!;
   }
+  if (!trace) {
+    stats.deferred++;
+    return null;
+  }
+  if (process.env.VELA_GRAPH_DEBUG) console.error(`sample graph: tracing layout ${key}`);
   const reads: Read[] = [];
   let traced: ReturnType<typeof traceGraph>;
   try {

@@ -18,10 +18,12 @@ import { TrainerError, size } from './base-weights.ts';
  * the policy server's per-request streams, drawing nothing) or drawn from `rng`. With
  * `options.chunk` each datum's chunk continues its previous one (real-time chunking,
  * kernels/rtc.ts: guided by a vector-Jacobian product per step, or a trained policy's prefix).
+ * `options.trace: false`: a layout without a graph yet samples eagerly instead of tracing one
+ * (kernels/sample-graph.ts; the policy server's calls while other policies are busy).
  * @throws ShapeError (the batch, or noise of the wrong length), TrainerError('bad_option')
  *   for num_steps outside [1, 1000] or a chunk that does not fit the batch (naming the field).
  */
-export function sampleActions<B, C>(policy: FlowPolicy<B, C>, view: PolicyWeights, batch: B, rng: Rng, options: { numSteps?: number; cache?: boolean; noise?: Float32Array; chunk?: ChunkPrefix } = {}): Float32Array {
+export function sampleActions<B, C>(policy: FlowPolicy<B, C>, view: PolicyWeights, batch: B, rng: Rng, options: { numSteps?: number; cache?: boolean; noise?: Float32Array; chunk?: ChunkPrefix; trace?: boolean } = {}): Float32Array {
   policy.checkBatch(batch, false);
   const numSteps = options.numSteps ?? 10;
   if (!Number.isInteger(numSteps) || numSteps < 1 || numSteps > 1000) {
@@ -42,7 +44,7 @@ export function sampleActions<B, C>(policy: FlowPolicy<B, C>, view: PolicyWeight
   let out: tf.Tensor;
   try {
     const cache = options.cache !== false;
-    out = (cache ? sampleWithGraph(policy, view, batch, noise, numSteps, chunk) : null) ?? policy.sample(view, batch, noise, numSteps, cache, chunk);
+    out = (cache ? sampleWithGraph(policy, view, batch, noise, numSteps, chunk, options.trace !== false) : null) ?? policy.sample(view, batch, noise, numSteps, cache, chunk);
   } finally {
     tf.dispose([noise, ...(chunk ? [chunk.actions, chunk.weights, chunk.maxGuidance] : [])]);
   }

@@ -459,7 +459,7 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
    * generator is used (and advances). `chunk`: real-time chunking against the previous chunk
    * (kernels/rtc.ts).
    */
-  sample(batch: B, options: { numSteps?: number; seed?: number; cache?: boolean; noise?: Float32Array; ema?: boolean; chunk?: ChunkPrefix } = {}): Float32Array {
+  sample(batch: B, options: { numSteps?: number; seed?: number; cache?: boolean; noise?: Float32Array; ema?: boolean; chunk?: ChunkPrefix; trace?: boolean } = {}): Float32Array {
     const view = this.viewFor(options.ema);
     if (options.seed !== undefined && !Number.isFinite(options.seed)) throw new TrainerError('bad_option', `seed is ${options.seed}; it must be a finite number`);
     return sampleActions(this.policy, view, batch, options.seed !== undefined ? new Rng(options.seed) : this.sampleRng, options);

@@ -199,7 +199,12 @@ function prepareOp(live: LiveSession, req: SessionRequest, server: ServerConfig)
             x_t: chunk(r.xT!, b, cfg, cfg.horizon), noise: chunk(r.noise!, b, cfg, cfg.horizon), time: ndarray(r.time!, [b]),
           };
         }
-        const r = await call<{ actions: Float32Array }>('sample', { batch, numSteps: req.num_steps, seed: req.seed, weights: req.weights }, transfer);
+        const r = await call<{ actions: Float32Array }>('sample', {
+          batch, numSteps: req.num_steps, seed: req.seed, weights: req.weights,
+          // A sample's batch size and num_steps are the client's: a new pair's trace waits until no
+          // other session's robots (live policies on this engine) are busy (Engine TRACE_QUIET_MS).
+          trace: 'quiet',
+        }, transfer);
         return { actions: chunk(r.actions, b, cfg, live.actionHorizon) };
       };
     }

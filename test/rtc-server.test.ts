@@ -22,7 +22,7 @@ import { computeNormStats, normStatsToJson } from '../kernels/normalize.ts';
 import { PolicyClient } from './helpers/policy-stub.ts';
 import { PolicyConnection } from '../protocol/client.ts';
 import { encodeWeightsPush } from '../server/policy/push.ts';
-import { TEST_BACKENDS } from './helpers/tf.ts';
+import { NATIVE_PRESENT, TEST_BACKENDS } from './helpers/tf.ts';
 
 const PRESET = 'flow0-tiny';
 const C = makeConfig(PRESET);
@@ -51,6 +51,13 @@ function actionsOf(answer: any): Float32Array {
   const a = answer.actions as NDArray;
   expect(a.shape).toEqual([H, A]);
   return a.data as Float32Array;
+}
+
+function maxDiff(a: Float32Array, b: Float32Array): number {
+  expect(a.length).toBe(b.length);
+  let m = 0;
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]! - b[i]!));
+  return m;
 }
 
 /** RMS over the first `n` actions of a and b[offset + i]. */
@@ -216,6 +223,46 @@ describe('real-time chunking over the policy websocket', () => {
   }, 60_000);
 });
 
+describe('real-time chunking of robots with different β (rtc_max_guidance)', () => {
+  it('shares one engine call, and each robot gets what it gets alone (β is per datum, not per call)', async () => {
+    // A long window: the batch leaves when both connections have a request queued.
+    const batching = await startPolicyServer({ engine, checkpointDir: plainDir, policyId: 'pol-betas', seed: 11, batchWindowMs: 5000, port: 0 });
+    servers.push(batching);
+    const betas = [1, 15] as const;
+    const open = (k: number, beta: number) => PolicyClient.connect(`${batching.wsUrl}?seed=${5 + k}&rtc=guided&rtc_max_guidance=${beta}`);
+    const rtc2 = observation(2, { 'rtc/executed': 3, 'rtc/delay': 4 });
+    // Together: both requests of each round in one batch of 2.
+    const pair = [await open(0, betas[0]), await open(1, betas[1])];
+    await Promise.all(pair.map((c) => c.infer(observation(1))));
+    const calls = engine.stats().calls;
+    const together = await Promise.all(pair.map((c) => c.infer(rtc2)));
+    // One engine call for both (it was one per β), and both chunks guided with their own β.
+    expect(engine.stats().calls - calls).toBe(1);
+    together.forEach((a, k) => expect(a.server_timing.rtc).toMatchObject({ mode: 'guided', delay: 4, max_guidance: betas[k] }));
+    for (const c of pair) c.close();
+    await Promise.all(pair.map((c) => c.closed()));
+    const stats = (await (await fetch(`${batching.baseUrl}/stats`)).json()) as { batchSizes: Record<string, number> };
+    expect(stats.batchSizes).toEqual({ 2: 2 });
+    // Alone (one connection at a time: batches of 1), the same seeds and β: the same chunks.
+    const alone = async (k: number, beta: number) => {
+      const c = await open(k, beta);
+      await c.infer(observation(1));
+      const a = await c.infer(rtc2);
+      c.close();
+      await c.closed();
+      return actionsOf(a);
+    };
+    for (const k of [0, 1]) {
+      const solo = await alone(k, betas[k]!);
+      // Batch 2 and batch 1 are separate graphs (Grappler and the kernels may round differently): equal to a
+      // few float32 ulps of actions of order 1-10 (an ulp at 8 is 9.5e-7; measured 7.2e-7 at most).
+      expect(maxDiff(actionsOf(together[k]), solo)).toBeLessThanOrEqual(1e-5);
+    }
+    // β reaches each datum: robot 1's chunk with robot 0's β is another chunk.
+    expect(maxDiff(actionsOf(together[1]), await alone(1, betas[0]))).toBeGreaterThan(1e-3);
+  }, 120_000);
+});
+
 describe('real-time chunking across a weights push', () => {
   it('does not continue a chunk of another shape of the same size (10 x 6 read as 12 x 5)', async () => {
     const keyed = await startPolicyServer({ engine, checkpointDir: plainDir, policyId: 'pol-keyed', seed: 11, batchWindowMs: 0, port: 0, apiKey: 'k' });
@@ -249,6 +296,47 @@ describe('the engine', () => {
     const ans = await engine.call<{ result: { actions: Float32Array } }>('pol-plain', 'infer', { batch: again, seeds: [0], numSteps: 2 });
     expect(ans.result.actions.length).toBe(C.horizon * C.actionDim);
   }, 60_000);
+});
+
+describe.runIf(NATIVE_PRESENT)('traces on a shared engine (TRACE_QUIET_MS)', () => {
+  type Infer = { result: { actions: Float32Array; graphs: { traced: number; deferred: number } } };
+  const infer = (e: Engine, id: string, size: number, trace?: 'quiet') => e.call<Infer>(id, 'infer', { batch: fakeBatch(C, size, 5), seeds: Array.from({ length: size }, (_, i) => 40 + i), numSteps: 3, ...(trace ? { trace } : {}) });
+  const sessions = async (e: Engine, root: string) => {
+    for (const id of ['a', 'b']) await e.call(id, 'create_session', { finetune: 'lora', rank: 4, alpha: 8, targets: ['all'], seed: 1, dir: path.join(root, id) });
+  };
+
+  it('a new layout of one policy samples eagerly while another policy is busy, and traces once the others are quiet', async () => {
+    const root = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-quiet-'));
+    const e = await Engine.start({ preset: PRESET, backend: TEST_BACKENDS[0]!, traceQuietMs: 60_000 });
+    try {
+      await sessions(e, root);
+      // a alone on the engine: its layout (batch 1) traces at once.
+      expect((await infer(e, 'a', 1, 'quiet')).result.graphs).toEqual({ traced: 1, deferred: 0 });
+      // b's new layout (batch 2) while a was busy within the quiet time: eager, nothing traced, and
+      // a's next request runs its graph (nothing evicted, nothing traced in its way).
+      const eager = await infer(e, 'b', 2, 'quiet');
+      expect(eager.result.graphs).toEqual({ traced: 0, deferred: 1 });
+      expect((await infer(e, 'a', 1, 'quiet')).result.graphs).toEqual({ traced: 0, deferred: 0 });
+      // The same call told to trace (no `quiet`) traces, and the graph answers what eager did
+      // (graph = eager to float32 rounding: the bound of test/rtc.test.ts).
+      const traced = await infer(e, 'b', 2);
+      expect(traced.result.graphs).toEqual({ traced: 1, deferred: 0 });
+      expect(maxDiff(traced.result.actions, eager.result.actions)).toBeLessThan(1e-4);
+      expect((await infer(e, 'b', 2, 'quiet')).result.graphs).toEqual({ traced: 0, deferred: 0 });
+    } finally {
+      await e.close();
+    }
+    // Quiet others (a short quiet time, waited out): b's new layout traces on its own request.
+    const q = await Engine.start({ preset: PRESET, backend: TEST_BACKENDS[0]!, traceQuietMs: 200 });
+    try {
+      await sessions(q, root + '-q');
+      await infer(q, 'a', 1, 'quiet');
+      await new Promise((r) => setTimeout(r, 400));
+      expect((await infer(q, 'b', 4, 'quiet')).result.graphs).toEqual({ traced: 1, deferred: 0 });
+    } finally {
+      await q.close();
+    }
+  }, 120_000);
 });
 
 describe('vela policy RTC flags', () => {

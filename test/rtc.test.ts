@@ -153,6 +153,15 @@ describe('RTC sampling', () => {
     }
     expect(sampleGraphStats().traces).toBe(traces);
     expect(maxAbs(outs[2]!, outs[4]!)).toBeGreaterThan(1e-3); // β reaches the graph (not a constant)
+    // A β per datum (robots of different rtc_max_guidance in one batch): each row is its β's row
+    // of the batch, bit for bit (min and the product are per element), in the same graph.
+    const perDatum = (graphs: boolean) => withGraphs(graphs, () => s.sample(batch, { noise, chunk: { mode: 'guided', actions: Y, weights: W, maxGuidance: [0, 20] } }));
+    for (const graphs of [false, true]) {
+      const mixed = perDatum(graphs);
+      expect(Array.from(mixed.subarray(0, n / 2))).toEqual(Array.from(at(0, graphs).subarray(0, n / 2)));
+      expect(Array.from(mixed.subarray(n / 2))).toEqual(Array.from(at(20, graphs).subarray(n / 2)));
+    }
+    expect(sampleGraphStats().traces).toBe(traces);
     s.dispose();
     base.dispose();
   });
@@ -227,6 +236,8 @@ describe('RTC sampling', () => {
       [{ mode: 'prefix', actions: ok, weights: new Float32Array(n).fill(0.5) }, 'rtc weights[0] is 0.5; prefix weights are 1 on every dim of a held action and 0 elsewhere'],
       [{ mode: 'prefix', actions: ok, weights: Float32Array.from({ length: n }, (_, k) => (k === 1 ? 1 : 0)) }, 'rtc weights[1] is 1; prefix weights are 1 on every dim of a held action and 0 elsewhere'],
       [{ mode: 'inpaint', actions: ok, weights: ok }, `rtc mode is "inpaint"; expected 'guided' or 'prefix'`],
+      [{ mode: 'guided', actions: ok, weights: ok, maxGuidance: [5, 5] }, 'rtc max_guidance has 2 values; a batch of 1 needs one, or one per datum'],
+      [{ mode: 'guided', actions: ok, weights: ok, maxGuidance: [-1] }, 'rtc max_guidance[0] is -1; it must be a finite number >= 0'],
     ] as [ChunkPrefix, string][]) {
       expect(() => s.sample(batch, { chunk })).toThrow(new TrainerError('bad_option', text));
     }

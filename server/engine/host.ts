@@ -45,7 +45,19 @@ export interface EngineOptions {
    * its calls wait or run; a `yield` engine (training) holds its next call while the gate is busy.
    */
   priority?: { gate: PriorityGate; role: 'urgent' | 'yield' };
+  /** TRACE_QUIET_MS for this engine (tests shorten it). */
+  traceQuietMs?: number;
 }
+
+/**
+ * A call with `trace: 'quiet'` (a policy's `infer`, a session's `sample`) may trace a new
+ * layout's graph (kernels/sample-graph.ts: 1-2 s for flow05-tiny on 2 cores, up to ~10 s loaded)
+ * only when no other session of the engine has had an `infer` (a robot's request) queued, running
+ * or answered for this long; else it samples that layout eagerly. A trace then never holds up another policy's robots (which already have their graphs):
+ * a robot querying at least every 2 s keeps other keys' traces off the engine, while a policy
+ * alone on its engine traces at once. The host decides at dispatch, when the wait is known.
+ */
+export const TRACE_QUIET_MS = 2000;
 
 /**
  * Serves latency-critical work first without starving batch work (training). Urgent calls
@@ -133,11 +145,15 @@ export class Engine implements EngineLike, MetricsEngine {
   private calls = 0;
   private dead: Error | null = null;
   private lastMemory: EngineMemory | null;
+  /** Each session's last `infer` dispatched or answered (performance.now()), kept for traceQuietMs. */
+  private lastActive = new Map<string, number>();
+  private readonly traceQuietMs: number;
   /** Its labels in GET /metrics: lane `training`, `policy` (urgent) or `single` (no gate: vela policy, jobs CLI). */
   readonly labels: { preset: string; lane: string; worker: string };
 
-  private constructor(private worker: Worker, readonly info: EngineInfo, priority?: EngineOptions['priority'], memory?: EngineMemory) {
+  private constructor(private worker: Worker, readonly info: EngineInfo, priority?: EngineOptions['priority'], memory?: EngineMemory, traceQuietMs = TRACE_QUIET_MS) {
     this.priority = priority;
+    this.traceQuietMs = traceQuietMs;
     this.lastMemory = memory ?? null;
     this.labels = { preset: info.preset, lane: priority ? (priority.role === 'urgent' ? 'policy' : 'training') : 'single', worker: String(worker.threadId) };
     watchEngine(this);
@@ -171,7 +187,7 @@ export class Engine implements EngineLike, MetricsEngine {
         const init: ToWorker = { kind: 'init', preset: opts.preset, backend: opts.backend, seed: opts.seed ?? 0, baseWeightsPath: opts.baseWeightsPath, maxResident: opts.maxResident };
         worker.postMessage(init);
       });
-      return new Engine(worker, info, opts.priority, memory);
+      return new Engine(worker, info, opts.priority, memory, opts.traceQuietMs);
     } catch (e) {
       await worker.terminate();
       throw e;
@@ -265,7 +281,9 @@ export class Engine implements EngineLike, MetricsEngine {
     else this.queues.delete(session);
     this.inFlight = p;
     this.calls++;
-    const msg: ToWorker = { kind: 'call', callId: p.callId, session: p.session, op: p.op, args: p.args };
+    const args = p.args.trace === 'quiet' ? { ...p.args, trace: this.othersQuiet(p.session) } : p.args;
+    if (p.op === 'infer') this.lastActive.set(p.session, performance.now());
+    const msg: ToWorker = { kind: 'call', callId: p.callId, session: p.session, op: p.op, args };
     try {
       this.worker.postMessage(msg, p.transfer);
     } catch (e) {
@@ -275,6 +293,21 @@ export class Engine implements EngineLike, MetricsEngine {
       p.reject(new EngineError('bad_request', `engine op ${p.op} could not be sent to the worker: ${(e as Error).message}`));
       queueMicrotask(() => this.pump());
     }
+  }
+
+  /**
+   * Whether no session but `session` has an `infer` queued, or dispatched or answered within
+   * traceQuietMs (TRACE_QUIET_MS). Other ops (training, stats) may wait behind a trace: they have no graph to be held from.
+   */
+  private othersQuiet(session: string): boolean {
+    for (const [s, q] of this.queues) if (s !== session && q.some((c) => c.op === 'infer')) return false;
+    const now = performance.now();
+    let quiet = true;
+    for (const [s, at] of this.lastActive) {
+      if (now - at >= this.traceQuietMs) this.lastActive.delete(s); // bounded by the sessions active lately
+      else if (s !== session) quiet = false;
+    }
+    return quiet;
   }
 
   private onMessage(m: FromWorker): void {
@@ -287,6 +320,7 @@ export class Engine implements EngineLike, MetricsEngine {
       return;
     }
     this.inFlight = null;
+    if (p.op === 'infer') this.lastActive.set(p.session, performance.now());
     if (m.kind === 'result') p.resolve(m.result);
     else if (!m.internal) p.reject(new EngineError(m.code, m.error));
     else {

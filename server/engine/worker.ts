@@ -8,7 +8,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import * as tf from '@tensorflow/tfjs';
 import { initBackend, type BackendReport } from '../../kernels/backend/backend.ts';
-import { samplesAsGraphs } from '../../kernels/sample-graph.ts';
+import { sampleGraphStats, samplesAsGraphs } from '../../kernels/sample-graph.ts';
 import { makeConfig } from '../../kernels/small/config.ts';
 import { BaseWeights, TrainingState, sampleActions } from '../../kernels/trainer.ts';
 import { checkpointFiles, loadCheckpoint, saveCheckpoint, type CheckpointContent } from '../../kernels/checkpoint.ts';
@@ -224,7 +224,8 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
     case 'sample': {
       const temp = args.weights ? await loadWeights(tenant, args.weights) : null;
       try {
-        const actions = (temp ?? state).sample(config.toBatch(args.batch as ModelBatch), { numSteps: args.numSteps, seed: args.seed ?? undefined, ema: !!args.ema });
+        // trace false (the host's answer to 'quiet'): a layout without a graph samples eagerly.
+        const actions = (temp ?? state).sample(config.toBatch(args.batch as ModelBatch), { numSteps: args.numSteps, seed: args.seed ?? undefined, ema: !!args.ema, trace: args.trace !== false });
         return [answer(state, { actions }), answerBuffers(actions)];
       } finally {
         temp?.dispose();
@@ -312,6 +313,9 @@ async function loadPolicy(policyId: string, dir: string): Promise<[unknown, Arra
  * Sample actions for a policy's batch: a loaded policy, or a training session's live weights
  * (a session's policy websocket). One call runs on one set of weights: an optim_step is one
  * call too, so a batch never sees a half-updated model. Answers the weights' step for sessions.
+ * `args.trace: false` (the host's answer to `trace: 'quiet'`): a layout without a graph samples
+ * eagerly instead of tracing one. The answer's `graphs`: how many graphs the call traced, and how
+ * many layouts it sampled eagerly for want of one.
  */
 async function infer(policyId: string, args: Record<string, any>): Promise<[unknown, ArrayBuffer[]]> {
   const batch = args.batch as ModelBatch;
@@ -322,12 +326,20 @@ async function infer(policyId: string, args: Record<string, any>): Promise<[unkn
   const noise = new Float32Array(batch.size * per);
   seeds.forEach((seed, i) => noise.set(new Rng(seed).normals(per), i * per));
   const rtc = args.rtc as RtcArgs | undefined;
+  // false: a layout without a graph samples eagerly, tracing nothing (the host decides: Engine, TRACE_QUIET_MS).
+  const trace = args.trace !== false;
   if (rtc && (rtc.actions?.length !== batch.size * per || rtc.weights?.length !== batch.size * per)) {
     throw new EngineError('bad_request', `infer's rtc needs ${batch.size} x ${per} actions and weights`);
   }
+  const before = sampleGraphStats();
+  // Graphs this call traced, and layouts it sampled eagerly instead of tracing (trace false).
+  const graphs = () => {
+    const now = sampleGraphStats();
+    return { traced: now.traces - before.traces, deferred: now.deferred - before.deferred };
+  };
   if (basePolicies.has(policyId)) {
-    const actions = inChunks(batch, noise, per, rtc, (b, n, chunk) => sampleActions(base.policy, base.view(), config.toBatch(b), new Rng(0), { numSteps: args.numSteps ?? 10, noise: n, chunk }));
-    return [answer(null, { actions, step: null }), answerBuffers(actions)];
+    const actions = inChunks(batch, noise, per, rtc, (b, n, chunk) => sampleActions(base.policy, base.view(), config.toBatch(b), new Rng(0), { numSteps: args.numSteps ?? 10, noise: n, chunk, trace }));
+    return [answer(null, { actions, step: null, graphs: graphs() }), answerBuffers(actions)];
   }
   let state = policies.get(policyId) ?? null;
   let step: number | null = null;
@@ -339,8 +351,8 @@ async function infer(policyId: string, args: Record<string, any>): Promise<[unkn
   }
   if (!state) throw new EngineError('not_found', `policy ${policyId} is not loaded in this engine`);
   const st = state;
-  const actions = inChunks(batch, noise, per, rtc, (b, n, chunk) => st.sample(config.toBatch(b), { numSteps: args.numSteps ?? 10, noise: n, chunk }));
-  return [answer(null, { actions, step }), answerBuffers(actions)];
+  const actions = inChunks(batch, noise, per, rtc, (b, n, chunk) => st.sample(config.toBatch(b), { numSteps: args.numSteps ?? 10, noise: n, chunk, trace }));
+  return [answer(null, { actions, step, graphs: graphs() }), answerBuffers(actions)];
 }
 
 /**
@@ -354,7 +366,7 @@ async function infer(policyId: string, args: Record<string, any>): Promise<[unkn
 function inChunks(batch: ModelBatch, noise: Float32Array, per: number, rtc: RtcArgs | undefined, sample: (b: ModelBatch, noise: Float32Array, chunk: ChunkPrefix | undefined) => Float32Array): Float32Array {
   const sizes = samplesAsGraphs(base.policy) ? powerOfTwoChunks(batch.size) : [batch.size];
   const part = (from: number, to: number): ChunkPrefix | undefined =>
-    rtc && { mode: rtc.mode, maxGuidance: rtc.maxGuidance, actions: rtc.actions.slice(from * per, to * per), weights: rtc.weights.slice(from * per, to * per) };
+    rtc && { mode: rtc.mode, maxGuidance: typeof rtc.maxGuidance === 'number' ? rtc.maxGuidance : rtc.maxGuidance.slice(from, to), actions: rtc.actions.slice(from * per, to * per), weights: rtc.weights.slice(from * per, to * per) };
   if (sizes.length === 1) return sample(batch, noise, part(0, batch.size));
   const out = new Float32Array(batch.size * per);
   let at = 0;
@@ -368,7 +380,8 @@ function inChunks(batch: ModelBatch, noise: Float32Array, per: number, rtc: RtcA
 /** infer's `rtc` argument: kernels/rtc.ts ChunkPrefix for the whole batch, [b * per] arrays. */
 interface RtcArgs {
   mode: RtcMode;
-  maxGuidance: number;
+  /** β: one for the batch, or [b], one per datum (robots of different rtc_max_guidance share a batch). */
+  maxGuidance: number | Float32Array;
   actions: Float32Array;
   weights: Float32Array;
 }

@@ -223,7 +223,9 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   /**
    * One sample of a lone robot's request (one datum, every camera the policy binds, a zero state,
    * an empty prompt) before the first robot sends: on an engine that runs graphs it traces that
-   * layout's graph (about 1 s on a 2-core machine) here rather than in a robot's first answer; then,
+   * layout's graph (about 1 s on a 2-core machine) here rather than in a robot's first answer,
+   * unless other policies' robots are busy on the engine (TRACE_QUIET_MS: then it samples eagerly,
+   * and a later request traces when they are quiet); then,
    * in the background, the same with real-time chunking in the policy's default mode (guided or
    * prefix: a graph of its own, whose first run would otherwise inflate a robot's measured delay). Skipped where the
    * engine does not make graphs (there a sample costs what it costs). Best effort: a failure is
@@ -237,8 +239,8 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     const t0 = performance.now();
     try {
       const batch = makeBatch(model, [datum], { maxPromptBytes: limits.maxPromptBytes, encodePrompt: model.encodePrompt });
-      await engine.call(v.engineId, 'infer', { batch, seeds: [0], numSteps: v.meta.numSteps }, batchBuffers(batch));
-      log.debug(`policy ${v.engineId}: warmed up (one sample, graph traced) in ${Math.round(performance.now() - t0)} ms`);
+      await engine.call(v.engineId, 'infer', { batch, seeds: [0], numSteps: v.meta.numSteps, trace: 'quiet' }, batchBuffers(batch));
+      log.debug(`policy ${v.engineId}: warmed up (one sample; its graph traced unless other policies were busy: Engine TRACE_QUIET_MS) in ${Math.round(performance.now() - t0)} ms`);
     } catch (e) {
       log.warn(`policy ${v.engineId}: the warm-up sample failed (${(e as Error).message}); the first request will trace its graph`);
       return;
@@ -253,7 +255,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     const chunk = { mode, maxGuidance: rtc.maxGuidance, actions: new Float32Array(n), weights: new Float32Array(n) };
     const again = makeBatch(model, [datum], { maxPromptBytes: limits.maxPromptBytes, encodePrompt: model.encodePrompt });
     const t1 = performance.now();
-    engine.call(v.engineId, 'infer', { batch: again, seeds: [0], numSteps: v.meta.numSteps, rtc: chunk }, batchBuffers(again)).then(
+    engine.call(v.engineId, 'infer', { batch: again, seeds: [0], numSteps: v.meta.numSteps, trace: 'quiet', rtc: chunk }, batchBuffers(again)).then(
       () => log.debug(`policy ${v.engineId}: ${mode} real-time chunking warmed up in ${Math.round(performance.now() - t1)} ms`),
       (e) => log.debug(`policy ${v.engineId}: the ${mode} warm-up sample failed (${(e as Error).message}); the first RTC request will trace its graph`),
     );
@@ -300,13 +302,14 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   const batcher = new Batcher(
     async (datums, seeds, tags) => {
       // One engine call per weights version in the batch (more than one only around a swap), and
-      // per kind of sampling: plain chunks keep the plain sampler, RTC ones share a guided or prefix call.
+      // per kind of sampling: plain chunks keep the plain sampler, RTC ones share a guided or prefix
+      // call. β is per datum (a graph input), so robots of different rtc_max_guidance share a call.
       const groups = new Map<string, { v: Version; idx: number[] }>();
       const versionIds = new Map<Version, number>();
       tags.forEach((t, i) => {
         const { v, chunk } = t as Tag;
         if (!versionIds.has(v)) versionIds.set(v, versionIds.size);
-        const key = `${versionIds.get(v)}|${chunk ? `${chunk.mode}:${chunk.maxGuidance}` : 'plain'}`;
+        const key = `${versionIds.get(v)}|${chunk ? chunk.mode : 'plain'}`;
         if (!groups.has(key)) groups.set(key, { v, idx: [] });
         groups.get(key)!.idx.push(i);
       });
@@ -317,11 +320,11 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         const batch = makeBatch(v.meta.model, idx.map((i) => datums[i]!), { maxPromptBytes: limits.maxPromptBytes, encodePrompt: v.meta.model.encodePrompt });
         const chunks = idx.map((i) => (tags[i] as Tag).chunk);
         const rtc = chunks[0] ? {
-          mode: chunks[0].mode, maxGuidance: chunks[0].maxGuidance,
+          mode: chunks[0].mode, maxGuidance: Float32Array.from(chunks, (c) => c!.maxGuidance),
           actions: concat(chunks.map((c) => c!.actions)), weights: concat(chunks.map((c) => c!.weights)),
         } : undefined;
         const t0 = performance.now();
-        const ans = await engine.call<{ result: { actions: Float32Array; step?: number | null } }>(v.engineId, 'infer', { batch, seeds: idx.map((i) => seeds[i]!), numSteps: v.meta.numSteps, ...(rtc ? { rtc } : {}) }, batchBuffers(batch));
+        const ans = await engine.call<{ result: { actions: Float32Array; step?: number | null } }>(v.engineId, 'infer', { batch, seeds: idx.map((i) => seeds[i]!), numSteps: v.meta.numSteps, trace: 'quiet', ...(rtc ? { rtc } : {}) }, batchBuffers(batch));
         inferMs += performance.now() - t0;
         const actions = ans?.result?.actions;
         if (!(actions instanceof Float32Array) || actions.length !== idx.length * H * A) {
