@@ -228,3 +228,19 @@ describe('a resumed transfer checks where the 206 starts (issue 32 item 12)', ()
     expectSameAsSample(dest);
   });
 });
+
+describe('datasets download through the same Hub client as models (issue 39)', () => {
+  it('a transfer that goes silent is broken off after idleTimeoutMs and resumed from the bytes it kept', async () => {
+    const stall = 200_000;
+    const h = await hub({ stallAfter: new Map([[VIDEO, stall]]) });
+    const dest = path.join(tmp, 'silent', REPO);
+    const phases: string[] = [];
+    await downloadDataset({ repoId: REPO, endpoint: h.url, dest, idleTimeoutMs: 2000, onProgress: (p) => p.file === VIDEO && phases.push(p.phase) });
+    expectSameAsSample(dest);
+    expect(phases).toContain('retry');
+    // The first resumed GET (resolve, then the CDN) starts at the stalled bytes.
+    const last = fs.statSync(path.join(G1_DIR, VIDEO)).size - 1;
+    const ranged = h.requests.filter((q) => q.range !== undefined && q.range !== PROBE).map((q) => q.range);
+    expect(ranged.slice(0, 2)).toEqual([`bytes=${stall}-${last}`, `bytes=${stall}-${last}`]);
+  });
+});
