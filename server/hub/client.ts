@@ -343,7 +343,7 @@ async function download(o: RepoDownloadOptions, voice: Voice, layoutOf: (commit:
     try {
       fetched = await job;
     } finally {
-      inflight.delete(partial);
+      if (inflight.get(partial) === job) inflight.delete(partial);
     }
     await layout.keep(f);
     doneBytes += f.size;
