@@ -70,6 +70,7 @@ async function gatedServer(): Promise<{ server: TestServer; open: () => void; fa
   };
   server = await startTestServer({ env: { VELA_MAX_MEMORY: String(cap), VELA_SESSIONS_PER_KEY: '16' }, engineFactory: factory });
   seen.clear();
+  servers.push({ server, open });
   return { server, open, fail };
 }
 
@@ -98,9 +99,13 @@ function expectRefusedForReservation(r: { status: number; json: { error: string 
   expect(r.json.error).not.toContain('\n');
 }
 
-let servers: TestServer[] = [];
+/** This test's servers: their gates open before they close (a failed test may have left a start waiting). */
+let servers: { server: TestServer; open: () => void }[] = [];
 afterEach(async () => {
-  for (const s of servers) await s.close();
+  for (const { server, open } of servers) {
+    open();
+    await server.close();
+  }
   servers = [];
 });
 
@@ -114,7 +119,6 @@ describe('sessions asked for at once', () => {
 
   it('four at once: exactly one admitted, three refused naming the reservation; after it is held and closed, another is admitted', async () => {
     const { server, open } = await gatedServer();
-    servers.push(server);
     const answers = await Promise.all([0, 1, 2, 3].map(() => api(server, 'POST', '/v1/training_sessions', full())));
     const admitted = answers.filter((a) => a.status === 200);
     expect(answers.map((a) => a.status).sort()).toEqual([200, 507, 507, 507]);
@@ -142,7 +146,6 @@ describe('sessions asked for at once', () => {
 
   it('one after another while the first is pending: the same answers', async () => {
     const { server, open } = await gatedServer();
-    servers.push(server);
     const statuses: number[] = [];
     for (let i = 0; i < 4; i++) {
       const r = await api(server, 'POST', '/v1/training_sessions', full());
@@ -157,7 +160,6 @@ describe('sessions asked for at once', () => {
 describe('a creation that fails after its plan was admitted', () => {
   it('releases its reservation: an engine that fails to start, and a session its engine refuses', async () => {
     const { server, open, fail } = await gatedServer();
-    servers.push(server);
     open();
     // The engine does not start: the base's and the session's reservations both go.
     fail.next = true;
