@@ -16,6 +16,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { estimateMemory } from '../kernels/pi/memory.ts';
 import { Engine, type EngineLike } from '../server/engine/host.ts';
+import { MemoryLedger } from '../server/models/memory.ts';
 import { realConfigOf, selectParts } from '../server/models/plan.ts';
 import { engineOptions, type EngineFactory } from '../server/sessions.ts';
 import { writeTinyBase } from './helpers/real-pi-base.ts';
@@ -180,4 +181,30 @@ describe('a creation that fails after its plan was admitted', () => {
     expect((await settled(server, c.json.id)).status).toBe('ready');
     expect((await memory(server)).reserved_bytes).toBe(0);
   }, 60_000);
+});
+
+describe('MemoryLedger', () => {
+  const est = (bytes: number) => ({ totalBytes: bytes, tensorBytes: bytes, parts: { weights: 0, trainable: bytes, optimizer: 0, gradients: 0, activations: 0, workspace: 0 } });
+  const MB = 1e6;
+  const avail = { bytes: 100 * MB, limitBytes: 150 * MB, rssBytes: 50 * MB, machineAvailableBytes: Infinity, source: '--max-memory', capName: '--max-memory' };
+
+  it('admits against what is available less what is reserved, reserves in the same step, and releases once', () => {
+    const ledger = new MemoryLedger();
+    expect(ledger.admit(est(40 * MB), avail, 'a', { 'base:k': 10 * MB, 'session:a': 30 * MB }, { engine: 'k' })).toBeNull();
+    expect(ledger.admit(est(40 * MB), avail, 'b', { 'session:b': 40 * MB })).toBeNull();
+    expect([ledger.reservedBytes, ledger.pending, ledger.pendingOn('k'), ledger.has('base:k')]).toEqual([80 * MB, 2, true, true]);
+    // 20 MB left: a 30 MB load is refused naming both requests' 80 MB, and the machine it needs counts them.
+    const why = ledger.admit(est(30 * MB), avail, 'c', { 'session:c': 30 * MB });
+    expect(why).toBe('c needs about 30.0 MB (trainable copy/adapters 30.0 MB); 20.0 MB is available (--max-memory 150.0 MB less 50.0 MB in use and 80.0 MB reserved by 2 pending requests): ' +
+      'use LoRA (the default) instead of a full fine-tune, or free memory or run on a machine with >= 1 GB, or raise --max-memory (now 150.0 MB)');
+    expect(ledger.has('session:c')).toBe(false);
+    expect(() => ledger.admit(est(1), avail, 'a again', { 'session:a': 1 })).toThrow(/memory reservation session:a is taken/);
+    expect(ledger.release('session:a')).toBe(30 * MB);
+    expect(ledger.release('session:a')).toBe(0);
+    expect([ledger.reservedBytes, ledger.pending]).toEqual([50 * MB, 2]);
+    ledger.release('base:k');
+    ledger.release('session:b');
+    expect([ledger.reservedBytes, ledger.pending, ledger.pendingOn('k')]).toEqual([0, 0, false]);
+    expect(ledger.admit(est(100 * MB), avail, 'd', { 'session:d': 100 * MB })).toBeNull();
+  });
 });

@@ -9,6 +9,12 @@
  * What is counted where: the base's weights once per engine (they are in the RSS once loaded); a
  * tenant's adapters, moments (and a full fine-tune's trainable copy and gradients) when it is
  * created; the activations of a pass when the pass's batch is known (each op).
+ *
+ * The RSS grows only once an engine worker has allocated a load, awaits after its check: what a
+ * session's plan admits is reserved (memory.ts memoryLedger) until then, so requests at once
+ * are planned as if one after another (issue 32 item 9). Fine-tune submissions and passes count
+ * the reservations but take none: a queued job holds nothing until it runs, and a pass's
+ * activations are gone when it returns.
  */
 import { realPiConfigFromHub, type RealPiConfig } from '../../kernels/pi/config.ts';
 import { estimateMemory, type MemoryEstimate, type MemoryPlan } from '../../kernels/pi/memory.ts';
