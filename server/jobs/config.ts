@@ -193,7 +193,10 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
   // A real model's base is a pretrained checkpoint: LoRA by default, as openpi's and Relay's fine-tunes.
   const trainedBase = realModel || (opts.trainedBase ?? false);
   const ds = body.dataset_name;
-  if (typeof ds !== 'string' || ds.length === 0 || ds.length > 512) bad('dataset_name is required: a LeRobot dataset folder under the datasets root, e.g. "lerobot/pusht_image"');
+  const dsRule = 'a LeRobot dataset folder under the datasets root, e.g. "lerobot/pusht_image"';
+  if (ds == null) bad(`dataset_name is required: ${dsRule}`);
+  // Given but wrong is not missing: say what was sent.
+  if (typeof ds !== 'string' || ds.length === 0 || ds.length > 512) badField('dataset_name', `must be ${dsRule} (a string of 1 to 512 characters)`, ds);
   const lr = body.learning_rate ?? RECIPE.learning_rate;
   if (typeof lr !== 'number' || !(lr > 0) || lr > 1) badField('learning_rate', 'must be > 0 and <= 1', lr);
   const finetune = body.finetune ?? defaultFinetune(trainedBase);
