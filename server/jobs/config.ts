@@ -61,7 +61,8 @@ export interface FineTuneConfig {
 export const JOB_ADAMW: Omit<AdamWOptions, 'learningRate'> = { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 1e-10, gradClipNorm: 1 };
 
 const TARGETS = ['attn', 'mlp', 'action_expert', 'prefix_expert', 'all'];
-const FIELDS = [
+/** The fields of a fine-tune request (PROTOCOL.md section 1); the sidecar's job_start takes them too. */
+export const FIELDS = [
   'model', 'base', 'dataset_name', 'batch_size', 'learning_rate', 'steps', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed',
   'eval_every', 'checkpoint_every', 'eval_fraction', 'eval_episodes', 'eval_dataset', 'eval_stride', 'warmup_steps', 'lr_floor', 'adam_eps', 'weight_decay', 'ema_decay', 'augment', 'time_sampling', 'rtc_max_delay',
 ];

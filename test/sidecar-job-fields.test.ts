@@ -1,0 +1,58 @@
+/**
+ * The sidecar's job_start takes every one of POST /v1/fine-tunes' other fields (PROTOCOL.md
+ * section 10; issue 33 item 10): eval_fraction, warmup_steps, lr_floor, adam_eps, weight_decay,
+ * ema_decay, augment, time_sampling, rtc_max_delay (and the eval split's) were 400s, "job_start
+ * has no field", while the docs said section 1's other fields were taken. Real server, a G1
+ * subset under the datasets root; each job is cancelled once its config is read back.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { g1Subset } from './helpers/g1.ts';
+import { api, startTestServer, type TestServer } from './helpers/server.ts';
+
+const SUBSET = g1Subset(3);
+let server: TestServer;
+beforeAll(async () => {
+  server = await startTestServer({ env: { VELA_DATASETS_DIR: SUBSET.root } });
+}, 60_000);
+afterAll(() => server?.close());
+
+/** Fields of section 1 with values other than their defaults, as a client would send them. */
+const SCHEDULE = {
+  warmup_steps: 3, lr_floor: 0.25, adam_eps: 1e-6, weight_decay: 0.01, ema_decay: 0.5, augment: false, time_sampling: 'uniform', rtc_max_delay: 4,
+};
+
+async function startAndCancel(fields: Record<string, unknown>): Promise<Record<string, unknown>> {
+  const start = await api(server, 'POST', '/training/job_start', { dataset: SUBSET.name, model_size: 'flow0-tiny', num_train_steps: 20, ...fields });
+  expect(start.status, JSON.stringify(start.json)).toBe(200);
+  const id = start.json.job_id as string;
+  const { json } = await api(server, 'GET', `/v1/fine-tunes/${id}`);
+  await api(server, 'POST', '/training/job_cancel', { job_id: id });
+  return json;
+}
+
+describe("job_start: section 1's other fields", () => {
+  it('passes the schedule and optimiser fields and eval_fraction / eval_stride through to the fine-tune', async () => {
+    const job = await startAndCancel({ ...SCHEDULE, eval_fraction: 0.34, eval_stride: 2 });
+    expect(job).toMatchObject({ model: 'flow0-tiny', dataset_name: SUBSET.name, steps: 20, ...SCHEDULE, eval_fraction: 0.34, eval_stride: 2 });
+  }, 60_000);
+
+  it('passes eval_episodes through (held out of dataset)', async () => {
+    const job = await startAndCancel({ eval_episodes: [2] });
+    expect(job).toMatchObject({ eval_episodes: [2], eval_fraction: 0 });
+  }, 60_000);
+
+  it('checks them as POST /v1/fine-tunes does, in the same words', async () => {
+    const cases: Record<string, unknown>[] = [{ lr_floor: -1 }, { ema_decay: 1 }, { time_sampling: 'normal' }, { augment: 'yes' }, { warmup_steps: 21 }, { rtc_max_delay: 64 }, { adam_eps: 0 }, { eval_fraction: 0.2, eval_episodes: [1] }];
+    for (const fields of cases) {
+      const side = await api(server, 'POST', '/training/job_start', { dataset: SUBSET.name, model_size: 'flow0-tiny', num_train_steps: 20, ...fields });
+      const ft = await api(server, 'POST', '/v1/fine-tunes', { dataset_name: SUBSET.name, model: 'flow0-tiny', steps: 20, ...fields });
+      expect(side.status, JSON.stringify(fields)).toBe(400);
+      expect(ft.status).toBe(400);
+      expect(side.json.error).toBe(ft.json.error);
+    }
+    // An unknown field is still refused, listing what job_start takes.
+    const unknown = await api(server, 'POST', '/training/job_start', { dataset: SUBSET.name, colour: 'red' });
+    expect(unknown.status).toBe(400);
+    expect(unknown.json.error).toMatch(/^job_start has no field "colour"; it takes dataset, num_train_steps, model_size, dataset_content and Vela's base, batch_size, .*eval_fraction, .*warmup_steps, lr_floor, adam_eps, weight_decay, ema_decay, augment, time_sampling, rtc_max_delay$/);
+  }, 60_000);
+});
