@@ -131,9 +131,10 @@ function jsonFrames(obs: Record<string, unknown>): void {
 /**
  * Run one observation (a decoded body: `seed` optional, the rest OpenPI's keys) on a target's
  * policy and answer it in `format`: `{"actions", "cold_start", "load_seconds", "infer_ms",
- * "weights_version", "model", "seed"}`. @throws HttpError / ProtocolError for bad input.
+ * "weights_version", "model", "seed"}`, and with `opts.tokens` (the sidecar's infer/query)
+ * `input_tokens` (PolicyAnswer.promptTokens) and `output_tokens` (PolicyAnswer.actionTokens). @throws HttpError / ProtocolError for bad input.
  */
-export async function answerInfer(deps: InferenceDeps, r: Req, t: Target, value: Record<string, unknown>, format: Format): Promise<void> {
+export async function answerInfer(deps: InferenceDeps, r: Req, t: Target, value: Record<string, unknown>, format: Format, opts: { tokens?: boolean } = {}): Promise<void> {
   const obs = { ...value };
   const seed = obs.seed ?? randomSeed();
   delete obs.seed;
@@ -148,6 +149,8 @@ export async function answerInfer(deps: InferenceDeps, r: Req, t: Target, value:
   sendAs(r, format, 200, {
     actions: a.actions, cold_start: got.coldStart, load_seconds: got.loadSeconds, infer_ms: performance.now() - t0,
     weights_version: got.policy.weightsVersion(), model: got.policy.meta.preset, seed,
+    // The sidecar's infer/query (its document's answer has them): the prompt's tokens as the model read them, and the chunk's action tokens.
+    ...(opts.tokens ? { input_tokens: a.promptTokens, output_tokens: a.actionTokens } : {}),
   });
 }
 

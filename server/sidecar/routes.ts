@@ -21,7 +21,9 @@
  * - `GET /models/file?model_path=trained/<job id>&file=`: one file of a completed job's weights.
  * - `POST /infer/query`: `model_path` + one observation (OpenPI's keys): the job's policy
  *   (inference/routes.ts answerInfer); `max_tokens` and `temperature` have no meaning for a
- *   policy and are ignored.
+ *   policy and are ignored. The answer has the document's `input_tokens` (the prompt's tokens
+ *   as the model read them) and `output_tokens` (the action expert's tokens: one per step of
+ *   the model's chunk, its horizon).
  * - `POST /evals/add_to_dataset` `{prompt, response, notes?}`, `GET /evals/get_dataset_count`:
  *   the key's `eval_dataset.jsonl` under `<data>/evals/<key id>/` (evals.ts).
  */
@@ -181,7 +183,7 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
     const job = (await store.getJob(m[1]!))!;
     // A job stored before issue 23 holds the old name; both sides compare as the preset they name.
     if (size !== undefined && (typeof size !== 'string' || storedPreset(size) !== storedPreset(String(job.config.model)))) throw new HttpError(400, `model_size ${JSON.stringify(size)} is not the size ${m[1]} was trained for (${job.config.model})`);
-    await answerInfer(deps.inference, r, t, obs, body.format);
+    await answerInfer(deps.inference, r, t, obs, body.format, { tokens: true });
   }));
 
   mountEvals(app, deps);

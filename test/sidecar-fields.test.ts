@@ -1,12 +1,20 @@
 /**
- * The sidecar's job_start takes every one of POST /v1/fine-tunes' other fields (PROTOCOL.md
+ * The sidecar's fields (issue 33 items 9 and 10), on the real server with a G1 subset under the
+ * datasets root.
+ *
+ * job_start takes every one of POST /v1/fine-tunes' other fields (PROTOCOL.md
  * section 10; issue 33 item 10): eval_fraction, warmup_steps, lr_floor, adam_eps, weight_decay,
  * ema_decay, augment, time_sampling, rtc_max_delay (and the eval split's) were 400s, "job_start
- * has no field", while the docs said section 1's other fields were taken. Real server, a G1
- * subset under the datasets root; each job is cancelled once its config is read back.
+ * has no field", while the docs said section 1's other fields were taken. Each job is cancelled
+ * once its config is read back.
+ *
+ * infer/query answers the document's input_tokens / output_tokens: the prompt's tokens as the
+ * model read them (a small preset's UTF-8 bytes, cut at max_token_len) and the action expert's
+ * tokens, one per step of the model's chunk (its horizon).
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { g1Subset } from './helpers/g1.ts';
+import { makeConfig } from '../kernels/small/config.ts';
+import { g1Datums, g1Subset } from './helpers/g1.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 
 const SUBSET = g1Subset(3);
@@ -54,5 +62,34 @@ describe("job_start: section 1's other fields", () => {
     const unknown = await api(server, 'POST', '/training/job_start', { dataset: SUBSET.name, colour: 'red' });
     expect(unknown.status).toBe(400);
     expect(unknown.json.error).toMatch(/^job_start has no field "colour"; it takes dataset, num_train_steps, model_size, dataset_content and Vela's base, batch_size, .*eval_fraction, .*warmup_steps, lr_floor, adam_eps, weight_decay, ema_decay, augment, time_sampling, rtc_max_delay$/);
+  }, 60_000);
+});
+
+describe('infer/query: input_tokens and output_tokens', () => {
+  let modelPath = '';
+  beforeAll(async () => {
+    const start = await api(server, 'POST', '/training/job_start', { dataset: SUBSET.name, model_size: 'flow0-tiny', num_train_steps: 2, batch_size: 2, eval_every: 0 });
+    expect(start.status, JSON.stringify(start.json)).toBe(200);
+    for (const deadline = Date.now() + 120_000; Date.now() < deadline; await new Promise((r) => setTimeout(r, 250))) {
+      const { json } = await api(server, 'GET', `/v1/fine-tunes/${start.json.job_id}`);
+      if (json.status === 'succeeded') break;
+      expect(['queued', 'running']).toContain(json.status);
+    }
+    modelPath = `trained/${start.json.job_id}`;
+  }, 150_000);
+
+  it('counts the prompt as flow0-tiny reads it (UTF-8 bytes, at most max_token_len) and the chunk as its horizon', async () => {
+    const { maxTokenLen, horizon } = makeConfig('flow0-tiny');
+    expect([maxTokenLen, horizon]).toEqual([48, 16]);
+    const o = (await g1Datums(1))[0]!.observation;
+    const obs = { 'observation/cam_high': Buffer.from(o.image!.cam_high as Uint8Array).toString('base64'), image_codec: 'JPEG', 'observation/state': Array.from(o.state!.data as Float32Array), seed: 1 };
+    // [prompt, its UTF-8 bytes, what the model reads]; "é" is 2 bytes; 60 bytes are cut to 48.
+    const cases: [string, number][] = [['pick up the bottle', 18], ['café au lait', 13], ['', 0], ['x'.repeat(60), 48]];
+    for (const [prompt, tokens] of cases) {
+      const r = await api(server, 'POST', '/infer/query', { model_path: modelPath, prompt, max_tokens: 5, temperature: 0.7, ...obs });
+      expect(r.status, JSON.stringify(r.json)).toBe(200);
+      expect(r.json.actions.shape[0]).toBe(horizon);
+      expect({ input_tokens: r.json.input_tokens, output_tokens: r.json.output_tokens }).toEqual({ input_tokens: tokens, output_tokens: horizon });
+    }
   }, 60_000);
 });
