@@ -64,6 +64,12 @@ export interface PolicyServerOptions {
   limits?: Partial<PolicyLimits>;
   /** Real-time chunking defaults for this policy's connections (server/policy/rtc.ts; each may override them by query). */
   rtc?: Partial<RtcSettings>;
+  /**
+   * The operator's zstd dictionaries (`--zstd-dict`, read by protocol/zstd.ts loadDictionaryFiles),
+   * accepted beside the project's own: each observation frame is decoded with the one whose id
+   * its header names.
+   */
+  zstdDictionaries?: readonly Uint8Array[];
 }
 
 /** A served request's answer, before encoding. */
@@ -127,6 +133,8 @@ export interface PolicyServer {
   readonly rtc: Readonly<RtcSettings>;
   /** The zstd dictionary served at GET /v1/observation.zdict. */
   readonly dictionary: Uint8Array;
+  /** Every dictionary an observation frame may be made with: `dictionary` first, then the operator's (`--zstd-dict`). */
+  readonly dictionaries: readonly Uint8Array[];
   /** The handshake map sent first on every connection; `rtc`: that connection's RTC settings (default: the policy's). */
   metadata(rtc?: Readonly<RtcSettings>): Record<string, unknown>;
   /**
@@ -339,6 +347,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   );
   const dictionary = loadObservationDictionary();
   const dictId = dictionaryId(dictionary);
+  const dictionaries = [dictionary, ...(opts.zstdDictionaries ?? [])];
   const weightsVersion = () => (isLive ? liveStep : current.label);
   let swapChain: Promise<unknown> = Promise.resolve();
   return {
@@ -352,6 +361,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     apiKey: opts.apiKey ?? null,
     rtc,
     dictionary,
+    dictionaries,
     counters,
     isLive,
     weightsVersion,
@@ -378,6 +388,8 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         image_codecs: ['RAW', 'LOSSLESS', 'PNG', 'JPEG', 'CODEC_JPEG_Q<N>'],
         zstd_dictionary_id: dictId,
         zstd_dictionary_path: '/v1/observation.zdict',
+        // Every id a frame may name: the served dictionary's, then the operator's (--zstd-dict, e.g. Relay's observation.zdict).
+        zstd_dictionary_ids: dictionaries.map(dictionaryId),
         max_message_bytes: limits.maxMessageBytes,
         max_batch: batcher.maxBatch,
         seeded: opts.seed !== undefined && opts.seed !== null,
