@@ -9,12 +9,15 @@
  * once its config is read back.
  *
  * infer/query answers the document's input_tokens / output_tokens: the prompt's tokens as the
- * model read them (a small preset's UTF-8 bytes, cut at max_token_len) and the action expert's
+ * model read them (a small preset's UTF-8 bytes, cut at max_token_len; the real pi0's PaliGemma
+ * ids with BOS, on a tiny pi0 base with the committed test tokenizer) and the action expert's
  * tokens, one per step of the model's chunk (its horizon).
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { makeConfig } from '../kernels/small/config.ts';
+import { loadPaligemmaTokenizer } from '../server/models/tokenizer.ts';
 import { g1Datums, g1Subset } from './helpers/g1.ts';
+import { TEST_TOKENIZER_DIR, tinyRealConfig, writeTinyBase } from './helpers/real-pi-base.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 
 const SUBSET = g1Subset(3);
@@ -92,4 +95,35 @@ describe('infer/query: input_tokens and output_tokens', () => {
       expect({ input_tokens: r.json.input_tokens, output_tokens: r.json.output_tokens }).toEqual({ input_tokens: tokens, output_tokens: horizon });
     }
   }, 60_000);
+});
+
+describe('infer/query on the real pi0 (a tiny base): input_tokens are the PaliGemma prompt ids with BOS', () => {
+  let modelPath = '';
+  beforeAll(async () => {
+    const base = await writeTinyBase('pi0');
+    const start = await api(server, 'POST', '/training/job_start', { dataset: SUBSET.name, model_size: 'pi0', base, num_train_steps: 1, batch_size: 1, eval_every: 0, eval_fraction: 0 });
+    expect(start.status, JSON.stringify(start.json)).toBe(200);
+    let status = '';
+    for (const deadline = Date.now() + 240_000; Date.now() < deadline && status !== 'succeeded'; await new Promise((r) => setTimeout(r, 500))) {
+      const { json } = await api(server, 'GET', `/v1/fine-tunes/${start.json.job_id}`);
+      status = json.status;
+      expect(['queued', 'running', 'succeeded'], json.error).toContain(status);
+    }
+    expect(status).toBe('succeeded');
+    modelPath = `trained/${start.json.job_id}`;
+  }, 300_000);
+
+  it("counts BOS + the ids of the task and LeRobot's newline, as the test tokenizer encodes them; output_tokens the base's horizon", async () => {
+    const tok = await loadPaligemmaTokenizer(TEST_TOKENIZER_DIR);
+    const { actionHorizon, maxTokenLen } = tinyRealConfig('pi0');
+    const o = (await g1Datums(1))[0]!.observation;
+    const obs = { 'observation/cam_high': Buffer.from(o.image!.cam_high as Uint8Array).toString('base64'), image_codec: 'JPEG', 'observation/state': Array.from(o.state!.data as Float32Array), seed: 1 };
+    for (const prompt of ['pick up the bottle', 'put the red cube in the bowl, then 12 more']) {
+      const ids = [tok.bosId, ...tok.encode(`${prompt}\n`)];
+      expect(ids.length).toBeLessThanOrEqual(maxTokenLen);
+      const r = await api(server, 'POST', '/infer/query', { model_path: modelPath, prompt, ...obs });
+      expect(r.status, JSON.stringify(r.json)).toBe(200);
+      expect({ input_tokens: r.json.input_tokens, output_tokens: r.json.output_tokens }).toEqual({ input_tokens: ids.length, output_tokens: actionHorizon });
+    }
+  }, 120_000);
 });
