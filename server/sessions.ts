@@ -62,8 +62,11 @@ export function parseSessionConfig(body: Record<string, unknown>): SessionConfig
   for (const k of Object.keys(body)) if (!known.includes(k)) throw new HttpError(400, `unknown field "${k}"${meant(k, known, SESSION_NAMES)}; known fields: ${known.join(', ')}`);
   const base = body.base_model;
   const real = isRealModel(base);
+  const models = `pi0, pi05 (the real models) or ${PRESET_NAMES.join(', ')}`;
+  // Absent (or null) is not a wrong value: "got undefined" did not say the field was missing.
+  if (base == null) throw new HttpError(400, `base_model is required: one of ${models}`);
   if (typeof base !== 'string' || (!real && !PRESET_NAMES.includes(base))) {
-    throw new HttpError(400, `base_model must be one of pi0, pi05 (the real models) or ${PRESET_NAMES.join(', ')}, got ${JSON.stringify(base)}`);
+    throw new HttpError(400, `base_model must be one of ${models}, got ${JSON.stringify(base)}`);
   }
   if (body.base != null && (!real || typeof body.base !== 'string' || body.base.length === 0 || body.base.length > 4096)) {
     throw new HttpError(400, real ? `base must be a Hub id (e.g. ${DEFAULT_BASES[base]}) or a checkpoint folder, got ${JSON.stringify(body.base)}` : `base applies to base_model pi0 / pi05 (a checkpoint of the real models); ${base} is a preset with its own seeded weights`);
