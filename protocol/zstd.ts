@@ -8,7 +8,7 @@
  *
  * Call (and await) `initZstd()` once before the synchronous functions.
  */
-import { readFileSync } from 'node:fs';
+import { readFileSync, statSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { ProtocolError } from './errors.ts';
 
@@ -149,8 +149,12 @@ export function zstdCompress(data: Uint8Array, opts: ZstdCompressOptions = {}): 
 
 /** Options of `zstdDecompress`. */
 export interface ZstdDecompressOptions {
-  /** The dictionary the frame was made with; needed when the frame names a dictionary id. */
-  dict?: Uint8Array;
+  /**
+   * The dictionary the frame was made with, needed when the frame names a dictionary id; or
+   * several, of which the one whose id the frame names is used (a server that accepts its own
+   * dictionary and an operator's: PROTOCOL.md section 6).
+   */
+  dict?: Uint8Array | readonly Uint8Array[];
   /** Upper bound on the decompressed size in bytes, checked against the header before decoding. */
   maxBytes: number;
 }
@@ -178,10 +182,13 @@ export function zstdDecompress(data: Uint8Array, opts: ZstdDecompressOptions): U
   if (info.contentSize > opts.maxBytes) {
     throw new ProtocolError('too_large', `zstd frame decompresses to ${info.contentSize} bytes; the limit is ${opts.maxBytes}`);
   }
+  let dict: Uint8Array | undefined;
   if (info.dictionaryId !== 0) {
-    const have = opts.dict ? dictionaryId(opts.dict) : null;
-    if (have !== info.dictionaryId) {
-      const given = have === null ? 'no dictionary was given' : `the given dictionary has id ${have}`;
+    const dicts = opts.dict === undefined ? [] : opts.dict instanceof Uint8Array ? [opts.dict] : opts.dict;
+    dict = dicts.find((d) => dictionaryId(d) === info.dictionaryId);
+    if (!dict) {
+      const ids = dicts.map(dictionaryId);
+      const given = ids.length === 0 ? 'no dictionary was given' : ids.length === 1 ? `the given dictionary has id ${ids[0]}` : `the given dictionaries have ids ${ids.join(', ')}`;
       throw new ProtocolError(
         'dictionary_mismatch',
         `zstd dictionary mismatch: the frame was made with dictionary id ${info.dictionaryId}; ${given}`,
@@ -192,7 +199,7 @@ export function zstdDecompress(data: Uint8Array, opts: ZstdDecompressOptions): U
   let out: Uint8Array;
   try {
     // The library sizes its output buffer from the (already bounded) header.
-    out = info.dictionaryId !== 0 ? z.decompressUsingDict(dctx, data, opts.dict!) : z.decompress(data);
+    out = dict ? z.decompressUsingDict(dctx, data, dict) : z.decompress(data);
   } catch (e) {
     throw bad(`corrupt zstd frame (${info.frameBytes} bytes, content size ${info.contentSize}): ${(e as Error).message}`);
   }
@@ -223,4 +230,58 @@ let observationDict: Uint8Array | null = null;
 export function loadObservationDictionary(): Uint8Array {
   observationDict ??= new Uint8Array(readFileSync(new URL('./observation.zdict', import.meta.url)));
   return observationDict;
+}
+
+/** At most this many operator dictionaries (`--zstd-dict`) beside the project's own. */
+export const MAX_EXTRA_DICTIONARIES = 16;
+/** The largest operator dictionary, bytes (zstd's default is 110 KiB; `--maxdict` may make more). */
+export const MAX_DICTIONARY_BYTES = 1024 * 1024;
+
+/**
+ * Reads the operator's observation dictionaries (`vela serve` / `vela policy` `--zstd-dict`, such
+ * as Relay's observation.zdict): files of zstd's standard dictionary format, each with an id, so
+ * that a frame's header (its Dictionary_ID) picks one. Each is tried once on a small round trip,
+ * so a file that the library cannot load is refused here, not at a robot's first observation.
+ * Requires nothing first (it awaits `initZstd()`).
+ * @returns the dictionaries in the order given (an empty list for no files).
+ * @throws Error naming the file: more than MAX_EXTRA_DICTIONARIES files, a file that is missing,
+ *   not a file, over MAX_DICTIONARY_BYTES, not a standard dictionary (magic 37 A4 30 EC) or of id
+ *   0, that the library cannot use, or whose id is the project's own or another file's.
+ */
+export async function loadDictionaryFiles(files: readonly string[]): Promise<Uint8Array[]> {
+  if (files.length === 0) return [];
+  if (files.length > MAX_EXTRA_DICTIONARIES) throw new Error(`${files.length} zstd dictionaries given; at most ${MAX_EXTRA_DICTIONARIES} are taken`);
+  await initZstd();
+  const ownId = dictionaryId(loadObservationDictionary());
+  const seen = new Map<number, string>([[ownId, "Vela's own (GET /v1/observation.zdict)"]]);
+  const out: Uint8Array[] = [];
+  for (const file of files) {
+    let size: number;
+    try {
+      const st = statSync(file);
+      if (!st.isFile()) throw new Error('not a file');
+      size = st.size;
+    } catch (e) {
+      throw new Error(`zstd dictionary ${file}: ${(e as NodeJS.ErrnoException).code === 'ENOENT' ? 'no such file' : (e as Error).message}`);
+    }
+    // Checked before reading: an operator's typo could name a file of gigabytes.
+    if (size > MAX_DICTIONARY_BYTES) throw new Error(`zstd dictionary ${file} is ${size} bytes; the limit is ${MAX_DICTIONARY_BYTES} (1 MiB)`);
+    const dict = new Uint8Array(readFileSync(file));
+    const id = dictionaryId(dict);
+    if (id === 0) {
+      throw new Error(`zstd dictionary ${file} is not a trained zstd dictionary with an id (it must start with 37 a4 30 ec and name a dictionary id other than 0, as zstd --train writes it): a frame could not name it`);
+    }
+    const other = seen.get(id);
+    if (other !== undefined) throw new Error(`zstd dictionary ${file} has id ${id}, the id of ${other}: frames could not say which one they were made with`);
+    try {
+      const probe = new TextEncoder().encode(`zstd dictionary probe ${id}`);
+      const back = zstdDecompress(zstdCompress(probe, { dict }), { dict, maxBytes: probe.byteLength });
+      if (Buffer.compare(back, probe) !== 0) throw new Error('a round trip changed the bytes');
+    } catch (e) {
+      throw new Error(`zstd dictionary ${file} (id ${id}) cannot be used: ${(e as Error).message}`);
+    }
+    seen.set(id, file);
+    out.push(dict);
+  }
+  return out;
 }

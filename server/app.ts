@@ -27,7 +27,8 @@ import { mountFutures } from './futures/index.ts';
 import { mountDatasetUpload, prepareDatasetsRoot } from './datasets/routes.ts';
 import { mountSidecar } from './sidecar/routes.ts';
 import { mountMetrics, watchStore } from './metrics/index.ts';
-import type { ServerConfig } from './config.ts';
+import { ConfigError, type ServerConfig } from './config.ts';
+import { loadDictionaryFiles } from '../protocol/zstd.ts';
 import { WsAdmission } from './ws-admission.ts';
 
 /** `GET /` for API clients (xorl's root info): what this server is and where its APIs live. */
@@ -82,6 +83,10 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
   if (config.storageDir) hideServerPath(config.storageDir, '<storage dir>');
   hideServerPath(hubCacheDir(), '<Hugging Face cache>');
   hideServerPath(config.modelsDir ?? path.join(config.dataDir, 'models'), '<models dir>');
+  // Read (and tried) before anything starts: a bad --zstd-dict is one line at start, not a 1011 at a robot's first observation.
+  const zstdDictionaries = await loadDictionaryFiles(config.zstdDicts).catch((e: Error) => {
+    throw new ConfigError(`--zstd-dict (VELA_ZSTD_DICT): ${e.message}`);
+  });
   const store = await Store.open(config);
   // One node owns every session of its store; in a cluster, sessions of lost nodes are found by heartbeats (cluster/node.ts).
   const clustered = store.db.dialect === 'postgres';
@@ -175,7 +180,7 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
   const served = new ServedPolicies(config.inferIdleS);
   // A closed session's live policy is unloaded now, not at the next sweep (its series go with it).
   sessions.onClosed = () => served.sweep();
-  const inference = { store, config, sessions, served, admission, sampling: new Map<string, SamplingSession>(),
+  const inference = { store, config, sessions, served, admission, zstdDictionaries, sampling: new Map<string, SamplingSession>(),
     // Checkpoint policies (fine-tunes, sampling sessions) run on the policy engine: own worker,
     // and training yields to it (a training session's live policy stays on its training engine).
     engineFor: (preset: string) => sessions.policyEngineFor(preset) };

@@ -32,11 +32,12 @@ interface Setting {
   flag: string;
   env: string;
   help: string;
-  kind: 'string' | 'int' | 'number' | 'bool' | 'choice';
+  /** `list`: comma-separated, and the flag may be repeated (its values add up; flags replace the variable's). */
+  kind: 'string' | 'int' | 'number' | 'bool' | 'choice' | 'list';
   choices?: readonly string[];
   /** Largest value of an int setting. */
   max?: number;
-  def: (env: NodeJS.ProcessEnv) => string | number | boolean | undefined;
+  def: (env: NodeJS.ProcessEnv) => string | number | boolean | string[] | undefined;
   /** The default as `--help` shows it, where the value alone would not say it (derived, or none). */
   defaultText?: string;
 }
@@ -97,6 +98,8 @@ export interface ServerConfig {
   nodeLostS: number;
   metricsPublic: boolean;
   metricsKey: string | undefined;
+  /** The operator's zstd dictionary files for policy observations (beside Vela's own), e.g. Relay's observation.zdict. */
+  zstdDicts: string[];
 }
 
 /** LeRobot's dataset cache: $HF_LEROBOT_HOME, else $HF_HOME/lerobot, else ~/.cache/huggingface/lerobot. */
@@ -147,6 +150,7 @@ export const SETTINGS: Setting[] = [
   { key: 'maxDatasetBytes', flag: '--max-dataset-bytes', env: 'VELA_MAX_DATASET_BYTES', kind: 'int', def: () => 8 * 1024 * 1024 * 1024, help: 'largest uploaded dataset (PUT /v1/datasets/{name}, job_start dataset_content), archive and extracted' },
   { key: 'datasetsPerKeyBytes', flag: '--datasets-per-key-bytes', env: 'VELA_DATASETS_PER_KEY_BYTES', kind: 'int', def: () => 20 * 1024 * 1024 * 1024, help: 'uploaded datasets per API key, extracted bytes; an upload past it is refused (413)' },
   { key: 'logLevel', flag: '--log-level', env: 'VELA_LOG_LEVEL', kind: 'choice', choices: LOG_LEVELS, def: () => 'info', help: `least severe log lines shown: ${LOG_LEVELS.join(' | ')}` },
+  { key: 'zstdDicts', flag: '--zstd-dict', env: 'VELA_ZSTD_DICT', kind: 'list', def: () => [], help: `more zstd dictionaries for policy observations, beside Vela's own (still the one served at GET /v1/observation.zdict): trained dictionary files, e.g. Relay's observation.zdict; a frame is decoded with the one whose id its header names. Comma-separated or repeated, at most 16 files of at most 1 MiB`, defaultText: "none (Vela's own only)" },
   { key: 'metricsPublic', flag: '--metrics-public', env: 'VELA_METRICS_PUBLIC', kind: 'bool', def: () => false, help: 'answer GET /metrics without an API key, with every series (for a Prometheus on a trusted network); by default it needs a key, and an API key\'s scrape leaves out the series naming other keys\' jobs, policies and sessions' },
   { key: 'metricsKey', flag: '--metrics-key', env: 'VELA_METRICS_KEY', kind: 'string', def: () => undefined, help: 'the operator\'s GET /metrics key (not an API key: it opens no other route): its scrape has every series, those naming any key\'s objects included', defaultText: 'none' },
   // A cluster (README "Several nodes"): nodes that share one PostgreSQL and one storage folder.
@@ -160,10 +164,12 @@ export const SETTINGS: Setting[] = [
 ];
 
 /** `typed` is how the value was given: `--port abc`, `--port=abc` or `VELA_PORT=abc`. */
-function parseValue(s: Setting, raw: string, typed: string): string | number | boolean {
+function parseValue(s: Setting, raw: string, typed: string): string | number | boolean | string[] {
   switch (s.kind) {
     case 'string':
       return raw;
+    case 'list':
+      return raw.split(',').map((v) => v.trim()).filter((v) => v !== '');
     case 'choice':
       if (!s.choices!.includes(raw)) throw new ConfigError(`${typed}: must be one of ${s.choices!.join(', ')}`);
       return raw;
@@ -195,6 +201,7 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
     out[s.key] = fromEnv !== undefined && fromEnv !== '' ? parseValue(s, fromEnv, `${s.env}=${shown(fromEnv)}`) : s.def(env);
   }
   const rest: string[] = [];
+  const listed = new Set<string>(); // list settings given by flag so far: later flags add to them
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i]!;
     if (!arg.startsWith('--')) {
@@ -213,7 +220,11 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
     else if (s.kind === 'bool' && (argv[i + 1] === undefined || argv[i + 1]!.startsWith('--'))) raw = 'true';
     else raw = argv[++i];
     if (raw === undefined) throw new ConfigError(`${flag} needs a value (see vela serve --help)`);
-    out[s.key] = parseValue(s, raw, eq >= 0 ? `${flag}=${shown(raw)}` : `${flag} ${shown(raw)}`);
+    const value = parseValue(s, raw, eq >= 0 ? `${flag}=${shown(raw)}` : `${flag} ${shown(raw)}`);
+    if (s.kind === 'list') {
+      out[s.key] = listed.has(s.key) ? [...(out[s.key] as string[]), ...(value as string[])] : value;
+      listed.add(s.key);
+    } else out[s.key] = value;
   }
   const config = out as unknown as ServerConfig;
   for (const [flag, n] of [['--tf-intra-op-threads', config.tfIntraOpThreads], ['--tf-inter-op-threads', config.tfInterOpThreads]] as const) {
@@ -251,7 +262,7 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
 function defaultShown(s: Setting): string {
   if (s.defaultText) return s.defaultText;
   const v = s.def({});
-  if (v === undefined) return 'none';
+  if (v === undefined || (Array.isArray(v) && v.length === 0)) return 'none';
   if (typeof v === 'number' && s.key.endsWith('Bytes') && v >= MiB) return `${v} (${v % (1024 * MiB) === 0 ? `${v / 1024 / MiB} GiB` : `${v / MiB} MiB`})`;
   return String(v);
 }
@@ -262,7 +273,7 @@ function defaultShown(s: Setting): string {
  */
 export function settingsHelp(): string {
   return SETTINGS.map((s) => {
-    const flag = s.flag + (s.kind === 'bool' ? '' : s.kind === 'int' || s.kind === 'number' ? ' N' : ' V');
+    const flag = s.flag + (s.kind === 'bool' ? '' : s.kind === 'int' || s.kind === 'number' ? ' N' : s.kind === 'list' ? ' V[,V]' : ' V');
     return `  ${flag.padEnd(30)} ${s.env.padEnd(31)} default: ${defaultShown(s)}\n      ${s.help}`;
   }).join('\n');
 }

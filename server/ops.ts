@@ -15,7 +15,7 @@ import { checkStorage, storageOf } from './storage.ts';
 import { EngineError } from './engine/messages.ts';
 import { HttpError } from './http.ts';
 import { planOrRefuse } from './models/plan.ts';
-import { availableMemory, checkFits } from './models/memory.ts';
+import { availableMemory, checkFits, memoryLedger } from './models/memory.ts';
 import { makeConfig } from '../kernels/small/config.ts';
 import { estimateSampleMemory } from '../kernels/small/memory.ts';
 import { recordSessionOp, recordSessionRequestRefused } from './metrics/training.ts';
@@ -188,7 +188,9 @@ async function planPresetSample(live: LiveSession, batch: ModelBatch, server: Se
   const c = makeConfig(live.engine!.info.preset);
   const cameras = Math.min(c.slots, filledSlots(batch));
   const estimate = estimateSampleMemory(c, batch.size, cameras);
-  const why = checkFits(estimate, await availableMemory({ maxMemory: server.maxMemory, capName: '--max-memory' }), `sample of ${batch.size} datum(s) with ${cameras} camera(s) on ${c.preset}`, { batch: batch.size, use: 'serve' });
+  // As a real model's pass: counts what admitted loads have reserved, reserves nothing itself.
+  const available = memoryLedger.less(await availableMemory({ maxMemory: server.maxMemory, capName: '--max-memory' }));
+  const why = checkFits(estimate, available, `sample of ${batch.size} datum(s) with ${cameras} camera(s) on ${c.preset}`, { batch: batch.size, use: 'serve' });
   if (why) throw new EngineError('insufficient_memory', why);
 }
 

@@ -14,7 +14,7 @@ import { modelLayout, tokenizerFileFor, type ModelLayout } from './models/layout
 import { ModelError } from './models/errors.ts';
 import { resolveBase } from './models/resolve.ts';
 import { isRealModelKey, parseEngineModel, realModelKey } from './engine/model-key.ts';
-import { availableMemory } from './models/memory.ts';
+import { availableMemory, memoryLedger } from './models/memory.ts';
 import { planOrRefuse, realConfigOf } from './models/plan.ts';
 import { checkBaseAccess } from './models/access.ts';
 import { checkBaseVariant } from './models/base-variant.ts';
@@ -62,8 +62,11 @@ export function parseSessionConfig(body: Record<string, unknown>): SessionConfig
   for (const k of Object.keys(body)) if (!known.includes(k)) throw new HttpError(400, `unknown field "${k}"${meant(k, known, SESSION_NAMES)}; known fields: ${known.join(', ')}`);
   const base = body.base_model;
   const real = isRealModel(base);
+  const models = `pi0, pi05 (the real models) or ${PRESET_NAMES.join(', ')}`;
+  // Absent (or null) is not a wrong value: "got undefined" did not say the field was missing.
+  if (base == null) throw new HttpError(400, `base_model is required: one of ${models}`);
   if (typeof base !== 'string' || (!real && !PRESET_NAMES.includes(base))) {
-    throw new HttpError(400, `base_model must be one of pi0, pi05 (the real models) or ${PRESET_NAMES.join(', ')}, got ${JSON.stringify(base)}`);
+    throw new HttpError(400, `base_model must be one of ${models}, got ${JSON.stringify(base)}`);
   }
   if (body.base != null && (!real || typeof body.base !== 'string' || body.base.length === 0 || body.base.length > 4096)) {
     throw new HttpError(400, real ? `base must be a Hub id (e.g. ${DEFAULT_BASES[base]}) or a checkpoint folder, got ${JSON.stringify(body.base)}` : `base applies to base_model pi0 / pi05 (a checkpoint of the real models); ${base} is a preset with its own seeded weights`);
@@ -245,10 +248,16 @@ export class SessionManager {
       map.set(preset, e);
       // A later call may retry a failed start; /health's engines are the training ones (xorl's shape).
       const started = e;
+      // A real base's weights are reserved from a session's plan until its engine holds them (or failed to).
+      const loaded = () => isRealModelKey(name) && memoryLedger.release(`base:${name}`);
       e.then((x) => {
         this.readyEngines.set(started, x);
         if (map === this.engines) this.started.add(preset);
-      }, () => map.delete(preset));
+        loaded();
+      }, () => {
+        map.delete(preset);
+        loaded();
+      });
     }
     return e;
   }
@@ -263,7 +272,8 @@ export class SessionManager {
     for (const [key, e] of [...this.engines]) {
       if (!isRealModelKey(key)) continue;
       const engine = this.readyEngines.get(e);
-      if (!engine || engine.stats().queued > 0 || [...this.live.values()].some((l) => l.config.engine_model === key)) continue;
+      // A session admitted but not yet opened (memoryLedger) counted on this base being loaded.
+      if (!engine || engine.stats().queued > 0 || memoryLedger.pendingOn(key) || [...this.live.values()].some((l) => l.config.engine_model === key)) continue;
       const s = await engine.call<{ result: { sessions: number; policies: number } }>('-', 'stats').catch(() => null);
       if (!s || s.result.sessions > 0 || s.result.policies > 0 || this.engines.get(key) !== e) continue;
       this.engines.delete(key);
@@ -314,7 +324,8 @@ export class SessionManager {
         engines.push({ model: publicModelName(key), lane, base_params: engine.info.baseParams, tensor_bytes: engine.memory?.()?.numBytes ?? null });
       }
     }
-    return { limit_bytes: avail.limitBytes, limit_source: avail.source, rss_bytes: avail.rssBytes, available_bytes: avail.bytes, engines };
+    const reserved = memoryLedger.less(avail);
+    return { limit_bytes: avail.limitBytes, limit_source: avail.source, rss_bytes: avail.rssBytes, reserved_bytes: reserved.reservedBytes, available_bytes: reserved.bytes, engines };
   }
 
   /** Root folder of a session's saved states and weights. */
@@ -350,21 +361,25 @@ export class SessionManager {
       }
       cfg.engine_model = realModelKey(cfg.base_model as RealModel, dir);
     }
+    const id = randomId('ts-');
     let planned: number | null = null;
+    let reserved: string[] = [];
     if (cfg.base != null) {
       // The base (unless its engine holds it already) and this tenant's own state must fit now;
-      // each pass's activations are planned when its batch is known (ops.ts).
+      // each pass's activations are planned when its batch is known (ops.ts). What fits is
+      // reserved until open() has the tensors allocated (the base: until its engine has loaded),
+      // so that requests at once are planned as if one after another.
       const key = cfg.engine_model!;
       const plan = await this.planFreeing(async () => planOrRefuse(
         await realConfigOf(parseRealDir(key)),
         { use: cfg.finetune === 'full' ? 'full' : 'lora', batch: 1, cameras: 1, loraRank: cfg.rank, loraActionRank: cfg.action_rank ?? cfg.rank, loraTargets: cfg.targets },
-        { weights: !this.engines.has(key), tenant: true, pass: false },
+        { weights: () => !this.engines.has(key), tenant: true, pass: false },
         `a ${cfg.finetune === 'full' ? 'full-weight' : 'LoRA'} session of ${cfg.base_model} (${cfg.base})`,
-        this.config.maxMemory,
+        this.config.maxMemory, undefined, { owner: `session:${id}`, base: `base:${key}`, engine: key },
       ));
       planned = plan.counted.totalBytes;
+      reserved = plan.reserved;
     }
-    const id = randomId('ts-');
     const row: SessionRow = {
       id, owner, status: 'starting', created_at: nowS(), config: cfg as unknown as Record<string, unknown>, token: newToken(), error: null, closed_at: null,
       node_id: this.nodeId, model_name: modelName,
@@ -372,6 +387,8 @@ export class SessionManager {
     try {
       await this.store.insertSession(row);
     } catch (e) {
+      // Not opened: its reservation goes (the base's too, unless an engine started loading it meanwhile and releases it once loaded).
+      for (const owner of reserved) if (owner.startsWith('session:') || !this.engines.has(cfg.engine_model!)) memoryLedger.release(owner);
       // Two creates racing past the check: the store's unique index decides.
       if (isUniqueViolation(e) && modelName !== null) throw taken();
       throw e;
@@ -397,6 +414,8 @@ export class SessionManager {
         actionRank: live.config.action_rank, actionAlpha: live.config.action_alpha,
         seed: live.config.seed, dir: this.sessionDir(live.row.owner, live.id),
       });
+      // Its tensors are allocated: the process's RSS counts them from here on, not the ledger.
+      memoryLedger.release(`session:${live.id}`);
       live.trainableParams = created.result.trainableParams;
       live.tenantBytes = created.result.tenantBytes;
       live.engine = engine;
@@ -414,6 +433,8 @@ export class SessionManager {
       log.warn(`session ${live.id} failed to start: ${reason}`);
       this.live.delete(live.id);
       await this.store.updateSession(live.id, { status: 'error', error: reason, closed_at: nowS() }).catch((err) => log.warn(`session ${live.id}: ${err.message}`));
+    } finally {
+      memoryLedger.release(`session:${live.id}`); // failed or closed while starting: nothing more to reserve for
     }
   }
 

@@ -19,6 +19,8 @@ import { G1_DIR } from './helpers/g1.ts';
 const REPO = 'lerobot-test/g1_sample';
 const VIDEO = 'videos/chunk-000/observation.images.cam_high/episode_000001.mp4';
 const PARQUET = 'data/chunk-000/episode_000002.parquet';
+/** The Range of @huggingface/hub's fileDownloadInfo probe (size and ETag), sent before each file's GET. */
+const PROBE = 'bytes=0-0';
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-hub-'));
 const hubs: FakeHub[] = [];
 afterAll(async () => {
@@ -73,9 +75,10 @@ describe('vela datasets download', () => {
     expect(r.transferredBytes).toBe(r.totalBytes);
     expect(r.skipped).toBe(0);
     expectSameAsSample(dest);
-    // The tree came in pages (Link: rel="next"), every file from the commit, LFS files via the CDN redirect.
+    // The tree came in pages (Link: rel="next"), every file from the commit, LFS files via the CDN
+    // redirect (one GET each besides @huggingface/hub's `bytes=0-0` probe).
     expect(h.requests.filter((q) => q.url.includes('/tree/')).length).toBe(Math.ceil(r.files / 2));
-    expect(h.requests.filter((q) => q.url.startsWith('/cdn/')).length).toBe(6);
+    expect(h.requests.filter((q) => q.url.startsWith('/cdn/') && q.range !== PROBE).length).toBe(6);
     expect(h.requests.filter((q) => q.url.includes('/resolve/')).every((q) => q.url.includes(`/resolve/${h.commit}/`))).toBe(true);
     // Progress: monotone, ends at the total.
     const done = progress.map((p) => p.doneBytes);
@@ -102,11 +105,14 @@ describe('vela datasets download', () => {
     const r = await downloadDataset({ repoId: REPO, endpoint: h.url, dest, onProgress: (p) => p.file === VIDEO && phases.push(p.phase) });
     expectSameAsSample(dest);
     expect(phases).toContain('retry');
-    // One resumed GET: the resolve URL, and the same Range on the CDN it redirects to.
-    const ranged = h.requests.filter((q) => q.range !== undefined);
+    // One resumed GET (the library's ranged WebBlob read): the resolve URL, and the same Range on
+    // the CDN it redirects to, from the kept bytes to the file's last.
+    const ranged = h.requests.filter((q) => q.range !== undefined && q.range !== PROBE);
     expect(ranged.map((q) => q.url.split('/')[1])).toEqual(['datasets', 'cdn']);
     expect(ranged[1]!.range).toBe(ranged[0]!.range);
-    const from = Number(/^bytes=(\d+)-$/.exec(ranged[0]!.range!)![1]);
+    const m = /^bytes=(\d+)-(\d+)$/.exec(ranged[0]!.range!)!;
+    expect(Number(m[2])).toBe(fs.statSync(path.join(G1_DIR, VIDEO)).size - 1);
+    const from = Number(m[1]);
     expect(from).toBeGreaterThan(0);
     expect(from).toBeLessThanOrEqual(cut);
     // Only the missing bytes came again: beyond the total, at most what arrived before the cut but
@@ -131,7 +137,8 @@ describe('vela datasets download', () => {
     const before = h.requests.length;
     const r = await downloadDataset({ repoId: REPO, endpoint: h.url, dest });
     expectSameAsSample(dest);
-    expect(h.requests.slice(before).filter((q) => q.range !== undefined).map((q) => [q.url.split('/')[1], q.range])).toEqual([['datasets', `bytes=${kept}-`], ['cdn', `bytes=${kept}-`]]);
+    const last = fs.statSync(path.join(G1_DIR, VIDEO)).size - 1;
+    expect(h.requests.slice(before).filter((q) => q.range !== undefined && q.range !== PROBE).map((q) => [q.url.split('/')[1], q.range])).toEqual([['datasets', `bytes=${kept}-${last}`], ['cdn', `bytes=${kept}-${last}`]]);
     expect(r.skipped).toBeGreaterThan(0); // the files finished in the first run
   });
 
@@ -219,5 +226,21 @@ describe('a resumed transfer checks where the 206 starts (issue 32 item 12)', ()
     await downloadDataset({ repoId: REPO, endpoint: h.url, dest, onProgress: (p) => p.file === VIDEO && phases.push(p.phase) });
     expect(phases).toContain('retry');
     expectSameAsSample(dest);
+  });
+});
+
+describe('datasets download through the same Hub client as models (issue 39)', () => {
+  it('a transfer that goes silent is broken off after idleTimeoutMs and resumed from the bytes it kept', async () => {
+    const stall = 200_000;
+    const h = await hub({ stallAfter: new Map([[VIDEO, stall]]) });
+    const dest = path.join(tmp, 'silent', REPO);
+    const phases: string[] = [];
+    await downloadDataset({ repoId: REPO, endpoint: h.url, dest, idleTimeoutMs: 2000, onProgress: (p) => p.file === VIDEO && phases.push(p.phase) });
+    expectSameAsSample(dest);
+    expect(phases).toContain('retry');
+    // The first resumed GET (resolve, then the CDN) starts at the stalled bytes.
+    const last = fs.statSync(path.join(G1_DIR, VIDEO)).size - 1;
+    const ranged = h.requests.filter((q) => q.range !== undefined && q.range !== PROBE).map((q) => q.range);
+    expect(ranged.slice(0, 2)).toEqual([`bytes=${stall}-${last}`, `bytes=${stall}-${last}`]);
   });
 });

@@ -443,7 +443,14 @@ describe('vela policy: arguments', () => {
       backend: 'auto', maxMessageBytes: 16 * 1024 * 1024, logLevel: 'info', metricsPublic: false,
       rtc: { mode: 'auto', controlHz: null, delay: null, schedule: 'exp', maxGuidance: 5 },
       wsCaps: { connectionsPerKey: 16, connections: 256, bufferedBytesPerKey: 4 * 2 ** 30, bufferedBytes: 16 * 2 ** 30 },
+      zstdDicts: [],
     });
+  });
+
+  it('--zstd-dict: comma list and repeats add up; the flag replaces VELA_ZSTD_DICT', () => {
+    expect(parsePolicyArgs(['ckpt'], { VELA_ZSTD_DICT: 'a.zdict,b.zdict' }).zstdDicts).toEqual(['a.zdict', 'b.zdict']);
+    expect(parsePolicyArgs(['ckpt', '--zstd-dict', 'c.zdict, d.zdict', '--zstd-dict=e.zdict'], { VELA_ZSTD_DICT: 'a.zdict' }).zstdDicts).toEqual(['c.zdict', 'd.zdict', 'e.zdict']);
+    expect(() => parsePolicyArgs(['ckpt', '--zstd-dict', ','], {})).toThrow('--zstd-dict ,: must name a dictionary file (or several, comma-separated)');
   });
 
   it('takes a real base alone, or a checkpoint with a base that overrides its own', () => {

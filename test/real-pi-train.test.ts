@@ -11,6 +11,7 @@
  * backend parity of the model is real-pi-model.test.ts's.
  */
 import * as tf from '@tensorflow/tfjs';
+import { passBound, sampleBound } from './helpers/float32.ts';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { useBestBackend } from './helpers/tf.ts';
 import { REAL_PI_TINY_PI0, REAL_PI_TINY_PI05, type RealPiConfig } from '../kernels/pi/config.ts';
@@ -50,6 +51,17 @@ function same(a: NamedTensors, b: NamedTensors): boolean {
   return true;
 }
 
+/**
+ * The longest reduction of one pass of `c` (attention over the whole sequence: 3 cameras'
+ * patches, the prompt, the chunk; or an MLP), for the bounds of test/helpers/float32.ts: two
+ * paths to one result (a cached prefix, adapters merged or applied, a batch summed whole or datum
+ * by datum) may order their float32 sums differently.
+ */
+function longestReduction(c: RealPiConfig): number {
+  const seq = 3 * (c.vision.imageSize / c.vision.patchSize) ** 2 + c.maxTokenLen + c.actionHorizon + 1;
+  return Math.max(seq, c.vlm.mlpDim, c.expert.mlpDim, c.vision.mlpDim);
+}
+
 function maxRel(a: ArrayLike<number>, b: ArrayLike<number>): number {
   let d = 0;
   let s = 0;
@@ -81,6 +93,7 @@ describe.each([
   ['pi05', REAL_PI_TINY_PI05],
 ] as const)('real %s through the shared trainer', (_name, c) => {
   const policy = realPiPolicy(c);
+  const K = longestReduction(c);
   const batch = makeBatch(c);
   const draw = fixedDraw(c);
   let base: BaseWeights<RealPiBatch, RealPiConfig>;
@@ -94,7 +107,7 @@ describe.each([
     const weighted = { ...batch, weight: Float32Array.from([1, 3]) };
     const { loss, lossPerDatum } = state.forwardBackward(weighted, draw);
     const direct = tf.tidy(() => computeLoss({ config: c, params: base.tensors }, batch, draw.noise, draw.time).dataSync());
-    expect(maxRel(lossPerDatum, direct)).toBeLessThan(1e-5);
+    expect(maxRel(lossPerDatum, direct)).toBeLessThan(passBound(K));
     expect(loss).toBeCloseTo((direct[0]! + 3 * direct[1]!) / 4, 5);
     // The same gradient through forward(keep) + backward(dL/dv) (the split path of PROTOCOL.md section 3).
     const g1 = state.accumulatedGradients();
@@ -106,7 +119,7 @@ describe.each([
     state.backward(grad);
     const g2 = state.accumulatedGradients();
     expect(g2.denominator).toBe(g1.denominator);
-    for (const [name, g] of g1.grads) expect(maxRel(g2.grads.get(name)!, g), name).toBeLessThan(1e-4);
+    for (const [name, g] of g1.grads) expect(maxRel(g2.grads.get(name)!, g), name).toBeLessThan(passBound(2 * K));
     state.dispose();
   });
 
@@ -236,8 +249,8 @@ describe.each([
     const cached = state.sample(batch, { noise });
     const uncached = state.sample(batch, { noise, cache: false });
     const direct = tf.tidy(() => sample({ config: c, params: mergedWeights(base, state, () => 1) }, batch, noise).dataSync());
-    expect(maxRel(cached, uncached)).toBeLessThan(1e-5);
-    expect(maxRel(cached, direct)).toBeLessThan(1e-6);
+    expect(maxRel(cached, uncached)).toBeLessThan(sampleBound(K));
+    expect(maxRel(cached, direct)).toBeLessThan(sampleBound(K));
     state.dispose();
   });
 
@@ -252,7 +265,7 @@ describe.each([
     const direct = tf.tidy(() => sample({ config: c, params: merged }, batch, draw.noise).dataSync());
     const viaState = state.sample(batch, { noise: draw.noise });
     for (const [name, t] of merged) if ((!base.tensors.has(name) || base.get(name) !== t) && state.params.get(name) !== t) t.dispose();
-    expect(maxRel(viaState, direct)).toBeLessThan(1e-5);
+    expect(maxRel(viaState, direct)).toBeLessThan(sampleBound(K));
     // Sampling needs no actions; training does, and says so.
     const { actions: _actions, ...observation } = batch;
     expect(state.sample(observation, { noise: draw.noise })).toEqual(viaState);
@@ -291,7 +304,7 @@ describe.each([
     const gs = split.accumulatedGradients();
     expect(gs.denominator).toBe(gw.denominator);
     expect(split.pendingGradients).toBe(2);
-    for (const [name, g] of gw.grads) expect(maxRel(gs.grads.get(name)!, g), name).toBeLessThan(1e-4);
+    for (const [name, g] of gw.grads) expect(maxRel(gs.grads.get(name)!, g), name).toBeLessThan(passBound(2 * K));
     expect(split.optimStep({ learningRate: LR }).gradNorm).toBeCloseTo(whole.optimStep({ learningRate: LR }).gradNorm, 5);
     whole.dispose();
     split.dispose();
@@ -310,7 +323,7 @@ describe.each([
     disposeRealPiParams(params);
     console.log(`${c.variant} grad_norm ${gradNorm} vs direct ${Math.sqrt(sq)}`);
     expect(gradNorm).toBeGreaterThan(0);
-    expect(Math.abs(gradNorm - Math.sqrt(sq)) / Math.sqrt(sq)).toBeLessThan(1e-4);
+    expect(Math.abs(gradNorm - Math.sqrt(sq)) / Math.sqrt(sq)).toBeLessThan(passBound(2 * K));
     state.dispose();
   });
 
@@ -371,7 +384,7 @@ describe('real pi base weights adopted from tensors (a checkpoint reader streami
     const state = new TrainingState(base, { finetune: 'lora' });
     const { lossPerDatum } = state.forwardBackward(batch, draw);
     const direct = tf.tidy(() => computeLoss({ config: c, params }, batch, draw.noise, draw.time).dataSync());
-    expect(maxRel(lossPerDatum, direct)).toBeLessThan(1e-5);
+    expect(maxRel(lossPerDatum, direct)).toBeLessThan(passBound(longestReduction(c)));
     state.dispose();
     const bad = new Map(params);
     bad.delete('model.action_in_proj.bias');

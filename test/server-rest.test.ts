@@ -70,6 +70,24 @@ describe('REST training sessions', () => {
     }
   });
 
+  // Issue 33 item 3: a missing required field said "must be one of ..., got undefined".
+  it('a missing required field is called required, naming what it takes; a wrong one is shown as sent', async () => {
+    const models = 'pi0, pi05 (the real models) or ';
+    for (const body of [{}, { base_model: null }]) {
+      const { status, json } = await api(server, 'POST', '/v1/training_sessions', body);
+      expect(status).toBe(400);
+      expect(json.error).toMatch(new RegExp(`^base_model is required: one of ${models.replace(/[()]/g, '\\$&')}flow0-tiny, `));
+      expect(json.error).not.toMatch(/undefined|null/);
+    }
+    expect((await api(server, 'POST', '/v1/training_sessions', { base_model: 7 })).json.error).toMatch(/^base_model must be one of .*, got 7$/);
+    // POST /v1/fine-tunes: dataset_name is its one required field (model has a default).
+    const ft = await api(server, 'POST', '/v1/fine-tunes', {});
+    expect(ft).toEqual({ status: 400, json: { error: 'dataset_name is required: a LeRobot dataset folder under the datasets root, e.g. "lerobot/pusht_image"' } });
+    const wrong = await api(server, 'POST', '/v1/fine-tunes', { dataset_name: 5 });
+    expect(wrong.status).toBe(400);
+    expect(wrong.json.error).toBe('dataset_name must be a LeRobot dataset folder under the datasets root, e.g. "lerobot/pusht_image" (a string of 1 to 512 characters), got 5');
+  });
+
   it('hides a session from another key (404) and refuses a wrong session token', async () => {
     const other = (await server.store.createApiKey('other')).key;
     const { json } = await api(server, 'POST', '/v1/training_sessions', { base_model: 'flow0-tiny' });

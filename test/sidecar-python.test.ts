@@ -101,6 +101,8 @@ describe('a sidecar-API Python client', () => {
     expect(a[0]).toBe(200);
     expect(a[1].actions.shape).toEqual([16, 3]);
     expect(a[1]).toMatchObject({ cold_start: true, model: 'flow05-tiny', seed: 3, weights_version: 'final' });
+    // The document's token counts: "pick up the bottle" is 18 UTF-8 bytes, flow05-tiny's chunk 16 action tokens.
+    expect([a[1].input_tokens, a[1].output_tokens]).toEqual([18, 16]);
     expect(a[1].load_seconds).toBeGreaterThan(0);
     expect(b[1]).toMatchObject({ cold_start: false, load_seconds: 0 });
     expect(b[1].actions.data).toEqual(a[1].actions.data); // same seed, same weights

@@ -1,8 +1,8 @@
 /**
- * Checks on what a hub (or a mirror, or anything at HF_ENDPOINT) sends, shared by the model
- * downloader (server/models/download.ts, blob-fetch.ts) and the dataset downloader
- * (server/hub/download.ts) so that a fix lands in both. Nothing the hub lists or answers is used
- * in a path, or written past the size it listed, before it passed these.
+ * Checks on what a hub (or a mirror, or anything at HF_ENDPOINT) sends, used by the one Hub
+ * client (client.ts) that model and dataset downloads share. Nothing the hub lists or answers is
+ * used in a path, or written past the size it listed, before it passed these. Imports nothing of
+ * Vela's.
  */
 import { Transform } from 'node:stream';
 

@@ -50,6 +50,8 @@ export interface InferenceDeps {
   engineFor: (preset: string) => Promise<EngineLike>;
   /** The server's websocket caps (shared with the session websocket); none: uncapped (tests of other things). */
   admission?: WsAdmission;
+  /** The operator's zstd dictionaries (`--zstd-dict`, loaded at start), accepted beside Vela's own by every policy. */
+  zstdDictionaries?: readonly Uint8Array[];
 }
 
 /** What serving a target takes: its cache key, how to load it, whether it still exists. */
@@ -78,7 +80,7 @@ export async function targetOf(deps: InferenceDeps, kind: PolicyKind, id: string
     const engine = live.engine;
     return {
       key: `ts:${id}:${cameras.join(',')}`,
-      load: () => createPolicyServer({ engine, policyId: id, owner: row.owner, live: { config: { preset: engine.info.preset, cameras, action_horizon: live.actionHorizon } }, limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes } }),
+      load: () => createPolicyServer({ engine, policyId: id, owner: row.owner, live: { config: { preset: engine.info.preset, cameras, action_horizon: live.actionHorizon } }, limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes }, zstdDictionaries: deps.zstdDictionaries }),
       alive: () => sessions.live.get(id) === live && live.cameras.join(',') === cameras.join(','),
     };
   }
@@ -90,7 +92,7 @@ export async function targetOf(deps: InferenceDeps, kind: PolicyKind, id: string
     return {
       key: `ft:${id}`,
       // The job's engine: a preset, or the real model on its base (engine_model, or its base looked up again).
-      load: () => storedEngineModel(job.config).then((engineModel) => createFolderPolicy(engineFor, job.output_dir, { engineModel, policyId: `policy-${job.id}`, owner: job.owner, version: 'final', limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes } })),
+      load: () => storedEngineModel(job.config).then((engineModel) => createFolderPolicy(engineFor, job.output_dir, { engineModel, policyId: `policy-${job.id}`, owner: job.owner, version: 'final', limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes }, zstdDictionaries: deps.zstdDictionaries })),
     };
   }
   // Not yet used since this server started: the store has it (sampling sessions outlive a restart).
@@ -103,7 +105,7 @@ export async function targetOf(deps: InferenceDeps, kind: PolicyKind, id: string
   return {
     key: `samp:${id}`,
     // A real model's checkpoint names its base (base_checkpoint), which picks the engine; a preset's, its preset.
-    load: () => createFolderPolicy(engineFor, s.checkpointDir, { policyId: `policy-${s.id}`, owner: s.owner, version: s.checkpointId, limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes } }),
+    load: () => createFolderPolicy(engineFor, s.checkpointDir, { policyId: `policy-${s.id}`, owner: s.owner, version: s.checkpointId, limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes }, zstdDictionaries: deps.zstdDictionaries }),
     alive: () => sampling.has(id),
   };
 }
@@ -131,9 +133,10 @@ function jsonFrames(obs: Record<string, unknown>): void {
 /**
  * Run one observation (a decoded body: `seed` optional, the rest OpenPI's keys) on a target's
  * policy and answer it in `format`: `{"actions", "cold_start", "load_seconds", "infer_ms",
- * "weights_version", "model", "seed"}`. @throws HttpError / ProtocolError for bad input.
+ * "weights_version", "model", "seed"}`, and with `opts.tokens` (the sidecar's infer/query)
+ * `input_tokens` (PolicyAnswer.promptTokens) and `output_tokens` (PolicyAnswer.actionTokens). @throws HttpError / ProtocolError for bad input.
  */
-export async function answerInfer(deps: InferenceDeps, r: Req, t: Target, value: Record<string, unknown>, format: Format): Promise<void> {
+export async function answerInfer(deps: InferenceDeps, r: Req, t: Target, value: Record<string, unknown>, format: Format, opts: { tokens?: boolean } = {}): Promise<void> {
   const obs = { ...value };
   const seed = obs.seed ?? randomSeed();
   delete obs.seed;
@@ -148,6 +151,8 @@ export async function answerInfer(deps: InferenceDeps, r: Req, t: Target, value:
   sendAs(r, format, 200, {
     actions: a.actions, cold_start: got.coldStart, load_seconds: got.loadSeconds, infer_ms: performance.now() - t0,
     weights_version: got.policy.weightsVersion(), model: got.policy.meta.preset, seed,
+    // The sidecar's infer/query (its document's answer has them): the prompt's tokens as the model read them, and the chunk's action tokens.
+    ...(opts.tokens ? { input_tokens: a.promptTokens, output_tokens: a.actionTokens } : {}),
   });
 }
 

@@ -147,12 +147,12 @@ export async function datasetMisfit(meta: Dataset['meta'], name: string, shape: 
  * it downloaded) and `vela finetune` call it before anything loads.
  * @throws HttpError 507 with the one-line estimate and fix.
  */
-export async function planFineTune(cfg: FineTuneConfig, baseDir: string, opts: { weightsLoaded?: boolean; maxMemory?: string; capName?: string } = {}): Promise<void> {
+export async function planFineTune(cfg: FineTuneConfig, baseDir: string, opts: { weightsLoaded?: boolean | (() => boolean); maxMemory?: string; capName?: string } = {}): Promise<void> {
   const finetune = cfg.finetune === 'full' ? 'full' : 'lora';
   await planOrRefuse(
     await realConfigOf(baseDir),
     { use: finetune, batch: cfg.batch_size, cameras: Math.min(3, cfg.cameras?.length || 3), loraRank: cfg.lora_rank, loraActionRank: cfg.lora_action_rank ?? cfg.lora_rank, loraTargets: cfg.targets },
-    { weights: !opts.weightsLoaded, tenant: true, pass: true },
+    { weights: () => !(typeof opts.weightsLoaded === 'function' ? opts.weightsLoaded() : opts.weightsLoaded), tenant: true, pass: true },
     `a ${finetune === 'full' ? 'full' : 'LoRA'} fine-tune of ${cfg.model} (${cfg.base}) at batch_size ${cfg.batch_size}`,
     opts.maxMemory,
     opts.capName,

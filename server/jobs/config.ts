@@ -61,7 +61,8 @@ export interface FineTuneConfig {
 export const JOB_ADAMW: Omit<AdamWOptions, 'learningRate'> = { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 1e-10, gradClipNorm: 1 };
 
 const TARGETS = ['attn', 'mlp', 'action_expert', 'prefix_expert', 'all'];
-const FIELDS = [
+/** The fields of a fine-tune request (PROTOCOL.md section 1); the sidecar's job_start takes them too. */
+export const FIELDS = [
   'model', 'base', 'dataset_name', 'batch_size', 'learning_rate', 'steps', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed',
   'eval_every', 'checkpoint_every', 'eval_fraction', 'eval_episodes', 'eval_dataset', 'eval_stride', 'warmup_steps', 'lr_floor', 'adam_eps', 'weight_decay', 'ema_decay', 'augment', 'time_sampling', 'rtc_max_delay',
 ];
@@ -193,7 +194,10 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
   // A real model's base is a pretrained checkpoint: LoRA by default, as openpi's and Relay's fine-tunes.
   const trainedBase = realModel || (opts.trainedBase ?? false);
   const ds = body.dataset_name;
-  if (typeof ds !== 'string' || ds.length === 0 || ds.length > 512) bad('dataset_name is required: a LeRobot dataset folder under the datasets root, e.g. "lerobot/pusht_image"');
+  const dsRule = 'a LeRobot dataset folder under the datasets root, e.g. "lerobot/pusht_image"';
+  if (ds == null) bad(`dataset_name is required: ${dsRule}`);
+  // Given but wrong is not missing: say what was sent.
+  if (typeof ds !== 'string' || ds.length === 0 || ds.length > 512) badField('dataset_name', `must be ${dsRule} (a string of 1 to 512 characters)`, ds);
   const lr = body.learning_rate ?? RECIPE.learning_rate;
   if (typeof lr !== 'number' || !(lr > 0) || lr > 1) badField('learning_rate', 'must be > 0 and <= 1', lr);
   const finetune = body.finetune ?? defaultFinetune(trainedBase);

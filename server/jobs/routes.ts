@@ -21,6 +21,7 @@ import { checkBaseVariant } from '../models/base-variant.ts';
 import { tokenizerFileFor } from '../models/layout.ts';
 import { resolveBase } from '../models/resolve.ts';
 import { checkBaseAccess } from '../models/access.ts';
+import { memoryLedger } from '../models/memory.ts';
 import { jobModelShape, planFineTune, realEngineModel } from './base.ts';
 import { isHubDatasetId } from './fetch.ts';
 import { isTerminal, jobWorkDir, type JobRunner } from './runner.ts';
@@ -115,7 +116,10 @@ export async function submitFineTune(deps: Pick<JobRoutesDeps, 'store' | 'config
   }
   // Planned, not discovered (a base the job downloads is planned by the runner once it is here).
   if (baseDir) {
-    const plan = () => planFineTune(cfg, baseDir, { weightsLoaded: deps.engineLoaded?.(cfg.engine_model!) ?? false, maxMemory: config.maxMemory });
+    // Asked at the check: an engine may start meanwhile, and a base a session reserved (memoryLedger) is counted there already.
+    const key = cfg.engine_model!;
+    const weightsLoaded = () => (deps.engineLoaded?.(key) ?? false) || memoryLedger.has(`base:${key}`);
+    const plan = () => planFineTune(cfg, baseDir, { weightsLoaded, maxMemory: config.maxMemory });
     await plan().catch(async (e) => {
       // Bases that nothing uses any more are memory to free before refusing.
       if (!(e instanceof HttpError) || e.status !== 507 || !deps.releaseIdle || (await deps.releaseIdle()) === 0) throw e;

@@ -15,13 +15,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { getRepoFolderName } from '@huggingface/hub';
 
-/** `namespace/name` or a bare `name` (the hub's legacy ids, e.g. `gpt2`). */
-export const HUB_REPO_ID = /^[A-Za-z0-9][\w.-]*(\/[A-Za-z0-9][\w.-]*)?$/;
-
-/** True when `id` is a well-formed Hub repository id (no `..`, no third segment). */
-export function isHubRepoId(id: string): boolean {
-  return HUB_REPO_ID.test(id) && !id.includes('..') && !id.endsWith('.');
-}
+export { isHubRepoId } from '../hub/client.ts';
 
 /** The hub cache folder for `env` (see the module comment). */
 export function hubCacheDir(env: NodeJS.ProcessEnv = process.env): string {

@@ -1,17 +1,14 @@
 /**
- * The hub's refusals as ModelErrors. @huggingface/hub's HubApiError keeps the status and the
- * JSON body but not X-Error-Code / X-Error-Message, which is how the hub tells a gated repository
- * from a private or missing one; download.ts's fetch wrapper keeps them (a Refusal) for this.
+ * The hub's refusals as ModelErrors (download.ts's Voice). @huggingface/hub's HubApiError keeps
+ * the status and the JSON body but not X-Error-Code / X-Error-Message, which is how the hub tells
+ * a gated repository from a private or missing one; the Hub client's fetch wrapper
+ * (server/hub/client.ts) keeps them (a Refusal) for this.
  */
 import { HubApiError } from '@huggingface/hub';
+import type { Refusal } from '../hub/client.ts';
 import { ModelError } from './errors.ts';
 
-/** The last answer the hub refused, with the headers HubApiError drops. */
-export interface Refusal {
-  status: number;
-  errorCode: string | null;
-  errorMessage: string | null;
-}
+export type { Refusal } from '../hub/client.ts';
 
 /** The hub's refusal as a ModelError, told apart by status and X-Error-Code. */
 export function toModelError(e: unknown, refusal: Refusal | null, c: { repoId: string; revision: string; endpoint: string; token: string | undefined; what: string }): ModelError {

@@ -52,6 +52,9 @@ export interface AvailableMemory {
   source: string;
   /** The name of the cap an operator can raise (the option's flag or VELA_MAX_MEMORY). */
   capName: string;
+  /** Bytes reserved by admitted loads that do not hold them yet (MemoryLedger.less; `bytes` is net of them), and how many loads. */
+  reservedBytes?: number;
+  reservedBy?: number;
 }
 
 export interface AvailableOptions {
@@ -142,6 +145,7 @@ const PART_NAMES: Record<keyof MemoryEstimate['parts'], string> = {
  *   parts, what is available and from where, and the fixes that apply: LoRA instead of a full
  *   fine-tune (when trainable is the base's size), a lower batch_size (when activations are a
  *   large part and `opts.batch` is not already 1), a machine with >= N GB, a higher cap (when the cap is what limits).
+ *   What admitted loads reserve (available.reservedBytes) is named beside the RSS.
  */
 export function checkFits(estimate: MemoryEstimate, available: AvailableMemory, what: string, opts: { batch?: number; use?: 'serve' | 'lora' | 'full' } = {}): string | null {
   if (estimate.totalBytes <= available.bytes) return null;
@@ -152,12 +156,99 @@ export function checkFits(estimate: MemoryEstimate, available: AvailableMemory, 
   // A full fine-tune's trainable copy is the base's size; with the base already loaded `weights` is 0 here, so `use` says it.
   if (opts.use ? opts.use === 'full' : trainable >= 0.5 * weights) fixes.push('use LoRA (the default) instead of a full fine-tune');
   if (activations >= 0.25 * estimate.totalBytes && (opts.batch ?? 2) > 1) fixes.push('lower batch_size');
-  const needMachine = estimate.totalBytes + available.rssBytes;
+  const needMachine = estimate.totalBytes + available.rssBytes + (available.reservedBytes ?? 0);
   fixes.push(`free memory or run on a machine with >= ${Math.ceil(needMachine / 1e9)} GB`);
   if (available.source === available.capName) fixes.push(`raise ${available.capName} (now ${bytesHuman(available.limitBytes)})`);
   const others = available.machineAvailableBytes < available.limitBytes - available.rssBytes ? `; other processes hold the rest of the machine` : '';
+  const n = available.reservedBy ?? 0;
+  const reserved = available.reservedBytes ? ` and ${bytesHuman(available.reservedBytes)} reserved by ${n} pending request${n === 1 ? '' : 's'}` : '';
   return (
     `${what} needs about ${bytesHuman(estimate.totalBytes)} (${biggest}); ` +
-    `${bytesHuman(available.bytes)} is available (${available.source} ${bytesHuman(available.limitBytes)} less ${bytesHuman(available.rssBytes)} in use${others}): ${fixes.join(', or ')}`
+    `${bytesHuman(available.bytes)} is available (${available.source} ${bytesHuman(available.limitBytes)} less ${bytesHuman(available.rssBytes)} in use${reserved}${others}): ${fixes.join(', or ')}`
   );
 }
+
+/** One pending reservation: bytes planned for a load that does not hold them yet. */
+interface Reservation {
+  bytes: number;
+  /** The engine key whose base the load goes to (sessions.ts keeps such an engine open meanwhile). */
+  engine: string | null;
+  /** Which admission made it (one request may reserve a base and its own state): messages count requests. */
+  admission: number;
+}
+
+/**
+ * The bytes that admitted loads will hold but do not hold yet (issue 32 item 9). A plan is
+ * checked against the limit less the RSS, and the RSS only grows once the engine worker has
+ * allocated the load's tensors, an await or more after the check: four sessions asked for at once
+ * each saw the same RSS and were all admitted. So the check and the reservation happen in one
+ * synchronous step (admit), every later check subtracts what is reserved, and the reservation
+ * is released once the tensors are held (the RSS counts them from then on) or the load fails or
+ * is closed. One ledger per process, as the memory it plans is.
+ *
+ * Owners are strings, one reservation each: `session:<id>` (a session's own tensors),
+ * `base:<engine key>` (a real base's weights, until its engine has loaded them or failed).
+ */
+export class MemoryLedger {
+  private held = new Map<string, Reservation>();
+  private admissions = 0;
+
+  /** Bytes reserved in all. */
+  get reservedBytes(): number {
+    let n = 0;
+    for (const r of this.held.values()) n += r.bytes;
+    return n;
+  }
+
+  /** How many admitted requests have bytes reserved still. */
+  get pending(): number {
+    return new Set([...this.held.values()].map((r) => r.admission)).size;
+  }
+
+  /** Whether `owner` holds a reservation. */
+  has(owner: string): boolean {
+    return this.held.has(owner);
+  }
+
+  /** Whether a pending reservation is for a load on engine `key` (its engine must not be closed as idle). */
+  pendingOn(key: string): boolean {
+    for (const r of this.held.values()) if (r.engine === key) return true;
+    return false;
+  }
+
+  /**
+   * `available` less what is reserved now, with the reservation named for messages (checkFits).
+   * Synchronous: call it in the same step as the check that uses it (admit does).
+   */
+  less(available: AvailableMemory): AvailableMemory {
+    const reserved = this.reservedBytes;
+    return { ...available, bytes: Math.max(0, available.bytes - reserved), reservedBytes: reserved, reservedBy: this.pending };
+  }
+
+  /**
+   * Checks `estimate` against `available` less what is reserved and, when it fits, reserves its
+   * bytes in the same synchronous step, so no other check runs between them: `parts` splits the
+   * bytes among owners (`{ 'base:K': weights, 'session:S': rest }`; zero-byte parts take nothing).
+   * @returns checkFits's refusal line (nothing reserved), or null (reserved; release each owner later).
+   * @throws Error when an owner already holds a reservation (a bug: it would be released once for two loads).
+   */
+  admit(estimate: MemoryEstimate, available: AvailableMemory, what: string, parts: Record<string, number>, opts: { batch?: number; use?: 'serve' | 'lora' | 'full'; engine?: string } = {}): string | null {
+    const why = checkFits(estimate, this.less(available), what, opts);
+    if (why) return why;
+    const taking = Object.entries(parts).filter(([, bytes]) => bytes > 0);
+    for (const [owner] of taking) if (this.held.has(owner)) throw new Error(`memory reservation ${owner} is taken`);
+    const admission = ++this.admissions;
+    for (const [owner, bytes] of taking) this.held.set(owner, { bytes, engine: opts.engine ?? null, admission });
+    return null;
+  }
+
+  /** Releases `owner`'s reservation (idempotent). @returns the bytes released (0 when none was held). */
+  release(owner: string): number {
+    const r = this.held.get(owner);
+    this.held.delete(owner);
+    return r?.bytes ?? 0;
+  }
+}
+
+/** This process's ledger: the server's session creation reserves in it, every plan counts it. */
+export const memoryLedger = new MemoryLedger();

@@ -7,7 +7,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { CheckpointError } from '../../kernels/safetensors.ts';
-import type { DownloadProgress } from '../hub/download.ts';
+import type { DownloadProgress } from '../hub/client.ts';
 import { downloadModel } from './download.ts';
 import { ModelError } from './errors.ts';
 import { cachedSnapshot, hubCacheDir, isHubRepoId, modelRepoFolder } from './hf-cache.ts';

@@ -15,6 +15,7 @@ import { REAL_MODELS, type RealModel } from '../models/bases.ts';
 import { baseServing, classifyFolder, OPENPI_CAMERAS, type ServedFolder } from './checkpoint.ts';
 import { DEFAULT_RTC_SETTINGS, RTC_QUERY_KEYS, rtcSettings, type RtcSettings } from './rtc.ts';
 import { DEFAULT_WS_CAPS, type WsCaps } from '../ws-admission.ts';
+import { loadDictionaryFiles, MAX_EXTRA_DICTIONARIES } from '../../protocol/zstd.ts';
 
 const HELP = 'vela policy --help';
 
@@ -61,6 +62,12 @@ Options:
   --metrics-public      answer GET /metrics without the --api-key (also VELA_METRICS_PUBLIC=1)
   --backend B           ${BACKEND_CHOICES.join(' | ')} (default auto; also VELA_BACKEND)
   --max-message-bytes N largest observation message (default ${DEFAULT_POLICY_LIMITS.maxMessageBytes})
+  --zstd-dict FILE[,FILE]
+                        more zstd dictionaries for observations, beside Vela's own (still the
+                        one GET /v1/observation.zdict serves): trained dictionary files such
+                        as Relay's observation.zdict; each frame is decoded with the one whose
+                        id its header names. Repeatable; at most ${MAX_EXTRA_DICTIONARIES} files of at most
+                        1 MiB (also VELA_ZSTD_DICT, comma-separated)
   --log-level L         ${LOG_LEVELS.join(' | ')} (default info)
   --max-ws-connections-per-key N
                         open connections per API key, or per remote address without
@@ -107,6 +114,8 @@ interface Parsed {
   logLevel: string;
   /** Real-time chunking defaults (server/policy/rtc.ts). */
   rtc: RtcSettings;
+  /** --zstd-dict / VELA_ZSTD_DICT: the operator's dictionary files (read by policyCommand). */
+  zstdDicts: string[];
 }
 
 /** `vela policy`'s RTC flags and the query parameter each stands for. */
@@ -116,7 +125,7 @@ const SPEC: FlagSpec = {
   '--port': 'value', '--host': 'value', '--seed': 'value', '--debug': 'switch', '--batch-window-ms': 'value', '--max-batch': 'value',
   '--api-key': 'value', '--metrics-public': 'switch', '--backend': 'value', '--max-message-bytes': 'value', '--log-level': 'value',
   '--max-ws-connections-per-key': 'value', '--max-ws-connections': 'value', '--max-ws-buffered-bytes-per-key': 'value', '--max-ws-buffered-bytes': 'value',
-  '--checkpoint': 'value', '--base': 'value', '--model': 'value', '--cameras': 'value',
+  '--checkpoint': 'value', '--base': 'value', '--model': 'value', '--cameras': 'value', '--zstd-dict': 'value',
   ...Object.fromEntries(Object.keys(RTC_FLAGS).map((f) => [f, 'value' as const])),
 };
 
@@ -128,6 +137,11 @@ function rtcLine(rtc: Record<string, unknown>): string {
 }
 
 
+/** A comma-separated list, blanks dropped. */
+function listOf(text: string): string[] {
+  return text.split(',').map((v) => v.trim()).filter((v) => v !== '');
+}
+
 /**
  * Parses the arguments.
  * @throws UsageError naming the flag and the value as typed (`--port abc: must be an integer in 0..65535`).
@@ -138,7 +152,9 @@ export function parsePolicyArgs(argv: string[], env: NodeJS.ProcessEnv = process
     apiKey: env.VELA_API_KEY || null, metricsPublic: /^(1|true|yes|on)$/i.test(env.VELA_METRICS_PUBLIC ?? ''), backend: env.VELA_BACKEND || 'auto', maxMessageBytes: DEFAULT_POLICY_LIMITS.maxMessageBytes, logLevel: 'info',
     wsCaps: { ...DEFAULT_WS_CAPS },
     rtc: { ...DEFAULT_RTC_SETTINGS },
+    zstdDicts: listOf(env.VELA_ZSTD_DICT ?? ''),
   };
+  let dictFlags = false; // the first --zstd-dict replaces VELA_ZSTD_DICT, later ones add to it
   const { flags, positional } = splitArgs(argv, SPEC, HELP);
   for (const f of flags) {
     switch (f.flag) {
@@ -160,6 +176,13 @@ export function parsePolicyArgs(argv: string[], env: NodeJS.ProcessEnv = process
       case '--checkpoint': out.checkpoint = f.value; break;
       case '--base': out.base = f.value; break;
       case '--model': out.model = choiceArg(f, REAL_MODELS); break;
+      case '--zstd-dict': {
+        const files = listOf(f.value);
+        if (files.length === 0) throw badValue(f, 'must name a dictionary file (or several, comma-separated)');
+        out.zstdDicts = dictFlags ? [...out.zstdDicts, ...files] : files;
+        dictFlags = true;
+        break;
+      }
       case '--cameras': {
         const names = f.value.split(',').map((c) => c.trim());
         if (names.length > 3 || names.some((c) => !/^[A-Za-z0-9_.-]{1,64}$/.test(c)) || new Set(names).size !== names.length) {
@@ -255,6 +278,10 @@ export async function policyCommand(argv: string[]): Promise<void> {
   if (argv.includes('--help') || argv.includes('-h')) return void process.stdout.write(POLICY_USAGE);
   const args = parsePolicyArgs(argv);
   log.setLevel(args.logLevel);
+  // Read (and tried) first: a bad --zstd-dict is one line now, not a 1011 at a robot's first observation.
+  const zstdDictionaries = await loadDictionaryFiles(args.zstdDicts).catch((e: Error) => {
+    throw new UsageError(`--zstd-dict: ${e.message} (see ${HELP})`);
+  });
   const target = await resolvePolicyTarget(args);
   if (target.baseDir) {
     // The real model's prompts need PaliGemma's tokenizer: refused now, before a 14 GB load.
@@ -279,6 +306,7 @@ export async function policyCommand(argv: string[]): Promise<void> {
     server = await startPolicyServer({
       engine, ...served, policyId: 'policy', seed: args.seed, debug: args.debug, batchWindowMs: args.batchWindowMs,
       maxBatch: args.maxBatch, apiKey: args.apiKey, metricsPublic: args.metricsPublic, limits: { maxMessageBytes: args.maxMessageBytes }, host: args.host, port: args.port, rtc: args.rtc, wsCaps: args.wsCaps,
+      zstdDictionaries,
     });
   } catch (e) {
     await engine.close();

@@ -53,12 +53,13 @@ function bad(message: string): ProtocolError {
 
 /**
  * A message's bytes to a plain tree (ndarrays as NDArray): zstd frames (magic 28 B5 2F FD) are
- * decompressed first, with the server's dictionary when the frame names it. Synchronous, so it
+ * decompressed first, with the one of `dict` (the server's dictionary, then the operator's
+ * `--zstd-dict` ones) whose id the frame names. Synchronous, so it
  * runs while the websocket's buffer is alive; everything kept is a copy.
  * @throws ProtocolError `bad_zstd`, `too_large`, `dictionary_mismatch`, `bad_msgpack`,
  *   `bad_request` (not a map), or as `unpackNumpy`.
  */
-export function decodeMessage(bytes: Uint8Array, dict: Uint8Array, maxDecompressedBytes: number): Record<string, unknown> {
+export function decodeMessage(bytes: Uint8Array, dict: Uint8Array | readonly Uint8Array[], maxDecompressedBytes: number): Record<string, unknown> {
   const plain = isZstdFrame(bytes) ? zstdDecompress(bytes, { dict, maxBytes: maxDecompressedBytes }) : bytes;
   const tree = unpackNumpy(plain);
   if (tree === null || typeof tree !== 'object' || Array.isArray(tree) || tree instanceof NDArray || Buffer.isBuffer(tree)) {

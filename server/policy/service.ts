@@ -15,7 +15,7 @@
 import { performance } from 'node:perf_hooks';
 import { ndarray, type NDArray } from '../../protocol/ndarray.ts';
 import { dictionaryId, initZstd, loadObservationDictionary } from '../../protocol/zstd.ts';
-import { batchBuffers, makeBatch } from '../../kernels/small/batch.ts';
+import { batchBuffers, makeBatch, tokenizePrompt } from '../../kernels/small/batch.ts';
 import type { EngineLike } from '../engine/host.ts';
 import { HttpError } from '../http.ts';
 import { outOfRange } from '../../kernels/norm-range.ts';
@@ -71,6 +71,12 @@ export interface PolicyServerOptions {
   limits?: Partial<PolicyLimits>;
   /** Real-time chunking defaults for this policy's connections (server/policy/rtc.ts; each may override them by query). */
   rtc?: Partial<RtcSettings>;
+  /**
+   * The operator's zstd dictionaries (`--zstd-dict`, read by protocol/zstd.ts loadDictionaryFiles),
+   * accepted beside the project's own: each observation frame is decoded with the one whose id
+   * its header names.
+   */
+  zstdDictionaries?: readonly Uint8Array[];
 }
 
 /** A served request's answer, before encoding. */
@@ -88,6 +94,14 @@ export interface PolicyAnswer {
   robotActions: Float32Array;
   /** The RTC plan the chunk was sampled with (its mode off, with the reason, when it could not be); null without RTC keys. */
   rtc: RtcPlan | null;
+  /**
+   * The prompt's tokens as the model read them (its token mask's ones, padding not counted): the
+   * real pi0 / pi0.5's PaliGemma ids with BOS (pi0.5's prompt with its state bins and "Action: "),
+   * a small preset's UTF-8 bytes cut at max_token_len.
+   */
+  promptTokens: number;
+  /** The action tokens the model's action expert output: one per step of its chunk, the model's horizon H (>= action_horizon, which the answer keeps). */
+  actionTokens: number;
 }
 
 /** One datum's real-time chunking input, in the model's space ([H * A] each; kernels/rtc.ts ChunkPrefix). */
@@ -126,6 +140,8 @@ export interface PolicyServer {
   readonly rtc: Readonly<RtcSettings>;
   /** The zstd dictionary served at GET /v1/observation.zdict. */
   readonly dictionary: Uint8Array;
+  /** Every dictionary an observation frame may be made with: `dictionary` first, then the operator's (`--zstd-dict`). */
+  readonly dictionaries: readonly Uint8Array[];
   /** The handshake map sent first on every connection; `rtc`: that connection's RTC settings (default: the policy's). */
   metadata(rtc?: Readonly<RtcSettings>): Record<string, unknown>;
   /**
@@ -341,6 +357,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   );
   const dictionary = loadObservationDictionary();
   const dictId = dictionaryId(dictionary);
+  const dictionaries = [dictionary, ...(opts.zstdDictionaries ?? [])];
   const weightsVersion = () => (isLive ? liveStep : current.label);
   let swapChain: Promise<unknown> = Promise.resolve();
   // Its series (labelled policy=<policyId>) live until it is closed or unloaded.
@@ -356,6 +373,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     apiKey: opts.apiKey ?? null,
     rtc,
     dictionary,
+    dictionaries,
     counters,
     isLive,
     weightsVersion,
@@ -382,6 +400,8 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         image_codecs: ['RAW', 'LOSSLESS', 'PNG', 'JPEG', 'CODEC_JPEG_Q<N>'],
         zstd_dictionary_id: dictId,
         zstd_dictionary_path: '/v1/observation.zdict',
+        // Every id a frame may name: the served dictionary's, then the operator's (--zstd-dict, e.g. Relay's observation.zdict).
+        zstd_dictionary_ids: dictionaries.map(dictionaryId),
         max_message_bytes: limits.maxMessageBytes,
         max_batch: batcher.maxBatch,
         seeded: opts.seed !== undefined && opts.seed !== null,
@@ -404,7 +424,9 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         const datum = await toDatum(parsed, v.meta, limits);
         // A real model's prompt over its token limit (ShapeError too_large) is refused for this
         // request alone, here, not in makeBatch where it would fail every robot batched with it.
-        v.meta.model.encodePrompt?.(datum.prompt, datum.state);
+        const prompt = v.meta.model.encodePrompt?.(datum.prompt, datum.state) ?? tokenizePrompt(v.meta.model, datum.prompt, limits.maxPromptBytes);
+        let promptTokens = 0;
+        for (let i = 0; i < prompt.mask.length; i++) promptTokens += prompt.mask[i] ? 1 : 0;
         let plan = rtcPlan ?? null;
         // Weights swapped in since the previous chunk may answer another shape: that chunk cannot be continued.
         // (compared by shape: 16 x 26 and 13 x 32 have the same size, and the old chunk would be read as the new shape).
@@ -416,6 +438,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         const actions = toRobotActions(r.row, v.meta, parsed.state);
         return { actions: ndarray(actions, [v.meta.actionHorizon, v.meta.actionDim]), policyInferMs: r.inferMs, batchSize: r.batchSize, submittedMs, queueMs: r.queueMs,
           outOfRange: report && norm ? { report, stats: norm.stats.state, stateNames: v.meta.stateNames } : null, robotActions: actions, rtc: plan,
+          promptTokens, actionTokens: v.meta.model.horizon,
         };
       } finally {
         v.refs--;

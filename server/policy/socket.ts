@@ -240,7 +240,7 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
       let obs: Record<string, unknown>;
       try {
         // The ArrayBuffer dies when this callback returns: decoding copies everything it keeps.
-        obs = decodeMessage(new Uint8Array(message), conn.policy.dictionary, limits.maxDecompressedBytes);
+        obs = decodeMessage(new Uint8Array(message), conn.policy.dictionaries, limits.maxDecompressedBytes);
       } catch (err) {
         return fail(conn, err);
       }

@@ -10,7 +10,9 @@
  *   `num_train_steps` (default 100) is the job's `steps`; `model_size` (default flow05-tiny) is
  *   `pi0` / `pi05` (the real models, with Vela's `base`) or a Vela preset (the document's
  *   4b / 12b / 31b are not: a 400 lists them). Vela's other
- *   fine-tune fields (batch_size, learning_rate, ...) are taken too. Answers the TrainingJob.
+ *   fine-tune fields (every one of section 1's: batch_size, learning_rate, eval_fraction,
+ *   warmup_steps, ema_decay, ...) are taken too, checked as POST /v1/fine-tunes checks them.
+ *   Answers the TrainingJob.
  * - `GET /training/job_progress?job_id=`: `{"progress": [events]}` (sidecar/events.ts).
  * - `GET /training/job_events?job_id=&from=`: the same as Server-Sent Events, `: keepalive`
  *   while idle, ending after the final status or after 5 minutes; while idle, a watchdog every
@@ -19,7 +21,9 @@
  * - `GET /models/file?model_path=trained/<job id>&file=`: one file of a completed job's weights.
  * - `POST /infer/query`: `model_path` + one observation (OpenPI's keys): the job's policy
  *   (inference/routes.ts answerInfer); `max_tokens` and `temperature` have no meaning for a
- *   policy and are ignored.
+ *   policy and are ignored. The answer has the document's `input_tokens` (the prompt's tokens
+ *   as the model read them) and `output_tokens` (the action expert's tokens: one per step of
+ *   the model's chunk, its horizon).
  * - `POST /evals/add_to_dataset` `{prompt, response, notes?}`, `GET /evals/get_dataset_count`:
  *   the key's `eval_dataset.jsonl` under `<data>/evals/<key id>/` (evals.ts).
  */
@@ -36,7 +40,7 @@ import { archiveTemp, checkUploadable, installArchive, takeUploadSlot } from '..
 import { datasetDirFor } from '../datasets/owned.ts';
 import { checkDatasetName, type InstallResult } from '../datasets/upload.ts';
 import { jobOutputFile, listFiles, relativeSegments, submitFineTune } from '../jobs/routes.ts';
-import { FieldError, parseFineTuneConfig } from '../jobs/config.ts';
+import { FieldError, FIELDS, parseFineTuneConfig } from '../jobs/config.ts';
 import { readBody } from '../futures/codec.ts';
 import { answerInfer, targetOf } from '../inference/routes.ts';
 import type { JobEvent, JobRow } from '../store.ts';
@@ -48,7 +52,8 @@ import { splitDatasetContent } from './content.ts';
 
 /** Bytes of job_start's body besides dataset_content (which is limited by --max-dataset-bytes, decoded). */
 const JOB_START_FIELDS_BYTES = 1024 * 1024;
-const VELA_FIELDS = ['base', 'batch_size', 'learning_rate', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed', 'eval_every', 'checkpoint_every'];
+/** Vela's fine-tune fields that job_start takes under their own names: all of section 1's but the three it names its way (SIDECAR_NAMES). */
+const VELA_FIELDS = FIELDS.filter((k) => !['model', 'dataset_name', 'steps'].includes(k));
 const JOB_ID = /^ft-[a-z0-9]{1,64}$/;
 /** Vela's config fields under the names job_start gives them, for its errors. */
 const SIDECAR_NAMES: Record<string, string> = { steps: 'num_train_steps', model: 'model_size', dataset_name: 'dataset' };
@@ -178,7 +183,7 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
     const job = (await store.getJob(m[1]!))!;
     // A job stored before issue 23 holds the old name; both sides compare as the preset they name.
     if (size !== undefined && (typeof size !== 'string' || storedPreset(size) !== storedPreset(String(job.config.model)))) throw new HttpError(400, `model_size ${JSON.stringify(size)} is not the size ${m[1]} was trained for (${job.config.model})`);
-    await answerInfer(deps.inference, r, t, obs, body.format);
+    await answerInfer(deps.inference, r, t, obs, body.format, { tokens: true });
   }));
 
   mountEvals(app, deps);
