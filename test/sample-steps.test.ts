@@ -5,13 +5,15 @@
  * 1, 2, 4, 8 or 16) and every other one samples eagerly with the same answer; the engine's graph
  * counters in GET /metrics say what it traced and holds. A sample whose estimate
  * (kernels/small/memory.ts) exceeds what --max-memory leaves is refused with insufficient_memory
- * and the estimate in one line, and the server answers the next request as before.
+ * and the estimate in one line (the session websocket and the futures API alike), and the server
+answers the next request as before.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient, VelaError, type Datum } from '../protocol/client.ts';
 import { makeConfig } from '../kernels/small/config.ts';
 import { estimateSampleMemory } from '../kernels/small/memory.ts';
 import { parseExposition } from './helpers/prom.ts';
+import { FutureError, FuturesClient } from './helpers/futures-client.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 import { syntheticDatum } from './helpers/synthetic.ts';
 import { NATIVE_PRESENT, TEST_BACKENDS } from './helpers/tf.ts';
@@ -58,6 +60,8 @@ describe.runIf(NATIVE_PRESENT && TEST_BACKENDS[0] === 'node')('a session sample:
   let counters: { traced: number; cached: number; bytes: number };
   let refusal: VelaError | null = null;
   let after: Float32Array;
+  let futuresRefusal: FutureError | null = null;
+  let futuresAfter: Float32Array;
   // 1 camera (syntheticDatum's cam_high): a batch of 256 at any num_steps needs ~1.2 GB.
   const huge = estimateSampleMemory(makeConfig('flow0-tiny'), 256, 1).totalBytes;
   const small = estimateSampleMemory(makeConfig('flow0-tiny'), 3, 1).totalBytes;
@@ -77,6 +81,15 @@ describe.runIf(NATIVE_PRESENT && TEST_BACKENDS[0] === 'node')('a session sample:
       refusal = e as VelaError;
     }
     after = (await conn.sample(datums(2), { num_steps: 37, seed: 7 })).actions.data as Float32Array;
+    // The futures API's sample: the same plan, a failed future with the same code.
+    const futures = new FuturesClient(a.baseUrl, a.apiKey);
+    const { model_id } = await futures.createModel({ base_model: 'flow0-tiny', seed: 3 });
+    try {
+      await futures.run('sample', { model_id, data: datums(256), codec: 'RAW', num_steps: 1000, seed: 7 });
+    } catch (e) {
+      futuresRefusal = e as FutureError;
+    }
+    futuresAfter = (await futures.run('sample', { model_id, data: datums(2), codec: 'RAW', num_steps: 37, seed: 7 })).actions.data as Float32Array;
     counters = await graphCounters(a);
     await a.close();
     servers.pop();
@@ -122,5 +135,11 @@ describe.runIf(NATIVE_PRESENT && TEST_BACKENDS[0] === 'node')('a session sample:
     expect(refusal!.message).toMatch(/lower batch_size, or .*raise --max-memory/);
     expect(refusal!.message).not.toContain('\n');
     expect(relDiff(after, graphs[1]!)).toBe(0);
+    // The futures API: the future fails with the same line and code, the user's to fix.
+    expect(futuresRefusal).toBeInstanceOf(FutureError);
+    expect(futuresRefusal!.category).toBe('user');
+    expect(futuresRefusal!.body.code).toBe('insufficient_memory');
+    expect(futuresRefusal!.message).toContain(`sample of 256 datum(s) with 1 camera(s) on flow0-tiny needs about ${(huge / 1e9).toFixed(1)} GB`);
+    expect(relDiff(futuresAfter, graphs[1]!)).toBe(0);
   });
 });
