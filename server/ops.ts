@@ -17,7 +17,7 @@ import { HttpError } from './http.ts';
 import { planOrRefuse } from './models/plan.ts';
 import { availableMemory, checkFits, memoryLedger } from './models/memory.ts';
 import { makeConfig } from '../kernels/small/config.ts';
-import { estimateSampleMemory } from '../kernels/small/memory.ts';
+import { estimatePassMemory, estimateSampleMemory } from '../kernels/small/memory.ts';
 import { recordSessionOp, recordSessionRequestRefused } from './metrics/training.ts';
 import type { LiveSession } from './sessions.ts';
 
@@ -142,16 +142,16 @@ export function runOp(live: LiveSession, req: SessionRequest, server: ServerConf
 /**
  * A real model's pass is planned before it runs (server/models/plan.ts): its activations, for
  * this batch and these cameras, against what the process may still use (the base and the
- * session's own tensors are resident already). A preset's sample is planned too
- * (kernels/small/memory.ts: the prefix pass of up to --max-batch datums reaches GBs on
- * flow0-small; num_steps costs time, not memory, the sampler being eager past the few layouts
- * with graphs); the presets' training passes are not.
+ * session's own tensors are resident already). A preset's passes are planned too
+ * (kernels/small/memory.ts: up to --max-batch datums reach GBs, flow0-small's forward_backward
+ * ~0.6 GB per datum; a sample's num_steps costs time, not memory, the sampler being eager past
+ * the few layouts with graphs).
  * @throws EngineError('insufficient_memory') with the one-line estimate and fix; the session goes on.
  */
 async function planPass(live: LiveSession, op: string, batch: ModelBatch, server: ServerConfig): Promise<void> {
   const real = live.layout?.real;
   if (!real) {
-    if (op === 'sample' && live.engine?.info.family === 'small') await planPresetSample(live, batch, server);
+    if (live.engine?.info.family === 'small') await planPresetPass(live, op, batch, server);
     return;
   }
   // The engine computes the camera slots that any datum fills (kernels/pi/batch.ts drops the rest).
@@ -181,16 +181,16 @@ function filledSlots(batch: ModelBatch): number {
 }
 
 /**
- * A preset's sample against what the process may still use (planPass).
+ * A preset's sample, forward_backward or forward against what the process may still use (planPass).
  * @throws EngineError('insufficient_memory') with checkFits's one line.
  */
-async function planPresetSample(live: LiveSession, batch: ModelBatch, server: ServerConfig): Promise<void> {
+async function planPresetPass(live: LiveSession, op: string, batch: ModelBatch, server: ServerConfig): Promise<void> {
   const c = makeConfig(live.engine!.info.preset);
   const cameras = Math.min(c.slots, filledSlots(batch));
-  const estimate = estimateSampleMemory(c, batch.size, cameras);
+  const estimate = op === 'sample' ? estimateSampleMemory(c, batch.size, cameras) : estimatePassMemory(c, batch.size, cameras);
   // As a real model's pass: counts what admitted loads have reserved, reserves nothing itself.
   const available = memoryLedger.less(await availableMemory({ maxMemory: server.maxMemory, capName: '--max-memory' }));
-  const why = checkFits(estimate, available, `sample of ${batch.size} datum(s) with ${cameras} camera(s) on ${c.preset}`, { batch: batch.size, use: 'serve' });
+  const why = checkFits(estimate, available, `${op} of ${batch.size} datum(s) with ${cameras} camera(s) on ${c.preset}`, { batch: batch.size, use: op === 'sample' ? 'serve' : 'lora' }); // (a preset's tape is the same under LoRA: no "use LoRA" fix)
   if (why) throw new EngineError('insufficient_memory', why);
 }
 

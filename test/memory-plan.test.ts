@@ -18,7 +18,7 @@ import { availableMemory, checkFits, parseBytes, type AvailableMemory } from '..
 import { useBackend, useBestBackend, withGraphs } from './helpers/tf.ts';
 import { makeConfig } from '../kernels/small/config.ts';
 import { fakeBatch } from '../kernels/small/batch.ts';
-import { estimateSampleMemory } from '../kernels/small/memory.ts';
+import { estimatePassMemory, estimateSampleMemory } from '../kernels/small/memory.ts';
 
 const GiB = 2 ** 30;
 
@@ -116,6 +116,30 @@ describe('estimateSampleMemory (small presets) against the measured peak of tens
     }
     // num_steps costs no memory: 40 steps hold what 2 do (within one step's activations, 2%).
     expect(Math.abs(ratios[2]! / ratios[1]! - 1), rows.join('\n')).toBeLessThan(0.02);
+  }, 120_000);
+
+  it('estimatePassMemory is within 0.85x..1.25x of what an eager forward_backward holds above the weights, checkpointed or not', async () => {
+    await useBestBackend();
+    const rows: string[] = [];
+    const ratios: number[] = [];
+    // flow0-tiny checkpoints its prefix from 26 datums (b p w > 500,000), flow05-tiny from 21.
+    for (const [preset, b] of [['flow0-tiny', 2], ['flow0-tiny', 8], ['flow0-tiny', 32], ['flow05-tiny', 4], ['flow05-tiny', 24]] as const) {
+      const c = makeConfig(preset);
+      const base = BaseWeights.create(c, 0);
+      const st = new TrainingState(base, { finetune: 'lora', rank: 8, seed: 1 });
+      const bt = fakeBatch(c, b, 3);
+      const before = tf.memory().numBytes;
+      const prof = await withGraphs(false, () => tf.profile(() => void st.forwardBackward(bt)));
+      st.dispose();
+      base.dispose();
+      const est = estimatePassMemory(c, b).totalBytes;
+      ratios.push(est / (prof.peakBytes - before));
+      rows.push(`${preset} b${b}: held ${((prof.peakBytes - before) / 1e6).toFixed(1)} MB, estimate ${(est / 1e6).toFixed(1)} MB`);
+    }
+    for (const r of ratios) {
+      expect(r, rows.join('\n')).toBeGreaterThanOrEqual(0.85);
+      expect(r, rows.join('\n')).toBeLessThanOrEqual(1.25);
+    }
   }, 120_000);
 });
 

@@ -11,7 +11,7 @@ answers the next request as before.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient, VelaError, type Datum } from '../protocol/client.ts';
 import { makeConfig } from '../kernels/small/config.ts';
-import { estimateSampleMemory } from '../kernels/small/memory.ts';
+import { estimatePassMemory, estimateSampleMemory } from '../kernels/small/memory.ts';
 import { parseExposition } from './helpers/prom.ts';
 import { FutureError, FuturesClient } from './helpers/futures-client.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
@@ -61,6 +61,7 @@ describe.runIf(NATIVE_PRESENT && TEST_BACKENDS[0] === 'node')('a session sample:
   let refusal: VelaError | null = null;
   let after: Float32Array;
   let futuresRefusal: FutureError | null = null;
+  let passRefusal: VelaError | null = null;
   let futuresAfter: Float32Array;
   // 1 camera (syntheticDatum's cam_high): a batch of 256 at any num_steps needs ~1.2 GB.
   const huge = estimateSampleMemory(makeConfig('flow0-tiny'), 256, 1).totalBytes;
@@ -79,6 +80,12 @@ describe.runIf(NATIVE_PRESENT && TEST_BACKENDS[0] === 'node')('a session sample:
       await conn.sample(datums(256), { num_steps: 1000, seed: 7 });
     } catch (e) {
       refusal = e as VelaError;
+    }
+    // The batch size of a training pass: planned the same way (kernels/small/memory.ts estimatePassMemory).
+    try {
+      await conn.forwardBackward(datums(256));
+    } catch (e) {
+      passRefusal = e as VelaError;
     }
     after = (await conn.sample(datums(2), { num_steps: 37, seed: 7 })).actions.data as Float32Array;
     // The futures API's sample: the same plan, a failed future with the same code.
@@ -135,6 +142,9 @@ describe.runIf(NATIVE_PRESENT && TEST_BACKENDS[0] === 'node')('a session sample:
     expect(refusal!.message).toMatch(/lower batch_size, or .*raise --max-memory/);
     expect(refusal!.message).not.toContain('\n');
     expect(relDiff(after, graphs[1]!)).toBe(0);
+    expect(passRefusal).toBeInstanceOf(VelaError);
+    expect(passRefusal!.code).toBe('insufficient_memory');
+    expect(passRefusal!.message).toContain(`forward_backward of 256 datum(s) with 1 camera(s) on flow0-tiny needs about ${(estimatePassMemory(makeConfig('flow0-tiny'), 256, 1).totalBytes / 1e9).toFixed(1)} GB`);
     // The futures API: the future fails with the same line and code, the user's to fix.
     expect(futuresRefusal).toBeInstanceOf(FutureError);
     expect(futuresRefusal!.category).toBe('user');
