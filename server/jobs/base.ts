@@ -13,7 +13,10 @@ import { readHubConfig } from '../models/hub-checkpoint.ts';
 import { realModelKey } from '../engine/model-key.ts';
 import { isRealModel } from '../models/bases.ts';
 import { resolveBase } from '../models/resolve.ts';
-import { planOrRefuse, realConfigOf } from '../models/plan.ts';
+import { INSUFFICIENT_MEMORY, planOrRefuse, realConfigOf } from '../models/plan.ts';
+import { availableMemory, checkFits, memoryLedger } from '../models/memory.ts';
+import { estimatePassMemory } from '../../kernels/small/memory.ts';
+import { HttpError } from '../http.ts';
 import type { Dataset } from '../datasets/index.ts';
 import type { FineTuneConfig } from './config.ts';
 
@@ -138,6 +141,20 @@ export async function datasetMisfit(meta: Dataset['meta'], name: string, shape: 
   if (differ(data.stateNames, meta.stateNames)) return `dataset "${name}" names its state dims ${JSON.stringify(meta.stateNames)}; ${which} ${JSON.stringify(data.stateNames)} (${VELA_DATASET_FILE}): ${fix}`;
   if (differ(data.actionNames, meta.actionNames)) return `dataset "${name}" names its action dims ${JSON.stringify(meta.actionNames)}; ${which} ${JSON.stringify(data.actionNames)} (${VELA_DATASET_FILE}): ${fix}`;
   return null;
+}
+
+/**
+ * Memory planning of a fine-tune on a small preset: one step's tape at its batch_size (1 to
+ * 1,024) and cameras (kernels/small/memory.ts estimatePassMemory; flow0-small holds ~0.6 GB per
+ * datum) against what the process may still use (reservations counted, none taken).
+ * @throws HttpError 507 with the one-line estimate and fix.
+ */
+export async function planPresetFineTune(cfg: FineTuneConfig, opts: { maxMemory?: string; capName?: string } = {}): Promise<void> {
+  const c = makeConfig(cfg.model);
+  const estimate = estimatePassMemory(c, cfg.batch_size, Math.min(c.slots, cfg.cameras?.length || c.slots));
+  const available = memoryLedger.less(await availableMemory({ maxMemory: opts.maxMemory, capName: opts.capName ?? '--max-memory' }));
+  const why = checkFits(estimate, available, `a fine-tune of ${c.preset} at batch_size ${cfg.batch_size}`, { batch: cfg.batch_size, use: 'lora' });
+  if (why) throw new HttpError(INSUFFICIENT_MEMORY, why);
 }
 
 /**

@@ -22,7 +22,7 @@ import { tokenizerFileFor } from '../models/layout.ts';
 import { resolveBase } from '../models/resolve.ts';
 import { checkBaseAccess } from '../models/access.ts';
 import { memoryLedger } from '../models/memory.ts';
-import { jobModelShape, planFineTune, realEngineModel } from './base.ts';
+import { jobModelShape, planFineTune, planPresetFineTune, realEngineModel } from './base.ts';
 import { isHubDatasetId } from './fetch.ts';
 import { isTerminal, jobWorkDir, type JobRunner } from './runner.ts';
 
@@ -125,7 +125,7 @@ export async function submitFineTune(deps: Pick<JobRoutesDeps, 'store' | 'config
       if (!(e instanceof HttpError) || e.status !== 507 || !deps.releaseIdle || (await deps.releaseIdle()) === 0) throw e;
       await plan();
     });
-  }
+  } else if (!isRealModel(cfg.model)) await planPresetFineTune(cfg, { maxMemory: config.maxMemory });
   const id = randomId('ft-');
   const row: JobRow = {
     id, owner, status: 'queued', created_at: nowS(), config: cfg as unknown as Record<string, unknown>, step: 0, loss: null, eval_loss: null,
