@@ -30,8 +30,9 @@ export const DEFAULT_GRAPH_CACHE_BYTES = 2 ** 30;
 /**
  * The bytes that graphs may hold in all caches of a thread together (GraphFunction.heldBytes:
  * per op and constants): VELA_GRAPH_CACHE_BYTES (a plain byte count, or with a unit: 512MiB,
- * 2GiB), else DEFAULT_GRAPH_CACHE_BYTES. Read at each add, so tests can lower it.
- * @throws RangeError for a value that does not parse.
+ * 2GiB; k, m, g are binary), else DEFAULT_GRAPH_CACHE_BYTES. Read at each add, so tests can
+ * lower it. A value that does not parse is the default (said once on stderr): a sample must not
+ * fail on it.
  */
 export function graphCacheBytes(env: NodeJS.ProcessEnv = process.env): number {
   const raw = env.VELA_GRAPH_CACHE_BYTES?.trim();
@@ -39,9 +40,12 @@ export function graphCacheBytes(env: NodeJS.ProcessEnv = process.env): number {
   const m = /^(\d+(?:\.\d+)?)\s*([kmg]i?b?)?$/i.exec(raw);
   const unit = m?.[2] ? 1024 ** ('kmg'.indexOf(m[2][0]!.toLowerCase()) + 1) : 1;
   const n = m ? Math.floor(Number(m[1]) * unit) : NaN;
-  if (!(n > 0)) throw new RangeError(`VELA_GRAPH_CACHE_BYTES is ${JSON.stringify(raw)}; expected bytes, e.g. 1073741824 or 512MiB`);
-  return n;
+  if (n > 0) return n;
+  if (warnedValue !== raw) console.error(`VELA_GRAPH_CACHE_BYTES is ${JSON.stringify(raw)}; expected bytes, e.g. 1073741824 or 512MiB: using ${DEFAULT_GRAPH_CACHE_BYTES}`);
+  warnedValue = raw;
+  return DEFAULT_GRAPH_CACHE_BYTES;
 }
+let warnedValue: string | undefined;
 
 /**
  * The most ops one trace may record (traceGraph's maxOps): a graph that alone would fill the
