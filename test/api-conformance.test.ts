@@ -5,14 +5,20 @@
  * - Relay: a fine-tune job and a training session have every field Relay's HTTP document lists;
  *   `GET /v1/fine-tunes` is `{"data": [jobs]}`, newest first; errors are `{"error"}` with 400,
  *   401 and 404 (another key's job is not found);
+ * - Relay: the session websocket's messages as the document orders them, on a raw socket: the
+ *   `info` message first, then each request answered in order as `{id, result}` or `{id, error}`;
  * - Relay: a datum's frames may be sent with the document's codec names, `LOSSLESS` (ZPNG) and
  *   `CODEC_JPEG_Q90`: the same pixels give the same sampled actions as RAW and `JPEG`;
  * - xorl: a zero valid-token denominator is a hard data error. A robot datum has no tokens; the
  *   denominator is the sum of the datums' `weight`: non-finite or negative weights are refused at
  *   forward_backward, and `optim_step` on a zero sum is refused (`no_gradients`) without a change,
- *   so abort_gradient_epoch starts a new epoch.
+ *   so abort_gradient_epoch starts a new epoch;
+ * - xorl: `GET /health` is xorl's shape plus `backend` and `engines`.
  */
+import WebSocket from 'ws';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { pack, unpack } from '../protocol/msgpack.ts';
+import { fromWire, toWire } from '../protocol/ndarray.ts';
 import { VelaClient, type Datum } from '../protocol/client.ts';
 import { encodeFrame } from '../protocol/frames.ts';
 import { ndarray, type NDArray } from '../protocol/ndarray.ts';
@@ -92,6 +98,43 @@ describe("Relay's fine-tunes and training sessions, field by field", () => {
   });
 });
 
+describe("Relay's session websocket, message by message", () => {
+  it('sends {"info": {model, action_horizon, action_dim, trainable_params}} first, then answers pipelined requests in order: {id, result} or {id, error}', async () => {
+    const s = await client.waitReady((await client.createSession({ base_model: 'flow05-tiny', rank: 4, alpha: 8 })).id);
+    const ws = new WebSocket(s.url, { headers: { authorization: `Bearer ${s.token}` } });
+    const messages: Record<string, any>[] = [];
+    const data = syntheticBatch(0);
+    await new Promise<void>((resolve, reject) => {
+      ws.on('error', reject);
+      ws.on('message', (bytes: Buffer) => {
+        messages.push(fromWire(unpack(bytes)) as Record<string, any>);
+        if (messages.length === 1) {
+          // Sent before any answer: forward_backward, an op that does not exist, optim_step, sample.
+          for (const req of [
+            { id: 1, op: 'forward_backward', data, codec: 'RAW' },
+            { id: 2, op: 'no_such_op' },
+            { id: 3, op: 'optim_step', learning_rate: 1e-3 },
+            { id: 4, op: 'sample', data, codec: 'RAW', num_steps: 2, seed: 0 },
+          ]) ws.send(pack(toWire(req)));
+        }
+        if (messages.length === 5) resolve();
+      });
+    });
+    ws.close();
+    const [greeting, ...answers] = messages;
+    expect(Object.keys(greeting!)).toEqual(['info']);
+    expect(greeting!.info).toMatchObject({ model: 'flow05-tiny', action_horizon: 16, action_dim: 32 });
+    expect(greeting!.info.trainable_params).toBeGreaterThan(0);
+    expect(answers.map((a) => a.id)).toEqual([1, 2, 3, 4]);
+    expect(Object.keys(answers[0]!.result).sort()).toEqual(['loss', 'loss_per_datum']);
+    expect(answers[1]!.error).toMatch(/unknown op "no_such_op"/);
+    expect(answers[1]!.result).toBeUndefined();
+    expect(Object.keys(answers[2]!.result).sort()).toEqual(['grad_norm', 'skipped']);
+    expect(answers[3]!.result.actions.shape).toEqual([2, 16, 32]);
+    await client.closeSession(s.id);
+  });
+});
+
 describe("Relay's codec names on the session websocket", () => {
   it('LOSSLESS (ZPNG) gives the actions RAW gives; CODEC_JPEG_Q90 the actions JPEG gives', async () => {
     const s = await client.waitReady((await client.createSession({ base_model: 'flow05-tiny', rank: 4, alpha: 8, seed: 1 })).id);
@@ -152,4 +195,13 @@ describe("xorl's zero denominator, as Vela's sum of weights", () => {
     expect(step.grad_norm).toBeGreaterThan(0);
     await c.call('kill_session', { model_id });
   }, 120_000);
+});
+
+describe("xorl's health check", () => {
+  it('GET /health is {status: "healthy", engine_running} plus the backend in use and the running engines', async () => {
+    const health = await (await fetch(server.baseUrl + '/health')).json();
+    expect(health).toMatchObject({ status: 'healthy', engine_running: true, engines: ['flow05-tiny'] }); // the sessions above started flow05-tiny
+    expect(typeof health.backend).toBe('string');
+    expect(health.backend.length).toBeGreaterThan(0);
+  });
 });
