@@ -6,7 +6,8 @@
  *   `GET /v1/fine-tunes` is `{"data": [jobs]}`, newest first; errors are `{"error"}` with 400,
  *   401 and 404 (another key's job is not found);
  * - Relay: the session websocket's messages as the document orders them, on a raw socket: the
- *   `info` message first, then each request answered in order as `{id, result}` or `{id, error}`;
+ *   `info` message first, then each request answered in order as `{id, result}` or `{id, error}`,
+ *   arrays as OpenPI's maps with binary keys (`__ndarray__`, `data`, `dtype`, `shape`);
  * - Relay: a datum's frames may be sent with the document's codec names, `LOSSLESS` (ZPNG) and
  *   `CODEC_JPEG_Q90`: the same pixels give the same sampled actions as RAW and `JPEG`;
  * - xorl: a zero valid-token denominator is a hard data error. A robot datum has no tokens; the
@@ -103,10 +104,12 @@ describe("Relay's session websocket, message by message", () => {
     const s = await client.waitReady((await client.createSession({ base_model: 'flow05-tiny', rank: 4, alpha: 8 })).id);
     const ws = new WebSocket(s.url, { headers: { authorization: `Bearer ${s.token}` } });
     const messages: Record<string, any>[] = [];
+    const frames: Buffer[] = [];
     const data = syntheticBatch(0);
     await new Promise<void>((resolve, reject) => {
       ws.on('error', reject);
       ws.on('message', (bytes: Buffer) => {
+        frames.push(bytes);
         messages.push(fromWire(unpack(bytes)) as Record<string, any>);
         if (messages.length === 1) {
           // Sent before any answer: forward_backward, an op that does not exist, optim_step, sample.
@@ -127,6 +130,13 @@ describe("Relay's session websocket, message by message", () => {
     expect(greeting!.info.trainable_params).toBeGreaterThan(0);
     expect(answers.map((a) => a.id)).toEqual([1, 2, 3, 4]);
     expect(Object.keys(answers[0]!.result).sort()).toEqual(['loss', 'loss_per_datum']);
+    // OpenPI's array encoding: loss_per_datum is a map with binary keys, __ndarray__ first (bin 8, 11 bytes).
+    const binKey = (k: string) => Buffer.concat([Buffer.of(0xc4, k.length), Buffer.from(k)]);
+    const lossFrame = frames[1]!;
+    const at = lossFrame.indexOf(binKey('__ndarray__'));
+    expect(at).toBeGreaterThan(0);
+    for (const k of ['data', 'dtype', 'shape']) expect(lossFrame.indexOf(binKey(k), at)).toBeGreaterThan(at);
+    expect(answers[0]!.result.loss_per_datum).toMatchObject({ dtype: '<f4', shape: [2] });
     expect(answers[1]!.error).toMatch(/unknown op "no_such_op"/);
     expect(answers[1]!.result).toBeUndefined();
     expect(Object.keys(answers[2]!.result).sort()).toEqual(['grad_norm', 'skipped']);
