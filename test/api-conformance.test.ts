@@ -14,7 +14,8 @@
  *   denominator is the sum of the datums' `weight`: non-finite or negative weights are refused at
  *   forward_backward, and `optim_step` on a zero sum is refused (`no_gradients`) without a change,
  *   so abort_gradient_epoch starts a new epoch;
- * - xorl: `GET /health` is xorl's shape plus `backend` and `engines`.
+ * - xorl: `GET /health` is xorl's shape plus `backend` and `engines`; `POST /sleep` and
+ *   `/wake_up` move every model of the caller's key and none of another key's.
  */
 import WebSocket from 'ws';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -214,4 +215,20 @@ describe("xorl's health check", () => {
     expect(typeof health.backend).toBe('string');
     expect(health.backend.length).toBeGreaterThan(0);
   });
+});
+
+describe("xorl's whole-server sleep, per key", () => {
+  it("POST /sleep and /wake_up move only the caller's models: another key's sleep leaves them awake", async () => {
+    const c = new FuturesClient(server.baseUrl, TEST_KEY);
+    await c.createModel({ base_model: 'flow05-tiny', lora_config: { rank: 4, alpha: 8 }, model_id: 'mine' });
+    const other = (await server.store.createApiKey('sleeper')).key;
+    const root = (name: string, key: string) => fetch(`${server.baseUrl}/${name}`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, body: '{}' }).then((r) => r.json());
+    expect(await root('sleep', other)).toEqual({ status: 'sleeping', models: [], refused: [] });
+    expect((await c.call('session_info', { model_id: 'mine' })).sessions[0]).toMatchObject({ status: 'ready', asleep: false });
+    expect(await root('sleep', TEST_KEY)).toEqual({ status: 'sleeping', models: ['mine'], refused: [] });
+    expect(await root('wake_up', other)).toEqual({ status: 'awake', models: [], refused: [] });
+    expect((await c.call('session_info', { model_id: 'mine' })).sessions[0]).toMatchObject({ status: 'asleep', asleep: true });
+    expect(await root('wake_up', TEST_KEY)).toEqual({ status: 'awake', models: ['mine'], refused: [] });
+    await c.call('kill_session', { model_id: 'mine' });
+  }, 60_000);
 });
