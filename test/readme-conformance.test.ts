@@ -5,7 +5,8 @@
  * - a row's verdict is not one of same, adapted, not applicable (a broken or missing item is an
  *   issue to fix, not a row);
  * - a "same" or "adapted" row names no test file in "Shown by";
- * - a named file is not a test file of test/;
+ * - a named file is not a test file of test/, or starts no real server (it must call
+ *   startTestServer, startPolicyServer, startPolicyProc or NodeProc.start, or spawn `vela`);
  * - a route, op or field of the row's Route column (each `backticked` item) appears in none of
  *   the row's named files, nor in the test/python/ scripts those files run.
  * How an item is looked for: a path (`POST /api/v1/forward`, the method dropped) as written,
@@ -51,6 +52,9 @@ export function routeItems(route: string): string[] {
   return [...route.matchAll(/`([^`]+)`/g)].map((m) => m[1]!.trim());
 }
 
+/** How a test starts a real server: in process (HTTP + websockets on a port), or as a process. */
+const REAL_SERVER = /\b(?:startTestServer|startPolicyServer|startPolicyProc|NodeProc\.start)\(|\bspawn\(/;
+
 const escape = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 
 /** The regular expressions any one of which finds `item` in a test's text. */
@@ -94,6 +98,7 @@ export function tableProblems(rows: ConformanceRow[], readFile: (file: string) =
       }
       const text = readFile(f);
       if (text === null) problems.push(`${at}: test/${f} does not exist`);
+      else if (!REAL_SERVER.test(text)) problems.push(`${at}: test/${f} starts no real server`);
       else texts.push(text);
     }
     if (texts.length === 0) continue;
@@ -127,6 +132,7 @@ describe("the README's conformance table", () => {
       { ...row, shownBy: ['readme.test.ts'] }, // a real file that does not call the futures routes
       { ...row, verdict: 'broken: refuses everything' },
       { ...row, shownBy: ['../server/app.ts'] },
+      { ...row, shownBy: ['frames.test.ts'] }, // codecs decoded in process: no server
     ];
     const problems = broken.map((r) => tableProblems([r], readTest));
     expect(problems[0]).toEqual([expect.stringMatching(/says "same" but names no test/)]);
@@ -135,6 +141,7 @@ describe("the README's conformance table", () => {
     expect(problems[2]![0]).toMatch(/`POST \/api\/v1\/forward_backward` appears in none of readme\.test\.ts/);
     expect(problems[3]).toEqual([expect.stringMatching(/verdict "broken: refuses everything" is not same, adapted, not applicable/)]);
     expect(problems[4]).toEqual([expect.stringMatching(/is not a test file name/)]);
+    expect(problems[5]).toEqual([expect.stringMatching(/test\/frames\.test\.ts starts no real server/)]);
   });
 
   it('looks for paths, one-segment route names and words as it says', () => {
