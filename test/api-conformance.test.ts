@@ -210,7 +210,7 @@ describe("xorl's zero denominator, as Vela's sum of weights", () => {
 
 describe("xorl's health check", () => {
   it('GET /health is {status: "healthy", engine_running} plus the backend in use and the running engines', async () => {
-    const health = await (await fetch(server.baseUrl + '/health')).json();
+    const health = (await (await fetch(server.baseUrl + '/health')).json()) as { backend: string };
     expect(health).toMatchObject({ status: 'healthy', engine_running: true, engines: ['flow05-tiny'] }); // the sessions above started flow05-tiny
     expect(typeof health.backend).toBe('string');
     expect(health.backend.length).toBeGreaterThan(0);
