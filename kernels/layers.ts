@@ -342,10 +342,21 @@ export function embed(table: tf.Tensor, indices: Int32Array): tf.Tensor {
 }
 
 /**
+ * The gradient-checkpointing setting, `VELA_CHECKPOINT`: `on`, `off` or `auto` (the default).
+ * What `auto` means is the model's: the small presets checkpoint their prefix layers past a size
+ * (kernels/small/model.ts checkpointWanted), the real pi0 / pi0.5 always (kernels/pi/model.ts).
+ */
+export function checkpointSetting(): 'on' | 'off' | 'auto' {
+  const mode = (process.env.VELA_CHECKPOINT ?? 'auto').toLowerCase();
+  return mode === 'on' || mode === 'off' ? mode : 'auto';
+}
+
+/**
  * Gradient checkpointing: y = fn(x) keeping only x for the backward pass, which re-runs fn
  * under its own tape. `params` are the trainable variables fn reads (its gradients come back
  * for them too). Trades one extra forward for not holding the block's activations and
- * gradients, which TF.js otherwise keeps until the whole backward pass ends.
+ * gradients, which TF.js otherwise keeps until the whole backward pass ends. One input and one
+ * output: checkpointBlock with one of each.
  */
 export function checkpoint(
   fn: (x: tf.Tensor, consts: tf.Tensor[]) => tf.Tensor,
@@ -353,15 +364,49 @@ export function checkpoint(
   consts: tf.Tensor[],
   params: readonly tf.Variable[],
 ): tf.Tensor {
+  return checkpointBlock(([xx], cs) => [fn(xx!, cs)], [x], consts, params)[0]!;
+}
+
+/**
+ * Gradient checkpointing of a block with several inputs and outputs (the real models' joint
+ * layer: both streams' residuals and pi0.5's adaRMS conditioning in, both residuals out):
+ * ys = fn(xs, consts), keeping only xs and consts for the backward pass, which re-runs fn under
+ * its own tape and returns the gradients of every x and of `params` (the trainable variables fn
+ * reads; one it does not reach gets a zero gradient). `consts` get no gradient: tensors fn reads
+ * that are not differentiable here (masks, RoPE tables, an input no trained parameter
+ * precedes); they are passed, not captured, because an enclosing tidy may dispose them before
+ * the backward pass. Every tensor fn reads must be an x, a const, a param or a persistent one
+ * (a frozen base weight): anything else would be read after it is freed.
+ * TF.js's custom ops have one output, so several outputs travel as one flat concatenation
+ * (one copy of them) and are split back here. Each re-run's tape and temporaries are freed when
+ * its block's gradients are done; only the xs' and params' gradients stay to the end of the
+ * backward pass.
+ */
+export function checkpointBlock(
+  fn: (xs: tf.Tensor[], consts: tf.Tensor[]) => tf.Tensor[],
+  xs: tf.Tensor[],
+  consts: tf.Tensor[],
+  params: readonly tf.Variable[],
+): tf.Tensor[] {
+  const n = xs.length;
+  let shapes: number[][] = [];
   const f = tf.customGrad(((...args: unknown[]) => {
     const save = args[args.length - 1] as tf.GradSaveFunc;
-    const xx = args[0] as tf.Tensor;
+    const ins = args.slice(0, n) as tf.Tensor[];
     // The constants are saved too: an enclosing tidy may dispose them before the backward pass.
-    save([xx, ...consts]);
+    save([...ins, ...consts]);
+    const value = tf.tidy(() => {
+      // The tape is off inside a custom op: nothing fn computes is kept.
+      const ys = fn(ins, consts);
+      shapes = ys.map((y) => y.shape);
+      return ys.length === 1 ? ys[0]! : tf.concat(ys.map((y) => tf.reshape(y, [-1])), 0);
+    });
     return {
-      value: tf.tidy(() => fn(xx, consts)), // the tape is off inside a custom op: nothing is kept
+      value,
       gradFunc: (dy: tf.Tensor, saved: tf.Tensor[]) => {
-        const xv = tf.variable(saved[0]!, true);
+        const vars = saved.slice(0, n).map((t) => tf.variable(t, true));
+        const cs = saved.slice(n);
+        const dys = shapes.length === 1 ? [dy] : tf.split(dy, shapes.map((s) => s.reduce((a, b) => a * b, 1))).map((d, j) => tf.reshape(d, shapes[j]!));
         // A nested gradients() call ends by setting the engine's activeTape to null, which the
         // outer backward pass (this gradFunc runs inside it) still reads afterwards: restore it.
         const state = (tf.engine() as unknown as { state: { activeTape: unknown } }).state;
@@ -369,16 +414,44 @@ export function checkpoint(
         let value: tf.Tensor;
         let grads: tf.NamedTensorMap;
         try {
-          ({ value, grads } = tf.variableGrads(() => tf.sum(tf.mul(fn(xv, saved.slice(1)), dy)) as tf.Scalar, [xv, ...params]));
+          ({ value, grads } = tf.variableGrads(() => {
+            const ys = fn(vars, cs);
+            const terms = ys.map((y, j) => tf.sum(tf.mul(y, dys[j]!)));
+            return (terms.length === 1 ? terms[0]! : tf.addN(terms)) as tf.Scalar;
+          }, [...vars, ...params]));
         } finally {
           state.activeTape = outerTape;
         }
         value.dispose();
-        const out = [grads[xv.name] ?? tf.zerosLike(xv), ...params.map((p) => grads[p.name] ?? tf.zerosLike(p))];
-        xv.dispose();
+        if (dys[0] !== dy) tf.dispose(dys);
+        const out = [...vars.map((v) => grads[v.name] ?? tf.zerosLike(v)), ...params.map((p) => grads[p.name] ?? tf.zerosLike(p))];
+        vars.forEach((v) => v.dispose());
         return out;
       },
     };
   }) as unknown as Parameters<typeof tf.customGrad>[0]) as unknown as (...t: tf.Tensor[]) => tf.Tensor;
-  return f(x, ...params);
+  const out = f(...xs, ...params);
+  if (shapes.length === 1) return [out];
+  const sizes = shapes.map((s) => s.reduce((a, b) => a * b, 1));
+  // (Never mutate the array tf.split returns: the gradient tape holds it as the op's outputs.)
+  const parts = tf.split(out, sizes);
+  out.dispose();
+  return parts.map((p, j) => tf.reshape(p, shapes[j]!));
+}
+
+/**
+ * Runs `fn` with the gradient tape paused (as TF.js itself does inside a kernel): its ops are
+ * not recorded, so nothing they compute is kept for a backward pass and what they return is a
+ * constant to it. For the parts of a training pass that no trained parameter precedes (a frozen
+ * vision tower): their activations would otherwise stay alive until the backward pass ends,
+ * which never reads them. Scopes (tidy) work as usual inside.
+ */
+export function untaped<T>(fn: () => T): T {
+  const state = (tf.engine() as unknown as { state: { kernelDepth: number } }).state;
+  state.kernelDepth++;
+  try {
+    return fn();
+  } finally {
+    state.kernelDepth--;
+  }
 }
