@@ -325,7 +325,7 @@ function gemmaStack(P: RealPiWeights, streams: Stream[], depth: number, cache: K
       const gates: (tf.Tensor | null)[] = [];
       streams.forEach((s, i) => {
         const layer = `${s.names}layers.${l}.`;
-        const { y, gate } = gemmaNorm(P, `${layer}input_layernorm`, xin[i]!, conds[i]!);
+        const { y, gate } = gemmaNorm(P, `${layer}input_layernorm`, xin[i]!, conds[i] ?? null);
         ks.push(applyRope(linear(P, `${layer}self_attn.k_proj`, y, false), cos[i]!, sin[i]!, G, hd)); // [b, n_i, G*hd]
         vs.push(linear(P, `${layer}self_attn.v_proj`, y, false));
         if (!active.includes(i)) return;
@@ -350,7 +350,7 @@ function gemmaStack(P: RealPiWeights, streams: Stream[], depth: number, cache: K
           row0 += n;
           const o = linear(P, `${layer}self_attn.o_proj`, rows, false); // [b, n_i, width]
           const x = tf.add(xin[i]!, gates[j] ? tf.mul(o, gates[j]!) : o);
-          const { y, gate } = gemmaNorm(P, `${layer}post_attention_layernorm`, x, conds[i]!);
+          const { y, gate } = gemmaNorm(P, `${layer}post_attention_layernorm`, x, conds[i] ?? null);
           const m = geglu(P, layer, y);
           next[i] = tf.add(x, gate ? tf.mul(m, gate) : m);
         });
