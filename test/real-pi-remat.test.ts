@@ -4,8 +4,10 @@
  * each block's inputs and re-runs the block in the backward pass. On the tiny configs, both
  * families, LoRA and full: the loss and every gradient equal the path without it
  * (`VELA_CHECKPOINT=off`) to float32 rounding; the peak of tensor bytes during forward_backward
- * falls (so the test fails when remat is off); a frozen SigLIP (LoRA's default) keeps nothing for
- * the backward pass: the peak does not grow with the tower's depth. No tensor leaks.
+ * falls (so the test fails when remat is off); a trained SigLIP (full) is rematerialised too: a
+ * deeper tower adds only its blocks' inputs and gradients to the peak; a frozen SigLIP (LoRA's
+ * default) keeps nothing for the backward pass: the peak does not grow with the tower's depth.
+ * No tensor leaks.
  * On the best backend only (native TensorFlow when present).
  */
 import * as tf from '@tensorflow/tfjs';
@@ -125,11 +127,42 @@ describe.each(['pi0', 'pi05'] as const)('real %s: what a training pass keeps', (
         const off = await peakOfStep(base, finetune, batch, 'off');
         const on = await peakOfStep(base, finetune, batch, undefined);
         console.log(`${variant} ${finetune}: peak above the base with remat ${(on / 1e6).toFixed(2)} MB, without ${(off / 1e6).toFixed(2)} MB (${(on / off).toFixed(2)}x)`);
+        // Taped, all 8 layers' tapes are alive at once; rematerialised, one block's re-run (about
+        // 1.5 taped layers: kernels/pi/memory.ts) and the residual streams: well under half.
         expect(on).toBeLessThan(0.5 * off);
       }
     } finally {
       base.dispose();
     }
+  }, 60_000);
+
+  it("full: a trained SigLIP's blocks are rematerialised too: the peak grows with its depth far less than taped", async () => {
+    const growth: Record<string, number> = {};
+    for (const mode of ['off', undefined] as const) {
+      const peaks: number[] = [];
+      for (const depth of [2, 8]) {
+        const c = DEEP(variant, 2, depth);
+        const base = BaseWeights.create(realPiPolicy(c));
+        try {
+          // The weights a deeper tower adds (its copies, moments, gradients) are allocated before the step or counted by both modes alike.
+          peaks.push(await peakOfStep(base, 'full', fakeRealPiBatch(c, 48, 0.5), mode));
+        } finally {
+          base.dispose();
+        }
+      }
+      growth[mode ?? 'on'] = peaks[1]! - peaks[0]!;
+    }
+    // Rematerialised, each more block keeps its input and, to the end of the backward pass, a few
+    // gradients of that size (4 copies of [b nc, T, Wv]), and its parameters' gradients; taped, its
+    // whole tape (tens of values per width and token).
+    const c = DEEP(variant, 2, 2);
+    const v = c.vision;
+    const stream = 2 * 3 * (v.imageSize / v.patchSize) ** 2 * v.width;
+    const layerParams = 4 * (v.width * v.width + v.width) + 4 * v.width + 2 * v.width * v.mlpDim + v.mlpDim + v.width;
+    const bound = 6 * (4 * stream + layerParams) * 4;
+    console.log(`${variant} full: 6 more SigLIP layers raise the peak by ${(growth.on! / 1e6).toFixed(3)} MB rematerialised (bound ${(bound / 1e6).toFixed(3)} MB), ${(growth.off! / 1e6).toFixed(3)} MB taped`);
+    expect(growth.on!).toBeLessThanOrEqual(bound);
+    expect(growth.off!).toBeGreaterThan(4 * bound);
   }, 60_000);
 
   it('LoRA keeps nothing of the frozen SigLIP: the peak does not grow with its depth', async () => {
