@@ -377,10 +377,9 @@ export function checkpoint(
  * precedes); they are passed, not captured, because an enclosing tidy may dispose them before
  * the backward pass. Every tensor fn reads must be an x, a const, a param or a persistent one
  * (a frozen base weight): anything else would be read after it is freed.
- * TF.js's custom ops have one output, so several outputs travel as one flat concatenation
- * (one copy of them) and are split back here. Each re-run's tape and temporaries are freed when
- * its block's gradients are done; only the xs' and params' gradients stay to the end of the
- * backward pass.
+ * Each re-run's tape and temporaries are freed when its block's gradients are done; only the
+ * xs' and params' gradients stay to the end of the backward pass. (Built on the engine's custom
+ * op as tf.customGrad is, which allows one output only.)
  */
 export function checkpointBlock(
   fn: (xs: tf.Tensor[], consts: tf.Tensor[]) => tf.Tensor[],
@@ -389,54 +388,53 @@ export function checkpointBlock(
   params: readonly tf.Variable[],
 ): tf.Tensor[] {
   const n = xs.length;
-  let shapes: number[][] = [];
-  const f = tf.customGrad(((...args: unknown[]) => {
-    const save = args[args.length - 1] as tf.GradSaveFunc;
-    const ins = args.slice(0, n) as tf.Tensor[];
-    // The constants are saved too: an enclosing tidy may dispose them before the backward pass.
-    save([...ins, ...consts]);
-    const value = tf.tidy(() => {
+  const inputs: tf.NamedTensorMap = {};
+  [...xs, ...params].forEach((t, i) => (inputs[i] = t));
+  return (tf.engine() as unknown as CustomKernelEngine).runKernelFunc({
+    inputs,
+    forwardFunc: (_backend, save) => {
+      // The constants are saved too: an enclosing tidy may dispose them before the backward pass.
+      save([...xs, ...consts]);
       // The tape is off inside a custom op: nothing fn computes is kept.
-      const ys = fn(ins, consts);
-      shapes = ys.map((y) => y.shape);
-      return ys.length === 1 ? ys[0]! : tf.concat(ys.map((y) => tf.reshape(y, [-1])), 0);
-    });
-    return {
-      value,
-      gradFunc: (dy: tf.Tensor, saved: tf.Tensor[]) => {
-        const vars = saved.slice(0, n).map((t) => tf.variable(t, true));
-        const cs = saved.slice(n);
-        const dys = shapes.length === 1 ? [dy] : tf.split(dy, shapes.map((s) => s.reduce((a, b) => a * b, 1))).map((d, j) => tf.reshape(d, shapes[j]!));
-        // A nested gradients() call ends by setting the engine's activeTape to null, which the
-        // outer backward pass (this gradFunc runs inside it) still reads afterwards: restore it.
-        const state = (tf.engine() as unknown as { state: { activeTape: unknown } }).state;
-        const outerTape = state.activeTape;
-        let value: tf.Tensor;
-        let grads: tf.NamedTensorMap;
-        try {
-          ({ value, grads } = tf.variableGrads(() => {
-            const ys = fn(vars, cs);
-            const terms = ys.map((y, j) => tf.sum(tf.mul(y, dys[j]!)));
-            return (terms.length === 1 ? terms[0]! : tf.addN(terms)) as tf.Scalar;
-          }, [...vars, ...params]));
-        } finally {
-          state.activeTape = outerTape;
-        }
-        value.dispose();
-        if (dys[0] !== dy) tf.dispose(dys);
-        const out = [...vars.map((v) => grads[v.name] ?? tf.zerosLike(v)), ...params.map((p) => grads[p.name] ?? tf.zerosLike(p))];
-        vars.forEach((v) => v.dispose());
-        return out;
-      },
-    };
-  }) as unknown as Parameters<typeof tf.customGrad>[0]) as unknown as (...t: tf.Tensor[]) => tf.Tensor;
-  const out = f(...xs, ...params);
-  if (shapes.length === 1) return [out];
-  const sizes = shapes.map((s) => s.reduce((a, b) => a * b, 1));
-  // (Never mutate the array tf.split returns: the gradient tape holds it as the op's outputs.)
-  const parts = tf.split(out, sizes);
-  out.dispose();
-  return parts.map((p, j) => tf.reshape(p, shapes[j]!));
+      return tf.tidy(() => fn(xs, consts));
+    },
+    backwardsFunc: (dy, saved) => {
+      const dys = Array.isArray(dy) ? dy : [dy]; // one per output (zeros where none flowed back)
+      const vars = saved.slice(0, n).map((t) => tf.variable(t, true));
+      const cs = saved.slice(n);
+      // A nested gradients() call ends by setting the engine's activeTape to null, which the
+      // outer backward pass (this runs inside it) still reads afterwards: restore it.
+      const state = (tf.engine() as unknown as { state: { activeTape: unknown } }).state;
+      const outerTape = state.activeTape;
+      let value: tf.Tensor;
+      let grads: tf.NamedTensorMap;
+      try {
+        ({ value, grads } = tf.variableGrads(() => {
+          const terms = fn(vars, cs).map((y, j) => tf.sum(tf.mul(y, dys[j]!)));
+          return (terms.length === 1 ? terms[0]! : tf.addN(terms)) as tf.Scalar;
+        }, [...vars, ...params]));
+      } finally {
+        state.activeTape = outerTape;
+      }
+      value.dispose();
+      const out = [...vars.map((v) => grads[v.name] ?? tf.zerosLike(v)), ...params.map((p) => grads[p.name] ?? tf.zerosLike(p))];
+      vars.forEach((v) => v.dispose());
+      return Object.fromEntries(out.map((g, i) => [i, () => g]));
+    },
+  });
+}
+
+/**
+ * The engine's custom-op entry that tf.customGrad wraps (public in TF.js's JS, private in its
+ * types), used directly because it takes several outputs, each with its own gradient: no copy
+ * of a block's outputs into one tensor and back.
+ */
+interface CustomKernelEngine {
+  runKernelFunc(p: {
+    inputs: tf.NamedTensorMap;
+    forwardFunc: (backend: unknown, save: (tensors: tf.Tensor[]) => void) => tf.Tensor[];
+    backwardsFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => Record<string, () => tf.Tensor>;
+  }): tf.Tensor[];
 }
 
 /**

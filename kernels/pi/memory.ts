@@ -111,7 +111,8 @@ export interface MemoryEstimate {
 const TAPE = { perWidth: 34, perMlp: 6, perQuery: 12, perKv: 13, perLogit: 5, scale: 1.7 } as const; // floats per value
 const LORA_TAPE = 1.25; // LoRA's x·A·B path keeps three more [n, out] values per adapted projection
 // Rematerialised: floats per residual value of every block (its input, kept, and the gradients
-// of its input and output, kept to the end of the backward pass), and one block's re-run (its
+// of its input and output, kept to the end of the backward pass; measured 4.01 on tfjs-node and
+// wasm from the peak of 8 vs 16 layers of a narrow config), and one block's re-run (its
 // tape, its gradients, the forward it repeats) as a multiple of a taped layer's: fitted to the
 // measurements of the module comment (the mid-size LoRA pass, where the block dominates: 1.37x
 // on the tiny configs .. 1.70x at mid size; 1.39x in full).
