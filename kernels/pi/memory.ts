@@ -35,10 +35,10 @@
  * per-MLP multiple: measured 0.90x..1.19x of the peak (60 tiny and 18 mid cases); the part above
  * the weights 0.69x..1.20x (the low end: serving at batch 1, a few MB). The test holds it to
  * 0.85x..1.25x and 0.6x..1.35x. Rematerialised (issue 34; wasm, 21 training cases): tiny LoRA
- * 1.00x..1.09x, tiny full 1.00x..1.15x (the full estimate is high at batch 4: its peak is the
- * optimizer step's, not the pass's), mid-size LoRA 0.95x (depth 2, batch 1) and, at depth 4,
- * 0.94x / 0.95x / 0.96x at batch 1 / 2 / 4, mid-size full 1.02x (depth 2) and 1.01x / 1.02x
- * (depth 4, batch 1 / 2). Taped whole: tiny 0.93x..0.99x, mid depth 2 1.10x; the per-layer
+ * 1.00x..1.11x, tiny full 1.01x..1.16x (the full estimate is high at batch 4: its peak is the
+ * optimizer step's, not the pass's), mid-size LoRA 0.96x (depth 2, batch 1) and, at depth 4,
+ * 0.95x / 0.97x / 0.98x at batch 1 / 2 / 4 (pi0: 0.96x / 0.98x at 1 / 4), mid-size full 1.03x
+ * (depth 2) and 1.02x / 1.03x (depth 4, batch 1 / 2). Taped whole: tiny 0.93x..0.99x, mid depth 2 1.10x; the per-layer
  * multiples underestimate a mid-size layer (depth 4: 0.81x..0.83x), which is why a
  * rematerialised block is 1.55 of them.
  *
