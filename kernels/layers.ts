@@ -342,10 +342,21 @@ export function embed(table: tf.Tensor, indices: Int32Array): tf.Tensor {
 }
 
 /**
+ * The gradient-checkpointing setting, `VELA_CHECKPOINT`: `on`, `off` or `auto` (the default).
+ * What `auto` means is the model's: the small presets checkpoint their prefix layers past a size
+ * (kernels/small/model.ts checkpointWanted), the real pi0 / pi0.5 always (kernels/pi/model.ts).
+ */
+export function checkpointSetting(): 'on' | 'off' | 'auto' {
+  const mode = (process.env.VELA_CHECKPOINT ?? 'auto').toLowerCase();
+  return mode === 'on' || mode === 'off' ? mode : 'auto';
+}
+
+/**
  * Gradient checkpointing: y = fn(x) keeping only x for the backward pass, which re-runs fn
  * under its own tape. `params` are the trainable variables fn reads (its gradients come back
  * for them too). Trades one extra forward for not holding the block's activations and
- * gradients, which TF.js otherwise keeps until the whole backward pass ends.
+ * gradients, which TF.js otherwise keeps until the whole backward pass ends. One input and one
+ * output: checkpointBlock with one of each.
  */
 export function checkpoint(
   fn: (x: tf.Tensor, consts: tf.Tensor[]) => tf.Tensor,
@@ -353,32 +364,92 @@ export function checkpoint(
   consts: tf.Tensor[],
   params: readonly tf.Variable[],
 ): tf.Tensor {
-  const f = tf.customGrad(((...args: unknown[]) => {
-    const save = args[args.length - 1] as tf.GradSaveFunc;
-    const xx = args[0] as tf.Tensor;
-    // The constants are saved too: an enclosing tidy may dispose them before the backward pass.
-    save([xx, ...consts]);
-    return {
-      value: tf.tidy(() => fn(xx, consts)), // the tape is off inside a custom op: nothing is kept
-      gradFunc: (dy: tf.Tensor, saved: tf.Tensor[]) => {
-        const xv = tf.variable(saved[0]!, true);
-        // A nested gradients() call ends by setting the engine's activeTape to null, which the
-        // outer backward pass (this gradFunc runs inside it) still reads afterwards: restore it.
-        const state = (tf.engine() as unknown as { state: { activeTape: unknown } }).state;
-        const outerTape = state.activeTape;
-        let value: tf.Tensor;
-        let grads: tf.NamedTensorMap;
-        try {
-          ({ value, grads } = tf.variableGrads(() => tf.sum(tf.mul(fn(xv, saved.slice(1)), dy)) as tf.Scalar, [xv, ...params]));
-        } finally {
-          state.activeTape = outerTape;
-        }
-        value.dispose();
-        const out = [grads[xv.name] ?? tf.zerosLike(xv), ...params.map((p) => grads[p.name] ?? tf.zerosLike(p))];
-        xv.dispose();
-        return out;
-      },
-    };
-  }) as unknown as Parameters<typeof tf.customGrad>[0]) as unknown as (...t: tf.Tensor[]) => tf.Tensor;
-  return f(x, ...params);
+  return checkpointBlock(([xx], cs) => [fn(xx!, cs)], [x], consts, params)[0]!;
+}
+
+/**
+ * Gradient checkpointing of a block with several inputs and outputs (the real models' joint
+ * layer: both streams' residuals and pi0.5's adaRMS conditioning in, both residuals out):
+ * ys = fn(xs, consts), keeping only xs and consts for the backward pass, which re-runs fn under
+ * its own tape and returns the gradients of every x and of `params` (the trainable variables fn
+ * reads; one it does not reach gets a zero gradient). `consts` get no gradient: tensors fn reads
+ * that are not differentiable here (masks, RoPE tables, an input no trained parameter
+ * precedes); they are passed, not captured, because an enclosing tidy may dispose them before
+ * the backward pass. Every tensor fn reads must be an x, a const, a param or a persistent one
+ * (a frozen base weight): anything else would be read after it is freed.
+ * Each re-run's tape and temporaries are freed when its block's gradients are done; only the
+ * xs' and params' gradients stay to the end of the backward pass. (Built on the engine's custom
+ * op as tf.customGrad is, which allows one output only.)
+ */
+export function checkpointBlock(
+  fn: (xs: tf.Tensor[], consts: tf.Tensor[]) => tf.Tensor[],
+  xs: tf.Tensor[],
+  consts: tf.Tensor[],
+  params: readonly tf.Variable[],
+): tf.Tensor[] {
+  const n = xs.length;
+  const inputs: tf.NamedTensorMap = {};
+  [...xs, ...params].forEach((t, i) => (inputs[i] = t));
+  return (tf.engine() as unknown as CustomKernelEngine).runKernelFunc({
+    inputs,
+    forwardFunc: (_backend, save) => {
+      // The constants are saved too: an enclosing tidy may dispose them before the backward pass.
+      save([...xs, ...consts]);
+      // The tape is off inside a custom op: nothing fn computes is kept.
+      return tf.tidy(() => fn(xs, consts));
+    },
+    backwardsFunc: (dy, saved) => {
+      const dys = Array.isArray(dy) ? dy : [dy]; // one per output (zeros where none flowed back)
+      const vars = saved.slice(0, n).map((t) => tf.variable(t, true));
+      const cs = saved.slice(n);
+      // A nested gradients() call ends by setting the engine's activeTape to null, which the
+      // outer backward pass (this runs inside it) still reads afterwards: restore it.
+      const state = (tf.engine() as unknown as { state: { activeTape: unknown } }).state;
+      const outerTape = state.activeTape;
+      let value: tf.Tensor;
+      let grads: tf.NamedTensorMap;
+      try {
+        ({ value, grads } = tf.variableGrads(() => {
+          const terms = fn(vars, cs).map((y, j) => tf.sum(tf.mul(y, dys[j]!)));
+          return (terms.length === 1 ? terms[0]! : tf.addN(terms)) as tf.Scalar;
+        }, [...vars, ...params]));
+      } finally {
+        state.activeTape = outerTape;
+      }
+      value.dispose();
+      const out = [...vars.map((v) => grads[v.name] ?? tf.zerosLike(v)), ...params.map((p) => grads[p.name] ?? tf.zerosLike(p))];
+      vars.forEach((v) => v.dispose());
+      return Object.fromEntries(out.map((g, i) => [i, () => g]));
+    },
+  });
+}
+
+/**
+ * The engine's custom-op entry that tf.customGrad wraps (public in TF.js's JS, private in its
+ * types), used directly because it takes several outputs, each with its own gradient: no copy
+ * of a block's outputs into one tensor and back.
+ */
+interface CustomKernelEngine {
+  runKernelFunc(p: {
+    inputs: tf.NamedTensorMap;
+    forwardFunc: (backend: unknown, save: (tensors: tf.Tensor[]) => void) => tf.Tensor[];
+    backwardsFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => Record<string, () => tf.Tensor>;
+  }): tf.Tensor[];
+}
+
+/**
+ * Runs `fn` with the gradient tape paused (as TF.js itself does inside a kernel): its ops are
+ * not recorded, so nothing they compute is kept for a backward pass and what they return is a
+ * constant to it. For the parts of a training pass that no trained parameter precedes (a frozen
+ * vision tower): their activations would otherwise stay alive until the backward pass ends,
+ * which never reads them. Scopes (tidy) work as usual inside.
+ */
+export function untaped<T>(fn: () => T): T {
+  const state = (tf.engine() as unknown as { state: { kernelDepth: number } }).state;
+  state.kernelDepth++;
+  try {
+    return fn();
+  } finally {
+    state.kernelDepth--;
+  }
 }

@@ -119,7 +119,7 @@ describe.skipIf(SKIP)('vela policy --base: a real base served as it is to OpenPI
     expect(r.stdout).toBe('');
     const lines = r.stderr.trim().split('\n');
     expect(lines).toHaveLength(1);
-    expect(lines[0]).toMatch(/^vela policy: the PaliGemma tokenizer is not in the Hugging Face cache and .*no_tokenizer_base has no tokenizer\.json: google\/paligemma-3b-pt-224 is gated.*HF_TOKEN/);
+    expect(lines[0]).toMatch(/^vela policy: the PaliGemma tokenizer is not in the Hugging Face cache and .*no_tokenizer_base has no tokenizer of its own \(tokenizer\.json, or the tokenizer\/ folder LeRobot.s processor pipeline saves\): google\/paligemma-3b-pt-224 is gated.*HF_TOKEN/);
   });
 
   it('pi0 (--model pi0): the same, with openpi\'s camera names from the base\'s config.json', async () => {
@@ -260,7 +260,7 @@ describe.skipIf(SKIP)('a session on the tiny base, served', () => {
     try {
       const ans = await api(server, 'POST', `/v1/fine-tunes/${id}/infer`, { 'observation/state': [0, 1], prompt: 'pick' });
       expect(ans.status).toBe(503);
-      expect(ans.json.error).toMatch(/^this server cannot serve the base yet: the PaliGemma tokenizer is not in the Hugging Face cache and .* has no tokenizer\.json: google\/paligemma-3b-pt-224 is gated/);
+      expect(ans.json.error).toMatch(/^this server cannot serve the base yet: the PaliGemma tokenizer is not in the Hugging Face cache and .* has no tokenizer of its own \(tokenizer\.json, or the tokenizer\/ folder LeRobot.s processor pipeline saves\): google\/paligemma-3b-pt-224 is gated/);
     } finally {
       for (const [k, v] of Object.entries(saved)) {
         if (v === undefined) delete process.env[k];

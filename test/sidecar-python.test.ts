@@ -64,6 +64,9 @@ describe('a sidecar-API Python client', () => {
     expect(statuses).toEqual(['running', 'training', 'completed']);
     expect(data.find((d: any) => d.status === 'running')).toMatchObject({ model_size: 'flow05-tiny', num_train_steps: 6 });
     expect(data.find((d: any) => d.status === 'training')).toMatchObject({ max_steps: 6 });
+    // The document's three kinds, and no other: log events say what the job does in a message.
+    expect(new Set(data.map((d: any) => d.type))).toEqual(new Set(['status', 'log', 'progress']));
+    for (const l of data.filter((d: any) => d.type === 'log')) expect(typeof l.message).toBe('string');
     const progress = data.filter((d: any) => d.type === 'progress');
     expect(progress.map((p: any) => p.step)).toEqual([1, 2, 3, 4, 5, 6]);
     for (const p of progress) expect(Object.keys(p)).toEqual(expect.arrayContaining(['step', 'loss', 'learning_rate', 'epoch', 'timestamp', 'elapsed_seconds']));

@@ -13,12 +13,17 @@
  * - gradients: the accumulated gradient of the tenant that steps (one copy at the peak: a
  *   second forward_backward adds into it after its tape is freed, measured).
  * - activations: serve: the prefix's keys/values of every layer (the cache), plus one layer's
- *   working set of the prefix pass. lora / full: the forward + backward tape, which keeps per
- *   layer what the gradient needs: per token a multiple of the widths (norms, projections,
- *   RoPE, GeGLU, residuals; the LoRA path adds its own) and per head the attention logits and
- *   probabilities over all n = p + s tokens of the joint pass, p = nc * T + L (cameras x
- *   patches + prompt), s = ah (pi0.5) or 1 + ah (pi0). The per-token and per-logit multiples
- *   are calibrated on measurement (below).
+ *   working set of the prefix pass. lora / full, rematerialised (the default, kernels/pi/model.ts
+ *   rematWanted): every block's inputs, the residual streams [p, D] + [s, E] per Gemma layer (and
+ *   [nc T, Wv] per SigLIP block in full), with their gradients, kept to the end of the backward
+ *   pass; plus ONE block's re-run in the backward pass, its tape and gradients. LoRA's frozen
+ *   tower, projector and embedding keep nothing (computed untaped). Without rematerialisation
+ *   (`VELA_CHECKPOINT=off`): the whole forward + backward tape, which keeps per layer what the
+ *   gradient needs: per token a multiple of the widths (norms, projections, RoPE, GeGLU,
+ *   residuals; the LoRA path adds its own) and per head the attention logits and probabilities
+ *   over all n = p + s tokens of the joint pass, p = nc * T + L (cameras x patches + prompt),
+ *   s = ah (pi0.5) or 1 + ah (pi0). One layer's tape is that per-layer amount either way. The
+ *   per-token and per-logit multiples are calibrated on measurement (below).
  * - workspace: the process around the tensors: Node and TF.js runtimes, the loader's buffers,
  *   allocator slack: 256 MiB + 6% of the weights (fitted to the full-size bench below).
  *
@@ -29,20 +34,29 @@
  * ratios (VLM MLP 8x its width, expert 4x, vision 3.7x) that separates the per-width from the
  * per-MLP multiple: measured 0.90x..1.19x of the peak (60 tiny and 18 mid cases); the part above
  * the weights 0.69x..1.20x (the low end: serving at batch 1, a few MB). The test holds it to
- * 0.85x..1.25x and 0.6x..1.35x.
+ * 0.85x..1.25x and 0.6x..1.35x. Rematerialised (issue 34; wasm, 21 training cases): tiny LoRA
+ * 1.00x..1.11x, tiny full 1.01x..1.16x (the full estimate is high at batch 4: its peak is the
+ * optimizer step's, not the pass's), mid-size LoRA 0.96x (depth 2, batch 1) and, at depth 4,
+ * 0.95x / 0.97x / 0.98x at batch 1 / 2 / 4 (pi0: 0.96x / 0.98x at 1 / 4), mid-size full 1.03x
+ * (depth 2) and 1.02x / 1.03x (depth 4, batch 1 / 2). Taped whole: tiny 0.93x..0.99x, mid depth 2 1.10x; the per-layer
+ * multiples underestimate a mid-size layer (depth 4: 0.81x..0.83x), which is why a
+ * rematerialised block is 1.55 of them.
  *
  * Full size (bench/results/README.md, the run of record): pi0.5's float32 weights are
  * 13,413,735,488 bytes (12.49 GiB); Vela's sample() peaked at 1.13x that in RSS (14.1 GiB:
  * ~1 GiB of runtime and loader after load, ~0.6 GiB more while sampling). The estimate for
  * serve at batch 1: 13.96 GiB (1.12x) with 1 camera, 14.61 GiB (1.17x) with 3. A LoRA step at
- * batch 1 with 3 cameras and a 200-token prompt (n = 1,018 tokens per layer) keeps a tape of
- * ~52 GiB (per token and layer ~34 values per width and 6 per MLP unit, and the attention
- * logits 18 x 8 x 1,018^2 several times): ~66 GiB in all, ~35 GiB with 1 camera. Neither
- * fits the bench machine's 23.5 GiB, which is why the full-size LoRA step was not run there
- * (PyTorch and JAX recompute activations instead of keeping them; Vela's TF.js tape keeps
- * them). A full fine-tune holds 5x the weights (base, copy, two moments, gradient, ~62 GiB)
- * before activations: ~105 GiB at batch 1.
+ * batch 1 with 3 cameras and a 200-token prompt (n = 1,018 tokens per layer), taped whole
+ * (`VELA_CHECKPOINT=off`), keeps ~34 GiB of activations (per token and layer ~34 values per
+ * width and 6 per MLP unit, and the attention logits 18 x 8 x 1,018^2 several times): ~48 GiB in
+ * all (~66 GiB while the frozen tower was taped too). Rematerialised: 3.4 GiB of activations,
+ * ~17.5 GiB in all; 15.6 GiB with 1 camera, 20.2 GiB at batch 4, 63 GiB at batch 32 (the block
+ * inputs grow with the batch: 49 GiB of them). pi0: 16.4 GiB (3 cameras). A full fine-tune holds
+ * 5x the weights (base, copy, two moments, gradient, ~62 GiB) before activations: ~65 GiB at
+ * batch 1 rematerialised (1 camera), ~80 GiB taped. None of these full-size training passes has
+ * been measured yet.
  */
+import { checkpointSetting } from '../layers.ts';
 import { tokensPerCamera, type RealPiConfig } from './config.ts';
 import { realPiParamCount, realPiParamSpecs } from './params.ts';
 import { realPiLinears, realPiLoraFull } from './policy.ts';
@@ -74,6 +88,11 @@ export interface MemoryPlan {
   tenants?: number;
   /** Full fine-tune with the token embedding frozen (TrainingOptions.frozen); default false. */
   freezeEmbedding?: boolean;
+  /**
+   * lora / full: whether the training pass rematerialises its blocks (kernels/pi/model.ts); default
+   * on unless `VELA_CHECKPOINT=off` (kernels/layers.ts checkpointSetting), as the model does.
+   */
+  remat?: boolean;
 }
 
 /** An estimate, bytes. */
@@ -91,6 +110,13 @@ export interface MemoryEstimate {
 // 2x the width) fix perWidth + 2 perMlp, the mid-size one (MLP 8x) splits them.
 const TAPE = { perWidth: 34, perMlp: 6, perQuery: 12, perKv: 13, perLogit: 5, scale: 1.7 } as const; // floats per value
 const LORA_TAPE = 1.25; // LoRA's x·A·B path keeps three more [n, out] values per adapted projection
+// Rematerialised: floats per residual value of every block (its input, kept, and the gradients
+// of its input and output, kept to the end of the backward pass; measured 4.01 on tfjs-node and
+// wasm from the peak of 8 vs 16 layers of a narrow config), and one block's re-run (its
+// tape, its gradients, the forward it repeats) as a multiple of a taped layer's: fitted to the
+// measurements of the module comment (the mid-size LoRA pass, where the block dominates: 1.37x
+// on the tiny configs .. 1.70x at mid size; 1.39x in full).
+const REMAT = { perResidual: 4, block: 1.55 } as const;
 const SERVE = { perWidth: 12, perMlp: 12, perLogit: 9 } as const; // one layer live at a time, no tape
 
 /** Tokens of one joint pass: prefix p, suffix s, n = p + s. */
@@ -161,9 +187,20 @@ export function estimateMemory(c: RealPiConfig, plan: MemoryPlan): MemoryEstimat
     floats = b * (cache + Math.max(vlmLayer, visionLayer) + expertStep + p * g.width);
   } else {
     const perToken = (w: number, f: number) => TAPE.perWidth * w + TAPE.perMlp * f + TAPE.perQuery * Q + TAPE.perKv * K;
-    const gemma = g.depth * (p * perToken(g.width, g.mlpDim) + s * perToken(e.width, e.mlpDim) + TAPE.perLogit * g.numHeads * n * n);
-    const vision = v.depth * plan.cameras * (T * ((TAPE.perWidth + TAPE.perQuery + TAPE.perKv) * v.width + TAPE.perMlp * v.mlpDim) + TAPE.perLogit * v.numHeads * T * T);
-    floats = b * TAPE.scale * (gemma + vision) * (plan.use === 'lora' ? LORA_TAPE : 1);
+    // One layer's tape (its saved tensors and its gradients), of the Gemma stack and of SigLIP.
+    const gemmaLayer = p * perToken(g.width, g.mlpDim) + s * perToken(e.width, e.mlpDim) + TAPE.perLogit * g.numHeads * n * n;
+    const visionLayer = plan.cameras * (T * ((TAPE.perWidth + TAPE.perQuery + TAPE.perKv) * v.width + TAPE.perMlp * v.mlpDim) + TAPE.perLogit * v.numHeads * T * T);
+    const lora = plan.use === 'lora' ? LORA_TAPE : 1;
+    // LoRA's tower, projector and embedding are frozen: computed untaped, nothing of them is kept.
+    const visionDepth = plan.use === 'lora' ? 0 : v.depth;
+    if (plan.remat ?? checkpointSetting() !== 'off') {
+      // Every block keeps its inputs (the residual streams) and, to the end of the backward
+      // pass, their gradients; one block at a time is re-run with its tape and gradients.
+      const streams = g.depth * (p * g.width + s * e.width) + visionDepth * plan.cameras * T * v.width;
+      floats = b * (REMAT.perResidual * streams + REMAT.block * TAPE.scale * lora * Math.max(gemmaLayer, visionDepth > 0 ? visionLayer : 0));
+    } else {
+      floats = b * TAPE.scale * (g.depth * gemmaLayer + visionDepth * visionLayer) * lora;
+    }
   }
   const activations = Math.round(floats * F32);
   const workspace = 256 * MIB + Math.round(0.06 * weights);

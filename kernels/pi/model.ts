@@ -18,7 +18,7 @@ import * as tf from '@tensorflow/tfjs';
 import { ShapeError } from '../errors.ts';
 import { drawNoiseTime, eulerSample } from '../flow.ts';
 import { holdAtZero, type ChunkTensors } from '../rtc.ts';
-import { geluTanh, rmsNorm, rmsNormalize, swish, type LoraFactors } from '../layers.ts';
+import { checkpoint, checkpointBlock, checkpointSetting, geluTanh, rmsNorm, rmsNormalize, swish, untaped, type LoraFactors } from '../layers.ts';
 import type { Rng } from '../rng.ts';
 import { tokensPerCamera, type GemmaDims, type RealPiConfig } from './config.ts';
 import { NAMES } from './params.ts';
@@ -31,6 +31,28 @@ import { NAMES } from './params.ts';
 export interface RealPiWeights {
   get(name: string): tf.Tensor | undefined;
   lora?(linear: string): LoraFactors | undefined;
+  /**
+   * The trained variables whose names start with `prefix` (the trainer's view; LoRA's factors are
+   * `<linear>.lora_a` / `.lora_b`). With it a training pass rematerialises every block gradients
+   * pass through and keeps nothing of the parts no trained parameter precedes (rematWanted);
+   * without it (a plain parameter map) every op is taped, as TF.js does by default.
+   */
+  params?(prefix: string): tf.Variable[];
+}
+
+/**
+ * Whether a pass over weights `P` rematerialises its blocks (docs/MODEL.md "Training"): a
+ * training pass (a tape records) through the trainer's view (P.params), with `VELA_CHECKPOINT`
+ * not `off` (default on for the real models).
+ */
+export function rematWanted(P: RealPiWeights): boolean {
+  // Only while a tape records: a forward without gradients has nothing to keep.
+  return P.params !== undefined && checkpointSetting() !== 'off' && tf.engine().isTapeOn();
+}
+
+/** Whether nothing under `prefixes` is trained in `P` (known only for the trainer's view). */
+function frozenUnder(P: RealPiWeights, ...prefixes: string[]): boolean {
+  return P.params !== undefined && prefixes.every((p) => P.params!(p).length === 0);
 }
 
 /** A config and its parameters: what every method reads. */
@@ -231,17 +253,20 @@ export function siglip(model: RealPiModel, images: tf.Tensor): tf.Tensor {
   let x = tf.add(tf.matMul(patchify(images, v.patchSize), kernel, false, true), param(P, `${V}embeddings.patch_embedding.bias`)); // [m*T, Wv]
   x = tf.add(tf.reshape(x, [m, T, v.width]), param(P, `${V}embeddings.position_embedding.weight`)); // [m, T, Wv]
   const hd = v.width / v.numHeads;
+  const remat = rematWanted(P);
   for (let i = 0; i < v.depth; i++) {
     const l = `${V}encoder.layers.${i}.`;
-    // One tidy per block, as in gemmaStack: its temporaries go when it ends.
-    const next = tf.tidy(() => {
-      const h = layerNorm(P, `${l}layer_norm1`, x);
+    const block = (xin: tf.Tensor): tf.Tensor => {
+      const h = layerNorm(P, `${l}layer_norm1`, xin);
       const q = linear(P, `${l}self_attn.q_proj`, h);
       const k = linear(P, `${l}self_attn.k_proj`, h);
       const vv = linear(P, `${l}self_attn.v_proj`, h);
-      const y = tf.add(x, linear(P, `${l}self_attn.out_proj`, attention(q, k, vv, null, v.numHeads, v.numHeads, hd)));
+      const y = tf.add(xin, linear(P, `${l}self_attn.out_proj`, attention(q, k, vv, null, v.numHeads, v.numHeads, hd)));
       return tf.add(y, linear(P, `${l}mlp.fc2`, geluTanh(linear(P, `${l}mlp.fc1`, layerNorm(P, `${l}layer_norm2`, y)))));
-    });
+    };
+    // One tidy per block, as in gemmaStack: its temporaries go when it ends. A trained tower
+    // (full fine-tune) is rematerialised block by block (a frozen one is never taped: embedPrefix).
+    const next = tf.tidy(() => (remat ? checkpoint((xin) => block(xin), x, [], P.params!(l)) : block(x)));
     x.dispose();
     x = next;
   }
@@ -260,6 +285,8 @@ interface Stream {
   sin: tf.Tensor;
   bias: tf.Tensor; // its query rows of the mask [b, 1, n_i, k] over [cached keys; this pass's keys]
   output: boolean; // whether its final-normed output is wanted
+  /** Whether x depends on a trained parameter (its gradient is wanted; default true). */
+  grad?: boolean;
 }
 
 /** Per layer, post-RoPE keys and values of the prefix, [b, p, G*hd] each. */
@@ -280,51 +307,93 @@ export interface KvCache {
  */
 function gemmaStack(P: RealPiWeights, streams: Stream[], depth: number, cache: KvCache | null, fill: KvCache | null): (tf.Tensor | null)[] {
   const { numHeads: H, numKvHeads: G, headDim: hd } = streams[0]!.dims;
+  // A training pass (the trainer's view, no cache) rematerialises every layer: the tape keeps
+  // its inputs only, and the backward pass re-runs it (kernels/layers.ts checkpointBlock).
+  const remat = !cache && !fill && rematWanted(P);
+  // Whether each stream's input depends on a trained parameter (then its gradient is wanted).
+  const wanted = streams.map((s) => s.grad ?? true);
   let xs = streams.map((s) => s.x);
   for (let l = 0; l < depth; l++) {
     const last = l === depth - 1;
     const active = streams.flatMap((s, i) => (last && !s.output ? [] : [i])); // streams whose queries run
-    // One tidy per layer keeps a layer's temporaries from piling up over the stack (the prefix's
-    // GeGLU alone is [b, p, F] x 4 per layer); a taped gradient keeps what it needs by itself.
-    const out = tf.tidy(() => {
+    // One layer over inputs xin and conditionings conds (per stream): the next residuals, and
+    // this pass's keys and values.
+    const layerOf = (xin: tf.Tensor[], conds: (tf.Tensor | null)[], cos: tf.Tensor[], sin: tf.Tensor[], biases: tf.Tensor[]) => {
       const ks: tf.Tensor[] = [];
       const vs: tf.Tensor[] = [];
       const qs: tf.Tensor[] = [];
       const gates: (tf.Tensor | null)[] = [];
       streams.forEach((s, i) => {
         const layer = `${s.names}layers.${l}.`;
-        const { y, gate } = gemmaNorm(P, `${layer}input_layernorm`, xs[i]!, s.cond);
-        ks.push(applyRope(linear(P, `${layer}self_attn.k_proj`, y, false), s.cos, s.sin, G, hd)); // [b, n_i, G*hd]
+        const { y, gate } = gemmaNorm(P, `${layer}input_layernorm`, xin[i]!, conds[i] ?? null);
+        ks.push(applyRope(linear(P, `${layer}self_attn.k_proj`, y, false), cos[i]!, sin[i]!, G, hd)); // [b, n_i, G*hd]
         vs.push(linear(P, `${layer}self_attn.v_proj`, y, false));
         if (!active.includes(i)) return;
-        qs.push(applyRope(linear(P, `${layer}self_attn.q_proj`, y, false), s.cos, s.sin, H, hd)); // [b, n_i, H*hd]
+        qs.push(applyRope(linear(P, `${layer}self_attn.q_proj`, y, false), cos[i]!, sin[i]!, H, hd)); // [b, n_i, H*hd]
         gates.push(gate);
       });
       const kNew = ks.length === 1 ? ks[0]! : tf.concat(ks, 1); // [b, k, G*hd]
       const vNew = vs.length === 1 ? vs[0]! : tf.concat(vs, 1);
-      const next = xs.slice();
+      const next = xin.slice();
       if (active.length > 0) {
         const k = cache ? tf.concat([cache.k[l]!, kNew], 1) : kNew;
         const v = cache ? tf.concat([cache.v[l]!, vNew], 1) : vNew;
         const q = qs.length === 1 ? qs[0]! : tf.concat(qs, 1); // [b, n, H*hd]
-        const bias = active.length === 1 ? streams[active[0]!]!.bias : tf.concat(active.map((i) => streams[i]!.bias), 2);
+        const bias = active.length === 1 ? biases[active[0]!]! : tf.concat(active.map((i) => biases[i]!), 2);
         const att = attention(q, k, v, bias, H, G, hd); // [b, n, H*hd]
         let row0 = 0;
         active.forEach((i, j) => {
           const s = streams[i]!;
           const layer = `${s.names}layers.${l}.`;
-          const [b, n] = xs[i]!.shape as [number, number, number];
+          const [b, n] = xin[i]!.shape as [number, number, number];
           const rows = active.length === 1 ? att : tf.slice(att, [0, row0, 0], [b, n, -1]); // [b, n_i, H*hd]
           row0 += n;
           const o = linear(P, `${layer}self_attn.o_proj`, rows, false); // [b, n_i, width]
-          const x = tf.add(xs[i]!, gates[j] ? tf.mul(o, gates[j]!) : o);
-          const { y, gate } = gemmaNorm(P, `${layer}post_attention_layernorm`, x, s.cond);
+          const x = tf.add(xin[i]!, gates[j] ? tf.mul(o, gates[j]!) : o);
+          const { y, gate } = gemmaNorm(P, `${layer}post_attention_layernorm`, x, conds[i] ?? null);
           const m = geglu(P, layer, y);
           next[i] = tf.add(x, gate ? tf.mul(m, gate) : m);
         });
       }
-      return { next, kv: fill ? [kNew, vNew] : [] };
+      return { next, kNew, vNew };
+    };
+    // One tidy per layer keeps a layer's temporaries from piling up over the stack (the prefix's
+    // GeGLU alone is [b, p, F] x 4 per layer); a taped gradient keeps what it needs by itself.
+    const out = tf.tidy(() => {
+      if (!remat) {
+        const r = layerOf(xs, streams.map((s) => s.cond), streams.map((s) => s.cos), streams.map((s) => s.sin), streams.map((s) => s.bias));
+        return { next: r.next, kv: fill ? [r.kNew, r.vNew] : [] };
+      }
+      // Differentiable inputs: the residuals whose gradient is wanted and the conditionings; the
+      // other residuals, the RoPE tables and the mask rows are constants (kernels/layers.ts).
+      const S = streams.length;
+      const inX = streams.flatMap((_, i) => (wanted[i] ? [i] : []));
+      const constX = streams.flatMap((_, i) => (wanted[i] ? [] : [i]));
+      const inCond = streams.flatMap((s, i) => (s.cond ? [i] : []));
+      const inputs = [...inX.map((i) => xs[i]!), ...inCond.map((i) => streams[i]!.cond!)];
+      const consts = [...constX.map((i) => xs[i]!), ...streams.flatMap((s) => [s.cos, s.sin, s.bias])];
+      // The trained variables the layer reads: a stream whose queries do not run (the prefix in
+      // the last layer) reads only its input norm and K / V projections.
+      const params = streams.flatMap((s, i) => {
+        const layer = `${s.names}layers.${l}.`;
+        return active.includes(i) ? P.params!(layer) : ['input_layernorm', 'self_attn.k_proj', 'self_attn.v_proj'].flatMap((m) => P.params!(layer + m));
+      });
+      const ys = checkpointBlock((ins, cs) => {
+        const xin = new Array<tf.Tensor>(S);
+        const conds = new Array<tf.Tensor | null>(S).fill(null);
+        inX.forEach((i, j) => (xin[i] = ins[j]!));
+        inCond.forEach((i, j) => (conds[i] = ins[inX.length + j]!));
+        constX.forEach((i, j) => (xin[i] = cs[j]!));
+        const tables = cs.slice(constX.length);
+        const at = (k: number) => streams.map((_, i) => tables[3 * i + k]!);
+        const r = layerOf(xin, conds, at(0), at(1), at(2));
+        return active.map((i) => r.next[i]!);
+      }, inputs, consts, params);
+      const next = xs.slice();
+      active.forEach((i, j) => (next[i] = ys[j]!));
+      return { next, kv: [] as tf.Tensor[] };
     });
+    if (remat) streams.forEach((s, i) => (wanted[i] ||= P.params!(`${s.names}layers.${l}.`).length > 0));
     if (fill) {
       fill.k.push(out.kv[0]!);
       fill.v.push(out.kv[1]!);
@@ -346,18 +415,26 @@ function gemmaStack(P: RealPiWeights, streams: Stream[], depth: number, cache: K
  * scaled embedding). Returns embs [b, p, D] and validity [b * p] (0 for a masked camera's tokens
  * and for prompt padding). Every prefix token has autoregressive flag 0.
  */
-export function embedPrefix(model: RealPiModel, batch: RealPiBatch): { embs: tf.Tensor; valid: Uint8Array; siglipOut: tf.Tensor } {
+export function embedPrefix(model: RealPiModel, batch: RealPiBatch): { embs: tf.Tensor; valid: Uint8Array; siglipOut: tf.Tensor; constant: boolean } {
   const { config: c, params: P } = model;
   const { size: b, numCameras: nc } = batch;
   const S = c.vision.imageSize;
   const T = tokensPerCamera(c);
   const D = c.vlm.width;
   const L = batch.tokens.length / b;
-  const siglipOut = siglip(model, tf.tensor4d(batch.images, [b * nc, 3, S, S])); // [b*nc, T, Wv]
-  const img = tf.reshape(linear(P, NAMES.projector.slice(0, -1), siglipOut), [b, nc * T, D]);
-  const rows = gatherRows(param(P, NAMES.embedding), batch.tokens); // [b*L, D]
-  const text = tf.mul(tf.reshape(rows, [b, L, D]), Math.fround(Math.sqrt(D))); // [b, L, D]
-  return { embs: tf.concat([img, text], 1), valid: prefixValid(c, batch), siglipOut: tf.reshape(siglipOut, [b, nc, T, c.vision.width]) };
+  // No activation kept for frozen parts (docs/MODEL.md "Training"): with the tower, projector and
+  // embedding all frozen (LoRA's default) the prefix embedding is a constant of the training
+  // pass, computed untaped; a frozen tower before a trained projector, the tower alone.
+  const constant = frozenUnder(P, NAMES.vision, NAMES.projector, NAMES.embedding);
+  const embed = () => {
+    const images = tf.tensor4d(batch.images, [b * nc, 3, S, S]);
+    const siglipOut = frozenUnder(P, NAMES.vision) ? untaped(() => siglip(model, images)) : siglip(model, images); // [b*nc, T, Wv]
+    const img = tf.reshape(linear(P, NAMES.projector.slice(0, -1), siglipOut), [b, nc * T, D]);
+    const rows = gatherRows(param(P, NAMES.embedding), batch.tokens); // [b*L, D]
+    const text = tf.mul(tf.reshape(rows, [b, L, D]), Math.fround(Math.sqrt(D))); // [b, L, D]
+    return { embs: tf.concat([img, text], 1), siglipOut: tf.reshape(siglipOut, [b, nc, T, c.vision.width]) };
+  };
+  return { ...(constant ? untaped(embed) : embed()), valid: prefixValid(c, batch), constant };
 }
 
 /** The prefix tokens' validity [b * p] (0 for a masked camera's tokens and for prompt padding). */
@@ -574,7 +651,7 @@ export function velocity(model: RealPiModel, batch: RealPiBatch, xT: tf.Tensor |
     const [, out] = gemmaStack(
       model.params,
       [
-        { x: prefix.embs, names: NAMES.vlm, dims: c.vlm, cond: null, ...pre, bias: maskBias(mask, b, N, 0, p, N), output: false },
+        { x: prefix.embs, names: NAMES.vlm, dims: c.vlm, cond: null, ...pre, bias: maskBias(mask, b, N, 0, p, N), output: false, grad: !prefix.constant },
         { x: suffix.embs, names: NAMES.expert, dims: c.expert, cond: suffix.cond, ...suf, bias: maskBias(mask, b, N, p, N, N), output: true },
       ],
       c.vlm.depth,

@@ -11,7 +11,7 @@ import { holdAtZero } from '../rtc.ts';
 import type { PolicyConfig } from './config.ts';
 import type { ModelBatch } from './batch.ts';
 import { Rng } from '../rng.ts';
-import { adaRmsNorm, attention, checkpoint, embed, linear, linearParts, mergeHeads, mlp, rmsNorm, splitHeads, splitHeadsT, swish, type LinearParams, type LoraFactors } from '../layers.ts';
+import { adaRmsNorm, attention, checkpoint, checkpointSetting, embed, linear, linearParts, mergeHeads, mlp, rmsNorm, splitHeads, splitHeadsT, swish, type LinearParams, type LoraFactors } from '../layers.ts';
 
 // ---------------------------------------------------------------- parameter table
 
@@ -167,7 +167,7 @@ export interface WeightsView {
  * b * p * w > 500,000, where the activations TF.js keeps for the backward pass run to GBs).
  */
 export function checkpointWanted(elements: number): boolean {
-  const mode = (process.env.VELA_CHECKPOINT ?? 'auto').toLowerCase();
+  const mode = checkpointSetting();
   if (mode === 'on') return true;
   if (mode === 'off') return false;
   return elements > 500_000;
