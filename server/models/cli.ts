@@ -12,7 +12,7 @@ import { ModelError } from './errors.ts';
 import { cachedSnapshot, hubCacheDir, isHubRepoId } from './hf-cache.ts';
 import { checkpointTokenizer, findPaligemmaTokenizer, PALIGEMMA_TOKENIZER_REPO } from './tokenizer.ts';
 import { formatBytes, formatCount, inspectModel, listModels, type ModelSummary } from './inspect.ts';
-import { INIT_SEED_MAX, initCheckpoint, initCheckpointPlan, type InitCheckpointOptions, type InitCheckpointPlan } from './init-checkpoint.ts';
+import { checkInitTarget, INIT_SEED_MAX, initCheckpoint, initCheckpointPlan, type InitCheckpointOptions, type InitCheckpointPlan } from './init-checkpoint.ts';
 
 export const MODELS_USAGE = `Usage:
   vela models download REPO_ID [--revision R] [--endpoint URL] [--token T] [--include GLOB]...
@@ -106,6 +106,7 @@ would write ${dir}: ${plan.files.join(', ')}
 `);
     return;
   }
+  checkInitTarget(dir, opts.force ?? false);
   process.stderr.write(`writing a random-weight ${opts.variant} (${opts.size}) into ${dir}: ${planText(plan)}
 `);
   const tty = process.stderr.isTTY;

@@ -116,6 +116,18 @@ function checkSeed(seed: number | undefined): void {
 }
 
 /**
+ * Whether initCheckpoint may write `dir`: absent, an empty folder, or a non-empty one with `force`.
+ * @throws ModelError 'bad_argument' otherwise, saying what to do.
+ */
+export function checkInitTarget(dir: string, force: boolean): void {
+  const existing = fs.statSync(dir, { throwIfNoEntry: false });
+  if (existing && !existing.isDirectory()) throw new ModelError('bad_argument', `${dir} exists and is not a folder; pick a new folder`);
+  if (existing && !force && fs.readdirSync(dir).length > 0) {
+    throw new ModelError('bad_argument', `${dir} is not empty; pick a new folder, or pass --force to replace what is there`);
+  }
+}
+
+/**
  * Writes the checkpoint `opts` describes into `dir`, built in a temporary folder beside it and
  * renamed into place once complete (an interrupted run leaves no half folder under `dir`).
  * An existing empty folder is replaced; a non-empty one only with `force`.
@@ -126,12 +138,8 @@ function checkSeed(seed: number | undefined): void {
 export async function initCheckpoint(dir: string, opts: InitCheckpointOptions): Promise<InitCheckpointPlan> {
   checkSeed(opts.seed);
   const plan = initCheckpointPlan(opts);
+  checkInitTarget(dir, opts.force ?? false);
   const target = path.resolve(dir);
-  const existing = fs.statSync(target, { throwIfNoEntry: false });
-  if (existing && !existing.isDirectory()) throw new ModelError('bad_argument', `${dir} exists and is not a folder`);
-  if (existing && fs.readdirSync(target).length > 0 && !opts.force) {
-    throw new ModelError('bad_argument', `${dir} is not empty; pick a new folder, or pass --force to replace what is there`);
-  }
   const parent = path.dirname(target);
   fs.mkdirSync(parent, { recursive: true });
   const work = path.join(parent, `.${path.basename(target)}.init-${process.pid}-${randomBytes(4).toString('hex')}`);
