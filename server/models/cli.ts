@@ -29,7 +29,7 @@ export const MODELS_USAGE = `Usage:
       PaliGemma's tokenizer (pi0 / pi0.5 use it; the repository is gated, accept its licence
       on huggingface.co first):
         vela models download google/paligemma-3b-pt-224 --include 'tokenizer*'
-  vela models init FOLDER --variant pi05|pi0 [--size tiny|full] [--seed N] [--dtype bf16|f32] [--force] [--dry-run]
+  vela models init FOLDER --variant pi05|pi0 [--size tiny|full] [--seed N] [--dtype bf16|f32] [--no-tokenizer] [--force] [--dry-run]
       Writes a random-weight checkpoint in the Hub base layout (config.json, model.safetensors
       keyed as lerobot/pi05_base, README.md) with a small test tokenizer (1,011 ids, NOT
       PaliGemma's), so every real-model path runs offline: vela policy --base FOLDER, fine-tunes
