@@ -16,7 +16,7 @@ import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { decodeSafetensors } from '../kernels/safetensors.ts';
 import { piParamShapes, paramToHubKey } from '../kernels/pi/keys.ts';
-import { contractInitValues } from '../kernels/pi/params.ts';
+import { contractInitChunks, contractInitValues } from '../kernels/pi/params.ts';
 import { initCheckpoint, initRealConfig, TEST_TOKENIZER_ASSET_DIR } from '../server/models/init-checkpoint.ts';
 import { g1Datums } from './helpers/g1.ts';
 import { PolicyClient } from './helpers/policy-stub.ts';
@@ -162,6 +162,13 @@ describe('initCheckpoint: seed, existing folders, the tokenizer asset', () => {
     expect(fs.readFileSync(path.join(b, 'model.safetensors')).equals(fs.readFileSync(path.join(c, 'model.safetensors')))).toBe(true);
     // Same distribution: uniform in [-0.05, 0.05).
     expect(firstParam(b).every((x) => x >= -0.05 && x < 0.05)).toBe(true);
+  });
+
+  it('the chunked init gives the contract\'s values across chunk boundaries (full-size tensors are made 4 M values at a time)', () => {
+    const name = 'model.paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight';
+    const chunks = [...contractInitChunks(name, 1000, { chunk: 7 })];
+    expect(chunks.map((c) => c.length)).toEqual([...Array(142).fill(7), 6]);
+    expect(Float32Array.from(chunks.flatMap((c) => Array.from(c)))).toEqual(contractInitValues(name, 1000));
   });
 
   it('refuses a non-empty folder (exit 1, nothing touched) unless --force; an empty one is filled', async () => {

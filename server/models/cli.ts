@@ -38,7 +38,7 @@ export const MODELS_USAGE = `Usage:
       --variant pi05|pi0   which model                                              (required)
       --size tiny|full     tiny: the CI architecture, ~0.4 M parameters, ~1 MB; full: the
                            public bases' shapes (pi0.5 3.35 G parameters, 7.2 GB in bf16;
-                           minutes to write, streamed, ~50 MB of memory)             [tiny]
+                           minutes to write, streamed tensor by tensor, ~0.3 GB of memory)  [tiny]
       --seed N             another set of values, N in 0..${INIT_SEED_MAX}     [the parity contract's]
       --dtype bf16|f32     on-disk dtype, as the public bases ship                  [bf16]
       --no-tokenizer       leave the test tokenizer out (PaliGemma's from the cache is used then)
