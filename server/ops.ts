@@ -218,6 +218,7 @@ function prepareOp(live: LiveSession, req: SessionRequest, server: ServerConfig)
         const transfer = batchBuffers(batch);
         if (req.op === 'forward_backward') {
           const r = await call<{ loss: number; lossPerDatum: Float32Array }>('forward_backward', { batch, lossFn: req.loss_fn }, transfer);
+          live.recordLoss(r.loss);
           return { loss: r.loss, loss_per_datum: ndarray(r.lossPerDatum, [b]) };
         }
         if (req.op === 'forward') {

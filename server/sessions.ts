@@ -117,6 +117,9 @@ export function publicConfig(config: Record<string, unknown>): Record<string, un
   return rest;
 }
 
+/** How many of a session's latest forward_backward losses its JSON carries (`recent_losses`). */
+export const LOSS_HISTORY = 200;
+
 /** A session that is open in an engine. */
 export class LiveSession {
   cameras: string[] = []; // camera name -> slot index, in the order first seen (saved with weights)
@@ -143,7 +146,20 @@ export class LiveSession {
    * fail with `asleep` until wake_up. Shown as `asleep` in both session APIs' JSON.
    */
   asleep = false;
+  /** forward_backward ops answered so far (the x of recentLosses). */
+  forwardBackwards = 0;
+  /**
+   * The last LOSS_HISTORY forward_backward losses, oldest first: `n` counts this session's
+   * forward_backwards from 1, `loss` is the batch's weighted mean loss as answered. In memory only
+   * (gone with the live session); the dashboard's session page draws them.
+   */
+  recentLosses: { n: number; loss: number }[] = [];
   constructor(readonly row: SessionRow, readonly config: SessionConfig, public engine: EngineLike | null) {}
+  /** Keeps one forward_backward's loss in recentLosses (the oldest goes past LOSS_HISTORY). */
+  recordLoss(loss: number): void {
+    this.recentLosses.push({ n: ++this.forwardBackwards, loss });
+    if (this.recentLosses.length > LOSS_HISTORY) this.recentLosses.shift();
+  }
   get id(): string {
     return this.row.id;
   }
@@ -487,6 +503,8 @@ export class SessionManager {
       last_request_id: live?.lastRequestId ? jsonId(live.lastRequestId.value) : null,
       last_op: live?.lastOp ? { ...live.lastOp, id: jsonId(live.lastOp.id) } : null,
       ops_count: live?.opsCount ?? 0,
+      // The dashboard's loss curve: the last LOSS_HISTORY forward_backward losses of the live session.
+      recent_losses: live ? live.recentLosses.map((p) => ({ ...p })) : [],
       pending_gradients: live?.pendingGradients ?? 0,
       asleep: live?.asleep ?? false, // status stays the lifecycle (ready); its ops fail with `asleep` until wake_up
       last_activity_at: live ? live.lastActivityMs / 1000 : null,

@@ -11,6 +11,7 @@ import { log } from '../log.ts';
 import { stopOnSignals } from '../signals.ts';
 import { DEFAULT_POLICY_LIMITS } from './observation.ts';
 import { storedPreset } from '../presets.ts';
+import { answeredAs } from '../datasets/actions.ts';
 import { REAL_MODELS, type RealModel } from '../models/bases.ts';
 import { baseServing, classifyFolder, OPENPI_CAMERAS, type ServedFolder } from './checkpoint.ts';
 import { DEFAULT_RTC_SETTINGS, RTC_QUERY_KEYS, rtcSettings, type RtcSettings } from './rtc.ts';
@@ -316,7 +317,7 @@ export async function policyCommand(argv: string[]): Promise<void> {
   const what = target.kind === 'base' ? `the ${m.preset} base ${target.dir}` : target.baseDir ? `${m.preset} on the base ${target.baseDir}` : m.preset;
   process.stdout.write(
     `Vela policy server on ${server.wsUrl} (${what} on ${engine.info.backend}; cameras ${m.cameras.join(', ')}; ` +
-      `actions [${m.actionHorizon}, ${m.actionDim}], absolute${m.actionSpace === 'delta' ? ' (trained as deltas; the state is added back)' : ''}${m.norm ? '' : ', unnormalised'}${args.seed !== null ? `; seed ${args.seed}` : ''}${args.apiKey ? '; API key required' : ''}; ${rtcLine(server.policy.metadata().rtc as Record<string, unknown>)})\n` +
+      `actions [${m.actionHorizon}, ${m.actionDim}], ${answeredAs(m.actionSpace)}${m.norm ? '' : ', unnormalised'}${args.seed !== null ? `; seed ${args.seed}` : ''}${args.apiKey ? '; API key required' : ''}; ${rtcLine(server.policy.metadata().rtc as Record<string, unknown>)})\n` +
       `${engine.info.backendLine}\n`,
   );
   stopOnSignals(() => server.close().then(() => engine.close()), 'shutting down');
