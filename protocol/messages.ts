@@ -6,7 +6,7 @@
  */
 import { ProtocolError } from './errors.ts';
 import { NDArray } from './ndarray.ts';
-import { meant } from '../server/resemble.ts';
+import { meant } from './resemble.ts';
 
 /** A camera frame as it came on the wire: encoded bytes (PNG/JPEG/ZPNG) or a uint8 ndarray (RAW). */
 export type WireFrame = Uint8Array | NDArray;

@@ -23,7 +23,7 @@ import { Engine, PriorityGate, type EngineLike, type EngineOptions } from './eng
 import type { BackendInfo } from './engine/messages.ts';
 import type { NativeThreads } from '../kernels/backend/native.ts';
 import { HttpError, bytesText } from './http.ts';
-import { meant } from './resemble.ts';
+import { meant } from '../protocol/resemble.ts';
 import { log } from './log.ts';
 import { storedPreset } from './presets.ts';
 import { newToken } from './auth.ts';
