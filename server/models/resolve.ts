@@ -156,7 +156,11 @@ export async function resolveBase(ref: string, opts: ResolveBaseOptions = {}): P
       throw new ModelError('bad_argument', `base ${ref}: not a folder that can be read (${(e as NodeJS.ErrnoException).code ?? 'unreadable'})`);
     }
     if (!st) throw new ModelError('not_found', `base ${ref}: no such folder (${dir})${instead()}`);
-    if (!st.isDirectory()) throw new ModelError('bad_argument', `base ${ref} is a file; give the checkpoint folder (config.json and model.safetensors)`);
+    if (!st.isDirectory()) throw new ModelError('bad_argument', `base ${ref} is a file; give the checkpoint folder (config.json and model.safetensors)${instead()}`);
+    // A server's client cannot look in the folder: it is told what it may name instead.
+    if (!cwdRelative && opts.modelsDir && !fs.existsSync(path.join(dir, HUB_CONFIG_FILE))) {
+      throw new ModelError('bad_argument', `base ${ref}: ${dir} has no ${HUB_CONFIG_FILE}, so it is no checkpoint${instead()}`);
+    }
     return { dir, repoId: null, revision: null };
   }
   const at = ref.indexOf('@');
