@@ -163,9 +163,16 @@ function suggestedCommands(text: string): string[][] {
   return [...text.matchAll(/`(vela [^`]+)`/g)].map((m) => [...m[1]!.matchAll(/'([^']*)'|(\S+)/g)].map((w) => w[1] ?? w[2]!).slice(1));
 }
 
-/** Flags a message advises outside its backticked commands ("with --x", "use --x", "add --x"). */
+/** Flags a message advises outside its backticked commands ("with --x", "use --x", "lower --x", ...). */
 function suggestedFlags(text: string): string[] {
-  return [...text.replace(/`[^`]*`/g, '').matchAll(/\b(?:with|use|add|pass)\s+(--[a-z][a-z0-9-]*)/g)].map((m) => m[1]!);
+  return [...text.replace(/`[^`]*`/g, '').matchAll(/\b(?:with|use|add|pass|lower|raise|give)\s+(--[a-z][a-z0-9-]*)/g)].map((m) => m[1]!);
+}
+
+/** The flags `vela <command> --help` lists. */
+async function usageFlags(command: string): Promise<Set<string>> {
+  const r = await vela([command, '--help'], {});
+  expect(r.code).toBe(0);
+  return new Set([...r.stdout.matchAll(/--[a-z][a-z0-9-]*/g)].map((m) => m[0]));
 }
 
 describe('every hint vela finetune prints about its base works there', () => {
@@ -191,6 +198,7 @@ describe('every hint vela finetune prints about its base works there', () => {
     const env = { HF_HUB_CACHE: cache, HF_ENDPOINT: hub.url, HF_TOKEN: 'hf_granted', VELA_MODELS_DIR: path.join(tmp, 'no-models') };
     // --cameras a camera the data lacks: once the base and its tokenizer are found, the run stops there (no training).
     const cmd = ['finetune', '--model', 'pi05', '--dataset', FIXTURE, '--cameras', 'nosuch_cam', '--output', path.join(tmp, 'out-hints')];
+    const known = await usageFlags('finetune');
     const seen: string[] = [];
     let last = '';
     for (let round = 0; round < 4; round++) {
@@ -200,11 +208,8 @@ describe('every hint vela finetune prints about its base works there', () => {
       const commands = suggestedCommands(r.stderr);
       const flags = suggestedFlags(r.stderr);
       if (commands.length === 0 && flags.length === 0) break;
-      for (const flag of flags) {
-        // A flag advised to this command: the same command with it must not be a usage error.
-        const again = await vela([...cmd, flag], env);
-        expect(again.stderr, `${flag}, advised by: ${r.stderr}`).not.toMatch(/unknown option|needs a value|Usage:/);
-      }
+      // A flag advised to this command is one it takes.
+      for (const flag of flags) expect(known.has(flag), `${flag}, advised by: ${r.stderr}`).toBe(true);
       for (const c of commands) {
         seen.push(c.join(' '));
         const run = await vela(c, env);
@@ -215,5 +220,23 @@ describe('every hint vela finetune prints about its base works there', () => {
     expect(seen).toEqual(['models download lerobot/pi05_base', "models download google/paligemma-3b-pt-224 --include tokenizer*"]);
     expect(last).toMatch(/--cameras nosuch_cam: /);
     expect(last).not.toMatch(/start the server|--allow-downloads/);
+  });
+
+  it('a memory refusal advises this command\'s flags (--batch-size, --finetune), not the REST fields', { timeout: 120_000 }, async () => {
+    const known = await usageFlags('finetune');
+    const r = await vela(['finetune', '--model', 'pi05', '--base', 'tiny_pi05_base', '--models-dir', models, '--dataset', FIXTURE, '--batch-size', '4', '--finetune', 'full', '--output', path.join(tmp, 'out-mem')],
+      { HF_HUB_CACHE: hfCache, VELA_MAX_MEMORY: '64MiB' });
+    expect(r.code).toBe(1);
+    const line = r.stderr.split('\n').find((l) => l.includes('needs about'))!;
+    const fixes = line.slice(line.lastIndexOf('): ') + 3);
+    expect(fixes).toMatch(/^use --finetune lora \(the default\) instead of a full fine-tune, or lower --batch-size, or free memory or run on a machine with >= \d+ GB, or raise VELA_MAX_MEMORY \(now 67\.1 MB\)$/); // 64 MiB = 67 108 864 bytes
+    const flags = suggestedFlags(fixes);
+    expect(flags).toEqual(['--finetune', '--batch-size']);
+    for (const flag of flags) expect(known.has(flag), flag).toBe(true);
+    // The advised command runs past the plan's flags (LoRA at batch 1 still does not fit 64 MiB: the same refusal, no usage error).
+    const again = await vela(['finetune', '--model', 'pi05', '--base', 'tiny_pi05_base', '--models-dir', models, '--dataset', FIXTURE, '--batch-size', '1', '--finetune', 'lora', '--output', path.join(tmp, 'out-mem')],
+      { HF_HUB_CACHE: hfCache, VELA_MAX_MEMORY: '64MiB' });
+    expect(again.stderr).not.toMatch(/unknown option|needs a value|Usage:/);
+    expect(again.stderr).toMatch(/needs about/);
   });
 });
