@@ -244,9 +244,16 @@ async function localBase(cfg: FineTuneConfig, arg: FlagArg | undefined, modelsDi
   return dir;
 }
 
-/** `vela finetune`'s memory plan of a real base, once the dataset's cameras are known: one line, exit 1, before loading. */
+/**
+ * `vela finetune`'s memory plan of a real base, once the dataset's cameras are known: one line,
+ * exit 1, before loading; its fixes are spelled as this command's flags (the server's name fields).
+ */
 async function planLocal(cfg: FineTuneConfig, baseDir: string | undefined): Promise<void> {
-  if (baseDir) await planFineTune(cfg, baseDir, { maxMemory: process.env.VELA_MAX_MEMORY || undefined, capName: 'VELA_MAX_MEMORY' });
+  if (!baseDir) return;
+  await planFineTune(cfg, baseDir, { maxMemory: process.env.VELA_MAX_MEMORY || undefined, capName: 'VELA_MAX_MEMORY' }).catch((e: Error) => {
+    e.message = e.message.replace('lower batch_size', 'lower --batch-size').replace('use LoRA (the default) instead of a full fine-tune', 'use --finetune lora (the default) instead of a full fine-tune');
+    throw e;
+  });
 }
 
 /**
