@@ -31,8 +31,9 @@ export interface ResolveBaseOptions {
   onProgress?: (p: DownloadProgress) => void;
   /**
    * Whether the caller could download when allowed (fine-tunes, with `vela serve --allow-downloads`):
-   * the refusal then names that setting besides `vela models download`. Default true; sessions and
-   * `vela policy`, which never download, pass false.
+   * the refusal then names that setting besides `vela models download`. Default true; sessions,
+   * `vela policy` and `vela finetune`, which never download, pass false (every hint a command
+   * prints is one that works there: `vela finetune` takes no --allow-downloads).
    */
   serverDownloads?: boolean;
   /**
