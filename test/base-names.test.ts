@@ -222,6 +222,20 @@ describe('every hint vela finetune prints about its base works there', () => {
     expect(last).not.toMatch(/start the server|--allow-downloads/);
   });
 
+  it('vela policy --base in an empty cache: its hint is a command that runs, and it names only its own flags', { timeout: 120_000 }, async () => {
+    const cache = path.join(tmp, 'empty-cache-policy');
+    fs.mkdirSync(cache);
+    const env = { HF_HUB_CACHE: cache, HF_ENDPOINT: hub.url, VELA_MODELS_DIR: path.join(tmp, 'no-models') };
+    const known = await usageFlags('policy');
+    const r = await vela(['policy', '--base', 'lerobot/pi05_base', '--port', '0'], env);
+    expect(r.code).toBe(1);
+    for (const flag of suggestedFlags(r.stderr)) expect(known.has(flag), `${flag}, advised by: ${r.stderr}`).toBe(true);
+    const commands = suggestedCommands(r.stderr);
+    expect(commands.map((c) => c.join(' '))).toEqual(['models download lerobot/pi05_base']);
+    const run = await vela(commands[0]!, env);
+    expect(run.code, run.stderr).toBe(0);
+  });
+
   it('a memory refusal advises this command\'s flags (--batch-size, --finetune), not the REST fields', { timeout: 120_000 }, async () => {
     const known = await usageFlags('finetune');
     const r = await vela(['finetune', '--model', 'pi05', '--base', 'tiny_pi05_base', '--models-dir', models, '--dataset', FIXTURE, '--batch-size', '4', '--finetune', 'full', '--output', path.join(tmp, 'out-mem')],
