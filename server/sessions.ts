@@ -12,7 +12,7 @@ import { loraAlphaProblem } from './models/lora-limits.ts';
 import { DEFAULT_BASES, isRealModel, type RealModel } from './models/bases.ts';
 import { modelLayout, tokenizerFileFor, type ModelLayout } from './models/layout.ts';
 import { ModelError } from './models/errors.ts';
-import { resolveBase } from './models/resolve.ts';
+import { modelsDirOf, resolveBase } from './models/resolve.ts';
 import { isRealModelKey, parseEngineModel, realModelKey } from './engine/model-key.ts';
 import { availableMemory, memoryLedger } from './models/memory.ts';
 import { planOrRefuse, realConfigOf } from './models/plan.ts';
@@ -365,7 +365,7 @@ export class SessionManager {
       // Resolved and checked before the row exists, so a base that cannot serve is the request's
       // one-line 400 and nothing is left open (no row, no engine). Which folders a key may name first.
       await checkBaseAccess(this.config, this.store, owner, cfg.base, path.dirname(storageOf(this.config).dir('jobs', 'x')));
-      const { dir } = await resolveBase(cfg.base, { serverDownloads: false }).catch((e) => {
+      const { dir } = await resolveBase(cfg.base, { serverDownloads: false, modelsDir: modelsDirOf(this.config), cwdRelative: false }).catch((e) => {
         // The request's mistakes are 400s; only the Hub failing (network, integrity) is the server's 502.
         throw e instanceof ModelError ? new HttpError(e.code === 'network' || e.code === 'integrity' ? 502 : 400, e.message) : e;
       });

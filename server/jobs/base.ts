@@ -43,12 +43,13 @@ export function engineModelOf(cfg: Pick<FineTuneConfig, 'model' | 'engine_model'
 
 /**
  * The engine model of a stored job's config, for serving its policy: the one resolved when it
- * was accepted, else (a base the job downloaded) its base looked up again in the cache.
+ * was accepted, else (a base the job downloaded) its base looked up again in the cache;
+ * `modelsDir` (the server's --models-dir) is what a relative `base` is under (none: the CLI's cwd).
  * @throws ModelError when a real model's base is no longer there.
  */
-export async function storedEngineModel(config: Record<string, unknown>): Promise<string> {
+export async function storedEngineModel(config: Record<string, unknown>, modelsDir?: string): Promise<string> {
   if (typeof config.engine_model === 'string') return config.engine_model;
-  if (isRealModel(config.model) && typeof config.base === 'string') return realModelKey(config.model, (await resolveBase(config.base)).dir);
+  if (isRealModel(config.model) && typeof config.base === 'string') return realModelKey(config.model, (await resolveBase(config.base, { modelsDir, cwdRelative: modelsDir === undefined })).dir);
   return String(config.model);
 }
 

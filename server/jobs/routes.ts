@@ -19,7 +19,7 @@ import { prepareRun } from './train.ts';
 import { isRealModel, type RealModel } from '../models/bases.ts';
 import { checkBaseVariant } from '../models/base-variant.ts';
 import { tokenizerFileFor } from '../models/layout.ts';
-import { resolveBase } from '../models/resolve.ts';
+import { modelsDirOf, resolveBase } from '../models/resolve.ts';
 import { checkBaseAccess } from '../models/access.ts';
 import { memoryLedger } from '../models/memory.ts';
 import { jobModelShape, planFineTune, planPresetFineTune, realEngineModel } from './base.ts';
@@ -149,7 +149,7 @@ async function submittedBase(deps: Pick<JobRoutesDeps, 'store' | 'config'>, owne
   let dir: string;
   try {
     await checkBaseAccess(deps.config, deps.store, owner, cfg.base, path.dirname(jobWorkDir(deps.config, 'x')));
-    dir = (await resolveBase(cfg.base)).dir;
+    dir = (await resolveBase(cfg.base, { modelsDir: modelsDirOf(deps.config), cwdRelative: false })).dir;
   } catch (e) {
     const err = e as Error & { code?: string };
     if (err.name !== 'ModelError') throw e;
