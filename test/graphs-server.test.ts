@@ -6,6 +6,7 @@
  * each engine took. Native TensorFlow only (CI always has it: kernels-backend.test.ts).
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { relDiff } from './helpers/float32.ts';
 import { VelaClient, type Datum } from '../protocol/client.ts';
 import { g1Datums } from './helpers/g1.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
@@ -40,15 +41,6 @@ async function runSession(graphs: boolean) {
   }
 }
 
-function relDiff(a: Float32Array, b: Float32Array): number {
-  let d = 0;
-  let s = 0;
-  for (let i = 0; i < a.length; i++) {
-    d = Math.max(d, Math.abs(a[i]! - b[i]!));
-    s = Math.max(s, Math.abs(b[i]!));
-  }
-  return d / s;
-}
 
 describe.runIf(NATIVE_PRESENT)('graphs through the real server', () => {
   beforeAll(async () => {

@@ -9,7 +9,7 @@
 import * as tf from '@tensorflow/tfjs';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { NATIVE_PRESENT, useBackend, withGraphs } from './helpers/tf.ts';
-import { passBound, sampleBound } from './helpers/float32.ts';
+import { passBound, relDiff, sampleBound } from './helpers/float32.ts';
 import { GraphTraceError, traceGraph } from '../kernels/backend/graph.ts';
 import { sampleGraphStats } from '../kernels/sample-graph.ts';
 import { lossGraphStats } from '../kernels/step-graph.ts';
@@ -23,17 +23,6 @@ import { fakeRealPiBatch } from '../kernels/pi/fake.ts';
 import { OPENPI_LORA, realPiPolicy } from '../kernels/pi/policy.ts';
 import type { RealPiBatch } from '../kernels/pi/model.ts';
 
-/** max |a - b| / max |b|, compared with the bounds of test/helpers/float32.ts. */
-function relDiff(a: Float32Array, b: Float32Array): number {
-  expect(a.length).toBe(b.length);
-  let d = 0;
-  let s = 0;
-  for (let i = 0; i < a.length; i++) {
-    d = Math.max(d, Math.abs(a[i]! - b[i]!));
-    s = Math.max(s, Math.abs(b[i]!));
-  }
-  return s > 0 ? d / s : d;
-}
 
 /** A batch of `size` with only the first `cams` camera slots filled. */
 function smallBatch(preset: string, size: number, seed: number, cams: number): ModelBatch {

@@ -12,7 +12,7 @@
  */
 import * as tf from '@tensorflow/tfjs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { passBound } from './helpers/float32.ts';
+import { longestRealPiReduction, passBound, relDiff } from './helpers/float32.ts';
 import { useBestBackend } from './helpers/tf.ts';
 import { makeRealPiConfig, REAL_PI_TINY_PI0, REAL_PI_TINY_PI05, type RealPiConfig } from '../kernels/pi/config.ts';
 import { fakeRealPiBatch } from '../kernels/pi/fake.ts';
@@ -33,22 +33,7 @@ function withCheckpoint<T>(mode: 'on' | 'off' | undefined, fn: () => T): T {
   }
 }
 
-/** The longest reduction of one pass (as test/real-pi-train.test.ts): attention over 3 cameras' patches, the prompt and the chunk, or an MLP. */
-function longestReduction(c: RealPiConfig): number {
-  const seq = 3 * (c.vision.imageSize / c.vision.patchSize) ** 2 + c.maxTokenLen + c.actionHorizon + 1;
-  return Math.max(seq, c.vlm.mlpDim, c.expert.mlpDim, c.vision.mlpDim);
-}
 
-/** max |a - b| over max |b| (the absolute difference when b is all zeros). */
-function maxRel(a: ArrayLike<number>, b: ArrayLike<number>): number {
-  let d = 0;
-  let s = 0;
-  for (let i = 0; i < a.length; i++) {
-    d = Math.max(d, Math.abs(a[i]! - b[i]!));
-    s = Math.max(s, Math.abs(b[i]!));
-  }
-  return s === 0 ? d : d / s;
-}
 
 const draw = (c: RealPiConfig, b: number) => ({
   noise: new Float32Array(b * c.actionHorizon * c.actionDim).map((_, i) => Math.cos(i * 0.3)),
@@ -84,7 +69,7 @@ describe.each([
   ['pi0', REAL_PI_TINY_PI0],
   ['pi05', REAL_PI_TINY_PI05],
 ] as const)('real %s: rematerialisation', (_name, c) => {
-  const K = longestReduction(c);
+  const K = longestRealPiReduction(c);
   const batch = fakeRealPiBatch(c, 12, 0.5);
   let base: BaseWeights<RealPiBatch, RealPiConfig>;
   beforeAll(() => {
@@ -97,11 +82,11 @@ describe.each([
     const off = oneStep(base, finetune, batch, 'off');
     for (const mode of [undefined, 'on'] as const) {
       const on = oneStep(base, finetune, batch, mode);
-      expect(maxRel(on.lossPerDatum, off.lossPerDatum)).toBeLessThanOrEqual(passBound(K));
+      expect(relDiff(on.lossPerDatum, off.lossPerDatum)).toBeLessThanOrEqual(passBound(K));
       expect(Math.abs(on.loss - off.loss)).toBeLessThanOrEqual(passBound(K) * Math.abs(off.loss));
       // The same parameters get gradients (the prefix's last O and MLP feed nothing: none either way).
       expect([...on.grads.keys()].sort()).toEqual([...off.grads.keys()].sort());
-      for (const [name, g] of off.grads) expect(maxRel(on.grads.get(name)!, g), name).toBeLessThanOrEqual(passBound(2 * K));
+      for (const [name, g] of off.grads) expect(relDiff(on.grads.get(name)!, g), name).toBeLessThanOrEqual(passBound(2 * K));
     }
     // A full fine-tune trains the vision tower (its blocks are rematerialised too); LoRA does not.
     const vision = [...off.grads.keys()].filter((n) => n.includes('vision_tower'));

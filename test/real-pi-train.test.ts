@@ -11,7 +11,7 @@
  * backend parity of the model is real-pi-model.test.ts's.
  */
 import * as tf from '@tensorflow/tfjs';
-import { passBound, sampleBound } from './helpers/float32.ts';
+import { longestRealPiReduction, passBound, relDiff, sampleBound } from './helpers/float32.ts';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { useBestBackend } from './helpers/tf.ts';
 import { REAL_PI_TINY_PI0, REAL_PI_TINY_PI05, type RealPiConfig } from '../kernels/pi/config.ts';
@@ -51,26 +51,7 @@ function same(a: NamedTensors, b: NamedTensors): boolean {
   return true;
 }
 
-/**
- * The longest reduction of one pass of `c` (attention over the whole sequence: 3 cameras'
- * patches, the prompt, the chunk; or an MLP), for the bounds of test/helpers/float32.ts: two
- * paths to one result (a cached prefix, adapters merged or applied, a batch summed whole or datum
- * by datum) may order their float32 sums differently.
- */
-function longestReduction(c: RealPiConfig): number {
-  const seq = 3 * (c.vision.imageSize / c.vision.patchSize) ** 2 + c.maxTokenLen + c.actionHorizon + 1;
-  return Math.max(seq, c.vlm.mlpDim, c.expert.mlpDim, c.vision.mlpDim);
-}
 
-function maxRel(a: ArrayLike<number>, b: ArrayLike<number>): number {
-  let d = 0;
-  let s = 0;
-  for (let i = 0; i < a.length; i++) {
-    d = Math.max(d, Math.abs(a[i]! - b[i]!));
-    s = Math.max(s, Math.abs(b[i]!));
-  }
-  return s === 0 ? d : d / s;
-}
 
 /** The base with the state's trained tensors in place (full) or its adapters merged in (LoRA: W + s · (A B)ᵀ). */
 function mergedWeights(base: BaseWeights<RealPiBatch, RealPiConfig>, state: TrainingState<RealPiBatch, RealPiConfig>, scales: (linear: string) => number): Map<string, tf.Tensor> {
@@ -93,7 +74,7 @@ describe.each([
   ['pi05', REAL_PI_TINY_PI05],
 ] as const)('real %s through the shared trainer', (_name, c) => {
   const policy = realPiPolicy(c);
-  const K = longestReduction(c);
+  const K = longestRealPiReduction(c);
   const batch = makeBatch(c);
   const draw = fixedDraw(c);
   let base: BaseWeights<RealPiBatch, RealPiConfig>;
@@ -107,7 +88,7 @@ describe.each([
     const weighted = { ...batch, weight: Float32Array.from([1, 3]) };
     const { loss, lossPerDatum } = state.forwardBackward(weighted, draw);
     const direct = tf.tidy(() => computeLoss({ config: c, params: base.tensors }, batch, draw.noise, draw.time).dataSync());
-    expect(maxRel(lossPerDatum, direct)).toBeLessThan(passBound(K));
+    expect(relDiff(lossPerDatum, direct)).toBeLessThan(passBound(K));
     expect(loss).toBeCloseTo((direct[0]! + 3 * direct[1]!) / 4, 5);
     // The same gradient through forward(keep) + backward(dL/dv) (the split path of PROTOCOL.md section 3).
     const g1 = state.accumulatedGradients();
@@ -119,7 +100,7 @@ describe.each([
     state.backward(grad);
     const g2 = state.accumulatedGradients();
     expect(g2.denominator).toBe(g1.denominator);
-    for (const [name, g] of g1.grads) expect(maxRel(g2.grads.get(name)!, g), name).toBeLessThan(passBound(2 * K));
+    for (const [name, g] of g1.grads) expect(relDiff(g2.grads.get(name)!, g), name).toBeLessThan(passBound(2 * K));
     state.dispose();
   });
 
@@ -152,7 +133,7 @@ describe.each([
     const exported = state.exportWeights();
     expect(exported.config).toMatchObject({ preset: `real-${c.variant}`, finetune: 'lora', lora_rank: 16, lora_alpha: 16, lora_action_rank: 32, lora_action_alpha: 32, lora_full: realPiLoraFull(c) });
     expect(Object.keys(exported.weights).filter((k) => !/\.lora_[ab]$/.test(k)).sort()).toEqual(realPiLoraFull(c).sort());
-    expect(maxRel(exported.weights['model.action_out_proj.weight']!.data, before['model.action_out_proj.weight']!.data)).toBeGreaterThan(1e-2);
+    expect(relDiff(exported.weights['model.action_out_proj.weight']!.data, before['model.action_out_proj.weight']!.data)).toBeGreaterThan(1e-2);
     // A target list is checked and narrows the set: the expert's MLPs only.
     const mlp = new TrainingState(base, { finetune: 'lora', targets: ['mlp'] });
     expect([...mlp.params.keys()].filter((k) => !realPiLoraFull(c).includes(k)).every((k) => /mlp\.(gate|up|down)_proj\.lora_[ab]$/.test(k))).toBe(true);
@@ -249,8 +230,8 @@ describe.each([
     const cached = state.sample(batch, { noise });
     const uncached = state.sample(batch, { noise, cache: false });
     const direct = tf.tidy(() => sample({ config: c, params: mergedWeights(base, state, () => 1) }, batch, noise).dataSync());
-    expect(maxRel(cached, uncached)).toBeLessThan(sampleBound(K));
-    expect(maxRel(cached, direct)).toBeLessThan(sampleBound(K));
+    expect(relDiff(cached, uncached)).toBeLessThan(sampleBound(K));
+    expect(relDiff(cached, direct)).toBeLessThan(sampleBound(K));
     state.dispose();
   });
 
@@ -265,7 +246,7 @@ describe.each([
     const direct = tf.tidy(() => sample({ config: c, params: merged }, batch, draw.noise).dataSync());
     const viaState = state.sample(batch, { noise: draw.noise });
     for (const [name, t] of merged) if ((!base.tensors.has(name) || base.get(name) !== t) && state.params.get(name) !== t) t.dispose();
-    expect(maxRel(viaState, direct)).toBeLessThan(sampleBound(K));
+    expect(relDiff(viaState, direct)).toBeLessThan(sampleBound(K));
     // Sampling needs no actions; training does, and says so.
     const { actions: _actions, ...observation } = batch;
     expect(state.sample(observation, { noise: draw.noise })).toEqual(viaState);
@@ -304,7 +285,7 @@ describe.each([
     const gs = split.accumulatedGradients();
     expect(gs.denominator).toBe(gw.denominator);
     expect(split.pendingGradients).toBe(2);
-    for (const [name, g] of gw.grads) expect(maxRel(gs.grads.get(name)!, g), name).toBeLessThan(passBound(2 * K));
+    for (const [name, g] of gw.grads) expect(relDiff(gs.grads.get(name)!, g), name).toBeLessThan(passBound(2 * K));
     expect(split.optimStep({ learningRate: LR }).gradNorm).toBeCloseTo(whole.optimStep({ learningRate: LR }).gradNorm, 5);
     whole.dispose();
     split.dispose();
@@ -384,7 +365,7 @@ describe('real pi base weights adopted from tensors (a checkpoint reader streami
     const state = new TrainingState(base, { finetune: 'lora' });
     const { lossPerDatum } = state.forwardBackward(batch, draw);
     const direct = tf.tidy(() => computeLoss({ config: c, params }, batch, draw.noise, draw.time).dataSync());
-    expect(maxRel(lossPerDatum, direct)).toBeLessThan(passBound(longestReduction(c)));
+    expect(relDiff(lossPerDatum, direct)).toBeLessThan(passBound(longestRealPiReduction(c)));
     state.dispose();
     const bad = new Map(params);
     bad.delete('model.action_in_proj.bias');

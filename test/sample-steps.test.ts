@@ -9,6 +9,7 @@
 answers the next request as before.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { relDiff } from './helpers/float32.ts';
 import { VelaClient, VelaError, type Datum } from '../protocol/client.ts';
 import { makeConfig } from '../kernels/small/config.ts';
 import { estimatePassMemory, estimateSampleMemory } from '../kernels/small/memory.ts';
@@ -21,17 +22,6 @@ import { NATIVE_PRESENT, TEST_BACKENDS } from './helpers/tf.ts';
 const STEPS = [10, 37, 100, 250];
 const datums = (n: number): Datum[] => Array.from({ length: n }, (_, k) => syntheticDatum(k));
 
-/** max |a - b| / max |b|. */
-function relDiff(a: Float32Array, b: Float32Array): number {
-  expect(a.length).toBe(b.length);
-  let d = 0;
-  let s = 0;
-  for (let i = 0; i < a.length; i++) {
-    d = Math.max(d, Math.abs(a[i]! - b[i]!));
-    s = Math.max(s, Math.abs(b[i]!));
-  }
-  return d / s;
-}
 
 async function graphCounters(server: TestServer): Promise<{ traced: number; cached: number; bytes: number }> {
   const res = await fetch(`${server.baseUrl}/metrics`, { headers: { authorization: `Bearer ${server.apiKey}` } });

@@ -102,19 +102,8 @@ export function realPiParamCount(c: RealPiConfig): number {
  * reproducible set of weights that both the PyTorch reference and this model can build.
  */
 export function contractInitValues(name: string, size: number): Float32Array {
-  let h = 2166136261;
-  for (const byte of new TextEncoder().encode(name)) h = Math.imul(h ^ byte, 16777619) >>> 0;
-  let state = h >>> 0;
-  const out = new Float32Array(size);
-  for (let i = 0; i < size; i++) {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let t = state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    const u = ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-    out[i] = (2 * u - 1) * 0.05;
-  }
-  return out;
+  const [only] = contractInitChunks(name, size, { chunk: Math.max(size, 1) });
+  return only ?? new Float32Array(0);
 }
 
 /**

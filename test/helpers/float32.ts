@@ -8,6 +8,8 @@
  * AMD EPYC with AVX-512 rounded past such a bound every time).
  */
 
+import type { RealPiConfig } from '../../kernels/pi/config.ts';
+
 /** float32's unit roundoff, 2^-24. */
 export const U32 = 2 ** -24;
 
@@ -29,4 +31,25 @@ export function passBound(k: number): number {
  */
 export function sampleBound(k: number): number {
   return 6 * k * U32;
+}
+
+/** max |a - b| / max |b| (the absolute difference when b is all zeros): a difference relative to the scale. */
+export function relDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  if (a.length !== b.length) throw new Error(`relDiff of ${a.length} and ${b.length} values`);
+  let d = 0;
+  let s = 0;
+  for (let i = 0; i < a.length; i++) {
+    d = Math.max(d, Math.abs(a[i]! - b[i]!));
+    s = Math.max(s, Math.abs(b[i]!));
+  }
+  return s === 0 ? d : d / s;
+}
+
+/**
+ * The longest reduction of one pass of a real pi config: attention over the whole sequence (3
+ * cameras' patches, the prompt, the chunk and pi0's state token) or an MLP, whichever is longer.
+ */
+export function longestRealPiReduction(c: RealPiConfig): number {
+  const seq = 3 * (c.vision.imageSize / c.vision.patchSize) ** 2 + c.maxTokenLen + c.actionHorizon + 1;
+  return Math.max(seq, c.vlm.mlpDim, c.expert.mlpDim, c.vision.mlpDim);
 }
