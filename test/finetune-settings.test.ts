@@ -223,7 +223,8 @@ describe('runFineTune: settings reach the trainer, the evaluation reaches the ev
     expect(events.find((x) => x.type === 'log' && /held-out evaluation: 4 frames \(every frame of episode 1\), groups left arm, right arm, left gripper/.test(x.data.message))).toBeTruthy();
     // The CLI's summary prints the same numbers.
     const text = evalSummary(e);
-    expect(text).toContain('held-out evaluation at step 6: 4 frames');
+    expect(text).toContain(`held-out evaluation at step 6: 4 frames, MSE of ${e.eval_horizon}-step chunks (10 Euler steps)`);
+    expect(e.eval_horizon).toBe(16); // flow0-tiny's horizon: the chunk the scores are of
     expect(text).toMatch(new RegExp(`left gripper .* ${(groupHold[2]! / count).toFixed(4)}`));
   });
 

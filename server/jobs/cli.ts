@@ -202,7 +202,7 @@ export function evalSummary(record: Record<string, unknown>): string {
     `  ${label.padEnd(12)} ${f4(r.mse).padStart(10)} ${f4(r.mse_hold_state).padStart(10)} ${ratio(r.ratio_hold_state).padStart(7)} ${f4(r.mse_mean_chunk).padStart(10)} ${ratio(r.ratio_mean_chunk).padStart(7)}`;
   const groups = (record.eval_groups as (Row & { group: string })[] | undefined) ?? [];
   return [
-    `held-out evaluation at step ${record.step}: ${record.eval_frames} frames, MSE of 16-step chunks (10 Euler steps), normalised absolute actions`,
+    `held-out evaluation at step ${record.step}: ${record.eval_frames} frames, MSE of ${record.eval_horizon ?? '?'}-step chunks (${record.eval_num_steps ?? '?'} Euler steps), normalised absolute actions`,
     `  ${''.padEnd(12)} ${'policy'.padStart(10)} ${'hold state'.padStart(10)} ${'ratio'.padStart(7)} ${'mean chunk'.padStart(10)} ${'ratio'.padStart(7)}`,
     line('all', { mse: record.eval_mse, mse_hold_state: record.eval_mse_hold_state, mse_mean_chunk: record.eval_mse_mean_chunk, ratio_hold_state: record.eval_ratio_hold_state, ratio_mean_chunk: record.eval_ratio_mean_chunk } as Row),
     ...groups.map((g) => line(g.group, g)),

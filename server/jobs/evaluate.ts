@@ -215,7 +215,8 @@ export function evalFields(r: EvalScores): Record<string, unknown> {
  * fields: `eval_loss` (the flow-matching loss in the model's space, seeded noise and time),
  * `eval_mse`, `eval_mse_hold_state`, `eval_mse_mean_chunk`, `eval_ratio_hold_state`,
  * `eval_ratio_mean_chunk` (normalised absolute space), `eval_raw` (the same in raw units),
- * `eval_groups`, `eval_frames`, `eval_seconds`.
+ * `eval_groups`, `eval_frames`, `eval_seconds`, `eval_horizon` (the chunk's length scored) and
+ * `eval_num_steps` (the Euler steps of its samples).
  */
 export async function evaluate(ec: EvalContext, set: EvalSet, weights: { ema?: boolean } = {}): Promise<Record<string, unknown>> {
   const started = Date.now();
@@ -238,5 +239,8 @@ export async function evaluate(ec: EvalContext, set: EvalSet, weights: { ema?: b
     const s = await ec.call<{ actions: Float32Array }>('sample', { batch: b2, numSteps: EVAL_SAMPLE_STEPS, seed: EVAL_SEED + start, ema: !!weights.ema }, batchBuffers(b2));
     sampled.set(s.actions, start * per);
   }
-  return { eval_loss: flow / Math.max(1, flowCount), ...evalFields(scorePredictions(ec, set.datums, sampled)), eval_seconds: (Date.now() - started) / 1000 };
+  return {
+    eval_loss: flow / Math.max(1, flowCount), ...evalFields(scorePredictions(ec, set.datums, sampled)), eval_seconds: (Date.now() - started) / 1000,
+    eval_horizon: model.horizon, eval_num_steps: EVAL_SAMPLE_STEPS,
+  };
 }
