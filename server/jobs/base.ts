@@ -13,9 +13,11 @@ import { readHubConfig } from '../models/hub-checkpoint.ts';
 import { realModelKey } from '../engine/model-key.ts';
 import { isRealModel } from '../models/bases.ts';
 import { resolveBase } from '../models/resolve.ts';
-import { planOrRefuse, realConfigOf } from '../models/plan.ts';
+import { INSUFFICIENT_MEMORY, planOrRefuse, realConfigOf, type PlanResult } from '../models/plan.ts';
+import { bytesHuman } from '../models/memory.ts';
+import { HttpError } from '../http.ts';
 import type { Dataset } from '../datasets/index.ts';
-import type { FineTuneConfig } from './config.ts';
+import type { FineTuneConfig, MemoryPlanNote } from './config.ts';
 
 /** What the dataset must fit: image slots, state and action dims (the model pads to them), chunk. */
 export interface JobModelShape {
@@ -141,20 +143,62 @@ export async function datasetMisfit(meta: Dataset['meta'], name: string, shape: 
 }
 
 /**
- * Memory planning of a fine-tune on a real base (server/models/plan.ts): the base (unless an
- * engine holds it), the job's own state and one step at its batch_size and cameras (all three
- * slots when the dataset's are not known yet). The server's submission, the runner (after a base
- * it downloaded) and `vela finetune` call it before anything loads.
- * @throws HttpError 507 with the one-line estimate and fix.
+ * Micro-batch sizes to try for a step of `batch` datums, largest first: batch itself, then its
+ * divisors and the powers of two below it (a divisor splits evenly; a power of two is what a
+ * user would pick), down to 1. Example: 12 -> 12, 8, 6, 4, 3, 2, 1.
  */
-export async function planFineTune(cfg: FineTuneConfig, baseDir: string, opts: { weightsLoaded?: boolean | (() => boolean); maxMemory?: string; capName?: string } = {}): Promise<void> {
+export function microBatchCandidates(batch: number): number[] {
+  const out = new Set<number>([batch]);
+  for (let m = batch - 1; m >= 1; m--) if (batch % m === 0 || (m & (m - 1)) === 0) out.add(m);
+  return [...out];
+}
+
+/**
+ * Memory planning of a fine-tune on a real base (server/models/plan.ts): the base (unless an
+ * engine holds it), the job's own state and one taped pass at its cameras (all three slots when
+ * the dataset's are not known yet). The pass is one micro-batch (issue 34): micro_batch_size when
+ * the request gives it, else the largest of microBatchCandidates(batch_size) whose plan fits:
+ * each step then accumulates ceil(batch_size / m) passes into one optimizer step (train.ts), and
+ * the memory of a step is that of one pass of m. The choice and why are set on
+ * `cfg.memory_plan` (stored with the job; its events report it). The server's submission, the
+ * runner (after a base it downloaded) and `vela finetune` call it before anything loads.
+ * @throws HttpError 507 with the one-line estimate and fix when even the smallest micro-batch
+ *   (1, or micro_batch_size when given) does not fit.
+ */
+export async function planFineTune(cfg: FineTuneConfig, baseDir: string, opts: { weightsLoaded?: boolean | (() => boolean); maxMemory?: string; capName?: string } = {}): Promise<MemoryPlanNote> {
   const finetune = cfg.finetune === 'full' ? 'full' : 'lora';
-  await planOrRefuse(
-    await realConfigOf(baseDir),
-    { use: finetune, batch: cfg.batch_size, cameras: Math.min(3, cfg.cameras?.length || 3), loraRank: cfg.lora_rank, loraActionRank: cfg.lora_action_rank ?? cfg.lora_rank, loraTargets: cfg.targets },
+  const config = await realConfigOf(baseDir);
+  const B = cfg.batch_size;
+  const what = (m: number) => `a ${finetune === 'full' ? 'full' : 'LoRA'} fine-tune of ${cfg.model} (${cfg.base}) at batch_size ${B}${m < B ? ` in micro-batches of ${m}` : ''}`;
+  const at = (m: number) => planOrRefuse(
+    config,
+    { use: finetune, batch: m, cameras: Math.min(3, cfg.cameras?.length || 3), loraRank: cfg.lora_rank, loraActionRank: cfg.lora_action_rank ?? cfg.lora_rank, loraTargets: cfg.targets },
     { weights: () => !(typeof opts.weightsLoaded === 'function' ? opts.weightsLoaded() : opts.weightsLoaded), tenant: true, pass: true },
-    `a ${finetune === 'full' ? 'full' : 'LoRA'} fine-tune of ${cfg.model} (${cfg.base}) at batch_size ${cfg.batch_size}`,
+    what(m),
     opts.maxMemory,
     opts.capName,
   );
+  const needs = (r: PlanResult) => `needs about ${bytesHuman(r.counted.totalBytes)} of ${bytesHuman(r.available.bytes)} available`;
+  let note: MemoryPlanNote;
+  if (cfg.micro_batch_size != null) {
+    const m = cfg.micro_batch_size;
+    note = { micro_batch_size: m, reason: `micro_batch_size ${m} as requested: a pass of ${m} ${needs(await at(m))}` };
+  } else {
+    let whole: string | null = null;
+    let found: MemoryPlanNote | null = null;
+    for (const m of microBatchCandidates(B)) {
+      try {
+        const r = await at(m);
+        found = { micro_batch_size: m, reason: m === B ? `the whole batch fits at once: a pass of ${B} ${needs(r)}` : `${whole}; a pass of ${m} ${needs(r)}` };
+        break;
+      } catch (e) {
+        if (!(e instanceof HttpError) || e.status !== INSUFFICIENT_MEMORY || m === 1) throw e;
+        // The whole batch's line, said once: the reason for splitting it.
+        whole ??= `batch_size ${B} at once does not fit (${e.message.replace(/^.*? needs about /, 'needs about ').replace(/: [^:]*$/, '')})`;
+      }
+    }
+    note = found!;
+  }
+  cfg.memory_plan = note;
+  return note;
 }

@@ -9,7 +9,7 @@ import path from 'node:path';
 import { badValue, splitArgs, UsageError, type FlagArg } from '../cli-args.ts';
 import { BACKEND_CHOICES } from '../config.ts';
 import { DatasetError, openDataset } from '../datasets/index.ts';
-import { FieldError, parseFineTuneConfig, RECIPE, type FineTuneConfig } from './config.ts';
+import { FieldError, parseFineTuneConfig, RECIPE, type FineTuneConfig, type MemoryPlanNote } from './config.ts';
 import { noEvaluationReason, prepareRun, runFineTune, writeJsonAtomic } from './train.ts';
 import { engineModelOf, planFineTune, realEngineModel } from './base.ts';
 import { isRealModel } from '../models/bases.ts';
@@ -44,6 +44,7 @@ Options (defaults in brackets: the recipe measured in bench/results/recipe.md):
                            download) or a checkpoint folder  [lerobot/pi0_base, lerobot/pi05_base]
   --steps N                optimizer steps                              [${RECIPE.steps}]
   --batch-size N           datums per step                              [${RECIPE.batch_size}]
+  --micro-batch-size N     datums per taped pass, summed into one step  [the memory plan's]
   --learning-rate X        peak learning rate                           [${RECIPE.learning_rate}]
   --warmup-steps N         linear warm-up steps                         [steps / 10, at most 100]
   --lr-floor X             cosine decay ends at X * learning rate       [${RECIPE.lr_floor}]
@@ -73,7 +74,7 @@ Options (defaults in brackets: the recipe measured in bench/results/recipe.md):
 
 /** Flag -> [config field, how the value is read]. */
 const FLAGS: Record<string, [string, 'int' | 'number' | 'string' | 'list' | 'ints' | 'bool']> = {
-  '--model': ['model', 'string'], '--base': ['base', 'string'], '--steps': ['steps', 'int'], '--batch-size': ['batch_size', 'int'], '--learning-rate': ['learning_rate', 'number'],
+  '--model': ['model', 'string'], '--base': ['base', 'string'], '--steps': ['steps', 'int'], '--batch-size': ['batch_size', 'int'], '--micro-batch-size': ['micro_batch_size', 'int'], '--learning-rate': ['learning_rate', 'number'],
   '--finetune': ['finetune', 'string'], '--lora-rank': ['lora_rank', 'int'], '--lora-alpha': ['lora_alpha', 'number'], '--targets': ['targets', 'list'],
   '--cameras': ['cameras', 'list'], '--action-space': ['action_space', 'string'], '--eval-every': ['eval_every', 'int'],
   '--checkpoint-every': ['checkpoint_every', 'int'], '--seed': ['seed', 'int'], '--name': ['name', 'string'],
@@ -119,7 +120,9 @@ function checkOutputFolder(arg: FlagArg, dir: string, cfg: FineTuneConfig): void
     }
     const now = cfg as unknown as Record<string, unknown>;
     // engine_model is the base's folder, resolved after this check (the same base gives the same one).
-    const differs = Object.keys(now).filter((k) => k !== 'engine_model' && JSON.stringify(now[k]) !== JSON.stringify(saved[k]));
+    // micro_batch_size and the memory plan do not change what a step computes (to float32 rounding), only its memory.
+    const same = new Set(['engine_model', 'micro_batch_size', 'memory_plan']);
+    const differs = Object.keys(now).filter((k) => !same.has(k) && JSON.stringify(now[k]) !== JSON.stringify(saved[k]));
     if (differs.length > 0) {
       const was = differs.map((k) => `${k} ${JSON.stringify(saved[k])} (now ${JSON.stringify(now[k])})`).join(', ');
       throw badValue(arg, flagNames(`holds an interrupted run started with ${was}: give the same settings to resume it, or a new --output`));
@@ -239,8 +242,9 @@ async function localBase(cfg: FineTuneConfig, arg: FlagArg | undefined): Promise
 }
 
 /** `vela finetune`'s memory plan of a real base, once the dataset's cameras are known: one line, exit 1, before loading. */
-async function planLocal(cfg: FineTuneConfig, baseDir: string | undefined): Promise<void> {
-  if (baseDir) await planFineTune(cfg, baseDir, { maxMemory: process.env.VELA_MAX_MEMORY || undefined, capName: 'VELA_MAX_MEMORY' });
+async function planLocal(cfg: FineTuneConfig, baseDir: string | undefined): Promise<MemoryPlanNote | undefined> {
+  if (baseDir) return planFineTune(cfg, baseDir, { maxMemory: process.env.VELA_MAX_MEMORY || undefined, capName: 'VELA_MAX_MEMORY' });
+  return undefined;
 }
 
 /**
@@ -273,7 +277,8 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
   }
   await opened.ds.checkVideos();
   if (opened.evalDs !== opened.ds) await opened.evalDs.checkVideos();
-  await planLocal({ ...cfg, cameras: cfg.cameras ?? opened.cameras }, baseDir);
+  const memoryPlan = await planLocal({ ...cfg, cameras: cfg.cameras ?? opened.cameras }, baseDir);
+  if (memoryPlan) cfg.memory_plan = memoryPlan; // the micro-batch the run accumulates in (train.ts)
   fs.mkdirSync(outDir, { recursive: true });
   const runFile = path.join(outDir, RUN_FILE);
   if (!fs.existsSync(path.join(outDir, 'resume.json'))) writeJsonAtomic(runFile, cfg); // a new run (a resume keeps the first)
