@@ -64,8 +64,8 @@ function concat(a: RealPiBatch, b: RealPiBatch): RealPiBatch {
     return out;
   };
   return {
-    ...a, size: a.size + b.size, images: cat(a.images, b.images), imageMasks: [...a.imageMasks, ...b.imageMasks], tokens: cat(a.tokens, b.tokens),
-    tokenMasks: [...a.tokenMasks, ...b.tokenMasks], state: cat(a.state!, b.state!), actions: cat(a.actions!, b.actions!),
+    ...a, size: a.size + b.size, images: cat(a.images, b.images), imageMasks: [...Array.from(a.imageMasks), ...Array.from(b.imageMasks)], tokens: cat(a.tokens, b.tokens),
+    tokenMasks: [...Array.from(a.tokenMasks), ...Array.from(b.tokenMasks)], state: cat(a.state!, b.state!), actions: cat(a.actions!, b.actions!),
   };
 }
 

@@ -182,7 +182,12 @@ export async function planFineTune(cfg: FineTuneConfig, baseDir: string, opts: {
   let note: MemoryPlanNote;
   if (cfg.micro_batch_size != null) {
     const m = cfg.micro_batch_size;
-    note = { micro_batch_size: m, reason: `micro_batch_size ${m} as requested: a pass of ${m} ${needs(await at(m))}` };
+    const r = await at(m).catch((e) => {
+      // Forced: the fix is a smaller micro-batch (or the plan's own), not a smaller batch.
+      if (e instanceof HttpError && e.status === INSUFFICIENT_MEMORY && m > 1) throw new HttpError(e.status, e.message.replace('lower batch_size', 'lower micro_batch_size (or leave it out: the plan chooses one that fits)'));
+      throw e;
+    });
+    note = { micro_batch_size: m, reason: `micro_batch_size ${m} as requested: a pass of ${m} ${needs(r)}` };
   } else {
     let whole: string | null = null;
     let found: MemoryPlanNote | null = null;
