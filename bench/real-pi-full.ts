@@ -1,6 +1,6 @@
 /**
  * The full-size pi0.5 on this CPU, Vela against the PyTorch reference (Vela issue 23): a Hub-layout
- * checkpoint (scripts/real_pi/write_random_checkpoint.py) loaded by Vela (server/models/
+ * checkpoint (`vela models init DIR --variant pi05 --size full`, or scripts/real_pi/write_random_checkpoint.py) loaded by Vela (server/models/
  * hub-checkpoint.ts into kernels/pi/), its load time and peak RSS against the float32 weights, and
  * `sample()` (10 Euler steps, prefix K/V cached) on 1 and on 3 cameras; then the same on
  * scripts/real_pi/bench_sample.py with torch.set_num_threads equal to Vela's TF intra-op threads.
@@ -24,16 +24,18 @@ import { Rng } from '../kernels/rng.ts';
 import { readHubConfig } from '../server/models/hub-checkpoint.ts';
 import { loadHubTensors } from '../server/models/load-tensors.ts';
 import { findPaligemmaTokenizer, loadPaligemmaTokenizer } from '../server/models/tokenizer.ts';
+import { TEST_TOKENIZER_ASSET_DIR } from '../server/models/init-checkpoint.ts';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const ROOT = path.resolve(HERE, '..');
 const PY_SCRIPT = path.join(ROOT, 'scripts/real_pi/bench_sample.py');
-const TEST_TOKENIZER = path.join(ROOT, 'test/vectors/real-pi/tokenizer/tokenizer.json');
+const TEST_TOKENIZER = path.join(TEST_TOKENIZER_ASSET_DIR, 'tokenizer.json');
 
 const USAGE = `Usage: npx tsx bench/real-pi-full.ts --checkpoint DIR [options]
 
 Loads a Hub-layout pi0.5 checkpoint (config.json + model.safetensors, e.g. written by
-scripts/real_pi/write_random_checkpoint.py --variant pi05 --dtype bfloat16) in Vela and in the
+npx vela models init DIR --variant pi05 --size full, or scripts/real_pi/write_random_checkpoint.py
+--variant pi05 --dtype bfloat16) in Vela and in the
 PyTorch reference, each in its own process and in turns, and times load and sample().
 Full size needs ~15 GB of free memory per side (one side at a time) and several minutes per side.
 

@@ -12,9 +12,10 @@
  *
  *   npx tsx bench/real-pi-serve.ts --checkpoint DIR [--requests 3] [--cameras 1,3] [--steps 2]
  *
- * DIR is a Hub-layout checkpoint (config.json + model.safetensors), e.g. the random-weight one of
- * scripts/real_pi/write_random_checkpoint.py. The prompt needs PaliGemma's tokenizer (gated):
- * from the HF cache, or `--test-tokenizer` copies the committed test tokenizer into DIR (prompt
+ * DIR is a Hub-layout checkpoint (config.json + model.safetensors), e.g. the random-weight one
+ * `npx vela models init DIR --variant pi05 --size full` writes (with the test tokenizer; or
+ * scripts/real_pi/write_random_checkpoint.py, the torch version). The prompt needs a tokenizer:
+ * the folder's, PaliGemma's from the HF cache (gated), or `--test-tokenizer` copies the shipped test tokenizer into DIR (prompt
  * ids differ from PaliGemma's; the cost does not: the prompt is <= 200 of the 456-968 prefix tokens).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -31,6 +32,7 @@ import { PolicyConnection } from '../protocol/policy-client.ts';
 import { realPiConfigFromHub } from '../kernels/pi/config.ts';
 import { estimateMemory } from '../kernels/pi/memory.ts';
 import { availableMemory, checkFits } from '../server/models/memory.ts';
+import { TEST_TOKENIZER_ASSET_DIR, TEST_TOKENIZER_FILES } from '../server/models/init-checkpoint.ts';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const USAGE = `Usage: npx tsx bench/real-pi-serve.ts --checkpoint DIR [options]
@@ -42,7 +44,7 @@ const USAGE = `Usage: npx tsx bench/real-pi-serve.ts --checkpoint DIR [options]
   --only PART          policy, train or both (default both)
   --train force        run the training part even when the memory estimate says it does not fit
   --backend B          VELA_BACKEND for both servers (default node)
-  --test-tokenizer     copy test/vectors/real-pi/tokenizer into DIR when it has no tokenizer.json
+  --test-tokenizer     copy the test tokenizer (server/models/assets/test-tokenizer) into DIR when it has no tokenizer.json
   --out FILE           result JSON (default bench/results/real-pi-serve.json)`;
 
 const { values } = parseArgs({
@@ -171,7 +173,7 @@ async function trainPart(result: Record<string, unknown>): Promise<void> {
 
 async function main(): Promise<void> {
   if (!fs.existsSync(path.join(dir, 'tokenizer.json')) && values['test-tokenizer']) {
-    for (const f of ['tokenizer.json', 'tokenizer_config.json']) fs.copyFileSync(path.join(ROOT, 'test/vectors/real-pi/tokenizer', f), path.join(dir, f));
+    for (const f of TEST_TOKENIZER_FILES) fs.copyFileSync(path.join(TEST_TOKENIZER_ASSET_DIR, f), path.join(dir, f));
     console.log(`copied the test tokenizer into ${dir}`);
   }
   const result: Record<string, unknown> = { checkpoint: dir, machine: { cpus: os.availableParallelism(), total_memory_bytes: os.totalmem() }, at: new Date().toISOString(), backend: values.backend, camera_names: CAMERA_NAMES };

@@ -13,7 +13,7 @@
  */
 import * as tf from '@tensorflow/tfjs';
 import { GraphTraceError, graphsEnabled, traceGraph } from './backend/graph.ts';
-import { GraphCache, type CachedGraph } from './graph-cache.ts';
+import { GraphCache, maxTraceOps, type CachedGraph } from './graph-cache.ts';
 import type { FlowPolicy, PolicyWeights } from './flow-policy.ts';
 import type { ChunkTensors } from './rtc.ts';
 import { gather, recording, type Read } from './weights-trace.ts';
@@ -58,7 +58,9 @@ export function sampleGraphStats(): Readonly<typeof stats> {
  * Actions [b, ah, ad] from the cached sampler of `policy` run as one graph call (with `chunk`,
  * real-time chunking: kernels/rtc.ts), or null where
  * graphs are not available or not enabled, the family has no sampleInputs, the model is above
- * GRAPH_MAX_PARAMS, or this layout could not be traced (remembered: it then stays eager). The first call of a layout traces (an eager
+ * GRAPH_MAX_PARAMS, or this layout could not be traced (remembered: it then stays eager; so does
+ * a layout past the graph caches' budget, kernels/graph-cache.ts maxTraceOps: a trace stops
+ * recording there, so an unrolled 1000-step loop never becomes a graph). The first call of a layout traces (an eager
  * run, the graph's load and one graph run: 1-2 s for flow05-tiny on 2 cores, several times a
  * request's eager time) unless `trace` is false: then it answers null (the caller samples
  * eagerly) and a later call with `trace` traces it. The caller owns the result.
@@ -93,7 +95,7 @@ export function sampleWithGraph<B, C>(policy: FlowPolicy<B, C>, W: PolicyWeights
     traced = traceGraph((input) => {
       for (const t of fed) input(t);
       return [inputs.sample(recording(W, input, reads), noise, numSteps, chunk)];
-    }, inputs.host);
+    }, inputs.host, { maxOps: maxTraceOps() });
   } catch (err) {
     if (!(err instanceof GraphTraceError)) throw err;
     if (process.env.VELA_GRAPH_DEBUG) console.error('graph trace failed:', err.message);
@@ -101,11 +103,19 @@ export function sampleWithGraph<B, C>(policy: FlowPolicy<B, C>, W: PolicyWeights
     stats.refused++;
     return null;
   }
-  cache.add(key, { graph: traced.graph, reads });
+  const kept = cache.add(key, { graph: traced.graph, reads });
+  stats.traces++;
+  if (!kept) {
+    // Past the cache's byte budget on its own (its constants): the trace's eager answer, and the
+    // layout stays eager from now on.
+    traced.graph.dispose();
+    cache.refuse(key);
+    stats.refused++;
+    return traced.outputs[0]!;
+  }
   // The graph's own answer, not the trace's: every call of a layout then gives the same bits
   // (Grappler's rewrites round differently from eager ops, within float32 rounding).
   tf.dispose(traced.outputs);
-  stats.traces++;
   stats.runs++;
   return traced.graph.run([...fed, ...gather(reads, W)!], inputs.host)[0]!;
 }

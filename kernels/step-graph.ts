@@ -9,7 +9,7 @@
  */
 import * as tf from '@tensorflow/tfjs';
 import { GraphTraceError, graphsEnabled, traceGraph } from './backend/graph.ts';
-import { GraphCache, type CachedGraph } from './graph-cache.ts';
+import { GraphCache, maxTraceOps, type CachedGraph } from './graph-cache.ts';
 import type { PolicyWeights, VelocityInputs } from './flow-policy.ts';
 import { weightedLoss, type LossFn } from './flow.ts';
 import { gather, recording, type Read } from './weights-trace.ts';
@@ -87,7 +87,7 @@ export class LossGraphs {
           out.push(g);
         }
         return out;
-      }, host);
+      }, host, { maxOps: maxTraceOps() });
     } catch (err) {
       if (!(err instanceof GraphTraceError)) throw err;
       if (process.env.VELA_GRAPH_DEBUG) console.error('loss graph trace failed:', err.message);
@@ -98,7 +98,15 @@ export class LossGraphs {
     tf.dispose(traced.outputs);
     stats.traces++;
     const entry = { graph: traced.graph, reads, gradNames };
-    this.cache.add(key, entry);
+    if (!this.cache.add(key, entry)) {
+      // Past the cache's byte budget on its own (its constants): answered once, then eager.
+      this.cache.refuse(key);
+      try {
+        return answer(entry, gather(reads, W)!);
+      } finally {
+        traced.graph.dispose();
+      }
+    }
     // The graph's own answer, so that every call of a layout rounds the same way.
     return answer(entry, gather(reads, W)!);
   }

@@ -6,6 +6,7 @@
  */
 import { ProtocolError } from './errors.ts';
 import { NDArray } from './ndarray.ts';
+import { meant } from './resemble.ts';
 
 /** A camera frame as it came on the wire: encoded bytes (PNG/JPEG/ZPNG) or a uint8 ndarray (RAW). */
 export type WireFrame = Uint8Array | NDArray;
@@ -204,10 +205,11 @@ export function parseRequest(value: unknown, limits: RequestLimits): SessionRequ
   const id = req.id as RequestId;
   const op = req.op;
   if (typeof op !== 'string') bad('the request has no "op" string');
-  if (!(SESSION_OPS as readonly string[]).includes(op)) bad(`unknown op "${op}"; known ops: ${SESSION_OPS.join(', ')}`);
+  if (!(SESSION_OPS as readonly string[]).includes(op)) bad(`unknown op "${op}"${meant(op, SESSION_OPS)}; known ops: ${SESSION_OPS.join(', ')}`);
   const allowed = ARGS[op as SessionOp];
   for (const k of Object.keys(req)) {
-    if (k !== 'id' && k !== 'op' && !allowed.includes(k)) bad(`op ${op} has no argument "${k}"; it takes ${allowed.join(', ') || 'none'}`);
+    // A misspelt argument names the one it resembles, as REST and the CLI do (`num_step`: "num_steps").
+    if (k !== 'id' && k !== 'op' && !allowed.includes(k)) bad(`op ${op} has no argument "${k}"${meant(k, allowed)}; it takes ${allowed.join(', ') || 'none'}`);
   }
   switch (op as SessionOp) {
     case 'forward_backward': {

@@ -4,7 +4,7 @@
  * (`--steps abc: must be an integer in 1..1000000`). `vela` prints a UsageError as
  * `vela <command>: <message>` and exits 2, without a stack trace (server/cli-main.ts).
  */
-import { resemblance } from './resemble.ts';
+import { resemblance } from '../protocol/resemble.ts';
 
 /** A mistake in how a command was called (a flag, a value, a missing argument). Exit code 2. */
 export class UsageError extends Error {

@@ -10,7 +10,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { shown, splitArgs, UsageError } from './cli-args.ts';
 import { ConfigError, loadConfig, settingsHelp, SETTINGS } from './config.ts';
-import { resemblance } from './resemble.ts';
+import { resemblance } from '../protocol/resemble.ts';
 import { log } from './log.ts';
 import { stopOnSignals } from './signals.ts';
 import { Store } from './store.ts';

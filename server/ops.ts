@@ -15,6 +15,9 @@ import { checkStorage, storageOf } from './storage.ts';
 import { EngineError } from './engine/messages.ts';
 import { HttpError } from './http.ts';
 import { planOrRefuse } from './models/plan.ts';
+import { availableMemory, checkFits, memoryLedger } from './models/memory.ts';
+import { makeConfig } from '../kernels/small/config.ts';
+import { estimatePassMemory, estimateSampleMemory } from '../kernels/small/memory.ts';
 import { recordSessionOp, recordSessionRequestRefused } from './metrics/training.ts';
 import type { LiveSession } from './sessions.ts';
 
@@ -139,13 +142,31 @@ export function runOp(live: LiveSession, req: SessionRequest, server: ServerConf
 /**
  * A real model's pass is planned before it runs (server/models/plan.ts): its activations, for
  * this batch and these cameras, against what the process may still use (the base and the
- * session's own tensors are resident already). Presets are small enough not to plan.
+ * session's own tensors are resident already). A preset's passes are planned too
+ * (kernels/small/memory.ts: up to --max-batch datums reach GBs, flow0-small's forward_backward
+ * ~0.6 GB per datum; a sample's num_steps costs time, not memory, the sampler being eager past
+ * the few layouts with graphs).
  * @throws EngineError('insufficient_memory') with the one-line estimate and fix; the session goes on.
  */
 async function planPass(live: LiveSession, op: string, batch: ModelBatch, server: ServerConfig): Promise<void> {
   const real = live.layout?.real;
-  if (!real) return;
+  if (!real) {
+    if (live.engine?.info.family === 'small') await planPresetPass(live, op, batch, server);
+    return;
+  }
   // The engine computes the camera slots that any datum fills (kernels/pi/batch.ts drops the rest).
+  const cameras = filledSlots(batch);
+  const use = op === 'sample' ? 'serve' : live.config.finetune === 'full' ? 'full' : 'lora';
+  try {
+    await planOrRefuse(real, { use, batch: batch.size, cameras, loraRank: live.config.rank, loraActionRank: live.config.action_rank ?? live.config.rank, loraTargets: live.config.targets },
+      { weights: false, tenant: false, pass: true }, `${op} of ${batch.size} datum(s) with ${cameras} camera(s) on ${live.config.base_model}`, server.maxMemory);
+  } catch (e) {
+    throw e instanceof HttpError ? new EngineError('insufficient_memory', e.message) : e;
+  }
+}
+
+/** The camera slots any datum of `batch` fills (at least 1): the engine computes only those. */
+function filledSlots(batch: ModelBatch): number {
   const slots = batch.imageMask.length / batch.size;
   let cameras = 0;
   for (let k = 0; k < slots; k++) {
@@ -156,14 +177,21 @@ async function planPass(live: LiveSession, op: string, batch: ModelBatch, server
       }
     }
   }
-  cameras = Math.max(1, cameras);
-  const use = op === 'sample' ? 'serve' : live.config.finetune === 'full' ? 'full' : 'lora';
-  try {
-    await planOrRefuse(real, { use, batch: batch.size, cameras, loraRank: live.config.rank, loraActionRank: live.config.action_rank ?? live.config.rank, loraTargets: live.config.targets },
-      { weights: false, tenant: false, pass: true }, `${op} of ${batch.size} datum(s) with ${cameras} camera(s) on ${live.config.base_model}`, server.maxMemory);
-  } catch (e) {
-    throw e instanceof HttpError ? new EngineError('insufficient_memory', e.message) : e;
-  }
+  return Math.max(1, cameras);
+}
+
+/**
+ * A preset's sample, forward_backward or forward against what the process may still use (planPass).
+ * @throws EngineError('insufficient_memory') with checkFits's one line.
+ */
+async function planPresetPass(live: LiveSession, op: string, batch: ModelBatch, server: ServerConfig): Promise<void> {
+  const c = makeConfig(live.engine!.info.preset);
+  const cameras = Math.min(c.slots, filledSlots(batch));
+  const estimate = op === 'sample' ? estimateSampleMemory(c, batch.size, cameras) : estimatePassMemory(c, batch.size, cameras);
+  // As a real model's pass: counts what admitted loads have reserved, reserves nothing itself.
+  const available = memoryLedger.less(await availableMemory({ maxMemory: server.maxMemory, capName: '--max-memory' }));
+  const why = checkFits(estimate, available, `${op} of ${batch.size} datum(s) with ${cameras} camera(s) on ${c.preset}`, { batch: batch.size, use: op === 'sample' ? 'serve' : 'lora' }); // (a preset's tape is the same under LoRA: no "use LoRA" fix)
+  if (why) throw new EngineError('insufficient_memory', why);
 }
 
 /** Starts the request's preparation now and returns the part that must run in order. */
@@ -190,6 +218,7 @@ function prepareOp(live: LiveSession, req: SessionRequest, server: ServerConfig)
         const transfer = batchBuffers(batch);
         if (req.op === 'forward_backward') {
           const r = await call<{ loss: number; lossPerDatum: Float32Array }>('forward_backward', { batch, lossFn: req.loss_fn }, transfer);
+          live.recordLoss(r.loss);
           return { loss: r.loss, loss_per_datum: ndarray(r.lossPerDatum, [b]) };
         }
         if (req.op === 'forward') {

@@ -12,7 +12,7 @@ import { loraAlphaProblem } from './models/lora-limits.ts';
 import { DEFAULT_BASES, isRealModel, type RealModel } from './models/bases.ts';
 import { modelLayout, tokenizerFileFor, type ModelLayout } from './models/layout.ts';
 import { ModelError } from './models/errors.ts';
-import { resolveBase } from './models/resolve.ts';
+import { modelsDirOf, resolveBase } from './models/resolve.ts';
 import { isRealModelKey, parseEngineModel, realModelKey } from './engine/model-key.ts';
 import { availableMemory, memoryLedger } from './models/memory.ts';
 import { planOrRefuse, realConfigOf } from './models/plan.ts';
@@ -23,7 +23,7 @@ import { Engine, PriorityGate, type EngineLike, type EngineOptions } from './eng
 import type { BackendInfo } from './engine/messages.ts';
 import type { NativeThreads } from '../kernels/backend/native.ts';
 import { HttpError, bytesText } from './http.ts';
-import { meant } from './resemble.ts';
+import { meant } from '../protocol/resemble.ts';
 import { log } from './log.ts';
 import { storedPreset } from './presets.ts';
 import { newToken } from './auth.ts';
@@ -117,6 +117,9 @@ export function publicConfig(config: Record<string, unknown>): Record<string, un
   return rest;
 }
 
+/** How many of a session's latest forward_backward losses its JSON carries (`recent_losses`). */
+export const LOSS_HISTORY = 200;
+
 /** A session that is open in an engine. */
 export class LiveSession {
   cameras: string[] = []; // camera name -> slot index, in the order first seen (saved with weights)
@@ -143,7 +146,20 @@ export class LiveSession {
    * fail with `asleep` until wake_up. Shown as `asleep` in both session APIs' JSON.
    */
   asleep = false;
+  /** forward_backward ops answered so far (the x of recentLosses). */
+  forwardBackwards = 0;
+  /**
+   * The last LOSS_HISTORY forward_backward losses, oldest first: `n` counts this session's
+   * forward_backwards from 1, `loss` is the batch's weighted mean loss as answered. In memory only
+   * (gone with the live session); the dashboard's session page draws them.
+   */
+  recentLosses: { n: number; loss: number }[] = [];
   constructor(readonly row: SessionRow, readonly config: SessionConfig, public engine: EngineLike | null) {}
+  /** Keeps one forward_backward's loss in recentLosses (the oldest goes past LOSS_HISTORY). */
+  recordLoss(loss: number): void {
+    this.recentLosses.push({ n: ++this.forwardBackwards, loss });
+    if (this.recentLosses.length > LOSS_HISTORY) this.recentLosses.shift();
+  }
   get id(): string {
     return this.row.id;
   }
@@ -349,7 +365,7 @@ export class SessionManager {
       // Resolved and checked before the row exists, so a base that cannot serve is the request's
       // one-line 400 and nothing is left open (no row, no engine). Which folders a key may name first.
       await checkBaseAccess(this.config, this.store, owner, cfg.base, path.dirname(storageOf(this.config).dir('jobs', 'x')));
-      const { dir } = await resolveBase(cfg.base, { serverDownloads: false }).catch((e) => {
+      const { dir } = await resolveBase(cfg.base, { serverDownloads: false, modelsDir: modelsDirOf(this.config), cwdRelative: false }).catch((e) => {
         // The request's mistakes are 400s; only the Hub failing (network, integrity) is the server's 502.
         throw e instanceof ModelError ? new HttpError(e.code === 'network' || e.code === 'integrity' ? 502 : 400, e.message) : e;
       });
@@ -487,6 +503,8 @@ export class SessionManager {
       last_request_id: live?.lastRequestId ? jsonId(live.lastRequestId.value) : null,
       last_op: live?.lastOp ? { ...live.lastOp, id: jsonId(live.lastOp.id) } : null,
       ops_count: live?.opsCount ?? 0,
+      // The dashboard's loss curve: the last LOSS_HISTORY forward_backward losses of the live session.
+      recent_losses: live ? live.recentLosses.map((p) => ({ ...p })) : [],
       pending_gradients: live?.pendingGradients ?? 0,
       asleep: live?.asleep ?? false, // status stays the lifecycle (ready); its ops fail with `asleep` until wake_up
       last_activity_at: live ? live.lastActivityMs / 1000 : null,

@@ -13,6 +13,7 @@ import { passBound, sampleBound } from './helpers/float32.ts';
 import { GraphTraceError, traceGraph } from '../kernels/backend/graph.ts';
 import { sampleGraphStats } from '../kernels/sample-graph.ts';
 import { lossGraphStats } from '../kernels/step-graph.ts';
+import { graphCacheStats, maxTraceOps } from '../kernels/graph-cache.ts';
 import { makeConfig } from '../kernels/small/config.ts';
 import { fakeBatch, type ModelBatch } from '../kernels/small/batch.ts';
 import { BaseWeights, TrainingState, sampleActions } from '../kernels/trainer.ts';
@@ -226,6 +227,42 @@ describe.runIf(NATIVE_PRESENT)('sampling as one TensorFlow graph', () => {
     expect(lossGraphStats().runs - l0.runs).toBe(10);
     for (const s of states) s.dispose();
     base.dispose();
+  });
+
+  it('the caches hold graphs within VELA_GRAPH_CACHE_BYTES, and a computation past it stays eager', () => {
+    const c = makeConfig('flow0-tiny');
+    const base = BaseWeights.create(c, 5);
+    const s = new TrainingState(base, { finetune: 'lora', rank: 4, alpha: 4, seed: 2 });
+    const before = process.env.VELA_GRAPH_CACHE_BYTES;
+    try {
+      const one = smallBatch('flow0-tiny', 1, 6, 1);
+      const eager = withGraphs(false, () => s.sample(one, { seed: 1, numSteps: 7 }));
+      // 1 MiB is 51 ops' worth (GRAPH_BYTES_PER_OP 20 KiB): the trace stops there, nothing is kept.
+      process.env.VELA_GRAPH_CACHE_BYTES = '1MiB';
+      expect(maxTraceOps()).toBe(51);
+      const s0 = sampleGraphStats();
+      const got = s.sample(one, { seed: 1, numSteps: 7 });
+      expect(sampleGraphStats().traces - s0.traces).toBe(0);
+      expect(sampleGraphStats().refused - s0.refused).toBe(1);
+      expect(relDiff(got, eager)).toBe(0);
+      // Room for one 7-step graph (~2,600 ops, ~51 MiB), not two: adding one frees the earlier
+      // tests' graphs, and the second layout evicts the first.
+      process.env.VELA_GRAPH_CACHE_BYTES = '80MiB';
+      s.sample(smallBatch('flow0-tiny', 2, 6, 1), { seed: 1, numSteps: 7 });
+      const first = graphCacheStats();
+      expect(first.graphs).toBe(1);
+      expect(first.bytes).toBeGreaterThan(40 * 2 ** 20);
+      s.sample(smallBatch('flow0-tiny', 4, 6, 1), { seed: 1, numSteps: 7 });
+      const second = graphCacheStats();
+      expect(second.graphs).toBe(1);
+      expect(second.bytes).toBeLessThanOrEqual(80 * 2 ** 20);
+      expect(sampleGraphStats().traces - s0.traces).toBe(2);
+    } finally {
+      if (before === undefined) delete process.env.VELA_GRAPH_CACHE_BYTES;
+      else process.env.VELA_GRAPH_CACHE_BYTES = before;
+      s.dispose();
+      base.dispose();
+    }
   });
 
   it('refuses what cannot be a graph instead of baking it in', () => {

@@ -15,7 +15,10 @@ import type { RealPiBatch } from '../kernels/pi/model.ts';
 import { realPiPolicy } from '../kernels/pi/policy.ts';
 import { BaseWeights, TrainingState } from '../kernels/trainer.ts';
 import { availableMemory, checkFits, parseBytes, type AvailableMemory } from '../server/models/memory.ts';
-import { useBackend } from './helpers/tf.ts';
+import { useBackend, useBestBackend, withGraphs } from './helpers/tf.ts';
+import { makeConfig } from '../kernels/small/config.ts';
+import { fakeBatch } from '../kernels/small/batch.ts';
+import { estimatePassMemory, estimateSampleMemory } from '../kernels/small/memory.ts';
 
 const GiB = 2 ** 30;
 
@@ -99,6 +102,58 @@ describe('estimateMemory against the measured peak of tensor bytes', () => {
     const lora = rows.find((r) => r.name === 'tiny pi0 lora b1 nc1 L12')!;
     expect(lora.peak / lora.weights).toBeLessThan(1.5);
   });
+});
+
+describe('estimateSampleMemory (small presets) against the measured peak of tensor bytes', () => {
+  it('is within 0.85x..1.25x of what an eager sample holds above the weights, prefix checkpointed or not, at any num_steps', async () => {
+    await useBestBackend();
+    const rows: string[] = [];
+    const ratios: number[] = [];
+    // [preset, batch, num_steps]: flow0-tiny at 32 datums checkpoints its prefix (b p w > 500,000).
+    for (const [preset, b, n] of [['flow0-tiny', 1, 2], ['flow0-tiny', 4, 2], ['flow0-tiny', 4, 40], ['flow0-tiny', 32, 2], ['flow05-tiny', 1, 2], ['flow05-tiny', 8, 2]] as const) {
+      const c = makeConfig(preset);
+      const base = BaseWeights.create(c, 0);
+      const st = new TrainingState(base, { finetune: 'lora', rank: 8, seed: 1 });
+      const bt = fakeBatch(c, b, 3);
+      const before = tf.memory().numBytes;
+      const prof = await withGraphs(false, () => tf.profile(() => void st.sample(bt, { numSteps: n, seed: 1 })));
+      st.dispose();
+      base.dispose();
+      const est = estimateSampleMemory(c, b).totalBytes;
+      ratios.push(est / (prof.peakBytes - before));
+      rows.push(`${preset} b${b} ${n} steps: held ${((prof.peakBytes - before) / 1e6).toFixed(1)} MB, estimate ${(est / 1e6).toFixed(1)} MB`);
+    }
+    for (const r of ratios) {
+      expect(r, rows.join('\n')).toBeGreaterThanOrEqual(0.85);
+      expect(r, rows.join('\n')).toBeLessThanOrEqual(1.25);
+    }
+    // num_steps costs no memory: 40 steps hold what 2 do (within one step's activations, 2%).
+    expect(Math.abs(ratios[2]! / ratios[1]! - 1), rows.join('\n')).toBeLessThan(0.02);
+  }, 120_000);
+
+  it('estimatePassMemory is within 0.85x..1.25x of what an eager forward_backward holds above the weights, checkpointed or not', async () => {
+    await useBestBackend();
+    const rows: string[] = [];
+    const ratios: number[] = [];
+    // flow0-tiny checkpoints its prefix from 26 datums (b p w > 500,000), flow05-tiny from 21.
+    for (const [preset, b] of [['flow0-tiny', 2], ['flow0-tiny', 8], ['flow0-tiny', 32], ['flow05-tiny', 4], ['flow05-tiny', 24]] as const) {
+      const c = makeConfig(preset);
+      const base = BaseWeights.create(c, 0);
+      const st = new TrainingState(base, { finetune: 'lora', rank: 8, seed: 1 });
+      const bt = fakeBatch(c, b, 3);
+      const before = tf.memory().numBytes;
+      const prof = await withGraphs(false, () => tf.profile(() => void st.forwardBackward(bt)));
+      st.dispose();
+      base.dispose();
+      const est = estimatePassMemory(c, b).totalBytes;
+      ratios.push(est / (prof.peakBytes - before));
+      rows.push(`${preset} b${b}: held ${((prof.peakBytes - before) / 1e6).toFixed(1)} MB, estimate ${(est / 1e6).toFixed(1)} MB`);
+    }
+    for (const r of ratios) {
+      expect(r, rows.join('\n')).toBeGreaterThanOrEqual(0.85);
+      expect(r, rows.join('\n')).toBeLessThanOrEqual(1.25);
+    }
+  }, 120_000);
 });
 
 describe('estimateMemory: the parts', () => {

@@ -343,11 +343,12 @@ describe('vela models list / inspect', () => {
   });
 
   it('--help on every subcommand', async () => {
-    for (const args of [['models', '--help'], ['models', 'download', '--help'], ['models', 'list', '--help'], ['models', 'inspect', '--help']]) {
+    for (const args of [['models', '--help'], ['models', 'download', '--help'], ['models', 'init', '--help'], ['models', 'list', '--help'], ['models', 'inspect', '--help']]) {
       const r = await vela(args, {}).done;
       expect(r.code, args.join(' ')).toBe(0);
       expect(r.stdout).toContain('vela models download REPO_ID [--revision R] [--endpoint URL] [--token T] [--include GLOB]...');
       expect(r.stdout).toContain(`vela models download ${PALI} --include 'tokenizer*'`);
+      expect(r.stdout).toContain('vela models init FOLDER --variant pi05|pi0 [--size tiny|full] [--seed N] [--dtype bf16|f32] [--no-tokenizer] [--force] [--dry-run]');
     }
   });
 });

@@ -2,6 +2,7 @@
  * The policy server (PROTOCOL.md section 6) with a stub engine injected through EngineLike:
  * the transform pipeline, key styles, compression, batching, seeds, isolation and errors.
  */
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { decodeFrame, encodeFrame, resizeWithPad } from '../protocol/frames.ts';
 import { ndarray, NDArray, packNumpy } from '../protocol/ndarray.ts';
@@ -439,7 +440,7 @@ describe('policy meta on a real pi0 / pi0.5 engine', () => {
 describe('vela policy: arguments', () => {
   it('has OpenPI-compatible defaults but binds 127.0.0.1', () => {
     expect(parsePolicyArgs(['ckpt'], {})).toEqual({
-      checkpoint: 'ckpt', base: null, model: null, cameras: null, port: 8000, host: '127.0.0.1', seed: null, debug: false, batchWindowMs: 5, maxBatch: 16, apiKey: null,
+      checkpoint: 'ckpt', base: null, modelsDir: path.resolve('vela-data/models'), model: null, cameras: null, port: 8000, host: '127.0.0.1', seed: null, debug: false, batchWindowMs: 5, maxBatch: 16, apiKey: null,
       backend: 'auto', maxMessageBytes: 16 * 1024 * 1024, logLevel: 'info', metricsPublic: false,
       rtc: { mode: 'auto', controlHz: null, delay: null, schedule: 'exp', maxGuidance: 5 },
       wsCaps: { connectionsPerKey: 16, connections: 256, bufferedBytesPerKey: 4 * 2 ** 30, bufferedBytes: 16 * 2 ** 30 },

@@ -6,7 +6,8 @@
  *   uncommented, against a job's policy on `vela serve`, started as the README's curl body asks;
  * - the README's real-time chunking loop (on that client's helpers) runs against the same
  *   `vela policy` with a synthetic robot, splicing each answer in at the row it should;
- * - the README's training-session example (TypeScript) runs against the same server.
+ * - the README's training-session example (TypeScript) runs against the same server;
+ * - "Try the real models offline": `vela models init` a tiny pi0.5, inspect it, serve it, one request.
  * Code is cut from README.md at run time; only addresses, keys, ids and step counts are swapped.
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
@@ -17,6 +18,8 @@ import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
 import { missing, pythonEnv } from './helpers/requires.ts';
+import { PolicyClient } from './helpers/policy-stub.ts';
+import { ndarray } from '../protocol/ndarray.ts';
 
 const run = promisify(execFile);
 const REPO = path.resolve(import.meta.dirname, '..');
@@ -187,6 +190,49 @@ describe('the quickstart', () => {
     });
     expect(seen.executed).toEqual(expected);
     process.stdout.write(`README RTC loop: ${done} actions in 60 ticks at 10 Hz, ${late} without one; splices (rtc/executed / k / server's d): ${splices.slice(1).map((s) => `${s.executed}/${s.k}/d${s.delay}`).join(' ')}\n`);
+  });
+});
+
+describe('"Try the real models offline", followed as written', () => {
+  const lines = block('Try the real models offline', 'sh').split('\n').filter((l) => l.startsWith('npx vela '));
+  const cwd = path.join(tmp, 'offline');
+  const env = { ...process.env, VELA_BACKEND: process.env.VELA_BACKEND ?? 'wasm', VELA_API_KEY: '' };
+
+  it('models init writes the tiny pi0.5, inspect reads it, and vela policy --base serves it an OpenPI request', { timeout: 180_000 }, async () => {
+    expect(lines.map((l) => argvOf(l).slice(2, 4).join(' '))).toEqual(['models init', 'models inspect', 'policy --base']);
+    fs.mkdirSync(cwd);
+    const init = await run(process.execPath, [path.join(REPO, 'bin/vela.js'), ...argvOf(lines[0]!).slice(2)], { cwd, env, timeout: 60_000 });
+    expect(init.stdout).toBe('./tiny_pi05\n');
+    expect(fs.readdirSync(path.join(cwd, 'tiny_pi05')).sort()).toEqual(['README.md', 'config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json']);
+    const inspect = await run(process.execPath, [path.join(REPO, 'bin/vela.js'), ...argvOf(lines[1]!).slice(2)], { cwd, env, timeout: 60_000 });
+    // What the README's comment on that line says.
+    expect(inspect.stdout).toMatch(/^\.\/tiny_pi05: pi05\n/);
+    expect(inspect.stdout).toMatch(/parameters {2}370\.1K \(370112\), dtypes BF16 x\d+/);
+    const args = argvOf(lines[2]!).slice(2);
+    args[args.indexOf('--port') + 1] = '0';
+    const child = spawn(process.execPath, [path.join(REPO, 'bin/vela.js'), ...args], { cwd, env, stdio: ['ignore', 'pipe', 'pipe'] });
+    children.push(child);
+    let stderr = '';
+    child.stderr!.on('data', (d) => (stderr += d));
+    const url = await new Promise<string>((resolve, reject) => {
+      let text = '';
+      child.stdout!.on('data', (d) => {
+        text += d;
+        const m = /Vela policy server on (ws:\/\/\S+)/.exec(text);
+        if (m) resolve(m[1]!);
+      });
+      child.once('exit', (code) => reject(new Error(`vela policy exited ${code}: ${stderr}`)));
+    });
+    const c = await PolicyClient.connect(url);
+    try {
+      expect(c.metadata).toMatchObject({ model: 'pi05', action_horizon: 10 });
+      const image = ndarray(new Uint8Array(224 * 224 * 3).fill(128), [224, 224, 3]);
+      const answer = await c.infer({ 'observation/image': image, 'observation/state': ndarray(new Float32Array(32).fill(0.1), [32]), prompt: 'pick up the cube' });
+      expect(answer.actions.shape).toEqual([10, 32]);
+      expect(Array.from(answer.actions.data as Float32Array).every(Number.isFinite)).toBe(true);
+    } finally {
+      c.close();
+    }
   });
 });
 

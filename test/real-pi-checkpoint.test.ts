@@ -134,6 +134,30 @@ describe('Hub checkpoint files (tiny random model)', () => {
     });
   }
 
+  it('a source that gives each tensor in chunks writes the same bytes as one that gives it whole; a wrong count is refused', async () => {
+    const cfg = tinyShapes('pi05');
+    // Odd-sized chunks, so chunk edges fall inside BF16 pairs and CHUNK_BYTES-aligned runs alike.
+    const chunked = (name: string, shape: number[]) => (function* () {
+      const all = source(name, shape);
+      for (let i = 0; i < all.length; i += 333) yield all.slice(i, i + 333);
+    })();
+    for (const dtype of ['F32', 'BF16'] as const) {
+      const whole = path.join(tmpRoot, `pi05-whole-${dtype}`);
+      const parts = path.join(tmpRoot, `pi05-chunked-${dtype}`);
+      await writeHubCheckpoint(whole, cfg, source, { dtype });
+      await writeHubCheckpoint(parts, cfg, chunked, { dtype });
+      expect(fs.readFileSync(path.join(parts, 'model.safetensors')).equals(fs.readFileSync(path.join(whole, 'model.safetensors'))), dtype).toBe(true);
+    }
+    const [first, shape] = piParamShapes(cfg)[0]!;
+    const n = shape.reduce((a, b) => a * b, 1);
+    const short = (name: string, sh: number[]) => (function* () {
+      const all = source(name, sh);
+      yield name === first ? all.slice(0, all.length - 1) : all;
+    })();
+    await expect(writeHubCheckpoint(path.join(tmpRoot, 'pi05-short'), cfg, short)).rejects.toThrow(`parameter ${first} has ${n - 1} values; its shape [${shape.join(', ')}] needs ${n} float32 values`);
+    expect(fs.existsSync(path.join(tmpRoot, 'pi05-short'))).toBe(false);
+  });
+
   it('a sharded F32 checkpoint streams to a sink tensor by tensor, equal to the single-file one', async () => {
     const cfg = tinyShapes('pi0');
     const dir = path.join(tmpRoot, 'pi0-f32-shards');

@@ -154,6 +154,16 @@ const MAX_CONST_ELEMENTS = 1 << 20;
  */
 const MAX_CAPTURED_FLOATS = 1024;
 
+/**
+ * Process memory a loaded graph holds per recorded op, bytes, beside its constants: TensorFlow's
+ * graph, its Grappler-optimised copy and the executor's per-node state after a run. Measured on
+ * flow0-tiny samples (native backend, RSS after the trace and a second run, less an eager run's
+ * warm-up): batch 8 x 100 steps (24,899 ops) +494 MiB, 20.3 KB per op; batch 8 x 300 steps
+ * ~11 KB per op; a batch-1 20-step graph (6,875 ops) ~11 KB per op; freed by dispose and reused
+ * by the next graph (bench/results/graph-memory.json).
+ */
+export const GRAPH_BYTES_PER_OP = 20 * 1024;
+
 /** A traced computation, runnable as one session call. Dispose it to free the session. */
 export class GraphFunction {
   private disposed = false;
@@ -170,6 +180,8 @@ export class GraphFunction {
     private readonly outputNames: string[],
     /** Ops the trace recorded (what eager dispatch would have issued). */
     readonly opCount: number,
+    /** Bytes of the constants baked into the graph (they are held twice: the GraphDef and TensorFlow's tensors). */
+    readonly constBytes = 0,
   ) {
     this.inputList = inputNames.join(',');
     this.outputList = outputNames.join(',');
@@ -204,6 +216,14 @@ export class GraphFunction {
     }
   }
 
+  /**
+   * What this graph holds in the process while loaded, bytes (an estimate): GRAPH_BYTES_PER_OP per
+   * recorded op plus its constants twice. Graph caches bound their total by it (kernels/graph-cache.ts).
+   */
+  get heldBytes(): number {
+    return this.opCount * GRAPH_BYTES_PER_OP + 2 * this.constBytes;
+  }
+
   /** Frees the TensorFlow session (idempotent). */
   dispose(): void {
     if (this.disposed) return;
@@ -221,9 +241,11 @@ export class GraphFunction {
  * @throws GraphTraceError off the native backend, on a host read of a traced tensor, on a float
  *   tensor of over 1,024 values made before the trace and not declared (a weight), on a constant
  *   of over 2^20 values, when a host input is never made into a tensor, or when TensorFlow refuses
- *   the graph (the eager outputs are disposed then; so is whatever fn made when it throws).
+ *   the graph (the eager outputs are disposed then; so is whatever fn made when it throws), or
+ *   when `opts.maxOps` is given and fn issues more ops than that (stopped at once, before the op past it).
  */
-export function traceGraph(fn: (input: (t: tf.Tensor) => tf.Tensor) => tf.Tensor[], hostInputs: TypedArray[] = []): { outputs: tf.Tensor[]; graph: GraphFunction } {
+export function traceGraph(fn: (input: (t: tf.Tensor) => tf.Tensor) => tf.Tensor[], hostInputs: TypedArray[] = [], opts: { maxOps?: number } = {}): { outputs: tf.Tensor[]; graph: GraphFunction } {
+  const maxOps = opts.maxOps ?? Infinity;
   const backend = nodeBackend();
   if (!backend) throw new GraphTraceError('graphs need the native TensorFlow backend');
   const b = backend.binding;
@@ -238,6 +260,7 @@ export function traceGraph(fn: (input: (t: tf.Tensor) => tf.Tensor) => tf.Tensor
   const dtypeOf = new Map<string, number>();
   let declared = 0;
   let ops = 0;
+  let constBytes = 0;
 
   const placeholder = (src: number, dtype: number, shape: number[]): string => {
     const name = `input_${inputNames.length}`;
@@ -252,6 +275,7 @@ export function traceGraph(fn: (input: (t: tf.Tensor) => tf.Tensor) => tf.Tensor
     if (n > MAX_CONST_ELEMENTS) throw new GraphTraceError(`a tensor of shape [${shape}] that the trace did not make would be baked in as a constant; declare it as an input`);
     const name = `const_${nodes.length}`;
     nodes.push({ name, op: 'Const', inputs: [], attrs: [], value: { dtype, shape, data: data.slice() as TypedArray } });
+    constBytes += data.byteLength;
     dtypeOf.set(`${name}:0`, dtype);
     produced.set(id, `${name}:0`);
     return `${name}:0`;
@@ -347,6 +371,9 @@ export function traceGraph(fn: (input: (t: tf.Tensor) => tf.Tensor) => tf.Tensor
         }
         return constant(id, meta.dtype, meta.shape, data);
       });
+      // A computation past the cache's whole budget would be evicted at once: stop recording it
+      // (the trace's nodes and the graph TensorFlow would build are what an unrolled loop costs).
+      if (ops >= maxOps) throw new GraphTraceError(`the computation issues more than ${maxOps} ops; it runs eagerly`);
       const out = executeOp.call(b, name, attrs, ids, numOutputs);
       const nodeName = `op_${nodes.length}`;
       const more = (INFERRED_ATTRS[name] ?? []).filter(([a]) => !attrs.some((x) => x.name === a)).map(([a, i]) => ({ name: a, type: b.TF_ATTR_TYPE, value: dtypeOf.get(ins[i]!) }));
@@ -390,7 +417,7 @@ export function traceGraph(fn: (input: (t: tf.Tensor) => tf.Tensor) => tf.Tensor
         console.error([...count].sort((a, b) => b[1] - a[1]).map(([k, v]) => `${v} ${k}`).join(', '));
       }
     }
-    return { outputs, graph: new GraphFunction(backend, session, inputNames, inputSources, hostShapes, outputNames, ops) };
+    return { outputs, graph: new GraphFunction(backend, session, inputNames, inputSources, hostShapes, outputNames, ops, constBytes) };
   } catch (err) {
     tf.dispose(outputs);
     throw err;

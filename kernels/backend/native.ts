@@ -43,7 +43,9 @@ function positive(name: string, raw: string | undefined): number | undefined {
  * VELA_TF_INTER_OP_THREADS, else TensorFlow's own TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS,
  * else defaultThreads(). On the main thread it also writes them, and TF_CPP_MIN_LOG_LEVEL=2
  * (TensorFlow's start-up notices) unless set, into the process environment for the library to
- * read; elsewhere it only reports. The first load of the library fixes them for the process.
+ * read; elsewhere it only reports. (Two lines ignore that variable: absl's "All log messages
+ * before absl::InitializeLog()" and port.cc's "oneDNN custom operations are on", written as the
+ * library loads; bin/vela.js drops them from the command's stderr.) The first load of the library fixes them for the process.
  * @throws Error naming the variable when a value is not an integer in 1..1024.
  */
 export function applyNativeEnv(explicit: Partial<NativeThreads> = {}, env: NodeJS.ProcessEnv = process.env): NativeThreads {

@@ -117,6 +117,32 @@ export function contractInitValues(name: string, size: number): Float32Array {
   return out;
 }
 
+/**
+ * contractInitValues as consecutive chunks of at most `chunk` values (the same values, in order),
+ * so a tensor of any size is made in bounded memory. With `seed` the FNV-1a hash continues over
+ * the UTF-8 bytes of `#<seed>` after the name's, giving another set of values of the same
+ * distribution; without it the values are the parity contract's exactly.
+ */
+export function* contractInitChunks(name: string, size: number, opts: { seed?: number; chunk?: number } = {}): Generator<Float32Array> {
+  let h = 2166136261;
+  const bytes = new TextEncoder().encode(opts.seed === undefined ? name : `${name}#${opts.seed}`);
+  for (const byte of bytes) h = Math.imul(h ^ byte, 16777619) >>> 0;
+  let state = h >>> 0;
+  const chunk = opts.chunk ?? 1 << 22;
+  for (let start = 0; start < size; start += chunk) {
+    const out = new Float32Array(Math.min(chunk, size - start));
+    for (let i = 0; i < out.length; i++) {
+      state = (state + 0x6d2b79f5) >>> 0;
+      let t = state;
+      t = Math.imul(t ^ (t >>> 15), t | 1);
+      t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+      const u = ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+      out[i] = (2 * u - 1) * 0.05;
+    }
+    yield out;
+  }
+}
+
 export type RealPiParamSource = 'contract-init' | ReadonlyMap<string, Float32Array | tf.Tensor>;
 
 /**

@@ -21,6 +21,42 @@ export function deltaPairs(meta: Pick<DatasetMeta, 'stateNames' | 'actionNames'>
   return pairs;
 }
 
+/**
+ * What a policy trained in `space` answers, in the words `vela policy` prints on its start-up line
+ * and `vela datasets inspect` explains the action space with: always absolute actions.
+ */
+export function answeredAs(space: ActionSpace): string {
+  return space === 'delta' ? 'absolute (trained as deltas; the state is added back)' : 'absolute';
+}
+
+/**
+ * The lines `vela datasets inspect` prints for the action space: the default and why, what a
+ * fine-tune learns in it and what its policy answers (answeredAs, as `vela policy` says), and
+ * what `--action-space` would change. The first line is `action space default: <space> (...)`.
+ */
+export function explainActionSpace(meta: Pick<DatasetMeta, 'stateNames' | 'actionNames'>): string[] {
+  const space = defaultActionSpace(meta);
+  const pairs = deltaPairs(meta);
+  const shared = pairs.map(([a]) => meta.actionNames![a]!);
+  const list = shared.length <= 6 ? shared.join(', ') : `${shared.slice(0, 6).join(', ')}, ...`;
+  const answers = `its policy (vela policy) answers actions ${answeredAs(space)}`;
+  if (space === 'delta') {
+    return [
+      `action space default: delta (every action dim is named like a state dim)`,
+      `  a fine-tune learns action - state on the ${pairs.length} shared dims (${list}); ${answers}`,
+      `  (--action-space absolute learns the actions as they are)`,
+    ];
+  }
+  const why = !meta.stateNames || !meta.actionNames ? 'the dataset does not name its state and action dims'
+    : pairs.length === 0 ? 'no action dim is named like a state dim'
+    : `the names differ: ${pairs.length} of ${meta.actionNames.length} action dims are named like state dims`;
+  return [
+    `action space default: absolute (${why})`,
+    `  a fine-tune learns the actions as they are; ${answers}`,
+    ...(pairs.length ? [`  (--action-space delta would learn action - state on the ${pairs.length} shared dims (${list}); its policy then answers actions ${answeredAs('delta')})`] : []),
+  ];
+}
+
 /** MODEL.md: `delta` when the dataset's state and action names match exactly, else `absolute`. */
 export function defaultActionSpace(meta: Pick<DatasetMeta, 'stateNames' | 'actionNames'>): ActionSpace {
   const { stateNames, actionNames } = meta;

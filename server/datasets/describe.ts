@@ -1,5 +1,5 @@
 /** A plain-text summary of a dataset, printed by `vela datasets inspect DIR`. */
-import { defaultActionSpace } from './actions.ts';
+import { explainActionSpace } from './actions.ts';
 import type { DatasetMeta } from './types.ts';
 
 function names(list: string[] | null, max = 6): string {
@@ -10,7 +10,7 @@ function names(list: string[] | null, max = 6): string {
 /**
  * Multi-line text: path, version, fps, episodes and frames (with min/mean/max length and
  * duration), tasks, cameras (short name, kind, size, codec), state and action dims with names,
- * and the default action space.
+ * and the default action space explained (what a fine-tune learns, what its policy answers).
  */
 export function describeDataset(meta: DatasetMeta): string {
   const lengths = meta.episodes.map((e) => e.length);
@@ -29,7 +29,7 @@ export function describeDataset(meta: DatasetMeta): string {
     ...meta.cameras.map((c) => `  ${c.name.padEnd(16)} ${c.kind} ${c.width}x${c.height}${c.codec ? ` ${c.codec}` : ''} (${c.key})`),
     `state     ${meta.stateDim} dims: ${names(meta.stateNames)}`,
     `action    ${meta.actionDim} dims: ${names(meta.actionNames)}`,
-    `action space default: ${defaultActionSpace(meta)}`,
+    ...explainActionSpace(meta),
   ];
   return lines.join('\n');
 }

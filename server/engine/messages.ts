@@ -14,6 +14,12 @@ export type ToWorker =
 export interface EngineMemory {
   numBytes: number;
   numTensors: number;
+  /**
+   * The worker's traced graphs (kernels/graph-cache.ts, kernels/sample-graph.ts, step-graph.ts):
+   * sampling and loss graphs traced since it started, those cached now and their estimated bytes
+   * (GraphFunction.heldBytes, bounded by VELA_GRAPH_CACHE_BYTES). Absent from stubs.
+   */
+  graphs?: { traced: number; cached: number; cachedOps: number; cachedBytes: number };
 }
 
 /** Worker -> main. Answers carry the worker's memory after the op (for GET /metrics). */

@@ -9,6 +9,8 @@ import path from 'node:path';
 import * as tf from '@tensorflow/tfjs';
 import { initBackend, type BackendReport } from '../../kernels/backend/backend.ts';
 import { sampleGraphStats, samplesAsGraphs } from '../../kernels/sample-graph.ts';
+import { lossGraphStats } from '../../kernels/step-graph.ts';
+import { graphCacheStats } from '../../kernels/graph-cache.ts';
 import { makeConfig } from '../../kernels/small/config.ts';
 import { BaseWeights, TrainingState, sampleActions } from '../../kernels/trainer.ts';
 import { checkpointFiles, loadCheckpoint, saveCheckpoint, type CheckpointContent } from '../../kernels/checkpoint.ts';
@@ -42,6 +44,8 @@ interface EngineModel {
   slots: number;
   /** The real family's checkpoint folder, written into saved configs; null for presets. */
   baseDir: string | null;
+  /** Euler steps a session's sample may have a graph for (sessionSampleTraces): the real model's num_inference_steps, the protocol's default 10 for presets. */
+  numSteps: number;
   /** The family's batch (typed loosely: the TrainingState of this engine takes whichever the family is). */
   toBatch(mb: ModelBatch): any;
 }
@@ -63,10 +67,11 @@ function send(m: FromWorker, transfer: ArrayBuffer[] = []): void {
   port.postMessage(m, transfer);
 }
 
-/** tf.memory()'s counts: cheap (bookkeeping, no device sync), so every answer carries them. */
+/** tf.memory()'s counts and the graph caches' (cheap: bookkeeping, no device sync), so every answer carries them. */
 function memoryNow(): EngineMemory {
   const m = tf.memory();
-  return { numBytes: m.numBytes, numTensors: m.numTensors };
+  const g = graphCacheStats();
+  return { numBytes: m.numBytes, numTensors: m.numTensors, graphs: { traced: sampleGraphStats().traces + lossGraphStats().traces, cached: g.graphs, cachedOps: g.ops, cachedBytes: g.bytes } };
 }
 
 /**
@@ -231,8 +236,11 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
     case 'sample': {
       const temp = args.weights ? await loadWeights(tenant, args.weights) : null;
       try {
-        // trace false (the host's answer to 'quiet'): a layout without a graph samples eagerly.
-        const actions = (temp ?? state).sample(config.toBatch(args.batch as ModelBatch), { numSteps: args.numSteps, seed: args.seed ?? undefined, ema: !!args.ema, trace: args.trace !== false });
+        // trace false (the host's answer to 'quiet'), or a layout the client picked outside the
+        // bounded ones (sessionSampleTraces): a layout without a graph samples eagerly.
+        const mb = args.batch as ModelBatch;
+        const trace = args.trace !== false && sessionSampleTraces(mb.size, args.numSteps ?? 10);
+        const actions = (temp ?? state).sample(config.toBatch(mb), { numSteps: args.numSteps, seed: args.seed ?? undefined, ema: !!args.ema, trace });
         return [answer(state, { actions }), answerBuffers(actions)];
       } finally {
         temp?.dispose();
@@ -251,6 +259,22 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
     default:
       throw new EngineError('bad_request', `unknown engine op "${op}"`);
   }
+}
+
+/** The largest batch a session's sample traces a graph for (the policy batcher's max_batch). */
+const SESSION_SAMPLE_GRAPH_MAX_BATCH = 16;
+
+/**
+ * Whether a session's `sample` (websocket or futures API: the client picks the batch size, 1 to
+ * --max-batch, and num_steps, 1 to 1000) may trace a graph for its layout (issue 33): only at the
+ * model's own step count (config.numSteps) and a batch size in {1, 2, 4, ..., 16}. Each graph is
+ * the sampler unrolled (~250-350 ops and ~5 MB per step at batch 8, kernels/backend/graph.ts
+ * GRAPH_BYTES_PER_OP) and seconds to trace, so a client sweeping num_steps or batch sizes would
+ * otherwise fill the cache and stall the engine with traces; at most 5 layouts here, and every
+ * other one samples eagerly (one step's activations at a time: kernels/flow.ts eulerSample).
+ */
+function sessionSampleTraces(size: number, numSteps: number): boolean {
+  return numSteps === config.numSteps && size <= SESSION_SAMPLE_GRAPH_MAX_BATCH && (size & (size - 1)) === 0;
 }
 
 /** A session's state or weights in the checkpoint layout (PROTOCOL.md section 4). */
@@ -405,7 +429,7 @@ async function loadModel(key: string, seed: number): Promise<Omit<EngineInfo, 'b
   if (parsed.kind === 'preset') {
     const c = makeConfig(parsed.preset);
     base = BaseWeights.create(c, seed);
-    config = { preset: c.preset, horizon: c.horizon, actionDim: c.actionDim, imageSize: c.imageSize, slots: c.slots, baseDir: null, toBatch: (mb) => mb };
+    config = { preset: c.preset, horizon: c.horizon, actionDim: c.actionDim, imageSize: c.imageSize, slots: c.slots, baseDir: null, numSteps: 10, toBatch: (mb) => mb };
     pool = new TenantPool(base, c.preset, maxResident);
     return {
       preset: c.preset, family: 'small', baseDir: null, imageSize: c.imageSize, imageSlots: c.slots, stateDim: c.stateDim, actionDim: c.actionDim,
@@ -423,7 +447,7 @@ async function loadModel(key: string, seed: number): Promise<Omit<EngineInfo, 'b
     throw e;
   }
   const S = c.vision.imageSize;
-  config = { preset: c.variant, horizon: c.actionHorizon, actionDim: c.actionDim, imageSize: S, slots: 3, baseDir: parsed.dir, toBatch: (mb) => toRealPiBatch(c, mb) };
+  config = { preset: c.variant, horizon: c.actionHorizon, actionDim: c.actionDim, imageSize: S, slots: 3, baseDir: parsed.dir, numSteps: c.numSteps, toBatch: (mb) => toRealPiBatch(c, mb) };
   pool = new TenantPool(base as BaseWeights, c.variant, maxResident);
   return {
     preset: c.variant, family: c.variant, baseDir: parsed.dir, imageSize: S, imageSlots: 3, stateDim: c.stateDim, actionDim: c.actionDim,

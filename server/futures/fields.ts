@@ -14,7 +14,7 @@
  * `refuseZorl` from the handler wrapper; nested objects: through checkFields).
  */
 import { HttpError, type Req } from '../http.ts';
-import { resemblance } from '../resemble.ts';
+import { resemblance } from '../../protocol/resemble.ts';
 
 /** Fields with a meaning somewhere in Vela's futures API (ids excluded: they are harmless). */
 const VELA_FIELDS = new Set([

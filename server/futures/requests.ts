@@ -181,7 +181,7 @@ export function errorAnswer(r: Req, err: unknown): [number, Record<string, unkno
   if (err instanceof HttpError) return [err.status, { error: redactPaths(err.message), ...err.extra }];
   if (err instanceof ProtocolError) return [err.code === 'too_large' ? 413 : 400, { error: redactPaths(err.message), code: err.code }];
   if (err instanceof EngineError) {
-    const status = err.code === 'not_found' ? 404 : ['conflict', 'busy', 'poisoned'].includes(err.code) ? 409 : 400;
+    const status = err.code === 'not_found' ? 404 : ['conflict', 'busy', 'poisoned'].includes(err.code) ? 409 : err.code === 'insufficient_memory' ? 507 : 400;
     return [status, { error: redactPaths(err.message), code: err.code }];
   }
   const e = err as { name?: string; code?: unknown; status?: unknown; message?: string };

@@ -12,6 +12,7 @@
  * session's policy. Loaded policies stay warm for VELA_INFER_IDLE_S (served.ts).
  */
 import { storedEngineModel } from '../jobs/base.ts';
+import { modelsDirOf } from '../models/resolve.ts';
 import { performance } from 'node:perf_hooks';
 import type { TemplatedApp } from 'uWebSockets.js';
 import { loadObservationDictionary } from '../../protocol/zstd.ts';
@@ -92,7 +93,7 @@ export async function targetOf(deps: InferenceDeps, kind: PolicyKind, id: string
     return {
       key: `ft:${id}`,
       // The job's engine: a preset, or the real model on its base (engine_model, or its base looked up again).
-      load: () => storedEngineModel(job.config).then((engineModel) => createFolderPolicy(engineFor, job.output_dir, { engineModel, policyId: `policy-${job.id}`, owner: job.owner, version: 'final', limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes }, zstdDictionaries: deps.zstdDictionaries })),
+      load: () => storedEngineModel(job.config, modelsDirOf(deps.config)).then((engineModel) => createFolderPolicy(engineFor, job.output_dir, { engineModel, policyId: `policy-${job.id}`, owner: job.owner, version: 'final', limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes }, zstdDictionaries: deps.zstdDictionaries })),
     };
   }
   // Not yet used since this server started: the store has it (sampling sessions outlive a restart).

@@ -13,8 +13,10 @@ import { readHubConfig } from '../models/hub-checkpoint.ts';
 import { realModelKey } from '../engine/model-key.ts';
 import { isRealModel } from '../models/bases.ts';
 import { resolveBase } from '../models/resolve.ts';
-import { INSUFFICIENT_MEMORY, planOrRefuse, realConfigOf, type PlanResult } from '../models/plan.ts';
-import { bytesHuman } from '../models/memory.ts';
+import { INSUFFICIENT_MEMORY, planOrRefuse, realConfigOf } from '../models/plan.ts';
+import { availableMemory, bytesHuman, checkFits, memoryLedger } from '../models/memory.ts';
+import type { MemoryEstimate } from '../../kernels/pi/memory.ts';
+import { estimatePassMemory } from '../../kernels/small/memory.ts';
 import { HttpError } from '../http.ts';
 import type { Dataset } from '../datasets/index.ts';
 import type { FineTuneConfig, MemoryPlanNote } from './config.ts';
@@ -42,12 +44,13 @@ export function engineModelOf(cfg: Pick<FineTuneConfig, 'model' | 'engine_model'
 
 /**
  * The engine model of a stored job's config, for serving its policy: the one resolved when it
- * was accepted, else (a base the job downloaded) its base looked up again in the cache.
+ * was accepted, else (a base the job downloaded) its base looked up again in the cache;
+ * `modelsDir` (the server's --models-dir) is what a relative `base` is under (none: the CLI's cwd).
  * @throws ModelError when a real model's base is no longer there.
  */
-export async function storedEngineModel(config: Record<string, unknown>): Promise<string> {
+export async function storedEngineModel(config: Record<string, unknown>, modelsDir?: string): Promise<string> {
   if (typeof config.engine_model === 'string') return config.engine_model;
-  if (isRealModel(config.model) && typeof config.base === 'string') return realModelKey(config.model, (await resolveBase(config.base)).dir);
+  if (isRealModel(config.model) && typeof config.base === 'string') return realModelKey(config.model, (await resolveBase(config.base, { modelsDir, cwdRelative: modelsDir === undefined })).dir);
   return String(config.model);
 }
 
@@ -178,32 +181,66 @@ export async function planFineTune(cfg: FineTuneConfig, baseDir: string, opts: {
     opts.maxMemory,
     opts.capName,
   );
-  const needs = (r: PlanResult) => `needs about ${bytesHuman(r.counted.totalBytes)} of ${bytesHuman(r.available.bytes)} available`;
-  let note: MemoryPlanNote;
+  const note = await chooseMicroBatch(cfg, async (m) => {
+    const r = await at(m);
+    return { totalBytes: r.counted.totalBytes, availableBytes: r.available.bytes };
+  });
+  cfg.memory_plan = note;
+  return note;
+}
+
+/**
+ * The micro-batch of a fine-tune (issue 34): micro_batch_size when given (planned as it is), else
+ * the largest of microBatchCandidates(batch_size) for which `fits` resolves, with the reason in
+ * words. `fits(m)` resolves the plan of a pass of m (its estimate and what was available) or
+ * throws its 507.
+ * @throws the 507 of the smallest micro-batch tried (1, or the one given), its fix for a given
+ *   one spelled as micro_batch_size; any other error of `fits` at once.
+ */
+async function chooseMicroBatch(cfg: FineTuneConfig, fits: (m: number) => Promise<{ totalBytes: number; availableBytes: number }>): Promise<MemoryPlanNote> {
+  const B = cfg.batch_size;
+  const needs = (r: { totalBytes: number; availableBytes: number }) => `needs about ${bytesHuman(r.totalBytes)} of ${bytesHuman(r.availableBytes)} available`;
   if (cfg.micro_batch_size != null) {
     const m = cfg.micro_batch_size;
-    const r = await at(m).catch((e) => {
+    const r = await fits(m).catch((e) => {
       // Forced: the fix is a smaller micro-batch (or the plan's own), not a smaller batch.
       if (e instanceof HttpError && e.status === INSUFFICIENT_MEMORY && m > 1) throw new HttpError(e.status, e.message.replace('lower batch_size', 'lower micro_batch_size (or leave it out: the plan chooses one that fits)'));
       throw e;
     });
-    note = { micro_batch_size: m, reason: `micro_batch_size ${m} as requested: a pass of ${m} ${needs(r)}` };
-  } else {
-    let whole: string | null = null;
-    let found: MemoryPlanNote | null = null;
-    for (const m of microBatchCandidates(B)) {
-      try {
-        const r = await at(m);
-        found = { micro_batch_size: m, reason: m === B ? `the whole batch fits at once: a pass of ${B} ${needs(r)}` : `${whole}; a pass of ${m} ${needs(r)}` };
-        break;
-      } catch (e) {
-        if (!(e instanceof HttpError) || e.status !== INSUFFICIENT_MEMORY || m === 1) throw e;
-        // The whole batch's line, said once: the reason for splitting it.
-        whole ??= `batch_size ${B} at once does not fit (${e.message.replace(/^.*? needs about /, 'needs about ').replace(/: [^:]*$/, '')})`;
-      }
-    }
-    note = found!;
+    return { micro_batch_size: m, reason: `micro_batch_size ${m} as requested: a pass of ${m} ${needs(r)}` };
   }
+  let whole: string | null = null;
+  for (const m of microBatchCandidates(B)) {
+    try {
+      const r = await fits(m);
+      return { micro_batch_size: m, reason: m === B ? `the whole batch fits at once: a pass of ${B} ${needs(r)}` : `${whole}; a pass of ${m} ${needs(r)}` };
+    } catch (e) {
+      if (!(e instanceof HttpError) || e.status !== INSUFFICIENT_MEMORY || m === 1) throw e;
+      // The whole batch's line, said once: the reason for splitting it.
+      whole ??= `batch_size ${B} at once does not fit (${e.message.replace(/^.*? needs about /, 'needs about ').replace(/: [^:]*$/, '')})`;
+    }
+  }
+  throw new Error('unreachable: micro-batch 1 is always tried last');
+}
+
+/**
+ * Memory planning of a fine-tune on a small preset: one pass's tape at its micro-batch (chosen
+ * as on the real models, chooseMicroBatch; batch_size 1 to 1,024) and cameras
+ * (kernels/small/memory.ts estimatePassMemory; flow0-small holds ~0.6 GB per datum) against what
+ * the process may still use (reservations counted, none taken). Sets `cfg.memory_plan`.
+ * @throws HttpError 507 with the one-line estimate and fix when micro-batches of 1 (or the given
+ *   micro_batch_size) do not fit.
+ */
+export async function planPresetFineTune(cfg: FineTuneConfig, opts: { maxMemory?: string; capName?: string } = {}): Promise<MemoryPlanNote> {
+  const c = makeConfig(cfg.model);
+  const B = cfg.batch_size;
+  const available = memoryLedger.less(await availableMemory({ maxMemory: opts.maxMemory, capName: opts.capName ?? '--max-memory' }));
+  const note = await chooseMicroBatch(cfg, async (m) => {
+    const estimate: MemoryEstimate = estimatePassMemory(c, m, Math.min(c.slots, cfg.cameras?.length || c.slots));
+    const why = checkFits(estimate, available, `a fine-tune of ${c.preset} at batch_size ${B}${m < B ? ` in micro-batches of ${m}` : ''}`, { batch: m, use: 'lora' });
+    if (why) throw new HttpError(INSUFFICIENT_MEMORY, why);
+    return { totalBytes: estimate.totalBytes, availableBytes: available.bytes };
+  });
   cfg.memory_plan = note;
   return note;
 }

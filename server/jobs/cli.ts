@@ -14,7 +14,7 @@ import { noEvaluationReason, prepareRun, runFineTune, writeJsonAtomic } from './
 import { engineModelOf, planFineTune, realEngineModel } from './base.ts';
 import { isRealModel } from '../models/bases.ts';
 import { tokenizerFileFor } from '../models/layout.ts';
-import { resolveBase } from '../models/resolve.ts';
+import { cliModelsDir, resolveBase } from '../models/resolve.ts';
 
 /** Where `vela finetune` writes without --output: outside any repository, under the user's cache. */
 export function defaultFinetuneRoot(env: NodeJS.ProcessEnv = process.env): string {
@@ -41,7 +41,10 @@ Options (defaults in brackets: the recipe measured in bench/results/recipe.md):
                            flow0-tiny, flow05-tiny, flow0-small, flow05-small  [${RECIPE.model}]
                            (old names pi0-tiny ... still work; see vela presets)
   --base REF               pi0 / pi05: a Hub id in the Hugging Face cache (vela models
-                           download) or a checkpoint folder  [lerobot/pi0_base, lerobot/pi05_base]
+                           download) or a checkpoint folder: a path, or a name under
+                           --models-dir  [lerobot/pi0_base, lerobot/pi05_base]
+  --models-dir DIR         where --base names are looked up [$VELA_MODELS_DIR, else
+                           $VELA_DATA_DIR/models, else ./vela-data/models: the server's]
   --steps N                optimizer steps                              [${RECIPE.steps}]
   --batch-size N           datums per step                              [${RECIPE.batch_size}]
   --micro-batch-size N     datums per taped pass, summed into one step  [the memory plan's]
@@ -85,7 +88,7 @@ const FLAGS: Record<string, [string, 'int' | 'number' | 'string' | 'list' | 'int
   '--time-sampling': ['time_sampling', 'string'],
   '--rtc-max-delay': ['rtc_max_delay', 'int'],
 };
-const SPEC = Object.fromEntries([...Object.keys(FLAGS), '--dataset', '--eval-dataset', '--output', '--backend'].map((f) => [f, 'value' as const]));
+const SPEC = Object.fromEntries([...Object.keys(FLAGS), '--dataset', '--eval-dataset', '--output', '--backend', '--models-dir'].map((f) => [f, 'value' as const]));
 const HELP = 'vela finetune --help';
 
 /** A config message with its field names spelled as this command's flags (`eval_fraction` -> `--eval-fraction`). */
@@ -144,6 +147,7 @@ export function parseFinetuneArgs(argv: string[], env: NodeJS.ProcessEnv = proce
   const byField = new Map<string, FlagArg>();
   let dataset: FlagArg | null = null;
   let outputArg: FlagArg | null = null;
+  let modelsDirArg: string | undefined;
   let backend = env.VELA_BACKEND || 'auto';
   for (const f of flags) {
     if (f.flag === '--dataset') dataset = f;
@@ -153,6 +157,7 @@ export function parseFinetuneArgs(argv: string[], env: NodeJS.ProcessEnv = proce
       body.eval_dataset = dir;
       byField.set('eval_dataset', f);
     } else if (f.flag === '--output') outputArg = f;
+    else if (f.flag === '--models-dir') modelsDirArg = f.value;
     else if (f.flag === '--backend') {
       if (!(BACKEND_CHOICES as string[]).includes(f.value)) throw badValue(f, `must be one of ${BACKEND_CHOICES.join(', ')}`);
       backend = f.value;
@@ -181,7 +186,7 @@ export function parseFinetuneArgs(argv: string[], env: NodeJS.ProcessEnv = proce
   const stamp = new Date().toISOString().replace(/[:.]/g, '-').slice(0, 19);
   const outDir = path.resolve(outputArg?.value ?? path.join(defaultFinetuneRoot(env), `${path.basename(datasetDir)}-${stamp}`));
   if (outputArg) checkOutputFolder(outputArg, outDir, cfg);
-  return { cfg, datasetDir, dataset, outDir, backend, byField };
+  return { cfg, datasetDir, dataset, outDir, backend, byField, modelsDir: cliModelsDir(modelsDirArg, env) };
 }
 
 const f4 = (x: unknown) => (typeof x === 'number' && Number.isFinite(x) ? (Math.abs(x) >= 0.01 || x === 0 ? x.toFixed(4) : x.toExponential(3)) : String(x));
@@ -222,16 +227,17 @@ export function progressLine(step: number, steps: number, loss: number | null, s
 }
 
 /**
- * The real model's base folder (undefined for a preset), cfg.engine_model set; a Hub id must be
- * in the Hugging Face cache (this command does not download: `vela models download`).
+ * The real model's base folder (undefined for a preset), cfg.engine_model set: a path from the
+ * working directory, a name under `modelsDir`, or a Hub id that must be in the Hugging Face cache
+ * (this command does not download, and its refusal says so: `vela models download`, then run it again).
  * @throws UsageError naming the flag: the resolver's or the tokenizer's one line.
  */
-async function localBase(cfg: FineTuneConfig, arg: FlagArg | undefined): Promise<string | undefined> {
+async function localBase(cfg: FineTuneConfig, arg: FlagArg | undefined, modelsDir: string): Promise<string | undefined> {
   if (!isRealModel(cfg.model) || !cfg.base) return undefined;
   const refuse = (e: unknown): never => {
     throw arg ? badValue(arg, (e as Error).message) : new UsageError(`--base ${cfg.base}: ${(e as Error).message}`);
   };
-  const dir = await resolveBase(cfg.base).then((r) => r.dir, refuse);
+  const dir = await resolveBase(cfg.base, { modelsDir, serverDownloads: false }).then((r) => r.dir, refuse);
   try {
     tokenizerFileFor(dir);
   } catch (e) {
@@ -241,10 +247,17 @@ async function localBase(cfg: FineTuneConfig, arg: FlagArg | undefined): Promise
   return dir;
 }
 
-/** `vela finetune`'s memory plan of a real base, once the dataset's cameras are known: one line, exit 1, before loading. */
+/**
+ * `vela finetune`'s memory plan of a real base, once the dataset's cameras are known: one line,
+ * exit 1, before loading; its fixes are spelled as this command's flags (the server's name fields).
+ * Resolves the micro-batch the run accumulates in (undefined for a preset: the whole batch).
+ */
 async function planLocal(cfg: FineTuneConfig, baseDir: string | undefined): Promise<MemoryPlanNote | undefined> {
-  if (baseDir) return planFineTune(cfg, baseDir, { maxMemory: process.env.VELA_MAX_MEMORY || undefined, capName: 'VELA_MAX_MEMORY' });
-  return undefined;
+  if (!baseDir) return undefined;
+  return planFineTune(cfg, baseDir, { maxMemory: process.env.VELA_MAX_MEMORY || undefined, capName: 'VELA_MAX_MEMORY' }).catch((e: Error) => {
+    e.message = e.message.replace('lower batch_size', 'lower --batch-size').replace('lower micro_batch_size', 'lower --micro-batch-size').replace('use LoRA (the default) instead of a full fine-tune', 'use --finetune lora (the default) instead of a full fine-tune');
+    throw e;
+  });
 }
 
 /**
@@ -254,7 +267,7 @@ async function planLocal(cfg: FineTuneConfig, baseDir: string | undefined): Prom
  */
 export async function finetuneCommand(argv: string[]): Promise<void> {
   if (argv.includes('--help') || argv.includes('-h')) return void process.stdout.write(FINETUNE_USAGE);
-  const { cfg, datasetDir, dataset, outDir, backend, byField } = parseFinetuneArgs(argv);
+  const { cfg, datasetDir, dataset, outDir, backend, byField, modelsDir } = parseFinetuneArgs(argv);
   let index = 0;
   const tty = process.stderr.isTTY;
   const started = Date.now();
@@ -263,7 +276,7 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
   // Validate the dataset before any work (a missing or corrupt file is named), then reuse it.
   process.stderr.write(`vela finetune: ${cfg.model}${cfg.base ? ` (base ${cfg.base})` : ''} on ${datasetDir} -> ${outDir}\n`);
   const evalDatasetDir = cfg.eval_dataset ?? undefined;
-  const baseDir = await localBase(cfg, byField.get('base') ?? byField.get('model'));
+  const baseDir = await localBase(cfg, byField.get('base') ?? byField.get('model'), modelsDir);
   let opened;
   try {
     opened = await prepareRun(cfg, datasetDir, openDataset, evalDatasetDir, baseDir);

@@ -11,7 +11,7 @@ import { DEFAULT_BASES, isRealModel } from '../models/bases.ts';
 import { validateAdamWOptions, type AdamWOptions } from '../../kernels/optim.ts';
 import { HttpError } from '../http.ts';
 import { log } from '../log.ts';
-import { meant } from '../resemble.ts';
+import { meant } from '../../protocol/resemble.ts';
 
 export interface FineTuneConfig {
   /** A small preset (flow0-tiny, ...), or `pi0` / `pi05`: the real models (kernels/pi) on checkpoint `base`. */

@@ -19,10 +19,10 @@ import { prepareRun } from './train.ts';
 import { isRealModel, type RealModel } from '../models/bases.ts';
 import { checkBaseVariant } from '../models/base-variant.ts';
 import { tokenizerFileFor } from '../models/layout.ts';
-import { resolveBase } from '../models/resolve.ts';
+import { modelsDirOf, resolveBase } from '../models/resolve.ts';
 import { checkBaseAccess } from '../models/access.ts';
 import { memoryLedger } from '../models/memory.ts';
-import { jobModelShape, planFineTune, realEngineModel } from './base.ts';
+import { jobModelShape, planFineTune, planPresetFineTune, realEngineModel } from './base.ts';
 import { isHubDatasetId } from './fetch.ts';
 import { isTerminal, jobWorkDir, type JobRunner } from './runner.ts';
 
@@ -127,7 +127,7 @@ export async function submitFineTune(deps: Pick<JobRoutesDeps, 'store' | 'config
     });
     // ... and before splitting the batch into micro-batches the freed memory would spare.
     if (cfg.micro_batch_size == null && note.micro_batch_size < cfg.batch_size && deps.releaseIdle && (await deps.releaseIdle()) > 0) await plan();
-  }
+  } else if (!isRealModel(cfg.model)) await planPresetFineTune(cfg, { maxMemory: config.maxMemory });
   const id = randomId('ft-');
   const row: JobRow = {
     id, owner, status: 'queued', created_at: nowS(), config: cfg as unknown as Record<string, unknown>, step: 0, loss: null, eval_loss: null,
@@ -151,7 +151,7 @@ async function submittedBase(deps: Pick<JobRoutesDeps, 'store' | 'config'>, owne
   let dir: string;
   try {
     await checkBaseAccess(deps.config, deps.store, owner, cfg.base, path.dirname(jobWorkDir(deps.config, 'x')));
-    dir = (await resolveBase(cfg.base)).dir;
+    dir = (await resolveBase(cfg.base, { modelsDir: modelsDirOf(deps.config), cwdRelative: false })).dir;
   } catch (e) {
     const err = e as Error & { code?: string };
     if (err.name !== 'ModelError') throw e;

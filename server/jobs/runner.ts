@@ -18,7 +18,7 @@ import { storageOf } from '../storage.ts';
 import { parseFineTuneConfig, type FineTuneConfig } from './config.ts';
 import { datasetDirFor } from '../datasets/owned.ts';
 import { isRealModel } from '../models/bases.ts';
-import { resolveBase } from '../models/resolve.ts';
+import { modelsDirOf, resolveBase } from '../models/resolve.ts';
 import { parseEngineModel } from '../engine/model-key.ts';
 import { engineModelOf, planFineTune, realEngineModel } from './base.ts';
 import { fetchDataset, isHubDatasetId, throttledProgress } from './fetch.ts';
@@ -334,7 +334,7 @@ export class JobRunner {
       const m = parseEngineModel(cfg.engine_model);
       if (m.kind === 'real' && fs.existsSync(path.join(m.dir, 'config.json'))) return m.dir;
     }
-    const { dir } = await resolveBase(cfg.base, { allowDownload: this.config.allowDownloads, onProgress: throttledProgress(cfg.base, logLine) as (p: unknown) => void });
+    const { dir } = await resolveBase(cfg.base, { modelsDir: modelsDirOf(this.config), cwdRelative: false, allowDownload: this.config.allowDownloads, onProgress: throttledProgress(cfg.base, logLine) as (p: unknown) => void });
     cfg.engine_model = realEngineModel(cfg, dir);
     // Downloaded now, so not planned at submission: planned before it loads (the job fails with the line).
     await planFineTune(cfg, dir, { maxMemory: this.config.maxMemory });

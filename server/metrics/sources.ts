@@ -18,7 +18,7 @@ export interface MetricsStore {
 export interface MetricsEngine {
   readonly labels: { preset: string; lane: string; worker: string };
   /** tf.memory() after the worker's last op; null before its first answer. */
-  memory(): { numBytes: number; numTensors: number } | null;
+  memory(): { numBytes: number; numTensors: number; graphs?: { traced: number; cached: number; cachedBytes: number } } | null;
   stats(): { queued: number };
 }
 
@@ -86,6 +86,27 @@ new client.Gauge({
   collect() {
     this.reset();
     for (const e of engines) this.set(e.labels, e.memory()?.numTensors ?? 0);
+  },
+});
+new client.Gauge({
+  name: 'vela_engine_graphs', help: 'traced graphs an engine worker holds after its last op (kernels/graph-cache.ts)', labelNames: engineLabels, registers: [registry],
+  collect() {
+    this.reset();
+    for (const e of engines) this.set(e.labels, e.memory()?.graphs?.cached ?? 0);
+  },
+});
+new client.Gauge({
+  name: 'vela_engine_graph_bytes', help: 'estimated bytes of the traced graphs an engine worker holds (bounded by VELA_GRAPH_CACHE_BYTES)', labelNames: engineLabels, registers: [registry],
+  collect() {
+    this.reset();
+    for (const e of engines) this.set(e.labels, e.memory()?.graphs?.cachedBytes ?? 0);
+  },
+});
+new client.Gauge({
+  name: 'vela_engine_graphs_traced', help: 'graphs (sampling and forward_backward) an engine worker has traced since it started', labelNames: engineLabels, registers: [registry],
+  collect() {
+    this.reset();
+    for (const e of engines) this.set(e.labels, e.memory()?.graphs?.traced ?? 0);
   },
 });
 new client.Gauge({

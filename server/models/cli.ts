@@ -1,16 +1,18 @@
 /**
- * `vela models download|list|inspect`: pi0 / pi0.5 checkpoints (and PaliGemma's tokenizer)
- * through the Hugging Face cache (download.ts, inspect.ts).
+ * `vela models download|init|list|inspect`: pi0 / pi0.5 checkpoints (and PaliGemma's tokenizer)
+ * through the Hugging Face cache (download.ts, inspect.ts), and random-weight ones written
+ * offline (init-checkpoint.ts).
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { shown, splitArgs, UsageError } from '../cli-args.ts';
+import { choiceArg, intArg, shown, splitArgs, UsageError } from '../cli-args.ts';
 import { progressPrinter } from '../hub/cli.ts';
 import { downloadModel } from './download.ts';
 import { ModelError } from './errors.ts';
 import { cachedSnapshot, hubCacheDir, isHubRepoId } from './hf-cache.ts';
 import { checkpointTokenizer, findPaligemmaTokenizer, PALIGEMMA_TOKENIZER_REPO } from './tokenizer.ts';
 import { formatBytes, formatCount, inspectModel, listModels, type ModelSummary } from './inspect.ts';
+import { checkInitTarget, INIT_SEED_MAX, initCheckpoint, initCheckpointPlan, type InitCheckpointOptions, type InitCheckpointPlan } from './init-checkpoint.ts';
 
 export const MODELS_USAGE = `Usage:
   vela models download REPO_ID [--revision R] [--endpoint URL] [--token T] [--include GLOB]...
@@ -27,6 +29,21 @@ export const MODELS_USAGE = `Usage:
       PaliGemma's tokenizer (pi0 / pi0.5 use it; the repository is gated, accept its licence
       on huggingface.co first):
         vela models download google/paligemma-3b-pt-224 --include 'tokenizer*'
+  vela models init FOLDER --variant pi05|pi0 [--size tiny|full] [--seed N] [--dtype bf16|f32] [--no-tokenizer] [--force] [--dry-run]
+      Writes a random-weight checkpoint in the Hub base layout (config.json, model.safetensors
+      keyed as lerobot/pi05_base, README.md) with a small test tokenizer (1,011 ids, NOT
+      PaliGemma's), so every real-model path runs offline: vela policy --base FOLDER, fine-tunes
+      and sessions with "base": FOLDER. Its actions are noise. Built in a temporary folder beside
+      FOLDER and renamed into place; prints FOLDER.
+      --variant pi05|pi0   which model                                              (required)
+      --size tiny|full     tiny: the CI architecture, ~0.4 M parameters, ~1 MB; full: the
+                           public bases' shapes (pi0.5 3.35 G parameters, 7.2 GB in bf16;
+                           minutes to write, streamed tensor by tensor, ~0.3 GB of memory)  [tiny]
+      --seed N             another set of values, N in 0..${INIT_SEED_MAX}     [the parity contract's]
+      --dtype bf16|f32     on-disk dtype, as the public bases ship                  [bf16]
+      --no-tokenizer       leave the test tokenizer out (PaliGemma's from the cache is used then)
+      --force              replace FOLDER when it is not empty
+      --dry-run            print the tensors, parameters and bytes; write nothing
   vela models list [FOLDER...] [--json]
       The pi0 / pi0.5 checkpoints and PaliGemma tokenizers in the Hugging Face cache, and the
       folders given: repo id or folder, revision, type, parameters, dtypes, size, norm stats, path.
@@ -43,9 +60,82 @@ export async function modelsCommand(argv: string[]): Promise<void> {
   if (argv.includes('--help') || argv.includes('-h')) return void process.stdout.write(MODELS_USAGE);
   const [sub, ...rest] = argv;
   if (sub === 'download') return download(rest);
+  if (sub === 'init') return init(rest);
   if (sub === 'list') return list(rest);
   if (sub === 'inspect') return inspect(rest);
-  throw new UsageError(sub === undefined ? `which one? download, list or inspect (see ${HELP})` : `unknown subcommand ${shown(sub)}; the subcommands are download, list and inspect (see ${HELP})`);
+  throw new UsageError(sub === undefined ? `which one? download, init, list or inspect (see ${HELP})` : `unknown subcommand ${shown(sub)}; the subcommands are download, init, list and inspect (see ${HELP})`);
+}
+
+/** Parses `vela models init` arguments. @throws UsageError naming the argument. */
+export function parseModelInitArgs(argv: string[]): { dir: string; dryRun: boolean; opts: InitCheckpointOptions } {
+  const { flags, positional } = splitArgs(argv, {
+    '--variant': 'value', '--size': 'value', '--seed': 'value', '--dtype': 'value', '--no-tokenizer': 'switch', '--force': 'switch', '--dry-run': 'switch',
+  }, HELP);
+  if (positional.length !== 1) throw new UsageError(`expected one FOLDER to write, got ${positional.length ? positional.map(shown).join(' ') : 'none'} (see ${HELP})`);
+  const get = (f: string) => flags.findLast((x) => x.flag === f);
+  const variantArg = get('--variant');
+  if (!variantArg) throw new UsageError(`--variant pi05|pi0 is required (see ${HELP})`);
+  const sizeArg = get('--size');
+  const seedArg = get('--seed');
+  const dtypeArg = get('--dtype');
+  const has = (f: string) => flags.some((x) => x.flag === f);
+  return {
+    dir: positional[0]!,
+    dryRun: has('--dry-run'),
+    opts: {
+      variant: choiceArg(variantArg, ['pi05', 'pi0'] as const),
+      size: sizeArg ? choiceArg(sizeArg, ['tiny', 'full'] as const) : 'tiny',
+      seed: seedArg ? intArg(seedArg, 0, INIT_SEED_MAX) : undefined,
+      dtype: dtypeArg ? (choiceArg(dtypeArg, ['bf16', 'f32'] as const) === 'bf16' ? 'BF16' : 'F32') : 'BF16',
+      tokenizer: !has('--no-tokenizer'),
+      force: has('--force'),
+    },
+  };
+}
+
+function planText(p: InitCheckpointPlan): string {
+  return `${p.config.variant}: ${p.tensors} tensors, ${p.values} values (${p.parameters} parameters), ${p.dtype}: ${p.dataBytes} bytes of tensor data, model.safetensors ${p.fileBytes} bytes (${formatBytes(p.fileBytes)})`;
+}
+
+async function init(argv: string[]): Promise<void> {
+  const { dir, dryRun, opts } = parseModelInitArgs(argv);
+  const plan = initCheckpointPlan(opts);
+  if (dryRun) {
+    process.stdout.write(`${planText(plan)}
+would write ${dir}: ${plan.files.join(', ')}
+`);
+    return;
+  }
+  checkInitTarget(dir, opts.force ?? false);
+  process.stderr.write(`writing a random-weight ${opts.variant} (${opts.size}) into ${dir}: ${planText(plan)}
+`);
+  const tty = process.stderr.isTTY;
+  const started = Date.now();
+  let lastDraw = 0;
+  let lastTenth = 0;
+  const line = (done: number, total: number) => {
+    const secs = (Date.now() - started) / 1000;
+    return `${formatBytes(done)} of ${formatBytes(total)} (${Math.floor((100 * done) / total)} %) in ${secs.toFixed(0)} s`;
+  };
+  await initCheckpoint(dir, {
+    ...opts,
+    // Full size takes minutes: a live line on a terminal, else a line per tenth (logs, CI).
+    onProgress: (done, total) => {
+      if (tty) {
+        if (Date.now() - lastDraw < 200 && done < total) return;
+        lastDraw = Date.now();
+        process.stderr.write(`\r\x1b[K${line(done, total)}`);
+      } else if (total >= 64 * 2 ** 20 && Math.floor((10 * done) / total) > lastTenth) {
+        lastTenth = Math.floor((10 * done) / total);
+        process.stderr.write(`${line(done, total)}\n`);
+      }
+    },
+  }).finally(() => {
+    if (tty) process.stderr.write('\n');
+  });
+  const tok = opts.tokenizer === false ? 'no tokenizer' : 'the test tokenizer (NOT PaliGemma\'s)';
+  process.stderr.write(`wrote ${dir} in ${((Date.now() - started) / 1000).toFixed(1)} s, with ${tok}; serve it: vela policy --base ${dir}\n`);
+  process.stdout.write(dir + '\n');
 }
 
 /** Parses `vela models download` arguments against `env`. @throws UsageError naming the argument. */
@@ -151,10 +241,20 @@ function tokenizerText(dir: string): string {
   } catch (e) {
     return `refused: ${(e as Error).message}`;
   }
-  if (own) return own.from;
+  if (own) return testTokenizerNote(own.file) ? `${own.from}: the small test tokenizer of \`vela models init\`, NOT PaliGemma's` : own.from;
   const cached = findPaligemmaTokenizer();
   if (cached) return `none in the folder; PaliGemma's from the Hugging Face cache (${cached})`;
   return `none in the folder, nor PaliGemma's in the Hugging Face cache: serving and training refuse without one; ${PALIGEMMA_TOKENIZER_REPO} is gated: accept its licence, set HF_TOKEN, run \`vela models download ${PALIGEMMA_TOKENIZER_REPO} --include 'tokenizer*'\``;
+}
+
+/** Whether tokenizer.json's tokenizer_config.json carries the test tokenizer's `vela_note`. */
+function testTokenizerNote(file: string): boolean {
+  try {
+    const c = JSON.parse(fs.readFileSync(path.join(path.dirname(file), 'tokenizer_config.json'), 'utf8')) as { vela_note?: unknown };
+    return typeof c.vela_note === 'string';
+  } catch {
+    return false;
+  }
 }
 
 /** A folder as given, else a Hub id in the cache (never downloads). */

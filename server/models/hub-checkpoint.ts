@@ -292,8 +292,13 @@ export interface WriteHubOptions {
   overwrite?: boolean;
 }
 
-/** Gives a parameter's float32 values (row-major, PyTorch-layout shape), e.g. from a tf.Variable. */
-export type TensorSource = (name: string, shape: number[]) => Float32Array | Promise<Float32Array>;
+/**
+ * Gives a parameter's float32 values (row-major, PyTorch-layout shape), e.g. from a tf.Variable:
+ * all at once, or as consecutive chunks (an iterable, e.g. a generator) so that a tensor larger
+ * than memory allows (the full-size embedding, 526 M values) never exists whole.
+ */
+export type TensorSource = (name: string, shape: number[]) => TensorValues | Promise<TensorValues>;
+export type TensorValues = Float32Array | Iterable<Float32Array> | AsyncIterable<Float32Array>;
 
 /**
  * LeRobot's policy config for `cfg` with the dataclass defaults of FACTS.md 2.1 (what
@@ -337,6 +342,22 @@ export function defaultHubConfig(cfg: HubWriteConfig): Record<string, unknown> {
 }
 
 /**
+ * The tensors writeHubCheckpoint writes for `cfg`, in its order: Hub key, on-disk dtype, shape and
+ * the parameter it holds (null: the expert's unused LM head, zeros). No values are made.
+ */
+export function hubCheckpointSpecs(cfg: PiShapeConfig, opts: Pick<WriteHubOptions, 'dtype' | 'expertLmHead'> = {}): (SafetensorsSpec & { param: string | null })[] {
+  const dtype = opts.dtype ?? 'F32';
+  const specs: (SafetensorsSpec & { param: string | null })[] = piParamShapes(cfg).map(([name, shape]) => ({ name: paramToHubKey(name), dtype, shape, param: name }));
+  if ((opts.expertLmHead ?? 'zeros') === 'zeros') specs.push({ name: HUB_EXPERT_LM_HEAD_KEY, dtype, shape: [cfg.vlm.vocabSize, cfg.expert.width], param: null });
+  return specs;
+}
+
+/** Bytes of the single model.safetensors writeHubCheckpoint writes for `specs` (header included). */
+export function hubCheckpointFileBytes(specs: SafetensorsSpec[]): number {
+  return safetensorsLayout(specs, { format: 'pt' }).fileBytes;
+}
+
+/**
  * Writes the model's parameters as a Hub-layout checkpoint folder `dir` (config.json plus
  * model.safetensors, or shards and the index), streaming tensor by tensor from `source`, into a
  * temporary folder renamed into place. Keys follow the base checkpoints (kernels/pi/keys.ts
@@ -348,8 +369,7 @@ export function defaultHubConfig(cfg: HubWriteConfig): Record<string, unknown> {
 export async function writeHubCheckpoint(dir: string, cfg: HubWriteConfig, source: TensorSource, opts: WriteHubOptions = {}): Promise<{ files: string[]; bytes: number }> {
   const dtype = opts.dtype ?? 'F32';
   const item = dtype === 'F32' ? 4 : 2;
-  const specs: (SafetensorsSpec & { param: string | null })[] = piParamShapes(cfg).map(([name, shape]) => ({ name: paramToHubKey(name), dtype, shape, param: name }));
-  if ((opts.expertLmHead ?? 'zeros') === 'zeros') specs.push({ name: HUB_EXPERT_LM_HEAD_KEY, dtype, shape: [cfg.vlm.vocabSize, cfg.expert.width], param: null });
+  const specs = hubCheckpointSpecs(cfg, opts);
   const shards: (typeof specs)[] = [];
   if (opts.maxShardBytes !== undefined) {
     if (!Number.isSafeInteger(opts.maxShardBytes) || opts.maxShardBytes < 1) throw new CheckpointError('bad_config', `maxShardBytes ${opts.maxShardBytes} is not a positive integer`);
@@ -409,29 +429,47 @@ async function writeShard(file: string, layout: ReturnType<typeof safetensorsLay
         continue;
       }
       const data = await source(param, e.shape);
-      if (!(data instanceof Float32Array) || data.length !== n) {
-        throw new CheckpointError('shape_mismatch', `parameter ${param} has ${data?.length} values; its shape [${e.shape.join(', ')}] needs ${n} float32 values`);
-      }
-      if (dtype === 'F32') {
-        const b = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
-        for (let off = 0; off < b.length; off += CHUNK_BYTES) await writeFully(fh, b.subarray(off, Math.min(b.length, off + CHUNK_BYTES)), pos + off);
-      } else {
-        const u32 = new Uint32Array(data.buffer, data.byteOffset, data.length);
-        for (let start = 0; start < n; start += half.length) {
-          const m = Math.min(half.length, n - start);
-          for (let i = 0; i < m; i++) {
-            const x = u32[start + i]!;
-            // Round to nearest even, as torch does; NaN stays a (quiet) NaN.
-            half[i] = (x & 0x7fffffff) > 0x7f800000 ? ((x >>> 16) & 0x8000) | 0x7fc0 : ((x + 0x7fff + ((x >>> 16) & 1)) >>> 16) & 0xffff;
-          }
-          await writeFully(fh, scratch.subarray(0, m * 2), pos + start * 2);
+      const mismatch = (got: number | string) => new CheckpointError('shape_mismatch', `parameter ${param} has ${got} values; its shape [${e.shape.join(', ')}] needs ${n} float32 values`);
+      if (data instanceof Float32Array) {
+        if (data.length !== n) throw mismatch(data.length);
+        await writeValues(fh, data, pos, dtype, scratch, half);
+      } else if (data !== null && typeof data === 'object' && (Symbol.iterator in data || Symbol.asyncIterator in data)) {
+        let done = 0;
+        for await (const chunk of data as AsyncIterable<Float32Array>) {
+          if (!(chunk instanceof Float32Array)) throw mismatch('non-float32');
+          if (done + chunk.length > n) throw mismatch(`more than ${done + chunk.length}`);
+          await writeValues(fh, chunk, pos + done * (dtype === 'F32' ? 4 : 2), dtype, scratch, half);
+          done += chunk.length;
         }
+        if (done !== n) throw mismatch(done);
+      } else {
+        throw mismatch((data as { length?: unknown } | null)?.length as number);
       }
       pos += e.end - e.begin;
     }
     await fh.sync();
   } finally {
     await fh.close();
+  }
+}
+
+/** Writes float32 `data` at byte `pos` of `fh` as `dtype` (BF16: rounded to nearest even, as torch does). */
+async function writeValues(fh: Awaited<ReturnType<typeof open>>, data: Float32Array, pos: number, dtype: 'F32' | 'BF16', scratch: Buffer, half: Uint16Array): Promise<void> {
+  const n = data.length;
+  if (dtype === 'F32') {
+    const b = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+    for (let off = 0; off < b.length; off += CHUNK_BYTES) await writeFully(fh, b.subarray(off, Math.min(b.length, off + CHUNK_BYTES)), pos + off);
+    return;
+  }
+  const u32 = new Uint32Array(data.buffer, data.byteOffset, data.length);
+  for (let start = 0; start < n; start += half.length) {
+    const m = Math.min(half.length, n - start);
+    for (let i = 0; i < m; i++) {
+      const x = u32[start + i]!;
+      // Round to nearest even, as torch does; NaN stays a (quiet) NaN.
+      half[i] = (x & 0x7fffffff) > 0x7f800000 ? ((x >>> 16) & 0x8000) | 0x7fc0 : ((x + 0x7fff + ((x >>> 16) & 1)) >>> 16) & 0xffff;
+    }
+    await writeFully(fh, scratch.subarray(0, m * 2), pos + start * 2);
   }
 }
 

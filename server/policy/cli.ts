@@ -11,7 +11,8 @@ import { log } from '../log.ts';
 import { stopOnSignals } from '../signals.ts';
 import { DEFAULT_POLICY_LIMITS } from './observation.ts';
 import { storedPreset } from '../presets.ts';
-import { REAL_MODELS, type RealModel } from '../models/bases.ts';
+import { answeredAs } from '../datasets/actions.ts';
+import { cliModelsDir, REAL_MODELS, type RealModel } from '../models/bases.ts';
 import { baseServing, classifyFolder, OPENPI_CAMERAS, type ServedFolder } from './checkpoint.ts';
 import { DEFAULT_RTC_SETTINGS, RTC_QUERY_KEYS, rtcSettings, type RtcSettings } from './rtc.ts';
 import { DEFAULT_WS_CAPS, type WsCaps } from '../ws-admission.ts';
@@ -41,7 +42,9 @@ Options:
   --checkpoint DIR      the checkpoint folder (the same as the CHECKPOINT argument)
   --base REF            the real model's base: a Hub id already in the Hugging Face cache
                         (HF_HUB_CACHE, HF_HOME; vela models download puts it there) or a
-                        folder; alone, it is served as it is
+                        folder (a path, or a name under --models-dir); alone, it is served as it is
+  --models-dir DIR      where --base names are looked up (default $VELA_MODELS_DIR, else
+                        $VELA_DATA_DIR/models, else ./vela-data/models: the server's)
   --model M             ${REAL_MODELS.join(' | ')}: the variant of --base (default: its config.json's "type")
   --cameras A,B,C       --base only: camera names bound to the base's image slots, in order
                         (default: its config.json's input_features, else openpi's
@@ -97,6 +100,8 @@ interface Parsed {
   checkpoint: string | null;
   /** --base as typed (a Hub id or a folder); null when not given. */
   base: string | null;
+  /** The folder --base names are under (--models-dir, cliModelsDir's default). */
+  modelsDir: string;
   model: RealModel | null;
   cameras: string[] | null;
   port: number;
@@ -125,7 +130,7 @@ const SPEC: FlagSpec = {
   '--port': 'value', '--host': 'value', '--seed': 'value', '--debug': 'switch', '--batch-window-ms': 'value', '--max-batch': 'value',
   '--api-key': 'value', '--metrics-public': 'switch', '--backend': 'value', '--max-message-bytes': 'value', '--log-level': 'value',
   '--max-ws-connections-per-key': 'value', '--max-ws-connections': 'value', '--max-ws-buffered-bytes-per-key': 'value', '--max-ws-buffered-bytes': 'value',
-  '--checkpoint': 'value', '--base': 'value', '--model': 'value', '--cameras': 'value', '--zstd-dict': 'value',
+  '--checkpoint': 'value', '--base': 'value', '--models-dir': 'value', '--model': 'value', '--cameras': 'value', '--zstd-dict': 'value',
   ...Object.fromEntries(Object.keys(RTC_FLAGS).map((f) => [f, 'value' as const])),
 };
 
@@ -148,7 +153,7 @@ function listOf(text: string): string[] {
  */
 export function parsePolicyArgs(argv: string[], env: NodeJS.ProcessEnv = process.env): Parsed {
   const out: Parsed = {
-    checkpoint: null, base: null, model: null, cameras: null, port: 8000, host: '127.0.0.1', seed: null, debug: false, batchWindowMs: 5, maxBatch: 16,
+    checkpoint: null, base: null, modelsDir: cliModelsDir(undefined, env), model: null, cameras: null, port: 8000, host: '127.0.0.1', seed: null, debug: false, batchWindowMs: 5, maxBatch: 16,
     apiKey: env.VELA_API_KEY || null, metricsPublic: /^(1|true|yes|on)$/i.test(env.VELA_METRICS_PUBLIC ?? ''), backend: env.VELA_BACKEND || 'auto', maxMessageBytes: DEFAULT_POLICY_LIMITS.maxMessageBytes, logLevel: 'info',
     wsCaps: { ...DEFAULT_WS_CAPS },
     rtc: { ...DEFAULT_RTC_SETTINGS },
@@ -175,6 +180,7 @@ export function parsePolicyArgs(argv: string[], env: NodeJS.ProcessEnv = process
       case '--log-level': out.logLevel = choiceArg(f, LOG_LEVELS); break;
       case '--checkpoint': out.checkpoint = f.value; break;
       case '--base': out.base = f.value; break;
+      case '--models-dir': out.modelsDir = cliModelsDir(f.value, env); break;
       case '--model': out.model = choiceArg(f, REAL_MODELS); break;
       case '--zstd-dict': {
         const files = listOf(f.value);
@@ -230,7 +236,7 @@ function checkFolderArg(name: string, value: string): string {
  */
 export async function resolvePolicyTarget(args: Parsed): Promise<ServedFolder> {
   const { resolveBase } = await import('../models/resolve.ts');
-  const baseDir = args.base !== null ? (await resolveBase(args.base, { serverDownloads: false })).dir : null;
+  const baseDir = args.base !== null ? (await resolveBase(args.base, { serverDownloads: false, modelsDir: args.modelsDir })).dir : null;
   let target: ServedFolder;
   if (args.checkpoint !== null) {
     target = await classifyFolder(checkFolderArg('CHECKPOINT', args.checkpoint), { base: baseDir });
@@ -316,7 +322,7 @@ export async function policyCommand(argv: string[]): Promise<void> {
   const what = target.kind === 'base' ? `the ${m.preset} base ${target.dir}` : target.baseDir ? `${m.preset} on the base ${target.baseDir}` : m.preset;
   process.stdout.write(
     `Vela policy server on ${server.wsUrl} (${what} on ${engine.info.backend}; cameras ${m.cameras.join(', ')}; ` +
-      `actions [${m.actionHorizon}, ${m.actionDim}], absolute${m.actionSpace === 'delta' ? ' (trained as deltas; the state is added back)' : ''}${m.norm ? '' : ', unnormalised'}${args.seed !== null ? `; seed ${args.seed}` : ''}${args.apiKey ? '; API key required' : ''}; ${rtcLine(server.policy.metadata().rtc as Record<string, unknown>)})\n` +
+      `actions [${m.actionHorizon}, ${m.actionDim}], ${answeredAs(m.actionSpace)}${m.norm ? '' : ', unnormalised'}${args.seed !== null ? `; seed ${args.seed}` : ''}${args.apiKey ? '; API key required' : ''}; ${rtcLine(server.policy.metadata().rtc as Record<string, unknown>)})\n` +
       `${engine.info.backendLine}\n`,
   );
   stopOnSignals(() => server.close().then(() => engine.close()), 'shutting down');

@@ -21,7 +21,9 @@ export class NodeProc {
   static start(env: Record<string, string>, timeoutMs = 120_000): Promise<NodeProc> {
     const child = spawn(process.execPath, [path.join(ROOT, 'bin/vela.js'), 'serve'], {
       cwd: ROOT,
-      env: { ...process.env, VELA_PORT: '0', VELA_HOST: '127.0.0.1', VELA_BACKEND: 'wasm', VELA_LOG_LEVEL: process.env.VELA_TEST_LOG || 'warn', ...env },
+      // VELA_TF_LOGS=1: bin/vela.js runs serve in this process (no stderr filter in front), so
+      // kill9() and an RSS read of child.pid reach the server itself.
+      env: { ...process.env, VELA_TF_LOGS: '1', VELA_PORT: '0', VELA_HOST: '127.0.0.1', VELA_BACKEND: 'wasm', VELA_LOG_LEVEL: process.env.VELA_TEST_LOG || 'warn', ...env },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     let out = '';

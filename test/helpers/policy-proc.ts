@@ -27,7 +27,7 @@ export interface PolicyProc {
  * @throws Error with the exit code and stderr (`code`, `stderr` fields) when it exits before listening.
  */
 export function startPolicyProc(args: string[], env: NodeJS.ProcessEnv = {}): Promise<PolicyProc> {
-  const proc = spawn(process.execPath, ['bin/vela.js', 'policy', ...args, '--port', '0', '--backend', 'wasm', '--log-level', 'warn'], { cwd: ROOT, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = spawn(process.execPath, ['bin/vela.js', 'policy', ...args, '--port', '0', '--backend', 'wasm', '--log-level', 'warn'], { cwd: ROOT, env: { ...process.env, VELA_TF_LOGS: '1', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
   let err = '';
   proc.stderr!.on('data', (b) => (err += b));
   return new Promise((resolve, reject) => {

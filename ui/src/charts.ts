@@ -35,8 +35,11 @@ function tick(v: number): string {
   return String(Number(v.toPrecision(4)));
 }
 
-/** A chart titled `title` with one y axis; `figure` is not attached yet. */
-export function liveChart(title: string, yLabel: string, series: SeriesSpec[]): LiveChart {
+/**
+ * A chart titled `title` with one y axis; `figure` is not attached yet. `xLabel` names the x
+ * (whole numbers): a job's `step`, a session's `forward_backward`.
+ */
+export function liveChart(title: string, yLabel: string, series: SeriesSpec[], xLabel = 'step'): LiveChart {
   const xs: number[] = [];
   const ys: (number | null)[][] = series.map(() => []);
   const counts = series.map(() => 0);
@@ -65,7 +68,7 @@ export function liveChart(title: string, yLabel: string, series: SeriesSpec[]): 
           scales: { x: { time: false } },
           // Steps are whole numbers: no 1.2, 1.4 ticks.
           axes: [
-            { label: 'step', incrs: STEP_INCRS },
+            { label: xLabel, incrs: STEP_INCRS },
             {
               label: yLabel, size: 64, splits: (_u, _axis, lo, hi) => yTicks(lo, hi),
               // The drawn labels, for tests and screen readers (the canvas says nothing to either).
@@ -78,7 +81,7 @@ export function liveChart(title: string, yLabel: string, series: SeriesSpec[]): 
           ],
           series: [
             // Away from the plot, the legend shows the last point instead of uPlot's "--".
-            { label: 'step', value: (_u: uPlot, v: number | null, _s: number, idx: number | null) => (idx === null ? (xs.length ? `${xs.at(-1)} (last)` : '—') : String(v)) },
+            { label: xLabel, value: (_u: uPlot, v: number | null, _s: number, idx: number | null) => (idx === null ? (xs.length ? `${xs.at(-1)} (last)` : '—') : String(v)) },
             ...series.map((s, i) => ({
               label: s.label,
               stroke: s.color,
@@ -114,7 +117,7 @@ export function liveChart(title: string, yLabel: string, series: SeriesSpec[]): 
     series.forEach((s, i) => figure.setAttribute(`data-count-${s.key}`, String(counts[i])));
     summary.textContent = xs.length === 0
       ? 'No points yet.'
-      : series.map((s, i) => (last[i] ? `${s.label}: ${counts[i]} point${counts[i] === 1 ? '' : 's'}, last ${num(last[i]!.y)} at step ${last[i]!.x}` : `${s.label}: no points yet`)).join('; ') + '.';
+      : series.map((s, i) => (last[i] ? `${s.label}: ${counts[i]} point${counts[i] === 1 ? '' : 's'}, last ${num(last[i]!.y)} at ${xLabel} ${last[i]!.x}` : `${s.label}: no points yet`)).join('; ') + '.';
   };
   const schedule = () => {
     timer ??= setTimeout(render, REDRAW_MS);

@@ -1,6 +1,6 @@
 /**
  * The dashboard's entry: the page shell (header, navigation, error banner), hash routing
- * (`#/jobs`, `#/jobs/<id>`, `#/sessions`, `#/nodes`; hashes never reach the server) and the sign-in gate.
+ * (`#/jobs`, `#/jobs/<id>`, `#/sessions`, `#/sessions/<id>`, `#/nodes`; hashes never reach the server) and the sign-in gate.
  * Any uncaught error shows in the banner, so a failure is never a blank page.
  */
 import 'uplot/dist/uPlot.min.css';
@@ -10,6 +10,7 @@ import { h, replace } from './dom.ts';
 import { jobView } from './job.ts';
 import { jobsView } from './jobs.ts';
 import { loginView } from './login.ts';
+import { sessionView } from './session.ts';
 import { sessionsView } from './sessions.ts';
 import { nodesView } from './nodes.ts';
 import type { View } from './view.ts';
@@ -56,6 +57,7 @@ function render(navigated = false): void {
   nav.hidden = false;
   const path = location.hash.replace(/^#/, '') || '/jobs';
   const job = /^\/jobs\/([^/]+)$/.exec(path);
+  const session = /^\/sessions\/([^/]+)$/.exec(path);
   navJobs.removeAttribute('aria-current');
   navSessions.removeAttribute('aria-current');
   navNodes.removeAttribute('aria-current');
@@ -65,6 +67,9 @@ function render(navigated = false): void {
   } else if (path === '/nodes') {
     navNodes.setAttribute('aria-current', 'page');
     show(nodesView(), navigated);
+  } else if (session) {
+    navSessions.setAttribute('aria-current', 'page');
+    show(sessionView(decodeURIComponent(session[1]!)), navigated);
   } else if (path === '/sessions') {
     navSessions.setAttribute('aria-current', 'page');
     show(sessionsView(), navigated);

@@ -1,7 +1,8 @@
 /**
  * The training sessions page (PROTOCOL.md section 2): status, model and settings of each of the
  * key's sessions, refreshed every 3 s, with a Close button for open ones. The session token is
- * a credential for the websocket and is not shown.
+ * a credential for the websocket and is not shown. Each id links to the session's page
+ * (session.ts) with its loss curve.
  */
 import { json, type Session } from './api.ts';
 import { badge, errorLine, h, replace } from './dom.ts';
@@ -14,7 +15,7 @@ const REFRESH_MS = 3000;
  * The session's last op: the session JSON's `last_op` ({op, id, at, ms, ok}; null before the
  * first), else its `last_request_id`. A string is shown as it is (an older server's shape).
  */
-function lastOp(s: Session): string {
+export function lastOp(s: Session): string {
   // Ids are integers or strings; one past 2^53 arrives as its decimal string (PROTOCOL.md section 3).
   const op = s.last_op as { op?: string; id?: number | string; at?: number } | string | null | undefined;
   if (typeof op === 'string') return op;
@@ -28,7 +29,7 @@ function lastOp(s: Session): string {
  * already loaded, and its own adapters and moments) against what its engine holds (the shared
  * base and every tenant, after the last op). Null for presets.
  */
-function memoryLine(s: Session): HTMLElement | null {
+export function memoryLine(s: Session): HTMLElement | null {
   const m = s.memory as { planned_bytes?: number; engine_tensor_bytes?: number | null } | null | undefined;
   if (!m || typeof m.planned_bytes !== 'number') return null;
   const used = typeof m.engine_tensor_bytes === 'number' ? `, engine holds ${bytes(m.engine_tensor_bytes)}` : '';
@@ -52,7 +53,7 @@ function sessionRow(s: Session, refresh: () => void, problem: HTMLElement): HTML
   const settings = [s.finetune, s.rank !== undefined && s.finetune === 'lora' ? `rank ${s.rank}` : null, s.action_horizon !== undefined ? `horizon ${s.action_horizon}` : null]
     .filter(Boolean).join(', ');
   return h('tr', { 'data-session': s.id },
-    h('td', { class: 'mono' }, s.id),
+    h('td', { class: 'mono' }, h('a', { href: `#/sessions/${encodeURIComponent(s.id)}`, 'aria-label': `Session ${s.id}: status and loss curve` }, s.id)),
     h('td', {}, badge(s.status), s.error ? h('div', { class: 'error small-text' }, s.error) : null),
     h('td', {}, s.base_model, typeof s.base === 'string' ? h('div', { class: 'muted small-text mono' }, s.base) : null, memoryLine(s)),
     h('td', {}, settings || '—'),
