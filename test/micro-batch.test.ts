@@ -26,7 +26,9 @@ import type { RealPiBatch } from '../kernels/pi/model.ts';
 import { OPENPI_LORA, realPiPolicy } from '../kernels/pi/policy.ts';
 import type { RealPiConfig } from '../kernels/pi/config.ts';
 import { BaseWeights, TrainingState } from '../kernels/trainer.ts';
-import { microBatchCandidates } from '../server/jobs/base.ts';
+import { microBatchCandidates, planPresetFineTune } from '../server/jobs/base.ts';
+import { makeConfig } from '../kernels/small/config.ts';
+import { estimatePassMemory } from '../kernels/small/memory.ts';
 import { parseFineTuneConfig } from '../server/jobs/config.ts';
 import { passBound } from './helpers/float32.ts';
 import { g1Subset } from './helpers/g1.ts';
@@ -83,6 +85,20 @@ it('micro-batch candidates: the batch, then its divisors and the powers of two b
   expect(parseFineTuneConfig({ dataset_name: 'd', batch_size: 8 }).micro_batch_size).toBeNull();
   expect(parseFineTuneConfig({ dataset_name: 'd', batch_size: 8, micro_batch_size: 2 }).micro_batch_size).toBe(2);
   for (const bad of [0, 9, 2.5, 'x']) expect(() => parseFineTuneConfig({ dataset_name: 'd', batch_size: 8, micro_batch_size: bad }), String(bad)).toThrow(/^micro_batch_size must be an integer in 1\.\.8/);
+});
+
+it('the presets\' job plan chooses micro-batches too: the largest that fits the cap, refused only below 1', async () => {
+  const c = makeConfig('flow0-tiny');
+  const pass = (m: number) => estimatePassMemory(c, m, 1).totalBytes;
+  const cfg = parseFineTuneConfig({ model: 'flow0-tiny', dataset_name: 'd', batch_size: 16, cameras: ['cam_high'] });
+  // Between a pass of 4 and one of 8 (~29 MB a datum: a margin of ~58 MB for the RSS to move).
+  const cap = String(Math.round(process.memoryUsage.rss() + (pass(4) + pass(8)) / 2));
+  const note = await planPresetFineTune(cfg, { maxMemory: cap });
+  expect(note.micro_batch_size).toBe(4);
+  expect(cfg.memory_plan).toEqual(note);
+  expect(note.reason).toMatch(/^batch_size 16 at once does not fit \(needs about .*\); a pass of 4 needs about/);
+  await expect(planPresetFineTune({ ...cfg, micro_batch_size: 16 }, { maxMemory: cap })).rejects.toThrow(/^a fine-tune of flow0-tiny at batch_size 16 needs about .*lower micro_batch_size \(or leave it out: the plan chooses one that fits\)/);
+  await expect(planPresetFineTune(cfg, { maxMemory: '1MiB' })).rejects.toThrow(/^a fine-tune of flow0-tiny at batch_size 16 in micro-batches of 1 needs about /);
 });
 
 describe('the trainer: a batch in micro-batches equals it whole (real tiny pi0.5, LoRA)', () => {
