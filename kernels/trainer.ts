@@ -338,6 +338,48 @@ export class TrainingState<B = ModelBatch, C = PolicyConfig> {
   }
 
   /**
+   * Gradient accumulation (issue 34): forward_backward of one batch given as consecutive
+   * micro-batches `parts` (datums 0..b0-1, then b0..b0+b1-1, ...), one taped pass per part, so a
+   * pass holds one part's activations. Noise and time are drawn once for the whole batch, in the
+   * order one forwardBackward of it would draw them (and RTC's delays after them, part by part:
+   * the same sequence), so G, D, the loss and the generator's next state equal one call on the
+   * whole batch to float32 rounding of the summation order. loss = sum_i w_i loss_i / sum_i w_i
+   * over every datum (0 when every weight is 0); lossPerDatum [b] in datum order.
+   * `given` noise / time, when passed, are the whole batch's. Throws as forwardBackward does,
+   * and TrainerError('bad_option') for no parts; a part that throws leaves the parts before it
+   * accumulated (abort discards them, as after any forward_backward).
+   */
+  forwardBackwardParts(parts: readonly B[], options: { lossFn?: LossFn } & NoiseTime = {}): { loss: number; lossPerDatum: Float32Array } {
+    if (parts.length === 0) throw new TrainerError('bad_option', 'forward_backward in micro-batches needs at least one part');
+    if (parts.length === 1) return this.forwardBackward(parts[0]!, options);
+    const { horizon, actionDim } = this.policy;
+    const sizes = parts.map((p) => this.policy.batchSize(p));
+    const total = sizes.reduce((a, b) => a + b, 0);
+    let { noise, time } = options;
+    if (noise || time) {
+      if (!noise || !time) throw new TrainerError('bad_option', 'noise and time must be given together');
+      if (noise.length !== total * horizon * actionDim || time.length !== total) throw new ShapeError('shape_mismatch', `noise / time have ${noise.length} / ${time.length} values; the batch of ${total} needs ${total * horizon * actionDim} / ${total}`);
+    } else ({ noise, time } = drawNoiseTime(this.rng, total, horizon, actionDim, this.timeSampling));
+    const per = horizon * actionDim;
+    const lossPerDatum = new Float32Array(total);
+    let num = 0;
+    let den = 0;
+    let at = 0;
+    for (const [k, part] of parts.entries()) {
+      const n = sizes[k]!;
+      const r = this.forwardBackward(part, { lossFn: options.lossFn, noise: noise.subarray(at * per, (at + n) * per), time: time.subarray(at, at + n) });
+      const { weight } = this.policy.lossTargets(part);
+      for (let i = 0; i < n; i++) {
+        num += weight[i]! * r.lossPerDatum[i]!;
+        den += weight[i]!;
+      }
+      lossPerDatum.set(r.lossPerDatum, at);
+      at += n;
+    }
+    return { loss: den > 0 ? num / den : 0, lossPerDatum };
+  }
+
+  /**
    * forward: draws noise and time like forward_backward and returns the velocity with its
    * inputs. With keep, remembers the batch (by reference: leave it unchanged until backward), and
    * its own copies of x_t and time, for one backward (a later keep replaces it). The state keeps

@@ -243,10 +243,18 @@ describe('every hint vela finetune prints about its base works there', () => {
     expect(r.code).toBe(1);
     const line = r.stderr.split('\n').find((l) => l.includes('needs about'))!;
     const fixes = line.slice(line.lastIndexOf('): ') + 3);
-    expect(fixes).toMatch(/^use --finetune lora \(the default\) instead of a full fine-tune, or lower --batch-size, or free memory or run on a machine with >= \d+ GB, or raise VELA_MAX_MEMORY \(now 67\.1 MB\)$/); // 64 MiB = 67 108 864 bytes
+    // Planned down to micro-batches of 1 (issue 34): a lower --batch-size would not help, so it is not advised.
+    expect(line).toMatch(/at batch_size 4 in micro-batches of 1 needs about/);
+    expect(fixes).toMatch(/^use --finetune lora \(the default\) instead of a full fine-tune, or free memory or run on a machine with >= \d+ GB, or raise VELA_MAX_MEMORY \(now 67\.1 MB\)$/); // 64 MiB = 67 108 864 bytes
     const flags = suggestedFlags(fixes);
-    expect(flags).toEqual(['--finetune', '--batch-size']);
+    expect(flags).toEqual(['--finetune']);
     for (const flag of flags) expect(known.has(flag), flag).toBe(true);
+    // A forced micro-batch that does not fit: the fix is a lower --micro-batch-size, a flag of this command.
+    const forced = await vela(['finetune', '--model', 'pi05', '--base', 'tiny_pi05_base', '--models-dir', models, '--dataset', FIXTURE, '--batch-size', '8', '--micro-batch-size', '4', '--output', path.join(tmp, 'out-mem')],
+      { HF_HUB_CACHE: hfCache, VELA_MAX_MEMORY: '64MiB' });
+    const forcedLine = forced.stderr.split('\n').find((l) => l.includes('needs about'))!;
+    expect(forcedLine).toMatch(/at batch_size 8 in micro-batches of 4 needs about .*lower --micro-batch-size \(or leave it out: the plan chooses one that fits\)/);
+    expect(known.has('--micro-batch-size')).toBe(true);
     // The advised command runs past the plan's flags (LoRA at batch 1 still does not fit 64 MiB: the same refusal, no usage error).
     const again = await vela(['finetune', '--model', 'pi05', '--base', 'tiny_pi05_base', '--models-dir', models, '--dataset', FIXTURE, '--batch-size', '1', '--finetune', 'lora', '--output', path.join(tmp, 'out-mem')],
       { HF_HUB_CACHE: hfCache, VELA_MAX_MEMORY: '64MiB' });

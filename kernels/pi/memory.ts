@@ -68,7 +68,12 @@ const MIB = 1024 * 1024;
 export interface MemoryPlan {
   /** serve: sample() only; lora: adapters on the frozen base; full: every parameter trained. */
   use: 'serve' | 'lora' | 'full';
-  /** Datums per forward pass (serve: per sample() call). >= 1. */
+  /**
+   * Datums per forward pass (serve: per sample() call). >= 1. A fine-tune accumulating
+   * micro-batches (server/jobs/base.ts planFineTune, issue 34) is planned at its micro-batch:
+   * every pass of a step adds into the one accumulated gradient counted here, and each pass's
+   * activations are freed before the next.
+   */
   batch: number;
   /** Cameras per datum (nc), >= 1. */
   cameras: number;

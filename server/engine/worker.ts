@@ -201,7 +201,14 @@ async function run(sessionId: string, op: string, args: Record<string, any>): Pr
   }
   switch (op) {
     case 'forward_backward': {
-      const r = state.forwardBackward(config.toBatch(args.batch as ModelBatch), { lossFn: args.lossFn });
+      // microBatch (a fine-tune the memory plan splits, issue 34): one taped pass per consecutive
+      // slice of that many datums (the last may be smaller), accumulated as one batch's gradient.
+      const whole = args.batch as ModelBatch;
+      const m = args.microBatch == null ? whole.size : Number(args.microBatch);
+      if (!Number.isInteger(m) || m < 1) throw new EngineError('bad_request', `microBatch is ${String(args.microBatch)}; expected an integer >= 1`);
+      const parts: ModelBatch[] = [];
+      for (let at = 0; at < whole.size; at += m) parts.push(m >= whole.size ? whole : sliceBatch(whole, at, Math.min(whole.size, at + m)));
+      const r = state.forwardBackwardParts(parts.map((p) => config.toBatch(p)), { lossFn: args.lossFn });
       return [answer(state, r), answerBuffers(r.lossPerDatum)];
     }
     case 'forward': {

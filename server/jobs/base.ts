@@ -14,11 +14,12 @@ import { realModelKey } from '../engine/model-key.ts';
 import { isRealModel } from '../models/bases.ts';
 import { resolveBase } from '../models/resolve.ts';
 import { INSUFFICIENT_MEMORY, planOrRefuse, realConfigOf } from '../models/plan.ts';
-import { availableMemory, checkFits, memoryLedger } from '../models/memory.ts';
+import { availableMemory, bytesHuman, checkFits, memoryLedger } from '../models/memory.ts';
+import type { MemoryEstimate } from '../../kernels/pi/memory.ts';
 import { estimatePassMemory } from '../../kernels/small/memory.ts';
 import { HttpError } from '../http.ts';
 import type { Dataset } from '../datasets/index.ts';
-import type { FineTuneConfig } from './config.ts';
+import type { FineTuneConfig, MemoryPlanNote } from './config.ts';
 
 /** What the dataset must fit: image slots, state and action dims (the model pads to them), chunk. */
 export interface JobModelShape {
@@ -145,34 +146,101 @@ export async function datasetMisfit(meta: Dataset['meta'], name: string, shape: 
 }
 
 /**
- * Memory planning of a fine-tune on a small preset: one step's tape at its batch_size (1 to
- * 1,024) and cameras (kernels/small/memory.ts estimatePassMemory; flow0-small holds ~0.6 GB per
- * datum) against what the process may still use (reservations counted, none taken).
- * @throws HttpError 507 with the one-line estimate and fix.
+ * Micro-batch sizes to try for a step of `batch` datums, largest first: batch itself, then its
+ * divisors and the powers of two below it (a divisor splits evenly; a power of two is what a
+ * user would pick), down to 1. Example: 12 -> 12, 8, 6, 4, 3, 2, 1.
  */
-export async function planPresetFineTune(cfg: FineTuneConfig, opts: { maxMemory?: string; capName?: string } = {}): Promise<void> {
-  const c = makeConfig(cfg.model);
-  const estimate = estimatePassMemory(c, cfg.batch_size, Math.min(c.slots, cfg.cameras?.length || c.slots));
-  const available = memoryLedger.less(await availableMemory({ maxMemory: opts.maxMemory, capName: opts.capName ?? '--max-memory' }));
-  const why = checkFits(estimate, available, `a fine-tune of ${c.preset} at batch_size ${cfg.batch_size}`, { batch: cfg.batch_size, use: 'lora' });
-  if (why) throw new HttpError(INSUFFICIENT_MEMORY, why);
+export function microBatchCandidates(batch: number): number[] {
+  const out = new Set<number>([batch]);
+  for (let m = batch - 1; m >= 1; m--) if (batch % m === 0 || (m & (m - 1)) === 0) out.add(m);
+  return [...out];
 }
 
 /**
  * Memory planning of a fine-tune on a real base (server/models/plan.ts): the base (unless an
- * engine holds it), the job's own state and one step at its batch_size and cameras (all three
- * slots when the dataset's are not known yet). The server's submission, the runner (after a base
- * it downloaded) and `vela finetune` call it before anything loads.
- * @throws HttpError 507 with the one-line estimate and fix.
+ * engine holds it), the job's own state and one taped pass at its cameras (all three slots when
+ * the dataset's are not known yet). The pass is one micro-batch (issue 34): micro_batch_size when
+ * the request gives it, else the largest of microBatchCandidates(batch_size) whose plan fits:
+ * each step then accumulates ceil(batch_size / m) passes into one optimizer step (train.ts), and
+ * the memory of a step is that of one pass of m. The choice and why are set on
+ * `cfg.memory_plan` (stored with the job; its events report it). The server's submission, the
+ * runner (after a base it downloaded) and `vela finetune` call it before anything loads.
+ * @throws HttpError 507 with the one-line estimate and fix when even the smallest micro-batch
+ *   (1, or micro_batch_size when given) does not fit.
  */
-export async function planFineTune(cfg: FineTuneConfig, baseDir: string, opts: { weightsLoaded?: boolean | (() => boolean); maxMemory?: string; capName?: string } = {}): Promise<void> {
+export async function planFineTune(cfg: FineTuneConfig, baseDir: string, opts: { weightsLoaded?: boolean | (() => boolean); maxMemory?: string; capName?: string } = {}): Promise<MemoryPlanNote> {
   const finetune = cfg.finetune === 'full' ? 'full' : 'lora';
-  await planOrRefuse(
-    await realConfigOf(baseDir),
-    { use: finetune, batch: cfg.batch_size, cameras: Math.min(3, cfg.cameras?.length || 3), loraRank: cfg.lora_rank, loraActionRank: cfg.lora_action_rank ?? cfg.lora_rank, loraTargets: cfg.targets },
+  const config = await realConfigOf(baseDir);
+  const B = cfg.batch_size;
+  const what = (m: number) => `a ${finetune === 'full' ? 'full' : 'LoRA'} fine-tune of ${cfg.model} (${cfg.base}) at batch_size ${B}${m < B ? ` in micro-batches of ${m}` : ''}`;
+  const at = (m: number) => planOrRefuse(
+    config,
+    { use: finetune, batch: m, cameras: Math.min(3, cfg.cameras?.length || 3), loraRank: cfg.lora_rank, loraActionRank: cfg.lora_action_rank ?? cfg.lora_rank, loraTargets: cfg.targets },
     { weights: () => !(typeof opts.weightsLoaded === 'function' ? opts.weightsLoaded() : opts.weightsLoaded), tenant: true, pass: true },
-    `a ${finetune === 'full' ? 'full' : 'LoRA'} fine-tune of ${cfg.model} (${cfg.base}) at batch_size ${cfg.batch_size}`,
+    what(m),
     opts.maxMemory,
     opts.capName,
   );
+  const note = await chooseMicroBatch(cfg, async (m) => {
+    const r = await at(m);
+    return { totalBytes: r.counted.totalBytes, availableBytes: r.available.bytes };
+  });
+  cfg.memory_plan = note;
+  return note;
+}
+
+/**
+ * The micro-batch of a fine-tune (issue 34): micro_batch_size when given (planned as it is), else
+ * the largest of microBatchCandidates(batch_size) for which `fits` resolves, with the reason in
+ * words. `fits(m)` resolves the plan of a pass of m (its estimate and what was available) or
+ * throws its 507.
+ * @throws the 507 of the smallest micro-batch tried (1, or the one given), its fix for a given
+ *   one spelled as micro_batch_size; any other error of `fits` at once.
+ */
+async function chooseMicroBatch(cfg: FineTuneConfig, fits: (m: number) => Promise<{ totalBytes: number; availableBytes: number }>): Promise<MemoryPlanNote> {
+  const B = cfg.batch_size;
+  const needs = (r: { totalBytes: number; availableBytes: number }) => `needs about ${bytesHuman(r.totalBytes)} of ${bytesHuman(r.availableBytes)} available`;
+  if (cfg.micro_batch_size != null) {
+    const m = cfg.micro_batch_size;
+    const r = await fits(m).catch((e) => {
+      // Forced: the fix is a smaller micro-batch (or the plan's own), not a smaller batch.
+      if (e instanceof HttpError && e.status === INSUFFICIENT_MEMORY && m > 1) throw new HttpError(e.status, e.message.replace('lower batch_size', 'lower micro_batch_size (or leave it out: the plan chooses one that fits)'));
+      throw e;
+    });
+    return { micro_batch_size: m, reason: `micro_batch_size ${m} as requested: a pass of ${m} ${needs(r)}` };
+  }
+  let whole: string | null = null;
+  for (const m of microBatchCandidates(B)) {
+    try {
+      const r = await fits(m);
+      return { micro_batch_size: m, reason: m === B ? `the whole batch fits at once: a pass of ${B} ${needs(r)}` : `${whole}; a pass of ${m} ${needs(r)}` };
+    } catch (e) {
+      if (!(e instanceof HttpError) || e.status !== INSUFFICIENT_MEMORY || m === 1) throw e;
+      // The whole batch's line, said once: the reason for splitting it.
+      whole ??= `batch_size ${B} at once does not fit (${e.message.replace(/^.*? needs about /, 'needs about ').replace(/: [^:]*$/, '')})`;
+    }
+  }
+  throw new Error('unreachable: micro-batch 1 is always tried last');
+}
+
+/**
+ * Memory planning of a fine-tune on a small preset: one pass's tape at its micro-batch (chosen
+ * as on the real models, chooseMicroBatch; batch_size 1 to 1,024) and cameras
+ * (kernels/small/memory.ts estimatePassMemory; flow0-small holds ~0.6 GB per datum) against what
+ * the process may still use (reservations counted, none taken). Sets `cfg.memory_plan`.
+ * @throws HttpError 507 with the one-line estimate and fix when micro-batches of 1 (or the given
+ *   micro_batch_size) do not fit.
+ */
+export async function planPresetFineTune(cfg: FineTuneConfig, opts: { maxMemory?: string; capName?: string } = {}): Promise<MemoryPlanNote> {
+  const c = makeConfig(cfg.model);
+  const B = cfg.batch_size;
+  const available = memoryLedger.less(await availableMemory({ maxMemory: opts.maxMemory, capName: opts.capName ?? '--max-memory' }));
+  const note = await chooseMicroBatch(cfg, async (m) => {
+    const estimate: MemoryEstimate = estimatePassMemory(c, m, Math.min(c.slots, cfg.cameras?.length || c.slots));
+    const why = checkFits(estimate, available, `a fine-tune of ${c.preset} at batch_size ${B}${m < B ? ` in micro-batches of ${m}` : ''}`, { batch: m, use: 'lora' });
+    if (why) throw new HttpError(INSUFFICIENT_MEMORY, why);
+    return { totalBytes: estimate.totalBytes, availableBytes: available.bytes };
+  });
+  cfg.memory_plan = note;
+  return note;
 }

@@ -9,7 +9,7 @@ import path from 'node:path';
 import { badValue, splitArgs, UsageError, type FlagArg } from '../cli-args.ts';
 import { BACKEND_CHOICES } from '../config.ts';
 import { DatasetError, openDataset } from '../datasets/index.ts';
-import { FieldError, parseFineTuneConfig, RECIPE, type FineTuneConfig } from './config.ts';
+import { FieldError, parseFineTuneConfig, RECIPE, type FineTuneConfig, type MemoryPlanNote } from './config.ts';
 import { noEvaluationReason, prepareRun, runFineTune, writeJsonAtomic } from './train.ts';
 import { engineModelOf, planFineTune, realEngineModel } from './base.ts';
 import { isRealModel } from '../models/bases.ts';
@@ -47,6 +47,7 @@ Options (defaults in brackets: the recipe measured in bench/results/recipe.md):
                            $VELA_DATA_DIR/models, else ./vela-data/models: the server's]
   --steps N                optimizer steps                              [${RECIPE.steps}]
   --batch-size N           datums per step                              [${RECIPE.batch_size}]
+  --micro-batch-size N     datums per taped pass, summed into one step  [the memory plan's]
   --learning-rate X        peak learning rate                           [${RECIPE.learning_rate}]
   --warmup-steps N         linear warm-up steps                         [steps / 10, at most 100]
   --lr-floor X             cosine decay ends at X * learning rate       [${RECIPE.lr_floor}]
@@ -76,7 +77,7 @@ Options (defaults in brackets: the recipe measured in bench/results/recipe.md):
 
 /** Flag -> [config field, how the value is read]. */
 const FLAGS: Record<string, [string, 'int' | 'number' | 'string' | 'list' | 'ints' | 'bool']> = {
-  '--model': ['model', 'string'], '--base': ['base', 'string'], '--steps': ['steps', 'int'], '--batch-size': ['batch_size', 'int'], '--learning-rate': ['learning_rate', 'number'],
+  '--model': ['model', 'string'], '--base': ['base', 'string'], '--steps': ['steps', 'int'], '--batch-size': ['batch_size', 'int'], '--micro-batch-size': ['micro_batch_size', 'int'], '--learning-rate': ['learning_rate', 'number'],
   '--finetune': ['finetune', 'string'], '--lora-rank': ['lora_rank', 'int'], '--lora-alpha': ['lora_alpha', 'number'], '--targets': ['targets', 'list'],
   '--cameras': ['cameras', 'list'], '--action-space': ['action_space', 'string'], '--eval-every': ['eval_every', 'int'],
   '--checkpoint-every': ['checkpoint_every', 'int'], '--seed': ['seed', 'int'], '--name': ['name', 'string'],
@@ -122,7 +123,9 @@ function checkOutputFolder(arg: FlagArg, dir: string, cfg: FineTuneConfig): void
     }
     const now = cfg as unknown as Record<string, unknown>;
     // engine_model is the base's folder, resolved after this check (the same base gives the same one).
-    const differs = Object.keys(now).filter((k) => k !== 'engine_model' && JSON.stringify(now[k]) !== JSON.stringify(saved[k]));
+    // micro_batch_size and the memory plan do not change what a step computes (to float32 rounding), only its memory.
+    const same = new Set(['engine_model', 'micro_batch_size', 'memory_plan']);
+    const differs = Object.keys(now).filter((k) => !same.has(k) && JSON.stringify(now[k]) !== JSON.stringify(saved[k]));
     if (differs.length > 0) {
       const was = differs.map((k) => `${k} ${JSON.stringify(saved[k])} (now ${JSON.stringify(now[k])})`).join(', ');
       throw badValue(arg, flagNames(`holds an interrupted run started with ${was}: give the same settings to resume it, or a new --output`));
@@ -247,11 +250,12 @@ async function localBase(cfg: FineTuneConfig, arg: FlagArg | undefined, modelsDi
 /**
  * `vela finetune`'s memory plan of a real base, once the dataset's cameras are known: one line,
  * exit 1, before loading; its fixes are spelled as this command's flags (the server's name fields).
+ * Resolves the micro-batch the run accumulates in (undefined for a preset: the whole batch).
  */
-async function planLocal(cfg: FineTuneConfig, baseDir: string | undefined): Promise<void> {
-  if (!baseDir) return;
-  await planFineTune(cfg, baseDir, { maxMemory: process.env.VELA_MAX_MEMORY || undefined, capName: 'VELA_MAX_MEMORY' }).catch((e: Error) => {
-    e.message = e.message.replace('lower batch_size', 'lower --batch-size').replace('use LoRA (the default) instead of a full fine-tune', 'use --finetune lora (the default) instead of a full fine-tune');
+async function planLocal(cfg: FineTuneConfig, baseDir: string | undefined): Promise<MemoryPlanNote | undefined> {
+  if (!baseDir) return undefined;
+  return planFineTune(cfg, baseDir, { maxMemory: process.env.VELA_MAX_MEMORY || undefined, capName: 'VELA_MAX_MEMORY' }).catch((e: Error) => {
+    e.message = e.message.replace('lower batch_size', 'lower --batch-size').replace('lower micro_batch_size', 'lower --micro-batch-size').replace('use LoRA (the default) instead of a full fine-tune', 'use --finetune lora (the default) instead of a full fine-tune');
     throw e;
   });
 }
@@ -286,7 +290,8 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
   }
   await opened.ds.checkVideos();
   if (opened.evalDs !== opened.ds) await opened.evalDs.checkVideos();
-  await planLocal({ ...cfg, cameras: cfg.cameras ?? opened.cameras }, baseDir);
+  const memoryPlan = await planLocal({ ...cfg, cameras: cfg.cameras ?? opened.cameras }, baseDir);
+  if (memoryPlan) cfg.memory_plan = memoryPlan; // the micro-batch the run accumulates in (train.ts)
   fs.mkdirSync(outDir, { recursive: true });
   const runFile = path.join(outDir, RUN_FILE);
   if (!fs.existsSync(path.join(outDir, 'resume.json'))) writeJsonAtomic(runFile, cfg); // a new run (a resume keeps the first)

@@ -26,6 +26,14 @@ export interface FineTuneConfig {
   engine_model?: string;
   dataset_name: string;
   batch_size: number;
+  /**
+   * Datums per taped pass (issue 34): each step runs ceil(batch_size / m) forward_backward passes
+   * of m datums (the last may be smaller) summed into one optimizer step. null: the memory plan
+   * chooses (server/jobs/base.ts planFineTune; batch_size on a preset or when it fits at once).
+   */
+  micro_batch_size: number | null;
+  /** What the memory plan chose at submission (a stored field; absent: not planned, e.g. a preset). */
+  memory_plan?: MemoryPlanNote;
   learning_rate: number;
   steps: number;
   finetune: 'lora' | 'full';
@@ -57,18 +65,26 @@ export interface FineTuneConfig {
   rtc_max_delay: number; // training-time real-time chunking: a random delay 0..this per datum (kernels/rtc.ts); 0 = off
 }
 
+/** The memory plan's choice of micro-batch for a fine-tune, as the job's events report it. */
+export interface MemoryPlanNote {
+  /** Datums per taped pass. */
+  micro_batch_size: number;
+  /** Why, in words: the estimates against what was available (server/jobs/base.ts planFineTune). */
+  reason: string;
+}
+
 /** The job's AdamW settings besides its learning rate (openpi's defaults for pi0 fine-tunes). */
 export const JOB_ADAMW: Omit<AdamWOptions, 'learningRate'> = { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 1e-10, gradClipNorm: 1 };
 
 const TARGETS = ['attn', 'mlp', 'action_expert', 'prefix_expert', 'all'];
 /** The fields of a fine-tune request (PROTOCOL.md section 1); the sidecar's job_start takes them too. */
 export const FIELDS = [
-  'model', 'base', 'dataset_name', 'batch_size', 'learning_rate', 'steps', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed',
+  'model', 'base', 'dataset_name', 'batch_size', 'micro_batch_size', 'learning_rate', 'steps', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed',
   'eval_every', 'checkpoint_every', 'eval_fraction', 'eval_episodes', 'eval_dataset', 'eval_stride', 'warmup_steps', 'lr_floor', 'adam_eps', 'weight_decay', 'ema_decay', 'augment', 'time_sampling', 'rtc_max_delay',
 ];
 
 /** Fields a stored config carries that a request does not give (filled in by this server). */
-const STORED_FIELDS = ['engine_model', 'lora_action_rank', 'lora_action_alpha'];
+const STORED_FIELDS = ['engine_model', 'lora_action_rank', 'lora_action_alpha', 'memory_plan'];
 
 /**
  * The default recipe, the best row of bench/results/recipe.md (issue 16: held-out G1 episodes,
@@ -256,6 +272,10 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
   };
   const actionRank = opts.stored ? storedInt('lora_action_rank') : realModel && finetune === 'lora' && body.lora_rank == null ? OPENPI_LORA.actionRank : null;
   const actionAlpha = opts.stored ? storedInt('lora_action_alpha') : realModel && finetune === 'lora' && body.lora_rank == null && body.lora_alpha == null ? OPENPI_LORA.actionAlpha : null;
+  const batchSize = int(body, 'batch_size', RECIPE.batch_size, 1, 1024);
+  const micro = body.micro_batch_size == null ? null : int(body, 'micro_batch_size', batchSize, 1, batchSize);
+  const plan = opts.stored ? body.memory_plan : undefined;
+  if (plan != null && (typeof plan !== 'object' || !Number.isInteger((plan as MemoryPlanNote).micro_batch_size) || typeof (plan as MemoryPlanNote).reason !== 'string')) badField('memory_plan', 'must be {micro_batch_size, reason}', plan);
   const engineModel = body.engine_model;
   if (opts.stored && engineModel != null && typeof engineModel !== 'string') badField('engine_model', 'must be a string', engineModel);
   return {
@@ -263,7 +283,9 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
     base,
     ...(opts.stored && typeof engineModel === 'string' ? { engine_model: engineModel } : realModel ? {} : { engine_model: model }),
     dataset_name: ds,
-    batch_size: int(body, 'batch_size', RECIPE.batch_size, 1, 1024),
+    batch_size: batchSize,
+    micro_batch_size: micro,
+    ...(plan != null ? { memory_plan: plan as MemoryPlanNote } : {}),
     learning_rate: lr,
     steps,
     finetune,

@@ -120,11 +120,13 @@ export async function submitFineTune(deps: Pick<JobRoutesDeps, 'store' | 'config
     const key = cfg.engine_model!;
     const weightsLoaded = () => (deps.engineLoaded?.(key) ?? false) || memoryLedger.has(`base:${key}`);
     const plan = () => planFineTune(cfg, baseDir, { weightsLoaded, maxMemory: config.maxMemory });
-    await plan().catch(async (e) => {
+    const note = await plan().catch(async (e) => {
       // Bases that nothing uses any more are memory to free before refusing.
       if (!(e instanceof HttpError) || e.status !== 507 || !deps.releaseIdle || (await deps.releaseIdle()) === 0) throw e;
-      await plan();
+      return plan();
     });
+    // ... and before splitting the batch into micro-batches the freed memory would spare.
+    if (cfg.micro_batch_size == null && note.micro_batch_size < cfg.batch_size && deps.releaseIdle && (await deps.releaseIdle()) > 0) await plan();
   } else if (!isRealModel(cfg.model)) await planPresetFineTune(cfg, { maxMemory: config.maxMemory });
   const id = randomId('ft-');
   const row: JobRow = {

@@ -244,7 +244,14 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
   let lastEval: number | null = null;
   let rng = seededRng(samplerSeed);
   // The trainer begins: `stage` lets the sidecar view report its `training` status here.
-  ctx.emit('log', { message: `training: steps ${step + 1}..${cfg.steps}, batch ${cfg.batch_size}`, stage: 'training', max_steps: cfg.steps });
+  // Gradient accumulation (issue 34): each step's batch in taped passes of `micro` datums, summed into one optimizer step.
+  const micro = Math.min(cfg.batch_size, cfg.micro_batch_size ?? cfg.memory_plan?.micro_batch_size ?? cfg.batch_size);
+  const passes = Math.ceil(cfg.batch_size / micro);
+  const microWhy = cfg.micro_batch_size != null ? 'micro_batch_size as requested' : cfg.memory_plan ? `the memory plan: ${cfg.memory_plan.reason}` : 'the whole batch at once (not planned)';
+  ctx.emit('log', {
+    message: `training: steps ${step + 1}..${cfg.steps}, batch ${cfg.batch_size}${passes > 1 ? ` in ${passes} micro-batches of ${micro} (gradients summed into one optimizer step)` : ''}; micro-batch ${micro} by ${microWhy}`,
+    stage: 'training', max_steps: cfg.steps, micro_batch_size: micro,
+  });
 
   while (step < cfg.steps) {
     if (await ctx.isCancelled()) return { status: 'cancelled', outputDir: null, step, loss: lastLoss, evalLoss: lastEval };
@@ -252,7 +259,8 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
     const datums = await sampleBatch(ds, { ...datumOpts, episodes: split.train, batchSize: cfg.batch_size, rng });
     if (cfg.augment) for (const d of datums) for (const c of cameras) d.images[c] = augmentFrame(d.images[c]!, drawAugment(rng));
     const batch = toBatch(model, datums, cameras, norm, normalizer, ad);
-    const fb = await call<{ loss: number }>(ctx, 'forward_backward', { batch, lossFn: 'mse' }, batchBuffers(batch));
+    // One engine call: the engine slices the batch and draws its noise and time once for all of it (trainer.ts forwardBackwardParts).
+    const fb = await call<{ loss: number }>(ctx, 'forward_backward', { batch, lossFn: 'mse', ...(passes > 1 ? { microBatch: micro } : {}) }, batchBuffers(batch));
     const lr = learningRateAt(step + 1, cfg.steps, cfg.learning_rate, cfg.warmup_steps, cfg.lr_floor);
     const opt = await call<{ gradNorm: number; skipped: boolean }>(ctx, 'optim_step', { ...JOB_ADAMW, learningRate: lr, eps: cfg.adam_eps, weightDecay: cfg.weight_decay });
     step++;
