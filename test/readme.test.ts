@@ -66,6 +66,22 @@ async function runPythonClient(urlLine: string): Promise<string[]> {
 }
 
 /** A command line of the README as argv (the README's commands need no shell quoting). */
+/** The websocket URL a spawned `vela policy` prints once it listens (kept in `children` to be stopped). */
+function listening(child: ChildProcess): Promise<string> {
+  children.push(child);
+  let stderr = '';
+  child.stderr!.on('data', (d) => (stderr += d));
+  return new Promise<string>((resolve, reject) => {
+    let text = '';
+    child.stdout!.on('data', (d) => {
+      text += d;
+      const m = /Vela policy server on (ws:\/\/\S+)/.exec(text);
+      if (m) resolve(m[1]!);
+    });
+    child.once('exit', (code) => reject(new Error(`vela policy exited ${code}: ${stderr}`)));
+  });
+}
+
 function argvOf(line: string): string[] {
   return line.replace(/\s+#.*$/, '').trim().split(/\s+/);
 }
@@ -92,18 +108,7 @@ describe('the quickstart', () => {
     args[1] = path.join(out, 'weights', 'final');
     args[args.indexOf('--port') + 1] = '0';
     const child = spawn(process.execPath, ['bin/vela.js', ...args], { cwd: REPO, env: { ...process.env, VELA_BACKEND: process.env.VELA_BACKEND ?? 'wasm', VELA_API_KEY: '' }, stdio: ['ignore', 'pipe', 'pipe'] });
-    children.push(child);
-    let stderr = '';
-    child.stderr!.on('data', (d) => (stderr += d));
-    policyUrl = await new Promise<string>((resolve, reject) => {
-      let text = '';
-      child.stdout!.on('data', (d) => {
-        text += d;
-        const m = /Vela policy server on (ws:\/\/\S+)/.exec(text);
-        if (m) resolve(m[1]!);
-      });
-      child.once('exit', (code) => reject(new Error(`vela policy exited ${code}: ${stderr}`)));
-    });
+    policyUrl = await listening(child);
   }, 300_000);
 
   it('trains on the shipped sample and keeps every checkpoint\'s weights, not the resumable state', () => {
@@ -211,18 +216,7 @@ describe('"Try the real models offline", followed as written', () => {
     const args = argvOf(lines[2]!).slice(2);
     args[args.indexOf('--port') + 1] = '0';
     const child = spawn(process.execPath, [path.join(REPO, 'bin/vela.js'), ...args], { cwd, env, stdio: ['ignore', 'pipe', 'pipe'] });
-    children.push(child);
-    let stderr = '';
-    child.stderr!.on('data', (d) => (stderr += d));
-    const url = await new Promise<string>((resolve, reject) => {
-      let text = '';
-      child.stdout!.on('data', (d) => {
-        text += d;
-        const m = /Vela policy server on (ws:\/\/\S+)/.exec(text);
-        if (m) resolve(m[1]!);
-      });
-      child.once('exit', (code) => reject(new Error(`vela policy exited ${code}: ${stderr}`)));
-    });
+    const url = await listening(child);
     const c = await PolicyClient.connect(url);
     try {
       expect(c.metadata).toMatchObject({ model: 'pi05', action_horizon: 10 });
