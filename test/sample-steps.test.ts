@@ -9,7 +9,7 @@
 answers the next request as before.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { relDiff } from './helpers/float32.ts';
+import { relDiff, sampleBound } from './helpers/float32.ts';
 import { VelaClient, VelaError, type Datum } from '../protocol/client.ts';
 import { makeConfig } from '../kernels/small/config.ts';
 import { estimatePassMemory, estimateSampleMemory } from '../kernels/small/memory.ts';
@@ -116,9 +116,11 @@ describe.runIf(NATIVE_PRESENT && TEST_BACKENDS[0] === 'node')('a session sample:
   it('answers what the eager sampler answers at every num_steps', () => {
     expect(graphs).toHaveLength(eager.length);
     // num_steps 10 at batch 2 ran as a graph: float32 rounding of Grappler's rewrites (graphs-server.test.ts).
-    expect(relDiff(graphs[0]!, eager[0]!)).toBeLessThan(1e-4);
-    // The others ran eagerly on both servers: the same ops on the same inputs.
-    for (let k = 1; k < eager.length; k++) expect(relDiff(graphs[k]!, eager[k]!), `case ${k}`).toBeLessThan(1e-6);
+    const bound = sampleBound(makeConfig('flow0-tiny').mlpDim);
+    expect(relDiff(graphs[0]!, eager[0]!)).toBeLessThan(bound);
+    // The others ran eagerly on both servers: the same ops on the same inputs (held to the same
+    // derived bound: two processes may still pick other kernels' blockings).
+    for (let k = 1; k < eager.length; k++) expect(relDiff(graphs[k]!, eager[k]!), `case ${k}`).toBeLessThan(bound);
     // num_steps changes the answer (a graph reused across step counts would not).
     expect(relDiff(graphs[1]!, graphs[0]!)).toBeGreaterThan(1e-3);
   });
