@@ -130,7 +130,17 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
       status: 'healthy', engine_running: sessions.runningEngines().length > 0, engines: sessions.runningEngines(),
       backend: b.name, backend_kind: b.kind, backend_device: b.device, backend_requested: config.backend, backend_not_used: b.fallbacks,
       memory: await sessions.memoryReport(),
+      // Loaded real bases, their idle seconds and when the idle timer closes them (--base-idle-timeout).
+      bases: await sessions.baseReport(), base_idle_timeout_s: config.baseIdleS,
     });
+  }));
+  // The operator frees every real base that holds nothing now, without waiting for the timer.
+  // There is no operator credential beyond --metrics-key (which opens only /metrics), so any API
+  // key may: it closes only engines no session, job or policy uses.
+  app.post('/v1/admin/release-idle-bases', route(0, async (r) => {
+    await requireOwner(store, r);
+    const closed = await sessions.releaseIdleBases();
+    sendJson(r, 200, { closed, count: closed.length });
   }));
 
   app.post('/v1/training_sessions', route(0, async (r) => {

@@ -74,6 +74,8 @@ export interface ServerConfig {
   maxPromptBytes: number;
   sessionsPerKey: number;
   sessionIdleTimeoutS: number;
+  /** Seconds a real base's engine may hold nothing before it is closed (0: kept until memory is needed). */
+  baseIdleS: number;
   futureTtlS: number;
   futureWaitS: number;
   futureSeqGapS: number;
@@ -136,6 +138,7 @@ export const SETTINGS: Setting[] = [
   { key: 'maxPromptBytes', flag: '--max-prompt-bytes', env: 'VELA_MAX_PROMPT_BYTES', kind: 'int', def: () => 1024, help: 'prompt length in UTF-8 bytes' },
   { key: 'sessionsPerKey', flag: '--sessions-per-key', env: 'VELA_SESSIONS_PER_KEY', kind: 'int', def: () => 4, help: 'open training sessions per API key' },
   { key: 'sessionIdleTimeoutS', flag: '--session-idle-timeout-s', env: 'VELA_SESSION_IDLE_TIMEOUT_S', kind: 'number', def: () => 1800, help: 'close a session after this long without a message' },
+  { key: 'baseIdleS', flag: '--base-idle-timeout', env: 'VELA_BASE_IDLE_S', kind: 'number', def: () => 300, help: 'close a real pi0 / pi0.5 base\'s engine (its weights: 13.4 GB at full size) after it held no session, job or policy this long; 0 keeps it until a memory plan needs the memory' },
   { key: 'futureTtlS', flag: '--future-ttl-s', env: 'VELA_FUTURE_TTL_S', kind: 'number', def: () => 3600, help: 'how long futures results are kept' },
   { key: 'futureWaitS', flag: '--future-wait-s', env: 'VELA_FUTURE_WAIT_S', kind: 'number', def: () => 45, help: 'how long retrieve_future waits before answering try_again' },
   { key: 'futureSeqGapS', flag: '--future-seq-gap-s', env: 'VELA_FUTURE_SEQ_GAP_S', kind: 'number', def: () => 30, help: 'how long a futures request waits for a missing smaller seq_id' },

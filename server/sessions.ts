@@ -208,6 +208,9 @@ export class SessionManager {
   /** Called after a session closed (any reason): the server unloads its live policy then, and its metrics series go. */
   onClosed: ((id: string) => void) | null = null;
   private idleTimer: NodeJS.Timeout;
+  /** When each real base's engine was first seen holding nothing (Date.now() ms), by engine key. */
+  private idleSince = new Map<string, number>();
+  private baseTimer: NodeJS.Timeout | null = null;
 
   constructor(
     private store: Store,
@@ -216,6 +219,15 @@ export class SessionManager {
   ) {
     this.gate = new PriorityGate(config.trainingYieldMs);
     this.idleTimer = setInterval(() => this.closeIdle(), Math.min(60_000, config.sessionIdleTimeoutS * 250)).unref();
+    // A base is closed within a quarter of its timeout past it (each sweep asks each engine for its stats).
+    if (config.baseIdleS > 0) {
+      let sweeping = false;
+      this.baseTimer = setInterval(() => {
+        if (sweeping) return;
+        sweeping = true;
+        void this.releaseIdleBases(config.baseIdleS).catch((e) => log.warn(`base idle sweep: ${(e as Error).message}`)).finally(() => (sweeping = false));
+      }, Math.max(250, Math.min(60_000, config.baseIdleS * 250))).unref();
+    }
   }
 
   /**
@@ -279,26 +291,77 @@ export class SessionManager {
   }
 
   /**
-   * Closes the engines of real bases that hold nothing now (no session, job state or policy in
-   * them, no call queued): a closed session leaves its base in memory (13.4 GB at full size) until
-   * then. Run before a memory plan refuses, and by the idle timer. Returns how many were closed.
+   * The started engine of a real base `key` when it holds nothing now (no session, job state or
+   * policy in it, no call queued, no admitted session counting on it), else null.
    */
-  async releaseIdleEngines(): Promise<number> {
-    let closed = 0;
+  private async idleEngine(key: string, e: Promise<EngineLike>): Promise<EngineLike | null> {
+    const engine = this.readyEngines.get(e);
+    // A session admitted but not yet opened (memoryLedger) counted on this base being loaded.
+    if (!engine || engine.stats().queued > 0 || memoryLedger.pendingOn(key) || [...this.live.values()].some((l) => l.config.engine_model === key)) return null;
+    const s = await engine.call<{ result: { sessions: number; policies: number } }>('-', 'stats').catch(() => null);
+    if (!s || s.result.sessions > 0 || s.result.policies > 0 || this.engines.get(key) !== e) return null;
+    return engine;
+  }
+
+  /**
+   * Closes the engines of real bases that hold nothing now (idleEngine), those idle for at least
+   * `minIdleS` seconds (default 0: every one): a closed session leaves its base in memory (13.4 GB
+   * at full size) until then. Run before a memory plan refuses, by the base idle timer
+   * (--base-idle-timeout) and by the operator's POST /v1/admin/release-idle-bases. Returns the
+   * public names (pi0 / pi05) of the bases closed.
+   */
+  async releaseIdleBases(minIdleS = 0): Promise<string[]> {
+    const closed: string[] = [];
+    const now = Date.now();
     for (const [key, e] of [...this.engines]) {
       if (!isRealModelKey(key)) continue;
-      const engine = this.readyEngines.get(e);
-      // A session admitted but not yet opened (memoryLedger) counted on this base being loaded.
-      if (!engine || engine.stats().queued > 0 || memoryLedger.pendingOn(key) || [...this.live.values()].some((l) => l.config.engine_model === key)) continue;
-      const s = await engine.call<{ result: { sessions: number; policies: number } }>('-', 'stats').catch(() => null);
-      if (!s || s.result.sessions > 0 || s.result.policies > 0 || this.engines.get(key) !== e) continue;
+      const engine = await this.idleEngine(key, e);
+      if (!engine) {
+        this.idleSince.delete(key);
+        continue;
+      }
+      const since = this.idleSince.get(key) ?? now;
+      this.idleSince.set(key, since);
+      if (now - since < minIdleS * 1000 || this.engines.get(key) !== e) continue;
       this.engines.delete(key);
       this.started.delete(key);
+      this.idleSince.delete(key);
       await engine.close().catch((err) => log.warn(`closing the idle engine of ${publicModelName(key)}: ${(err as Error).message}`));
-      log.info(`closed the idle engine of ${publicModelName(key)} (no session, job or policy on its base)`);
-      closed++;
+      log.info(`closed the idle engine of ${publicModelName(key)} (no session, job or policy on its base for ${Math.round((now - since) / 1000)} s)`);
+      closed.push(publicModelName(key));
     }
     return closed;
+  }
+
+  /** releaseIdleBases() counted: how many idle real engines were closed. */
+  async releaseIdleEngines(): Promise<number> {
+    return (await this.releaseIdleBases()).length;
+  }
+
+  /**
+   * /health's `bases`: every started real base's engine, with how long it has held nothing
+   * (idle_s, null while in use), the seconds until the idle timer closes it (release_in_s: null
+   * while in use or with --base-idle-timeout 0) and the tensor bytes it holds (null if unknown).
+   */
+  async baseReport(): Promise<{ name: string; idle_s: number | null; release_in_s: number | null; resident_bytes: number | null }[]> {
+    const out = [];
+    const now = Date.now();
+    for (const [key, e] of [...this.engines]) {
+      const ready = this.readyEngines.get(e);
+      if (!isRealModelKey(key) || !ready) continue;
+      const idle = await this.idleEngine(key, e);
+      if (!idle) this.idleSince.delete(key);
+      else if (!this.idleSince.has(key)) this.idleSince.set(key, now);
+      const since = this.idleSince.get(key);
+      const idleS = since === undefined ? null : (now - since) / 1000;
+      const limit = this.config.baseIdleS;
+      out.push({
+        name: publicModelName(key), idle_s: idleS === null ? null : Math.round(idleS * 10) / 10,
+        release_in_s: idleS === null || limit <= 0 ? null : Math.max(0, Math.round((limit - idleS) * 10) / 10),
+        resident_bytes: ready.memory?.()?.numBytes ?? null,
+      });
+    }
+    return out;
   }
 
   /**
@@ -515,6 +578,7 @@ export class SessionManager {
   /** Let in-flight requests finish (up to `graceMs`), then close every session and engine. */
   async shutdown(graceMs = 10_000): Promise<void> {
     clearInterval(this.idleTimer);
+    if (this.baseTimer) clearInterval(this.baseTimer);
     const inFlight = [...this.live.values()].map((l) => l.chain);
     await Promise.race([Promise.all(inFlight), new Promise((r) => setTimeout(r, graceMs).unref())]);
     for (const id of [...this.live.keys()]) await this.close(id, 'server shutting down');
