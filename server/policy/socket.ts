@@ -279,6 +279,9 @@ export function mountPolicySocket(app: TemplatedApp, pattern: string, resolve: P
         conn.metrics?.failed();
         log.warn(`policy connection ${conn.policy.id}: a message past the route's limit of ${ceiling} bytes (${bytesText(ceiling)}, ${opts.limitFlag ?? '--max-message-bytes'}); closed at its header`);
       }
+      // A robot that loses its link mid-request is worth a line: nothing else says where its answers went.
+      const unanswered = conn.queue.length;
+      if (unanswered > 0 && !conn.failed) log.warn(`policy connection ${conn.policy.id}: closed (${code}${message.byteLength ? ` ${Buffer.from(message).toString()}` : ''}) with ${unanswered} request(s) unanswered`);
       conn.closed = true;
       conn.metrics?.close();
       conn.policy.counters.connections--;

@@ -132,6 +132,8 @@ export class PolicyClient {
   private waiters: (() => void)[] = [];
   closeCode: number | null = null;
   closeReason = '';
+  /** What the socket's 'error' event said (a bad frame from the server reads as close 1006 without it). */
+  socketError: string | null = null;
   metadata: any = null;
   metadataMs = 0;
 
@@ -139,6 +141,9 @@ export class PolicyClient {
     ws.on('message', (data: Buffer, isBinary: boolean) => {
       this.messages.push({ binary: isBinary, data: Buffer.from(data) });
       this.wake();
+    });
+    ws.on('error', (err: Error) => {
+      this.socketError ??= err.message;
     });
     ws.on('close', (code: number, reason: Buffer) => {
       this.closeCode = code;
@@ -192,7 +197,7 @@ export class PolicyClient {
   async infer(obs: unknown): Promise<any> {
     this.send(obs instanceof Uint8Array ? obs : packNumpy(obs));
     const m = await this.recv();
-    if (!m) throw new Error(`connection closed (${this.closeCode} ${this.closeReason}) without an answer`);
+    if (!m) throw new Error(`connection closed (${this.closeCode} ${this.closeReason}${this.socketError ? `; socket error: ${this.socketError}` : ''}) without an answer`);
     if (!m.binary) throw Object.assign(new Error(`Error in inference server:\n${m.data.toString()}`), { text: m.data.toString() });
     return unpackNumpy(m.data);
   }
