@@ -130,7 +130,7 @@ export async function startServer(config: ServerConfig, opts: StartOptions = {})
       status: 'healthy', engine_running: sessions.runningEngines().length > 0, engines: sessions.runningEngines(),
       backend: b.name, backend_kind: b.kind, backend_device: b.device, backend_requested: config.backend, backend_not_used: b.fallbacks,
       memory: await sessions.memoryReport(),
-      // Loaded real bases, their idle seconds and when the idle timer closes them (--base-idle-timeout).
+      // Loaded real bases, their idle seconds and when the idle timer closes them (--base-idle-timeout-s).
       bases: await sessions.baseReport(), base_idle_timeout_s: config.baseIdleS,
     });
   }));

@@ -307,7 +307,7 @@ export class SessionManager {
    * Closes the engines of real bases that hold nothing now (idleEngine), those idle for at least
    * `minIdleS` seconds (default 0: every one): a closed session leaves its base in memory (13.4 GB
    * at full size) until then. Run before a memory plan refuses, by the base idle timer
-   * (--base-idle-timeout) and by the operator's POST /v1/admin/release-idle-bases. Returns the
+   * (--base-idle-timeout-s) and by the operator's POST /v1/admin/release-idle-bases. Returns the
    * public names (pi0 / pi05) of the bases closed.
    */
   async releaseIdleBases(minIdleS = 0): Promise<string[]> {
@@ -341,7 +341,7 @@ export class SessionManager {
   /**
    * /health's `bases`: every started real base's engine, with how long it has held nothing
    * (idle_s, null while in use), the seconds until the idle timer closes it (release_in_s: null
-   * while in use or with --base-idle-timeout 0) and the tensor bytes it holds (null if unknown).
+   * while in use or with --base-idle-timeout-s 0) and the tensor bytes it holds (null if unknown).
    */
   async baseReport(): Promise<{ name: string; idle_s: number | null; release_in_s: number | null; resident_bytes: number | null }[]> {
     const out = [];
