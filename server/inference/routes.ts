@@ -23,6 +23,7 @@ import type { WsAdmission } from '../ws-admission.ts';
 import { applyWeightsPush, createFolderPolicy, createPolicyServer, decodeWeightsPush, MAX_PUSH_BYTES, mountPolicySocket, randomSeed, type PolicyServer } from '../policy/index.ts';
 import { readBody, sendAs, type Format } from '../futures/codec.ts';
 import { errorAnswer } from '../futures/requests.ts';
+import { redactPaths } from '../redact.ts';
 import type { EngineLike } from '../engine/host.ts';
 import type { SessionManager } from '../sessions.ts';
 import type { ServerConfig } from '../config.ts';
@@ -172,6 +173,22 @@ export function mountInference(app: TemplatedApp, deps: InferenceDeps): void {
       const t = await targetOf(deps, kind, req.params[0]!, req.headers);
       return (await served.acquire(t.key, t.load, t.alive)).policy;
     }, { maxMessageBytes: config.maxPolicyMessageBytes, limitFlag: '--max-policy-message-bytes', admission: deps.admission });
+
+    // Readiness of one policy (PROTOCOL.md section 6): asking begins its load, so a robot that
+    // starts on its 200 gets its first action as fast as its later ones.
+    app.get(`/v1/${kind}/:id/policy/healthz`, route(1, async (r) => {
+      const t = await targetOf(deps, kind, r.params[0]!, r.headers);
+      let policy: PolicyServer | null;
+      try {
+        policy = served.peek(t.key, t.load, t.alive);
+      } catch (err) {
+        // Its last load failed (a new one is begun): why, in the load's own words.
+        if (err instanceof HttpError) throw err;
+        return sendJson(r, 409, { ready: false, error: `the policy cannot be loaded: ${redactPaths((err as Error).message)}` });
+      }
+      const state = policy ? policy.readiness() : { ready: false, warming: 'loading the policy (its weights, then one plain sample to trace its graph)' };
+      sendJson(r, state.ready ? 200 : 503, state.ready ? { ready: true } : state);
+    }));
 
     app.post(`/v1/${kind}/:id/infer`, route(1, async (r: Req) => {
       try {

@@ -17,8 +17,6 @@ interface Entry {
   pinned: boolean;
   /** False once what it serves is gone (a closed session): dropped at the next sweep. */
   alive: () => boolean;
-  /** Its load is in the server log. */
-  logged?: boolean;
 }
 
 /** What a request learns about the policy it got. */
@@ -33,6 +31,8 @@ export interface Acquired {
 export class ServedPolicies {
   private entries = new Map<string, Entry>();
   private timer: NodeJS.Timeout;
+  /** The last failed load's error per key, until a probe reports it (peek) or a load succeeds. */
+  private failures = new Map<string, Error>();
 
   constructor(readonly idleS: number, private now: () => number = Date.now) {
     this.timer = setInterval(() => this.sweep(), Math.max(200, Math.min(10_000, idleS * 250))).unref();
@@ -43,28 +43,52 @@ export class ServedPolicies {
    * @throws whatever `load` throws.
    */
   async acquire(key: string, load: () => Promise<PolicyServer>, alive: () => boolean = () => true): Promise<Acquired> {
+    const e = this.entry(key, load, alive);
+    if (e.settled) return { policy: e.settled, coldStart: false, loadSeconds: 0 };
+    const t0 = performance.now();
+    const policy = await e.policy;
+    e.lastUsedMs = this.now();
+    return { policy, coldStart: true, loadSeconds: (performance.now() - t0) / 1000 };
+  }
+
+  /**
+   * The policy under `key` if it is loaded, else null with its load begun (a readiness probe:
+   * GET .../policy/healthz, so that a robot's first request does not pay the load).
+   * @throws the error of the previous load of `key` when that failed (a new one is begun).
+   */
+  peek(key: string, load: () => Promise<PolicyServer>, alive: () => boolean = () => true): PolicyServer | null {
+    const failed = this.failures.get(key);
+    this.failures.delete(key);
+    const e = this.entry(key, load, alive);
+    if (failed && !e.settled) throw failed;
+    return e.settled;
+  }
+
+  /** The entry under `key`, its load begun when absent (or when what it served is gone); marked used now. */
+  private entry(key: string, load: () => Promise<PolicyServer>, alive: () => boolean): Entry {
     let e = this.entries.get(key);
     if (e && e.settled && !e.alive()) {
       this.drop(key, e);
       e = undefined;
     }
     if (!e) {
+      const t0 = performance.now();
       const entry: Entry = { policy: load(), settled: null, lastUsedMs: this.now(), pinned: false, alive };
-      entry.policy.then((p) => (entry.settled = p), () => this.entries.get(key) === entry && this.entries.delete(key));
+      entry.policy.then(
+        (p) => {
+          entry.settled = p;
+          this.failures.delete(key);
+          log.info(`policy ${key}: loaded in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+        },
+        (err: Error) => {
+          if (this.entries.get(key) === entry) this.entries.delete(key);
+          this.failures.set(key, err);
+        },
+      );
       this.entries.set(key, (e = entry));
     }
     e.lastUsedMs = this.now();
-    if (e.settled) return { policy: e.settled, coldStart: false, loadSeconds: 0 };
-    const t0 = performance.now();
-    const policy = await e.policy;
-    e.lastUsedMs = this.now();
-    const loadSeconds = (performance.now() - t0) / 1000;
-    // One line per load, by the request that waited on it first (others may wait on the same load).
-    if (!e.logged) {
-      e.logged = true;
-      log.info(`policy ${key}: loaded in ${loadSeconds.toFixed(1)} s`);
-    }
-    return { policy, coldStart: true, loadSeconds };
+    return e;
   }
 
   /** Keep `key` loaded for good (it holds pushed weights). */

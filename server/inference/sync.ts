@@ -48,14 +48,15 @@ export function weightsUrl(policyUrl: string): string {
 }
 
 /**
- * Whether `GET <origin>/healthz` answers 2xx within `timeoutMs`; false also when `egress`
+ * Whether `GET <origin>/healthz` answers 2xx, or 503 `WARMING: ...` (a `vela policy` still
+ * tracing a graph: up, and it takes weights), within `timeoutMs`; false also when `egress`
  * refuses the address.
  */
 export async function probe(egress: EgressPolicy, policyUrl: string, timeoutMs = 3000): Promise<boolean> {
   const u = new URL(weightsUrl(policyUrl));
   try {
     const res = await egressRequest(egress, `${u.origin}/healthz`, { method: 'GET', timeoutMs, maxAnswerBytes: 1024 });
-    return res.status >= 200 && res.status < 300;
+    return (res.status >= 200 && res.status < 300) || (res.status === 503 && res.body.subarray(0, 8).toString() === 'WARMING:');
   } catch {
     return false;
   }

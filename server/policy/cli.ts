@@ -25,7 +25,8 @@ export const POLICY_USAGE = `Usage: vela policy CHECKPOINT [options]
        vela policy --base REF [--model pi0|pi05] [options]
 
 Serves a checkpoint folder (config.json, weights, norm_stats.json) over OpenPI's websocket
-protocol: ws://HOST:PORT/ for openpi_client's WebsocketClientPolicy, GET /healthz, GET
+protocol: ws://HOST:PORT/ for openpi_client's WebsocketClientPolicy, GET /healthz (503 WARMING
+until the graphs a robot asks for are traced, then OK: start a robot on its 200), GET
 /v1/observation.zdict (the zstd dictionary for compressed observations), GET /stats, GET
 /metrics (Prometheus text; needs the --api-key when one is set, unless --metrics-public), and PUT
 /weights: new weights pushed by a Vela server's sync_inference_weights, swapped in between
@@ -326,4 +327,12 @@ export async function policyCommand(argv: string[]): Promise<void> {
       `${engine.info.backendLine}\n`,
   );
   stopOnSignals(() => server.close().then(() => engine.close()), 'shutting down');
+  const { ready, warming } = server.policy.readiness();
+  if (!ready) {
+    // Until this line /healthz answers 503 WARMING: a robot's first request would wait for the trace.
+    const t0 = performance.now();
+    process.stdout.write(`warming up: ${warming} (GET /healthz answers 503 until ready)\n`);
+    await server.policy.whenReady();
+    if (server.policy.readiness().ready) process.stdout.write(`ready: warmed up in ${((performance.now() - t0) / 1000).toFixed(1)} s\n`);
+  } else process.stdout.write('ready\n');
 }

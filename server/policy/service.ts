@@ -127,6 +127,19 @@ export interface SwapResult {
   load_seconds: number;
 }
 
+/** What `PolicyServer.readiness()` reports (the standalone's /healthz, the metadata's `ready`). */
+export interface PolicyReadiness {
+  ready: boolean;
+  /** What is still being warmed up, in words; null when ready. */
+  warming: string | null;
+}
+
+/**
+ * How long a policy must have had no request before its real-time chunking graph is traced in
+ * the background: a robot's first requests come right after its connect, and they go first.
+ */
+export const RTC_WARM_IDLE_MS = 250;
+
 export interface PolicyServer {
   /** The engine id it was created with (a fine-tune's `policy-<job>`, a session's id): metrics label. */
   readonly id: string;
@@ -162,6 +175,15 @@ export interface PolicyServer {
    * weights keep serving), Error for a live policy.
    */
   swap(dir: string, version: string | number | null): Promise<SwapResult>;
+  /**
+   * Whether every graph a robot will ask for is traced: the plain one (before createPolicyServer
+   * returns) and the real-time chunking one of the default mode (traced in the background once the
+   * policy is idle). `warming` says what is still being done. A live policy, or an engine that
+   * makes no graphs, is always ready.
+   */
+  readiness(): PolicyReadiness;
+  /** Resolves when readiness() turns ready (never rejects; at close at the latest). */
+  whenReady(): Promise<void>;
   /** Refuse new work; queued requests fail. The engine is the caller's to close. */
   close(): void;
   /** close(), then free every version's weights in the engine. */
@@ -236,45 +258,75 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     if (!meta.norm) log.warn(`policy ${engineId}: ${what} has no norm stats; states and actions pass unnormalised`);
     return meta;
   };
-  /**
-   * One sample of a lone robot's request (one datum, every camera the policy binds, a zero state,
-   * an empty prompt) before the first robot sends: on an engine that runs graphs it traces that
-   * layout's graph (about 1 s on a 2-core machine) here rather than in a robot's first answer,
-   * unless other policies' robots are busy on the engine (TRACE_QUIET_MS: then it samples eagerly,
-   * and a later request traces when they are quiet); then,
-   * in the background, the same with real-time chunking in the policy's default mode (guided or
-   * prefix: a graph of its own, whose first run would otherwise inflate a robot's measured delay). Skipped where the
-   * engine does not make graphs (there a sample costs what it costs). Best effort: a failure is
-   * logged and serving goes on.
-   */
-  const warmUp = async (v: Version): Promise<void> => {
-    if (!engine.info.graphs) return;
+  /** A datum like a lone robot's first request (every camera the policy binds, a zero state, an empty prompt). */
+  const warmBatch = (v: Version) => {
     const { model } = v.meta;
     const frame = new Uint8Array(model.imageSize * model.imageSize * 3);
     const datum = { images: Array.from({ length: model.slots }, (_, k) => (k < v.meta.cameras.length ? frame : null)), state: new Float32Array(v.meta.stateDim ?? 0), prompt: '' };
+    return makeBatch(model, [datum], { maxPromptBytes: limits.maxPromptBytes, encodePrompt: model.encodePrompt });
+  };
+  /**
+   * One plain sample of a lone robot's request before the first robot sends: on an engine that
+   * runs graphs it traces that layout's graph (about 1 s on a 2-core machine) here rather than in
+   * a robot's first answer, unless other policies' robots are busy on the engine (TRACE_QUIET_MS:
+   * then it samples eagerly, and a later request traces when they are quiet). Skipped where the
+   * engine does not make graphs (there a sample costs what it costs). Best effort: a failure is
+   * logged and serving goes on. The real-time chunking graph is warmed after it (warmRtc).
+   */
+  const warmPlain = async (v: Version): Promise<boolean> => {
+    if (!engine.info.graphs) return false;
+    const batch = warmBatch(v);
     const t0 = performance.now();
     try {
-      const batch = makeBatch(model, [datum], { maxPromptBytes: limits.maxPromptBytes, encodePrompt: model.encodePrompt });
       await engine.call(v.engineId, 'infer', { batch, seeds: [0], numSteps: v.meta.numSteps, trace: 'quiet' }, batchBuffers(batch));
       log.debug(`policy ${v.engineId}: warmed up (one sample; its graph traced unless other policies were busy: Engine TRACE_QUIET_MS) in ${Math.round(performance.now() - t0)} ms`);
+      return true;
     } catch (e) {
       log.warn(`policy ${v.engineId}: the warm-up sample failed (${(e as Error).message}); the first request will trace its graph`);
-      return;
+      return false;
     }
-    // The RTC graph is traced after the policy is up, not awaited: a guided trace takes seconds on
-    // loaded cores, and a policy the main server loads on a robot's connect would otherwise keep
-    // its handshake waiting past clients' timeouts (Python's websockets: 10 s). A robot's first
-    // plain request may queue behind it once; its first RTC answer no longer carries the trace.
+  };
+  // The real-time chunking graph of the policy's default mode (guided or prefix: a graph of its
+  // own, seconds to trace on loaded cores, whose first run would otherwise inflate a robot's
+  // measured delay). Not awaited by createPolicyServer: a policy the main server loads on a
+  // robot's connect would keep its handshake waiting past clients' timeouts (Python's
+  // websockets: 10 s). It starts only once the policy has been idle for RTC_WARM_IDLE_MS, so a
+  // request whose graph is ready never queues behind it, except one that arrives while it runs
+  // (one engine runs one call at a time); an RTC request of that mode before it starts makes
+  // it moot (that request traced the graph). readiness() says which of these it is.
+  const rtcWarm = {
+    state: 'done' as 'waiting' | 'running' | 'done',
+    mode: null as RtcMode | null,
+    lastRequestMs: 0,
+    done: Promise.resolve(),
+    finish: () => undefined as void,
+  };
+  const warmRtc = (v: Version): void => {
     const mode = rtcMode(rtc.mode, v.meta.rtcMaxDelay);
     if (mode === 'off') return;
-    const n = model.horizon * model.actionDim;
-    const chunk = { mode, maxGuidance: rtc.maxGuidance, actions: new Float32Array(n), weights: new Float32Array(n) };
-    const again = makeBatch(model, [datum], { maxPromptBytes: limits.maxPromptBytes, encodePrompt: model.encodePrompt });
-    const t1 = performance.now();
-    engine.call(v.engineId, 'infer', { batch: again, seeds: [0], numSteps: v.meta.numSteps, trace: 'quiet', rtc: chunk }, batchBuffers(again)).then(
-      () => log.debug(`policy ${v.engineId}: ${mode} real-time chunking warmed up in ${Math.round(performance.now() - t1)} ms`),
-      (e) => log.debug(`policy ${v.engineId}: the ${mode} warm-up sample failed (${(e as Error).message}); the first RTC request will trace its graph`),
-    );
+    rtcWarm.state = 'waiting';
+    rtcWarm.mode = mode;
+    rtcWarm.done = new Promise<void>((resolve) => (rtcWarm.finish = () => {
+      rtcWarm.state = 'done';
+      resolve();
+    }));
+    const check = () => {
+      if (rtcWarm.state !== 'waiting') return;
+      if (closed) return rtcWarm.finish();
+      const s = batcher.stats();
+      if (s.queued > 0 || s.running > 0 || performance.now() - rtcWarm.lastRequestMs < RTC_WARM_IDLE_MS) return void setTimeout(check, RTC_WARM_IDLE_MS).unref();
+      rtcWarm.state = 'running';
+      const { model } = v.meta;
+      const n = model.horizon * model.actionDim;
+      const chunk = { mode, maxGuidance: rtc.maxGuidance, actions: new Float32Array(n), weights: new Float32Array(n) };
+      const batch = warmBatch(v);
+      const t1 = performance.now();
+      engine.call(v.engineId, 'infer', { batch, seeds: [0], numSteps: v.meta.numSteps, trace: 'quiet', rtc: chunk }, batchBuffers(batch)).then(
+        () => log.debug(`policy ${v.engineId}: ${mode} real-time chunking warmed up in ${Math.round(performance.now() - t1)} ms`),
+        (e) => log.debug(`policy ${v.engineId}: the ${mode} warm-up sample failed (${(e as Error).message}); the first RTC request will trace its graph`),
+      ).finally(() => rtcWarm.finish());
+    };
+    setTimeout(check, RTC_WARM_IDLE_MS).unref();
   };
   const load = async (engineId: string, dir: string, label: string | number | null): Promise<Version> => {
     const loaded = await engine.call<{ result: { config: unknown; normStats: unknown } }>(engineId, 'load_policy', { dir });
@@ -304,7 +356,8 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
   if (rtc.mode === 'prefix' && current.meta.rtcMaxDelay === 0) {
     log.warn(`policy ${policyId}: real-time chunking is set to prefix, but this checkpoint was not fine-tuned with rtc_max_delay: it never saw a held prefix (guided works with any checkpoint)`);
   }
-  if (!isLive) await warmUp(current);
+  let closed = false;
+  const warmedPlain = !isLive && (await warmPlain(current));
 
   /** A retired version is freed once nothing runs on it (its engine queue orders the unload after its last infer). */
   const release = (v: Version) => {
@@ -355,10 +408,16 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     opts.maxBatch ?? 16,
     () => counters.connections,
   );
+  if (warmedPlain) warmRtc(current);
   const dictionary = loadObservationDictionary();
   const dictId = dictionaryId(dictionary);
   const dictionaries = [dictionary, ...(opts.zstdDictionaries ?? [])];
   const weightsVersion = () => (isLive ? liveStep : current.label);
+  const readiness = (): PolicyReadiness => {
+    if (rtcWarm.state === 'done') return { ready: true, warming: null };
+    const what = `the ${rtcWarm.mode} real-time chunking graph`;
+    return { ready: false, warming: rtcWarm.state === 'running' ? `tracing ${what}` : `${what} is traced once the policy has been idle ${RTC_WARM_IDLE_MS} ms` };
+  };
   let swapChain: Promise<unknown> = Promise.resolve();
   // Its series (labelled policy=<policyId>) live until it is closed or unloaded.
   const releaseSeries = holdPolicySeries(policyId, opts.owner ?? null);
@@ -379,6 +438,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     weightsVersion,
     metadata: (conn = rtc) => {
       const meta = current.meta;
+      const ready = readiness();
       return {
         server: 'vela',
         model: meta.preset,
@@ -407,6 +467,9 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         seeded: opts.seed !== undefined && opts.seed !== null,
         weights_version: weightsVersion(),
         live: isLive,
+        // Readiness as at the handshake (PROTOCOL.md section 6): false while a graph is still warming up.
+        ready: ready.ready,
+        ...(ready.warming ? { warming: ready.warming } : {}),
         // Real-time chunking (PROTOCOL.md section 6): what an observation with rtc/executed gets on this connection.
         rtc: {
           mode: rtcMode(conn.mode, meta.rtcMaxDelay), control_hz: conn.controlHz, delay: conn.delay,
@@ -434,6 +497,8 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         if (plan && plan.mode !== 'off' && (ph !== v.meta.actionHorizon || pa !== v.meta.actionDim)) plan = { ...plan, mode: 'off', reason: 'the served weights changed shape since the previous chunk' };
         const chunk = plan && plan.mode !== 'off' ? datumChunk(plan, v.meta, parsed.state) : null;
         const submittedMs = performance.now();
+        rtcWarm.lastRequestMs = submittedMs;
+        if (chunk && rtcWarm.state === 'waiting' && chunk.mode === rtcWarm.mode) rtcWarm.finish(); // this request traces that graph itself
         const r = await batcher.submit(datum, seed, { v, chunk } satisfies Tag);
         const actions = toRobotActions(r.row, v.meta, parsed.state);
         return { actions: ndarray(actions, [v.meta.actionHorizon, v.meta.actionDim]), policyInferMs: r.inferMs, batchSize: r.batchSize, submittedMs, queueMs: r.queueMs,
@@ -463,11 +528,17 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
       swapChain = p.catch(() => undefined);
       return p;
     },
+    readiness,
+    whenReady: () => rtcWarm.done,
     close: () => {
+      closed = true;
+      if (rtcWarm.state === 'waiting') rtcWarm.finish();
       batcher.close(new Error('the policy server is shutting down'));
       releaseSeries();
     },
     async dispose() {
+      closed = true;
+      if (rtcWarm.state === 'waiting') rtcWarm.finish();
       batcher.close(new Error('the policy was unloaded'));
       releaseSeries();
       for (const v of [...versions]) {

@@ -68,7 +68,11 @@ export async function startPolicyServer(opts: StandaloneOptions): Promise<Policy
   const sockets = new Set<uWS.WebSocket<unknown>>();
   const authed = (r: Req) => checkPolicyKey(policy, r.headers);
 
-  app.get('/healthz', route(0, (r) => sendText(r, 200, 'OK')));
+  // Readiness, as probes read it: 503 until every graph a robot will ask for is traced (PROTOCOL.md section 6).
+  app.get('/healthz', route(0, (r) => {
+    const { ready, warming } = policy.readiness();
+    sendText(r, ready ? 200 : 503, ready ? 'OK' : `WARMING: ${warming}`);
+  }));
   app.get('/v1/observation.zdict', route(0, (r) => {
     authed(r);
     if (r.aborted) return;
