@@ -1,0 +1,196 @@
+"""The vela package against a real Vela server (started by test/python-package.test.ts).
+
+Environment: VELA_URL, VELA_API_KEY, VELA_DATASET (a LeRobot dataset name the server has).
+"""
+
+import os
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+import vela
+
+URL = os.environ["VELA_URL"]
+KEY = os.environ["VELA_API_KEY"]
+DATASET = os.environ.get("VELA_DATASET", "g1_subset")
+H, A, S = 4, 6, 7
+
+
+def datum(seed, actions=True):
+    rng = np.random.default_rng(seed)
+    d = {"observation": {"image": {"cam_high": rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)}, "state": rng.standard_normal(S).astype(np.float32), "prompt": "pick up the bottle"}}
+    if actions:
+        d["actions"] = rng.standard_normal((H, A)).astype(np.float32)
+    return d
+
+
+@pytest.fixture(scope="module")
+def client():
+    with vela.Vela(URL, KEY) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def session(client):
+    with client.training_session(base_model="flow05-tiny", action_horizon=H, seed=0) as s:
+        yield s
+
+
+def test_every_op(session):
+    data = [datum(0), datum(1)]
+    assert session.info["model"] == "flow05-tiny"
+    fb = session.forward_backward(data).result(timeout=120)
+    assert isinstance(fb["loss"], float) and fb["loss"] > 0
+    assert fb["loss_per_datum"].dtype == np.float32 and fb["loss_per_datum"].shape == (2,)
+    # loss = sum_i w_i loss_i / sum_i w_i with weights 1: the mean of the per-datum losses, to float32 rounding of two terms.
+    assert fb["loss"] == pytest.approx(float(fb["loss_per_datum"].astype(np.float64).mean()), rel=2 ** -22)
+    step = session.optim_step(learning_rate=1e-3).result(timeout=60)
+    assert step["skipped"] is False and step["grad_norm"] > 0
+
+    out = session.forward(data, keep=True).result(timeout=120)
+    # forward answers in the model's own horizon and dims (flow05-tiny's 16 x 32: the padding is masked out of the loss).
+    for k in ("velocity", "target", "x_t", "noise"):
+        assert out[k].dtype == np.float32 and out[k].shape == (2, 16, session.info["action_dim"]), k
+    assert out["time"].shape == (2,)
+    assert session.backward(np.zeros_like(out["velocity"])).result(timeout=60) == {}
+    assert session.abort_gradient_epoch().result(timeout=60) == {"discarded": 1}
+
+    sampled = session.sample([datum(2, actions=False)], seed=7).result(timeout=120)["actions"]
+    assert sampled.dtype == np.float32 and sampled.shape == (1, session.info["action_horizon"], session.info["action_dim"])
+    again = session.sample([datum(2, actions=False)], seed=7).result(timeout=120)["actions"]
+    np.testing.assert_array_equal(sampled, again)  # a seed fixes the noise
+
+    assert session.save_state("s1").result(timeout=60) == "s1"
+    session.forward_backward(data).result(timeout=120)
+    session.optim_step(learning_rate=1e-2).result(timeout=60)
+    assert session.load_state("s1").result(timeout=60) == {}
+    np.testing.assert_array_equal(session.sample([datum(2, actions=False)], seed=7).result(timeout=120)["actions"], sampled)
+    assert isinstance(session.save_weights("w1").result(timeout=60), str)
+
+
+def test_frames_encoded_on_the_client(session):
+    # JPEG on the client: what a 480x640 camera should send. PNG is lossless: the same loss as RAW at the same seed is not
+    # defined (noise is drawn per call), so compare sample at one seed instead.
+    d = datum(3, actions=False)
+    raw = session.sample([d], seed=1).result(timeout=120)["actions"]
+    png = session.sample([d], codec="PNG", seed=1).result(timeout=120)["actions"]
+    np.testing.assert_array_equal(raw, png)
+    assert session.forward_backward([datum(4)], codec="CODEC_JPEG_Q90").result(timeout=120)["loss"] > 0
+    session.abort_gradient_epoch().result(timeout=60)
+
+
+def test_pipelined_futures_answer_in_order(session):
+    futures = [session.forward_backward([datum(10 + i)]) for i in range(4)]
+    losses = [f.result(timeout=120)["loss"] for f in futures]
+    assert len(set(losses)) == 4
+    assert session.abort_gradient_epoch().result(timeout=60) == {"discarded": 4}
+
+
+def test_errors_keep_the_servers_code_and_message(client, session):
+    with pytest.raises(vela.BadRequestError) as e:
+        session.forward_backward([datum(5, actions=False)]).result(timeout=60)
+    assert 'data[0] has no "actions"' in e.value.message
+    with pytest.raises(vela.BadRequestError) as e:
+        session.request("sample", data=[datum(5, actions=False)], num_step=3).result(timeout=60)
+    assert e.value.code == "bad_request" and 'did you mean "num_steps"' in e.value.message
+    with pytest.raises(vela.ConflictError):
+        session.save_state("s1").result(timeout=60)  # exists: a conflict unless overwrite
+    assert session.save_state("s1", overwrite=True).result(timeout=60) == "s1"
+    with pytest.raises(vela.NotFoundError) as e:
+        client.get_session("ts-nosuchsession")
+    assert e.value.status == 404
+    with pytest.raises(vela.AuthenticationError):
+        vela.Vela(URL, "not-a-key").fine_tunes.list()
+    with pytest.raises(vela.BadRequestError) as e:
+        client.fine_tunes.create(dataset_name=DATASET, steps=0)
+    assert "steps" in e.value.message
+    # The session survives every one of them.
+    assert session.forward_backward([datum(6)]).result(timeout=120)["loss"] > 0
+    session.abort_gradient_epoch().result(timeout=60)
+
+
+class CutProxy:
+    """A TCP proxy to the server that cuts its first connection after `cut_after` bytes from the server."""
+
+    def __init__(self, target_port, cut_after):
+        self.target_port, self.cut_after, self.connections = target_port, cut_after, 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                down, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            up = socket.create_connection(("127.0.0.1", self.target_port))
+            limit = self.cut_after if self.connections == 1 else None
+            threading.Thread(target=self._pipe, args=(down, up, None), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(up, down, limit), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst, limit):
+        sent = 0
+        try:
+            while True:
+                chunk = src.recv(4096)
+                if not chunk:
+                    break
+                if limit is not None and sent + len(chunk) > limit:
+                    dst.sendall(chunk[: limit - sent])
+                    break
+                dst.sendall(chunk)
+                sent += len(chunk)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+
+def test_fine_tune_from_create_to_served_policy(client):
+    job = client.fine_tunes.create(model="flow0-tiny", dataset_name=DATASET, steps=3, batch_size=2, eval_every=0)
+    assert job["status"] in ("queued", "running")
+    done = client.fine_tunes.wait(job["id"], progress=False)
+    assert done["status"] == "succeeded"
+    records = list(client.fine_tunes.events(job["id"], follow=False))
+    assert [r["index"] for r in records] == list(range(len(records)))
+    assert [r["step"] for r in records if r["type"] == "progress"] == [1, 2, 3]
+    assert records[-1]["type"] == "status" and records[-1]["status"] == "succeeded"
+
+    # The stream cut mid-way (a proxy drops the first connection after 600 bytes) resumes with from= and misses nothing.
+    port = int(URL.rsplit(":", 1)[1])
+    proxy = CutProxy(port, 600)
+    through = vela.Vela(f"http://127.0.0.1:{proxy.port}", KEY)
+    streamed = list(through.fine_tunes.events(job["id"]))
+    assert proxy.connections >= 2
+    assert streamed == records
+
+    ws = URL.replace("http", "ws") + f"/v1/fine-tunes/{job['id']}/policy"
+    policy = vela.WebsocketClientPolicy(ws, api_key=KEY, wait_ready=True, ready_timeout=120)
+    meta = policy.get_server_metadata()
+    assert meta["ready"] is True
+    obs = {f"observation/{cam}": np.zeros((48, 64, 3), np.uint8) for cam in meta["cameras"]}
+    obs["observation/state"] = np.zeros(meta["state_dim"], np.float32)
+    obs["prompt"] = "pick up the bottle"
+    out = policy.infer(obs)
+    assert out["actions"].dtype == np.float32 and out["actions"].shape == (meta["action_horizon"], meta["action_dim"])
+    with pytest.raises(vela.VelaError) as e:
+        policy.infer({"observation/state": np.zeros(1000, np.float32), "prompt": "x"})
+    policy.close()
+
+
+def test_wire_is_openpis():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    back = vela.unpackb(vela.packb({"a": a, "s": np.float32(1.5)}))
+    np.testing.assert_array_equal(back["a"], a)
+    assert back["s"] == np.float32(1.5) and back["s"].dtype == np.float32
+    with pytest.raises(ValueError):
+        vela.packb(np.zeros(2, np.complex64))
