@@ -7,6 +7,8 @@
  * clients/python/tests/test_vela.py.
  */
 import { execFile } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
@@ -18,6 +20,22 @@ import { startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts'
 const run = promisify(execFile);
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const env = pythonEnv();
+const README = fs.readFileSync(path.join(ROOT, 'README.md'), 'utf8');
+
+/** The `n`th python block (0-based) after README heading `## heading`. */
+function pythonBlock(heading: string, n: number): string {
+  let at = README.indexOf(`\n## ${heading}\n`);
+  expect(at, heading).toBeGreaterThan(0);
+  for (let i = 0; i <= n; i++) at = README.indexOf('```python\n', at + 1);
+  return README.slice(at + 10, README.indexOf('\n```', at + 10));
+}
+
+/** `code` with the README's address and key swapped for `server`'s; fails when the README no longer has them. */
+function forServer(code: string, server: TestServer): string {
+  expect(code).toContain('"http://127.0.0.1:8080"');
+  expect(code).toContain('"my-key"');
+  return code.replaceAll('"http://127.0.0.1:8080"', JSON.stringify(server.baseUrl)).replaceAll('"my-key"', JSON.stringify(TEST_KEY));
+}
 
 describe.skipIf(missing('the Python package tests', env.reason))('the vela Python package (pytest) against the real server', () => {
   const subset = g1Subset(2);
@@ -42,4 +60,33 @@ describe.skipIf(missing('the Python package tests', env.reason))('the vela Pytho
     expect(out.stdout).toMatch(/\b6 passed\b/);
     expect(out.stdout).not.toMatch(/skipped|failed|error/);
   }, 660_000);
+
+  it('the README\'s session loop, with the package (in a fresh venv: pip install ./clients/python and nothing else) and on raw websockets', async () => {
+    const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-pkg-'));
+    try {
+      // A fresh virtualenv (no system site packages): what `pip install ./clients/python` brings is all it has.
+      const venv = path.join(tmp, 'venv');
+      await run('python3', ['-m', 'venv', venv], { timeout: 120_000 });
+      const py = path.join(venv, 'bin', 'python');
+      await run(py, ['-m', 'pip', 'install', '--disable-pip-version-check', '--quiet', '--retries', '1', '--timeout', '20', path.join(ROOT, 'clients/python')], { timeout: 600_000, cwd: tmp })
+        .catch((e: { stderr?: string }) => {
+          throw new Error(`pip install ./clients/python failed in a fresh venv:\n${e.stderr}`);
+        });
+      const lines: Record<string, string> = {};
+      for (const [which, n, python] of [['package', 0, py], ['raw', 1, env.python!]] as const) {
+        const file = path.join(tmp, `${which}.py`);
+        fs.writeFileSync(file, forServer(pythonBlock('Training sessions', n), server));
+        const { stdout, stderr } = await run(python, [file], { cwd: tmp, timeout: 300_000 }).catch((e: { stderr?: string; stdout?: string }) => {
+          throw new Error(`the README's ${which} session loop failed:\n${e.stdout}\n${e.stderr}`);
+        });
+        expect(stderr).toBe('');
+        lines[which] = stdout.trim();
+      }
+      // Both print the loss and the sampled chunk's shape: [1 datum, flow05-tiny's 16 steps, its 32 action dims]
+      // (the losses differ: each forward_backward draws its own noise and time).
+      for (const out of Object.values(lines)) expect(out).toMatch(/^loss \d+\.\d{3}, actions \(1, 16, 32\)$/);
+    } finally {
+      fs.rmSync(tmp, { recursive: true, force: true });
+    }
+  }, 900_000);
 });
