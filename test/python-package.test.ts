@@ -13,7 +13,9 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { NormStatsSet } from '../kernels/normalize.ts';
 import { g1Subset } from './helpers/g1.ts';
+import { startPolicyProc, tinyLoraCheckpoint, type PolicyProc } from './helpers/policy-proc.ts';
 import { missing, pythonEnv } from './helpers/requires.ts';
 import { startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
 
@@ -39,27 +41,72 @@ function forServer(code: string, server: TestServer): string {
 
 describe.skipIf(missing('the Python package tests', env.reason))('the vela Python package (pytest) against the real server', () => {
   const subset = g1Subset(2);
+  const tmpRoot = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-pkg-policy-'));
   let server: TestServer;
+  let policy: PolicyProc;
   beforeAll(async () => {
     server = await startTestServer({ env: { VELA_DATASETS_DIR: subset.root } });
-  }, 120_000);
-  afterAll(async () => server?.close());
+    // A `vela policy` of the README's robot (one camera cam_high, 26 state and action dims) for the RTC loop.
+    const z = (n: number, v: number) => new Array(n).fill(v);
+    const stats: NormStatsSet = { state: { mean: z(26, 0), std: z(26, 1), q01: z(26, -2), q99: z(26, 2) }, actions: { mean: z(26, 0), std: z(26, 1), q01: z(26, -2), q99: z(26, 2) } };
+    const ck = path.join(tmpRoot, 'ck');
+    await tinyLoraCheckpoint(ck, { cameras: ['cam_high'], action_dim: 26, state_dim: 26 }, stats);
+    policy = await startPolicyProc([ck]);
+  }, 180_000);
+  afterAll(async () => {
+    policy?.proc.kill('SIGTERM');
+    await server?.close();
+    fs.rmSync(tmpRoot, { recursive: true, force: true });
+  });
 
   it('passes clients/python/tests', async () => {
     let out: { stdout: string; stderr: string };
     try {
       out = await run(env.python!, ['-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'clients/python/tests'], {
         cwd: ROOT, timeout: 600_000, maxBuffer: 16 * 1024 * 1024,
-        env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients/python/src'), VELA_URL: server.baseUrl, VELA_API_KEY: TEST_KEY, VELA_DATASET: subset.name },
+        env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients/python/src'), VELA_URL: server.baseUrl, VELA_API_KEY: TEST_KEY, VELA_DATASET: subset.name, VELA_POLICY_URL: policy.url },
       });
     } catch (e) {
       const err = e as { stdout?: string; stderr?: string };
       throw new Error(`pytest failed:\n${err.stdout ?? ''}\n${err.stderr ?? ''}`);
     }
     // Every test ran and passed (none skipped: a skip would hide a missing piece).
-    expect(out.stdout).toMatch(/\b6 passed\b/);
+    expect(out.stdout).toMatch(/\b8 passed\b/);
     expect(out.stdout).not.toMatch(/skipped|failed|error/);
   }, 660_000);
+
+  it('the README\'s real-time chunking loop with the package runs against `vela policy`: plain first, then guided chunks spliced at the row each says', async () => {
+    let code = pythonBlock('Real-time chunking', 0);
+    for (const [from, to] of [
+      ['vela.WebsocketClientPolicy("ws://127.0.0.1:8000"', `vela.WebsocketClientPolicy(${JSON.stringify(policy.url)}`],
+      ['control_hz=30', 'control_hz=10'], ['rtc.run(300, robot_step)', 'rtc.run(60, robot_step)'],
+    ]) {
+      expect(code).toContain(from);
+      code = code.replace(from, to);
+    }
+    const file = path.join(tmpRoot, 'rtc.py');
+    fs.writeFileSync(file, code);
+    const { stdout, stderr } = await run(env.python!, [file], { cwd: tmpRoot, timeout: 300_000, env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients/python/src') } })
+      .catch((e: { stderr?: string; stdout?: string }) => {
+        throw new Error(`the README's RTC loop with the package failed:\n${e.stdout}\n${e.stderr}`);
+      });
+    expect(stderr).toBe('');
+    const lines = stdout.trim().split('\n');
+    const summary = /^(\d+) actions in 60 ticks; (\d+) ticks without one$/.exec(lines.pop()!);
+    expect(summary, stdout).not.toBeNull();
+    expect(Number(summary![1]) + Number(summary![2])).toBe(60);
+    const splices = lines.map((l) => /^asked at action (None|\d+), spliced at row (\d+), rtc (\w+) \(delay (None|\d+)\)$/.exec(l));
+    expect(splices.every(Boolean), stdout).toBe(true);
+    // The first request has no previous chunk (no rtc/executed: a plain answer); each later one asked
+    // once at least execute_horizon (8) actions of its chunk had run (more when that chunk was spliced
+    // in past row 8) and was guided.
+    expect([splices[0]![1], splices[0]![3]]).toEqual(['None', 'plain']);
+    expect(splices.length).toBeGreaterThan(2);
+    for (const m of splices.slice(1)) {
+      expect(Number(m![1])).toBeGreaterThanOrEqual(8);
+      expect(m![3]).toBe('guided');
+    }
+  }, 300_000);
 
   it('the README\'s session loop, with the package (in a fresh venv: pip install ./clients/python and nothing else) and on raw websockets', async () => {
     const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-pkg-'));

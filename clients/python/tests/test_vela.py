@@ -194,3 +194,51 @@ def test_wire_is_openpis():
     assert back["s"] == np.float32(1.5) and back["s"].dtype == np.float32
     with pytest.raises(ValueError):
         vela.packb(np.zeros(2, np.complex64))
+
+
+def test_real_time_chunking_against_vela_policy():
+    url = os.environ["VELA_POLICY_URL"]
+    frames = []
+
+    def observe():
+        frames.append(len(frames))
+        return {"observation/cam_high": np.zeros((48, 64, 3), np.uint8), "observation/state": np.full(26, 0.01 * len(frames), np.float32), "prompt": "pick"}
+
+    splices, executed = [], []
+    with vela.WebsocketClientPolicy(url, wait_ready=True, ready_timeout=120) as policy:
+        rtc = vela.RealTimeChunking(policy, control_hz=20, execute_horizon=6, observe=observe, on_splice=lambda s, a: splices.append((s, a)))
+        stats = rtc.run(40, lambda action, tick: executed.append(None if action is None else action.copy()))
+    assert stats["executed"] + stats["underruns"] == 40
+    assert len(splices) == len(frames) >= 3
+    first, answer = splices[0]
+    assert first.executed is None and "rtc" not in answer["server_timing"]
+    # Splicing: after each splice the robot executes the new chunk from row k (the actions run since its capture).
+    # Each later request was captured once at least execute_horizon actions of its chunk had run (more when
+    # the chunk before was spliced in late, past row 6), and the server guided it from that index.
+    for s, a in splices[1:]:
+        assert s.executed >= 6
+        assert a["server_timing"]["rtc"]["mode"] == "guided" and a["server_timing"]["rtc"]["executed"] == s.executed
+        assert 0 <= s.skipped and s.rows_left == a["actions"].shape[0] - s.skipped
+    done = [x for x in executed if x is not None]
+    assert all(x.shape == (26,) and x.dtype == np.float32 for x in done)
+    with pytest.raises(ValueError):
+        vela.RealTimeChunking(policy, control_hz=20, execute_horizon=99, observe=observe)
+
+
+def test_action_queue_splices_at_the_executed_count():
+    q = vela.ActionQueue(action_dim=2, execute_horizon=2)
+    assert q.needs_request() and q.pop() is None and q.underruns == 1
+    c = q.capture()
+    with pytest.raises(RuntimeError):
+        q.capture()
+    chunk = np.arange(8, dtype=np.float32).reshape(4, 2)
+    assert q.push(chunk, c) == vela.Splice(None, 0, 4)
+    np.testing.assert_array_equal(q.pop(), [0, 1])
+    np.testing.assert_array_equal(q.pop(), [2, 3])
+    assert q.needs_request()
+    c2 = q.capture()
+    assert c2.executed == 2
+    np.testing.assert_array_equal(q.pop(), [4, 5])  # the robot goes on while the request is out
+    s = q.push(chunk + 100, c2)
+    assert s == vela.Splice(2, 1, 3)  # one action ran since the capture: the new chunk starts at row 1
+    np.testing.assert_array_equal(q.pop(), [102, 103])

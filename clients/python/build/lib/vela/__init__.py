@@ -1,0 +1,22 @@
+"""vela-client: Python client of Vela (docs/PROTOCOL.md is the contract).
+
+- :class:`Vela`: REST (fine-tunes, sessions) and :meth:`Vela.training_session`, whose ops return futures.
+- :class:`WebsocketClientPolicy`: a drop-in for openpi_client's, for ``vela policy`` and a job's policy.
+- :class:`RealTimeChunking` over an :class:`ActionQueue`: the client side of real-time chunking.
+- Errors: :class:`VelaError` and its subclasses keep the server's code and message.
+"""
+
+from .client import FineTunes, Vela
+from .errors import (AuthenticationError, BadRequestError, ConflictError, ConnectionClosedError, InsufficientMemoryError, NotFoundError,
+                     RateLimitError, ServerError, TooLargeError, VelaError)
+from .policy import WebsocketClientPolicy, wait_policy_ready
+from .rtc import ActionQueue, Capture, RealTimeChunking, Splice
+from .session import TrainingSession
+from .wire import packb, unpackb
+
+__all__ = [
+    "Vela", "FineTunes", "TrainingSession", "WebsocketClientPolicy", "wait_policy_ready", "RealTimeChunking", "ActionQueue", "Capture", "Splice", "packb", "unpackb",
+    "VelaError", "BadRequestError", "AuthenticationError", "NotFoundError", "ConflictError", "TooLargeError",
+    "InsufficientMemoryError", "RateLimitError", "ServerError", "ConnectionClosedError",
+]
+__version__ = "0.1.0"
