@@ -64,7 +64,7 @@ describe.skipIf(missing('the Python package tests', env.reason))('the vela Pytho
     try {
       out = await run(env.python!, ['-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'clients/python/tests'], {
         cwd: ROOT, timeout: 600_000, maxBuffer: 16 * 1024 * 1024,
-        env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients/python/src'), VELA_URL: server.baseUrl, VELA_API_KEY: TEST_KEY, VELA_DATASET: subset.name, VELA_POLICY_URL: policy.url },
+        env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients/python/src'), VELA_URL: server.baseUrl, VELA_API_KEY: TEST_KEY, VELA_DATASET: subset.name, VELA_DATASET_DIR: subset.dir, VELA_POLICY_URL: policy.url },
       });
     } catch (e) {
       const err = e as { stdout?: string; stderr?: string };

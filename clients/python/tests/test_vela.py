@@ -155,8 +155,14 @@ class CutProxy:
             s.close()
 
 
-def test_fine_tune_from_create_to_served_policy(client):
-    job = client.fine_tunes.create(model="flow0-tiny", dataset_name=DATASET, steps=3, batch_size=2, eval_every=0)
+def test_fine_tune_from_create_to_served_policy(client, tmp_path):
+    # The dataset uploaded by the package (the shared folder, tarred and streamed), then trained on under its new name.
+    shared = [d for d in client.datasets.list() if d["name"] == DATASET]
+    assert shared and shared[0]["shared"] is True
+    up = client.datasets.upload("mine", os.environ["VELA_DATASET_DIR"], progress=False)
+    assert up["name"] == "mine" and up["episodes"] == shared[0]["episodes"]
+    assert [d["name"] for d in client.datasets.list() if not d["shared"]] == ["mine"]
+    job = client.fine_tunes.create(model="flow0-tiny", dataset_name="mine", steps=3, batch_size=2, eval_every=0)
     assert job["status"] in ("queued", "running")
     done = client.fine_tunes.wait(job["id"], progress=False)
     assert done["status"] == "succeeded"
@@ -172,6 +178,11 @@ def test_fine_tune_from_create_to_served_policy(client):
     streamed = list(through.fine_tunes.events(job["id"]))
     assert proxy.connections >= 2
     assert streamed == records
+
+    # Its files, downloaded and checked against the listing's SHA-256.
+    listing = client.fine_tunes.download(job["id"], str(tmp_path / "model"), progress=False)
+    assert listing and all((tmp_path / "model" / f["path"]).stat().st_size == f["bytes"] for f in listing)
+    assert client.datasets.delete("mine")["deleted"] is True
 
     ws = URL.replace("http", "ws") + f"/v1/fine-tunes/{job['id']}/policy"
     policy = vela.WebsocketClientPolicy(ws, api_key=KEY, wait_ready=True, ready_timeout=120)
@@ -207,9 +218,14 @@ def test_real_time_chunking_against_vela_policy():
     splices, executed = [], []
     with vela.WebsocketClientPolicy(url, wait_ready=True, ready_timeout=120) as policy:
         rtc = vela.RealTimeChunking(policy, control_hz=20, execute_horizon=6, observe=observe, on_splice=lambda s, a: splices.append((s, a)))
-        stats = rtc.run(40, lambda action, tick: executed.append(None if action is None else action.copy()))
-    assert stats["executed"] + stats["underruns"] == 40
+        # Ticks in runs of 20 until three chunks came (a loaded machine answers slower than the chunk lasts).
+        ticks = 0
+        while len(splices) < 3 and ticks < 2000:
+            stats = rtc.run(20, lambda action, tick: executed.append(None if action is None else action.copy()))
+            assert stats["executed"] + stats["underruns"] == 20
+            ticks += 20
     assert len(splices) == len(frames) >= 3
+    assert len(executed) == ticks
     first, answer = splices[0]
     assert first.executed is None and "rtc" not in answer["server_timing"]
     # Splicing: after each splice the robot executes the new chunk from row k (the actions run since its capture).

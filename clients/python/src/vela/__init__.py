@@ -7,6 +7,7 @@
 """
 
 from .client import FineTunes, Vela
+from .datasets import Datasets
 from .errors import (AuthenticationError, BadRequestError, ConflictError, ConnectionClosedError, InsufficientMemoryError, NotFoundError,
                      RateLimitError, ServerError, TooLargeError, VelaError)
 from .policy import WebsocketClientPolicy, wait_policy_ready
@@ -15,7 +16,7 @@ from .session import TrainingSession
 from .wire import packb, unpackb
 
 __all__ = [
-    "Vela", "FineTunes", "TrainingSession", "WebsocketClientPolicy", "wait_policy_ready", "RealTimeChunking", "ActionQueue", "Capture", "Splice", "packb", "unpackb",
+    "Vela", "FineTunes", "Datasets", "TrainingSession", "WebsocketClientPolicy", "wait_policy_ready", "RealTimeChunking", "ActionQueue", "Capture", "Splice", "packb", "unpackb",
     "VelaError", "BadRequestError", "AuthenticationError", "NotFoundError", "ConflictError", "TooLargeError",
     "InsufficientMemoryError", "RateLimitError", "ServerError", "ConnectionClosedError",
 ]

@@ -19,6 +19,7 @@ from typing import Any, Iterator, Optional
 import httpx
 
 from .errors import ConnectionClosedError, VelaError, http_error
+from .datasets import Datasets, download_job_files
 from .session import TrainingSession
 
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -39,6 +40,7 @@ class Vela:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
         self.fine_tunes = FineTunes(self)
+        self.datasets = Datasets(self)
 
     def request(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
         """One REST call; the answer's JSON. @raises a :class:`VelaError` subclass for an error answer (its status and message)."""
@@ -131,6 +133,14 @@ class FineTunes:
     def cancel(self, job_id: str) -> dict:
         """Cancels a queued or running job. @raises ConflictError when it already ended."""
         return self._c.request("POST", f"/v1/fine-tunes/{job_id}/cancel")
+
+    def files(self, job_id: str) -> list:
+        """The job's output files ``{path, bytes, sha256}`` (empty until it succeeded)."""
+        return self._c.request("GET", f"/v1/fine-tunes/{job_id}/files")["data"]
+
+    def download(self, job_id: str, dest: str, *, progress: Optional[bool] = None) -> list:
+        """Every output file of the job into ``dest`` (a folder ``vela policy`` serves), each checked against its SHA-256."""
+        return download_job_files(self._c, job_id, dest, progress=progress)
 
     def events(self, job_id: str, *, start: int = 0, follow: bool = True, reconnects: int = 10) -> Iterator[dict]:
         """The job's event records ``{index, type, timestamp, ...}`` from index ``start``.
