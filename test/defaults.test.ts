@@ -11,6 +11,7 @@
  * (bench/recipe.ts: --eval-episodes 4,7,12) hold out 4, 7 and 12 whatever the seed.
  */
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEFAULT_PRESET, RECIPE, SESSION_DEFAULTS, defaultFinetune, defaultLora } from '../server/recipes.ts';
@@ -19,6 +20,7 @@ import { resolveSplit } from '../server/jobs/train.ts';
 import { g1Subset } from './helpers/g1.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 import { HELD_OUT } from '../bench/recipe-split.ts';
+import { buildUi } from '../scripts/build-ui.ts';
 
 const SUBSET = g1Subset(3);
 let server: TestServer;
@@ -69,9 +71,9 @@ describe('one set of defaults', () => {
     const id = res.json.id as string;
     try {
       const lora = defaultLora(false);
-      expect(res.json.config).toMatchObject({ base_model: DEFAULT_PRESET, finetune: SESSION_DEFAULTS.finetune, rank: lora.rank, alpha: lora.alpha });
+      expect(res.json).toMatchObject({ base_model: DEFAULT_PRESET, finetune: SESSION_DEFAULTS.finetune, rank: lora.rank, alpha: lora.alpha });
     } finally {
-      await api(server, 'DELETE', `/v1/training_sessions/${id}`);
+      await api(server, 'POST', `/v1/training_sessions/${id}/close`);
     }
   }, 60_000);
 
@@ -82,10 +84,14 @@ describe('one set of defaults', () => {
     expect(res.json.fine_tune.lora).toEqual({ seeded_preset: defaultLora(false), real_model: defaultLora(true) });
     expect(res.json.session).toMatchObject({ finetune: 'lora' });
     expect(res.json.sidecar).toMatchObject({ model_size: DEFAULT_PRESET });
-    // The dashboard's form holds no preset of its own: its source reads /v1/defaults.
-    const src = fs.readFileSync(path.join(import.meta.dirname, '../ui/src/jobs.ts'), 'utf8');
-    expect(src).toContain("'/v1/defaults'");
-    expect(src).not.toMatch(/value: 'flow0?5?-/);
+    // The dashboard as built for serving (scripts/build-ui.ts) keeps no preset of its own for the
+    // form: it reads /v1/defaults (before, it pre-filled value "flow05-tiny").
+    const outDir = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'vela-ui-defaults-')), 'dist');
+    const built = await buildUi({ outDir });
+    const js = built.files.filter((f) => f.endsWith('.js')).map((f) => fs.readFileSync(path.join(outDir, f), 'utf8')).join('\n');
+    expect(js.includes('/v1/defaults'), 'the built dashboard reads /v1/defaults').toBe(true);
+    expect(js.match(/value:\s*"flow0?5?-(tiny|small)"/)?.[0] ?? null).toBeNull();
+    fs.rmSync(path.dirname(outDir), { recursive: true, force: true });
   }, 60_000);
 });
 
