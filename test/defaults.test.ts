@@ -17,6 +17,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEFAULT_PRESET, RECIPE, SESSION_DEFAULTS, defaultFinetune, defaultLora } from '../server/recipes.ts';
 import { parseFineTuneConfig } from '../server/jobs/config.ts';
 import { resolveSplit } from '../server/jobs/train.ts';
+import { parseFinetuneArgs } from '../server/jobs/cli.ts';
 import { g1Subset } from './helpers/g1.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 import { HELD_OUT } from '../bench/recipe-split.ts';
@@ -107,6 +108,9 @@ describe('the held-out split behind README.md\'s default-recipe table', () => {
     expect(HELD_OUT).toEqual([4, 7, 12]);
     expect(split({ eval_episodes: HELD_OUT })).toEqual([4, 7, 12]);
     expect(split({ eval_episodes: HELD_OUT, seed: 1 })).toEqual([4, 7, 12]);
+    // The flags as bench/recipe.ts gives them to vela finetune, before a table row's own (seed 1's).
+    const { cfg } = parseFinetuneArgs(['--dataset', SUBSET.dir, '--eval-episodes', HELD_OUT.join(','), '--model', 'pi0-tiny', '--steps', '1500', '--batch-size', '32', '--learning-rate', '3e-4', '--ema-decay', '0.99', '--seed', '1']);
+    expect(resolveSplit(cfg, ds).heldOut).toEqual([4, 7, 12]);
     // eval_fraction 0.2 matches at seed 0 only: the seed-1 row would have held out others.
     expect(split({ eval_fraction: 0.2 })).toEqual([4, 7, 12]);
     expect(split({ eval_fraction: 0.2, seed: 1 })).not.toEqual([4, 7, 12]);
