@@ -7,7 +7,7 @@ import path from 'node:path';
 import { jsonId, type RequestId } from '../protocol/messages.ts';
 import type { RawMsgpack } from '../protocol/msgpack.ts';
 import { PRESET_NAMES, makeConfig, resolvePreset } from '../kernels/small/config.ts';
-import { OPENPI_LORA } from '../kernels/pi/policy.ts';
+import { SESSION_DEFAULTS, defaultLora } from './recipes.ts';
 import { loraAlphaProblem } from './models/lora-limits.ts';
 import { DEFAULT_BASES, isRealModel, type RealModel } from './models/bases.ts';
 import { modelLayout, tokenizerFileFor, type ModelLayout } from './models/layout.ts';
@@ -71,7 +71,7 @@ export function parseSessionConfig(body: Record<string, unknown>): SessionConfig
   if (body.base != null && (!real || typeof body.base !== 'string' || body.base.length === 0 || body.base.length > 4096)) {
     throw new HttpError(400, real ? `base must be a Hub id (e.g. ${DEFAULT_BASES[base]}) or a checkpoint folder, got ${JSON.stringify(body.base)}` : `base applies to base_model pi0 / pi05 (a checkpoint of the real models); ${base} is a preset with its own seeded weights`);
   }
-  const finetune = body.finetune ?? 'lora';
+  const finetune = body.finetune ?? SESSION_DEFAULTS.finetune; // LoRA on every base: recipes.ts SESSION_DEFAULTS says why
   if (finetune !== 'lora' && finetune !== 'full') throw new HttpError(400, `finetune must be "lora" or "full", got ${JSON.stringify(finetune)}`);
   // A LoRA setting on a full-weight session would be ignored silently: the request wants LoRA.
   const loraField = finetune === 'full' ? ['rank', 'alpha', 'targets'].find((k) => body[k] != null) : undefined;
@@ -81,9 +81,10 @@ export function parseSessionConfig(body: Record<string, unknown>): SessionConfig
     if (typeof v !== 'number' || !Number.isInteger(v) || v < lo || v > hi) throw new HttpError(400, `${k} must be an integer in ${lo}..${hi}, got ${JSON.stringify(v)}`);
     return v;
   };
-  const rank = int('rank', 16, 1, 256);
-  // openpi's LoRA on the real models: rank 16 / alpha 16 on the VLM, 32 / 32 on the action expert.
-  const alpha = body.alpha ?? (real ? OPENPI_LORA.alpha : 32);
+  // recipes.ts defaultLora: openpi's ranks on the real models, 16 / 32 on a preset (as fine-tunes).
+  const lora = defaultLora(real);
+  const rank = int('rank', lora.rank, 1, 256);
+  const alpha = body.alpha ?? lora.alpha;
   const alphaProblem = loraAlphaProblem(alpha);
   if (alphaProblem || typeof alpha !== 'number') throw new HttpError(400, `alpha ${alphaProblem}, got ${JSON.stringify(alpha)}`);
   const targets = body.targets ?? ['all'];
@@ -96,14 +97,14 @@ export function parseSessionConfig(body: Record<string, unknown>): SessionConfig
   if (gateRule) throw new HttpError(400, `targets ${gateRule}, got ${JSON.stringify(targets)}`);
   const ah = body.action_horizon ?? null;
   if (ah !== null && (typeof ah !== 'number' || !Number.isInteger(ah) || ah < 1)) throw new HttpError(400, `action_horizon must be a positive integer, got ${JSON.stringify(ah)}`);
-  const seed = int('seed', 0, 0, 2 ** 31 - 1);
+  const seed = int('seed', SESSION_DEFAULTS.seed, 0, 2 ** 31 - 1);
   const out: SessionConfig = { base_model: preset, finetune, rank, alpha, targets: targets as string[], action_horizon: ah as number | null, seed };
   if (real) {
     out.base = (body.base as string | undefined) ?? DEFAULT_BASES[base];
     // The expert's rank follows openpi's doubling unless the client set a rank for both (LoRA only:
     // a full session has no adapters to size).
-    if (finetune === 'lora' && body.rank == null) out.action_rank = OPENPI_LORA.actionRank;
-    if (finetune === 'lora' && body.rank == null && body.alpha == null) out.action_alpha = OPENPI_LORA.actionAlpha;
+    if (finetune === 'lora' && body.rank == null && lora.action_rank !== null) out.action_rank = lora.action_rank;
+    if (finetune === 'lora' && body.rank == null && body.alpha == null && lora.action_alpha !== null) out.action_alpha = lora.action_alpha;
   } else out.engine_model = preset;
   return out;
 }

@@ -1,6 +1,6 @@
 /**
  * The dashboard end to end, in Debian's headless Chromium driven by playwright-core: a wrong key
- * is refused in words; a signed-in user starts a 12-step flow05-tiny fine-tune on
+ * is refused in words; a signed-in user starts a 12-step fine-tune of the default preset (flow0-tiny, from GET /v1/defaults) on
  * the shipped datasets/g1_pick_bottle_sample, sees the loss chart gain points while the job runs, cancels
  * a second job, downloads an output file (sha256 checked), and closes a training session. The
  * key never appears in a request URL. Screenshots land in test/ui/*.png (gitignored).

@@ -9,7 +9,8 @@ import path from 'node:path';
 import { badValue, splitArgs, UsageError, type FlagArg } from '../cli-args.ts';
 import { BACKEND_CHOICES } from '../config.ts';
 import { DatasetError, openDataset } from '../datasets/index.ts';
-import { FieldError, parseFineTuneConfig, RECIPE, type FineTuneConfig, type MemoryPlanNote } from './config.ts';
+import { FieldError, parseFineTuneConfig, type FineTuneConfig, type MemoryPlanNote } from './config.ts';
+import { RECIPE, defaultFinetune, defaultLora } from '../recipes.ts';
 import { noEvaluationReason, prepareRun, runFineTune, writeJsonAtomic } from './train.ts';
 import { engineModelOf, planFineTune, realEngineModel } from './base.ts';
 import { isRealModel } from '../models/bases.ts';
@@ -20,6 +21,10 @@ import { cliModelsDir, resolveBase } from '../models/resolve.ts';
 export function defaultFinetuneRoot(env: NodeJS.ProcessEnv = process.env): string {
   return path.join(env.XDG_CACHE_HOME || path.join(os.homedir(), '.cache'), 'vela', 'finetunes');
 }
+
+// The defaults shown are server/recipes.ts's, the ones every surface fills in.
+const REAL_LORA = defaultLora(true);
+const PRESET_LORA = defaultLora(false);
 
 export const FINETUNE_USAGE = `Usage: vela finetune --dataset DIR [options]
 
@@ -58,8 +63,8 @@ Options (defaults in brackets: the recipe measured in bench/results/recipe.md):
   --rtc-max-delay N        training-time real-time chunking: a random delay 0..N per datum, N
                            below the action horizon (0..63); the policy then serves RTC's
                            prefix mode (docs/PROTOCOL.md section 6); 0 = off [0]
-  --finetune lora|full     [lora on pi0 / pi05 (a pretrained base); full on a preset (seeded)]
-  --lora-rank N / --lora-alpha X   with --finetune lora  [pi0 / pi05: 16 / 16, the action expert 32 / 32 (openpi's); presets 16 / 32]
+  --finetune lora|full     [${defaultFinetune(true)} on pi0 / pi05 (a pretrained base); ${defaultFinetune(false)} on a preset (seeded)]
+  --lora-rank N / --lora-alpha X   with --finetune lora  [pi0 / pi05: ${REAL_LORA.rank} / ${REAL_LORA.alpha}, the action expert ${REAL_LORA.action_rank} / ${REAL_LORA.action_alpha} (openpi's); presets ${PRESET_LORA.rank} / ${PRESET_LORA.alpha}]
   --targets a,b            LoRA targets: attn, mlp, action_expert, prefix_expert, all [all]
   --cameras a,b            camera names                                 [every camera]
   --action-space delta|absolute                                         [delta when names match]

@@ -5,7 +5,7 @@
 import path from 'node:path';
 import { PRESET_NAMES, makeConfig, resolvePreset, resolveStoredPreset } from '../../kernels/small/config.ts';
 import { zeroGateRule } from '../../kernels/lora.ts';
-import { OPENPI_LORA } from '../../kernels/pi/policy.ts';
+import { RECIPE, defaultFinetune, defaultLora } from '../recipes.ts';
 import { loraAlphaProblem } from '../models/lora-limits.ts';
 import { DEFAULT_BASES, isRealModel } from '../models/bases.ts';
 import { validateAdamWOptions, type AdamWOptions } from '../../kernels/optim.ts';
@@ -86,40 +86,12 @@ export const FIELDS = [
 /** Fields a stored config carries that a request does not give (filled in by this server). */
 const STORED_FIELDS = ['engine_model', 'lora_action_rank', 'lora_action_alpha', 'memory_plan'];
 
-/**
- * The default recipe, the best row of bench/results/recipe.md (issue 16: held-out G1 episodes,
- * ~21 minutes of training on 2 CPU cores): flow0-tiny (then named pi0-tiny), full fine-tune, batch 32, lr 3e-4, EMA 0.99,
- * 1500 steps scored 0.69x and 0.62x the hold-state baseline with seeds 0 and 1 (0.70x / 0.61x in
- * raw units; PyTorch's twin 0.66x / 0.69x), where the same recipe on flow05-tiny (pi05-tiny) scored 0.98x. A
- * field the request leaves out takes this value.
- */
-export const RECIPE = {
-  model: 'flow0-tiny',
-  steps: 1500,
-  batch_size: 32,
-  learning_rate: 3e-4,
-  eval_fraction: 0.1,
-  eval_stride: 4,
-  lr_floor: 0.1,
-  adam_eps: 1e-8,
-  weight_decay: 1e-10,
-  ema_decay: 0.99,
-  augment: false,
-  time_sampling: 'beta' as 'beta' | 'uniform',
-} as const;
+/** The default recipe and fine-tune mode live in server/recipes.ts, one module for every surface. */
+export { RECIPE, defaultFinetune } from '../recipes.ts';
 
 /** Warm-up when not given: a tenth of the run, at most 100 steps (openpi's shape). */
 export function defaultWarmupSteps(steps: number): number {
   return Math.min(100, Math.max(1, Math.floor(steps / 10)));
-}
-
-/**
- * The fine-tune mode when the request does not name one: `full` on a base that is a seeded random
- * initialisation (the small presets: LoRA adapters on random weights cannot make up for them),
- * `lora` on a trained base (the real pi0 / pi0.5 checkpoints, a previous job's output).
- */
-export function defaultFinetune(trainedBase: boolean): 'lora' | 'full' {
-  return trainedBase ? 'lora' : 'full';
 }
 
 /**
@@ -224,8 +196,9 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
     const given = LORA_FIELDS.find((k) => body[k] != null);
     if (given) badField(given, 'applies to finetune "lora" only', body[given], `this fine-tune is "full"${body.finetune == null ? ' (the default on seeded base weights)' : ''}, which trains every weight; leave ${given} out, or add finetune "lora"`);
   }
-  // openpi's LoRA on the real models: rank 16 / alpha 16 on the VLM, 32 / 32 on the action expert.
-  const alpha = body.lora_alpha ?? (realModel ? OPENPI_LORA.alpha : 32);
+  // recipes.ts defaultLora: openpi's ranks on the real models, 16 / 32 on a preset.
+  const lora = defaultLora(realModel);
+  const alpha = body.lora_alpha ?? lora.alpha;
   const alphaProblem = loraAlphaProblem(alpha);
   if (alphaProblem || typeof alpha !== 'number') badField('lora_alpha', alphaProblem ?? '', alpha);
   const targets = body.targets ?? ['all'];
@@ -270,8 +243,8 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
     if (typeof v !== 'number' || !(v > 0) || !Number.isFinite(v)) badField(k, 'must be a number > 0', v);
     return v;
   };
-  const actionRank = opts.stored ? storedInt('lora_action_rank') : realModel && finetune === 'lora' && body.lora_rank == null ? OPENPI_LORA.actionRank : null;
-  const actionAlpha = opts.stored ? storedInt('lora_action_alpha') : realModel && finetune === 'lora' && body.lora_rank == null && body.lora_alpha == null ? OPENPI_LORA.actionAlpha : null;
+  const actionRank = opts.stored ? storedInt('lora_action_rank') : realModel && finetune === 'lora' && body.lora_rank == null ? lora.action_rank : null;
+  const actionAlpha = opts.stored ? storedInt('lora_action_alpha') : realModel && finetune === 'lora' && body.lora_rank == null && body.lora_alpha == null ? lora.action_alpha : null;
   const batchSize = int(body, 'batch_size', RECIPE.batch_size, 1, 1024);
   const micro = body.micro_batch_size == null ? null : int(body, 'micro_batch_size', batchSize, 1, batchSize);
   const plan = opts.stored ? body.memory_plan : undefined;
@@ -289,7 +262,7 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
     learning_rate: lr,
     steps,
     finetune,
-    lora_rank: int(body, 'lora_rank', 16, 1, 256),
+    lora_rank: int(body, 'lora_rank', lora.rank, 1, 256),
     lora_alpha: alpha,
     lora_action_rank: actionRank,
     lora_action_alpha: actionAlpha,

@@ -14,6 +14,7 @@ import type { FineTuneJob } from '../../protocol/jobs.ts';
 import { nowS, randomId, type JobEvent, type JobRow, type Store } from '../store.ts';
 import type { ServerConfig } from '../config.ts';
 import { parseFineTuneConfig, type FineTuneConfig } from './config.ts';
+import { defaultsJson } from '../recipes.ts';
 import { datasetDirFor } from '../datasets/owned.ts';
 import { prepareRun } from './train.ts';
 import { isRealModel, type RealModel } from '../models/bases.ts';
@@ -206,6 +207,12 @@ export function mountJobRoutes(app: TemplatedApp, deps: JobRoutesDeps): void {
     if (!j || j.owner !== owner) throw new HttpError(404, `no fine-tune ${r.params[0]}`);
     return j;
   };
+
+  // The defaults every surface fills in (server/recipes.ts), for the dashboard's form and clients.
+  app.get('/v1/defaults', route(0, async (r) => {
+    await requireOwner(store, r);
+    sendJson(r, 200, defaultsJson());
+  }));
 
   app.post('/v1/fine-tunes', route(0, async (r) => {
     const owner = await requireOwner(store, r);

@@ -7,7 +7,7 @@
  *   (datasets/owned.ts); `dataset_content`, a base64 tar / tar.gz / zip of it, is installed as
  *   the key's upload first (datasets/upload.ts); the body is streamed to disk and
  *   dataset_content decoded from there (sidecar/content.ts), never held in memory;
- *   `num_train_steps` (default 100) is the job's `steps`; `model_size` (default flow05-tiny) is
+ *   `num_train_steps` (default 100) is the job's `steps`; `model_size` (default flow0-tiny, the fine-tunes' preset: server/recipes.ts) is
  *   `pi0` / `pi05` (the real models, with Vela's `base`) or a Vela preset (the document's
  *   4b / 12b / 31b are not: a 400 lists them). Vela's other
  *   fine-tune fields (every one of section 1's: batch_size, learning_rate, eval_fraction,
@@ -35,6 +35,7 @@ import { PRESET_ALIASES, PRESET_NAMES, PRESETS } from '../../kernels/small/confi
 import { isRealModel } from '../models/bases.ts';
 import { HttpError, route, sendJson, type Req } from '../http.ts';
 import { requestPreset, storedPreset } from '../presets.ts';
+import { SIDECAR_DEFAULTS } from '../recipes.ts';
 import { streamFile } from '../stream.ts';
 import { archiveTemp, checkUploadable, installArchive, takeUploadSlot } from '../datasets/routes.ts';
 import { datasetDirFor } from '../datasets/owned.ts';
@@ -113,11 +114,11 @@ export function mountSidecar(app: TemplatedApp, deps: SidecarDeps): void {
     for (const k of Object.keys(body)) {
       if (!['dataset', 'num_train_steps', 'model_size', 'dataset_content', ...VELA_FIELDS].includes(k)) throw new HttpError(400, `job_start has no field "${k}"; it takes dataset, num_train_steps, model_size, dataset_content and Vela's ${VELA_FIELDS.join(', ')}`);
     }
-    const sizeName = body.model_size ?? 'flow05-tiny';
+    const sizeName = body.model_size ?? SIDECAR_DEFAULTS.model_size;
     if (typeof sizeName !== 'string' || !(PRESET_NAMES.includes(sizeName) || isRealModel(sizeName))) throw new HttpError(400, `model_size must be pi0 or pi05 (the real models, on \`base\`: a Hub id or a checkpoint folder) or a Vela preset: ${Object.keys(PRESETS).join(', ')} (or a deprecated name: ${Object.keys(PRESET_ALIASES).join(', ')}); got ${JSON.stringify(sizeName)} (the sidecar's 4b, 12b and 31b are not Vela models)`);
     // The job stores the canonical name; pi0 / pi05 are the real models (fine-tunes' `model`).
     const size = isRealModel(sizeName) ? sizeName : requestPreset('model_size', sizeName);
-    const steps = body.num_train_steps ?? 100;
+    const steps = body.num_train_steps ?? SIDECAR_DEFAULTS.num_train_steps;
     if (typeof steps !== 'number' || !Number.isInteger(steps) || steps < 1) throw new HttpError(400, `num_train_steps must be a positive integer, got ${JSON.stringify(steps)}`);
     if (body.dataset === undefined) throw new HttpError(400, 'dataset is required: the name of a LeRobot dataset folder (there is no default dataset)');
     const dataset = checkDatasetName(body.dataset);

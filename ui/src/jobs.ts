@@ -7,8 +7,13 @@ import { badge, errorLine, h, replace } from './dom.ts';
 import { clock, dateTime, num } from './format.ts';
 import { poll, type View } from './view.ts';
 
-const PRESETS = ['flow05-tiny', 'flow0-tiny', 'flow05-small', 'flow0-small'];
+const PRESETS = ['flow0-tiny', 'flow05-tiny', 'flow0-small', 'flow05-small'];
 const REFRESH_MS = 2000;
+
+/** The part of GET /v1/defaults the form shows (server/recipes.ts defaultsJson). */
+interface Defaults {
+  fine_tune: { model: string; steps: number; batch_size: number; learning_rate: number; eval_fraction: number; finetune: { seeded_preset: string; trained_base: string } };
+}
 
 function field(id: string, label: string, input: HTMLElement, help?: string): HTMLElement {
   if (help) input.setAttribute('aria-describedby', `${id}-help`);
@@ -16,7 +21,8 @@ function field(id: string, label: string, input: HTMLElement, help?: string): HT
 }
 
 function createForm(navigate: (hash: string) => void): HTMLElement {
-  const model = h('input', { id: 'ft-model', name: 'model', required: true, value: 'flow05-tiny', list: 'ft-presets' });
+  // Pre-filled from GET /v1/defaults (server/recipes.ts): the form keeps no defaults of its own.
+  const model = h('input', { id: 'ft-model', name: 'model', required: true, list: 'ft-presets' });
   const dataset = h('input', { id: 'ft-dataset', name: 'dataset_name', required: true, placeholder: 'lerobot/pusht_image' });
   // Blank numbers take the server's default recipe (PROTOCOL.md section 1).
   const steps = h('input', { id: 'ft-steps', name: 'steps', type: 'number', min: 1, max: 1_000_000, placeholder: 'recipe default' });
@@ -29,6 +35,17 @@ function createForm(navigate: (hash: string) => void): HTMLElement {
   const name = h('input', { id: 'ft-name', name: 'name', maxlength: 128 });
   const status = h('p', { class: 'error', role: 'alert' });
   const submit = h('button', { type: 'submit' }, 'Start fine-tune');
+  void json<Defaults>('GET', '/v1/defaults').then((d) => {
+    const r = d.fine_tune;
+    if (model.value === '') model.value = r.model;
+    steps.placeholder = `default ${r.steps}`;
+    batch.placeholder = `default ${r.batch_size}`;
+    lr.placeholder = `default ${r.learning_rate}`;
+    heldOut.placeholder = String(r.eval_fraction);
+    mode.options[0]!.textContent = `default (${r.finetune.seeded_preset} on a seeded preset, ${r.finetune.trained_base} on a trained base)`;
+  }).catch((err) => {
+    status.textContent = `Could not read the server's defaults: ${(err as Error).message}`;
+  });
   const form = h('form', { class: 'create', 'aria-label': 'New fine-tune' },
     h('datalist', { id: 'ft-presets' }, ...PRESETS.map((p) => h('option', { value: p }))),
     h('div', { class: 'fields' },
