@@ -89,6 +89,7 @@ describe('vela models upload', () => {
     const creates = hub.requests.filter((q) => q.method === 'POST' && q.url === '/api/repos/create');
     expect(creates).toHaveLength(1);
     expect(creates[0]!.authorization).toBe('Bearer hf_write');
+    expect(hub.created).toEqual([{ id: REPO, visibility: undefined }]);
   }, 120_000);
 
   it('a second upload of the same folder sends no LFS object and keeps the files', async () => {
@@ -108,6 +109,25 @@ describe('vela models upload', () => {
     expect(hub.commitOf(REPO)).not.toBe(commitBefore);
     expect(hub.filesOf(REPO).get('model.safetensors')!.equals(fs.readFileSync(path.join(ckpt, 'model.safetensors')))).toBe(true);
   }, 120_000);
+
+  it('--private creates the repo private; a branch the repo lacks is refused by name', async () => {
+    const priv = 'vela-test/pi05_private';
+    const r = await vela(['models', 'upload', ckpt, priv, '--private', '--endpoint', hub.url, '--token', 'hf_write']);
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stderr).toContain(`created private model repo ${priv}`);
+    expect(hub.created.at(-1)).toEqual({ id: priv, visibility: 'private' });
+    const dev = await vela(['models', 'upload', ckpt, priv, '--revision', 'dev', '--endpoint', hub.url, '--token', 'hf_write']);
+    expect(dev.code).toBe(1);
+    expect(dev.stderr.trim().split('\n').at(-1)).toBe(`vela models upload: ${priv} has no branch dev on ${hub.url}: create it first, or upload to main`);
+  }, 120_000);
+
+  it('a token that is not a Hugging Face one: exit 2 before anything is sent', async () => {
+    const n = hub.requests.length;
+    const r = await vela(['models', 'upload', ckpt, REPO, '--endpoint', hub.url, '--token', 'abc']);
+    expect(r.code).toBe(2);
+    expect(r.stderr.trim()).toBe('vela models upload: the Hugging Face token of --token does not start with hf_; a write token from https://huggingface.co/settings/tokens does');
+    expect(hub.requests.length).toBe(n);
+  }, 60_000);
 
   it('without a token: exit 2, naming where a token may come from', async () => {
     const n = hub.requests.length;

@@ -102,6 +102,8 @@ export function parseModelUploadArgs(argv: string[], env: NodeJS.ProcessEnv = pr
   if (tokenArg && tokenArg.value === '') throw new UsageError(`${tokenArg.typed}: the token is empty`);
   const token = resolveWriteToken(tokenArg?.value, env);
   if (!token) throw new UsageError(`no Hugging Face token: uploading needs a write token, from ${TOKEN_SOURCES}`);
+  // @huggingface/hub refuses any other token before sending it; say so here, naming where it came from.
+  if (!token.startsWith('hf_')) throw new UsageError(`the Hugging Face token ${tokenArg ? `of ${tokenArg.flag}` : 'found (HF_TOKEN, HUGGING_FACE_HUB_TOKEN or the token file)'} does not start with hf_; a write token from https://huggingface.co/settings/tokens does`);
   return { dir, repoId, revision: get('--revision')?.value ?? 'main', endpoint, token, private: flags.some((f) => f.flag === '--private') };
 }
 

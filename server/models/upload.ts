@@ -155,7 +155,9 @@ export async function uploadModel(opts: ModelUploadOptions): Promise<ModelUpload
       return new ModelError('network', `${repoId}: the hub answered ${e.statusCode} to ${what} (${said})`);
     }
     const err = e as Error & { cause?: Error };
-    return new ModelError('network', `${repoId}: cannot reach ${endpoint} (${err.cause?.message ?? err.message})`);
+    // fetch's own failure (refused, DNS, reset) carries the cause; anything else is the library's word.
+    if (err.cause || err.message === 'fetch failed') return new ModelError('network', `${repoId}: cannot reach ${endpoint} (${err.cause?.message ?? err.message})`);
+    return new ModelError('network', `${repoId}: ${what} failed: ${err.message}`);
   };
 
   let created = false;

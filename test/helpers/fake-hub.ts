@@ -81,6 +81,8 @@ export interface FakeHub {
   commitOf(repoId: string): string;
   /** Every request: method, path and the Range and Authorization headers. */
   requests: { method: string; url: string; range: string | undefined; authorization: string | undefined }[];
+  /** Repos made by POST /api/repos/create: id and the visibility asked for (absent: the account's default). */
+  created: { id: string; visibility: string | undefined }[];
   /** LFS objects received (PUT /lfs-upload/{sha256}), in order. */
   lfsPuts: { oid: string; bytes: number }[];
   /** The files a served repository holds now (uploads included): path -> bytes. */
@@ -138,6 +140,7 @@ export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
   const stallOnce = new Map(opts.stallAfter ?? []);
   const requests: FakeHub['requests'] = [];
   const lfsPuts: FakeHub['lfsPuts'] = [];
+  const created: FakeHub['created'] = [];
   /** LFS objects uploaded and not yet (or already) committed: sha256 -> bytes. */
   const lfsStore = new Map<string, Buffer>();
   const hasLfs = (oid: string) => lfsStore.has(oid) || repos.some((r) => r.files.some((f) => f.lfs && f.sha256 === oid));
@@ -301,11 +304,12 @@ export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
     return readBody(req).then((body) => {
       if (!/^Bearer \S+$/.test(req.headers.authorization ?? '')) return json(401, { error: 'Invalid credentials in Authorization header' }, { 'x-error-code': 'Unauthorized' });
       if (r.kind === 'create') {
-        const b = JSON.parse(body.toString()) as { name: string; organization?: string; type?: string };
+        const b = JSON.parse(body.toString()) as { name: string; organization?: string; type?: string; visibility?: string };
         const id = `${b.organization}/${b.name}`;
         if ((b.type ?? 'model') !== 'model') return json(400, { error: `the fake hub creates model repos only, not ${b.type}` });
         if (opts.readOnly?.has(id)) return json(403, { error: 'You don\'t have the rights to create a model under the namespace' });
         if (repos.some((x) => x.kind === 'models' && x.id === id)) return json(409, { error: 'You already created this model repo', url: `http://${req.headers.host}/${id}` });
+        created.push({ id, visibility: b.visibility });
         repos.push({ kind: 'models', id, revision: 'main', commit: crypto.createHash('sha1').update(`models/${id}`).digest('hex'), files: [] });
         return json(200, { url: `http://${req.headers.host}/${id}`, name: id, id: crypto.createHash('md5').update(id).digest('hex').slice(0, 24) });
       }
@@ -366,6 +370,7 @@ export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
     },
     requests,
     lfsPuts,
+    created,
     filesOf: (id) => {
       const r = repos.find((x) => x.id === id);
       if (!r) throw new Error(`the fake hub does not serve ${id}`);
