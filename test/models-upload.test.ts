@@ -6,7 +6,8 @@
  * added) lands byte for byte with a generated model card; a second upload sends no LFS object;
  * no token is exit 2 naming where a token may come from; a repo the hub refuses writes to is
  * exit 1 naming the repo; what was uploaded downloads back (`vela models download`) and
- * `vela models inspect` reads it.
+ * `vela models inspect` reads it. And in process: the model card's words for a fine-tune's
+ * config, the token's sources in order, which files go.
  */
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -14,6 +15,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { checkpointFiles, modelCard, resolveWriteToken } from '../server/models/upload.ts';
 import { startFakeHub, type FakeHub } from './helpers/fake-hub.ts';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -159,4 +161,40 @@ describe('vela models upload', () => {
     expect(s.repoId).toBe(REPO);
     expect(s.parameters).toBe(370112);
   }, 120_000);
+});
+
+describe('the upload\'s parts', () => {
+  it('the card names what a fine-tune\'s config.json records, and says unknown for the rest', () => {
+    const ft = modelCard('me/pi05_pusht', { preset: 'pi05', type: 'ignored', base_checkpoint: '/data/hf/models--lerobot--pi05_base/snapshots/abc', dataset: { repo_id: 'lerobot/pusht' }, finetune: 'lora' });
+    expect(ft).toContain('- model: pi05\n');
+    expect(ft).toContain('- base checkpoint: lerobot/pi05_base (from the Hugging Face cache: /data/hf/models--lerobot--pi05_base/snapshots/abc)\n');
+    expect(modelCard('me/x', { preset: 'pi0', base_checkpoint: '/work/tiny_pi0' })).toContain('- base checkpoint: /work/tiny_pi0 (a folder on the machine that trained it)\n');
+    expect(ft).toContain('- dataset: lerobot/pusht\n');
+    expect(ft).toContain('- fine-tune: lora\n');
+    expect(ft.startsWith('---\ntags:\n- vela\n- robotics\n- pi05\npipeline_tag: robotics\n---\n')).toBe(true);
+    const none = modelCard('me/x', null);
+    expect(none).toContain('- model: unknown (the folder has no readable config.json)\n');
+    expect(none).not.toContain('fine-tune');
+    expect(modelCard('me/x', { type: 'pi0', dataset: 'lerobot/aloha' })).toContain('- model: pi0\n- base checkpoint: unknown (config.json does not say)\n- dataset: lerobot/aloha\n');
+  });
+
+  it('the token: --token, HF_TOKEN, HUGGING_FACE_HUB_TOKEN, then $HF_HOME/token, then none', () => {
+    const home = fs.mkdtempSync(path.join(tmp, 'tok-'));
+    fs.writeFileSync(path.join(home, 'token'), '  hf_file\n');
+    const env = { HF_HOME: home, HF_TOKEN: 'hf_env', HUGGING_FACE_HUB_TOKEN: 'hf_old' };
+    expect(resolveWriteToken('hf_flag', env)).toBe('hf_flag');
+    expect(resolveWriteToken(undefined, env)).toBe('hf_env');
+    expect(resolveWriteToken(undefined, { ...env, HF_TOKEN: '' })).toBe('hf_old');
+    expect(resolveWriteToken(undefined, { HF_HOME: home })).toBe('hf_file');
+    expect(resolveWriteToken(undefined, { HF_HOME: path.join(home, 'nope'), XDG_CACHE_HOME: path.join(home, 'nope') })).toBeNull();
+  });
+
+  it('files: every one under the folder, subfolders too, .git and .cache at the top left out', () => {
+    const d = fs.mkdtempSync(path.join(tmp, 'files-'));
+    for (const f of ['config.json', 'a/b/c.bin', '.git/HEAD', '.cache/huggingface/x.lock', 'sub/.cache/kept']) {
+      fs.mkdirSync(path.dirname(path.join(d, f)), { recursive: true });
+      fs.writeFileSync(path.join(d, f), f);
+    }
+    expect(checkpointFiles(d)).toEqual(['a/b/c.bin', 'config.json', 'sub/.cache/kept']);
+  });
 });

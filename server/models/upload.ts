@@ -53,7 +53,8 @@ export function checkpointFiles(dir: string): string[] {
 
 /**
  * A short model card (README.md) for a folder that has none, from what its config.json says:
- * the model (`preset`, else `type`), the base it was trained from (`base_checkpoint`), the
+ * the model (`preset`, else `type`), the base it was trained from (`base_checkpoint`: a cache
+ * snapshot path is named by its repo id, another path as a folder of the training machine), the
  * dataset (`dataset`, a string or `{repo_id}`), the fine-tune kind (`finetune`); what it does not
  * say is written as unknown, never guessed.
  */
@@ -64,6 +65,9 @@ export function modelCard(repoId: string, config: Record<string, unknown> | null
   const ds = config?.dataset;
   const dataset = str(ds) ?? (ds && typeof ds === 'object' ? str((ds as Record<string, unknown>).repo_id) : null);
   const finetune = str(config?.finetune);
+  // base_checkpoint is the folder the trainer read: a Hugging Face cache snapshot names its repo.
+  const cached = base ? /(?:^|[\\/])models--([^\\/]+?)--([^\\/]+)[\\/]snapshots[\\/]/.exec(base) : null;
+  const baseText = !base ? null : cached ? `${cached[1]}/${cached[2]} (from the Hugging Face cache: ${base})` : path.isAbsolute(base) || base.startsWith('.') ? `${base} (a folder on the machine that trained it)` : base;
   const tags = ['vela', 'robotics', ...(model ? [model] : [])];
   const unknown = 'unknown (config.json does not say)';
   return [
@@ -78,7 +82,7 @@ export function modelCard(repoId: string, config: Record<string, unknown> | null
     'A checkpoint uploaded by `vela models upload`. What its config.json records:',
     '',
     `- model: ${model ?? (config ? unknown : 'unknown (the folder has no readable config.json)')}`,
-    `- base checkpoint: ${base ?? (config ? unknown : 'unknown')}`,
+    `- base checkpoint: ${baseText ?? (config ? unknown : 'unknown')}`,
     `- dataset: ${dataset ?? (config ? unknown : 'unknown')}`,
     ...(finetune ? [`- fine-tune: ${finetune}`] : []),
     '',
