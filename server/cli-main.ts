@@ -23,7 +23,7 @@ Usage:
   vela finetune --dataset DIR        fine-tune locally with a progress bar (same job as the server's)
   vela datasets inspect DIR          describe a LeRobot dataset
   vela datasets download REPO_ID     fetch a LeRobot dataset from the Hugging Face Hub
-  vela models download REPO_ID       fetch a checkpoint into the Hugging Face cache (init, list, inspect too)
+  vela models download REPO_ID       fetch a checkpoint into the Hugging Face cache (init, list, inspect, upload too)
   vela policy CHECKPOINT [opts]      serve a checkpoint to robots over OpenPI's websocket protocol
   vela presets                       print each model preset's parameter count
   vela backend                       print the backend engines run on, and why not a faster one

@@ -1,7 +1,7 @@
 /**
- * `vela models download|init|list|inspect`: pi0 / pi0.5 checkpoints (and PaliGemma's tokenizer)
- * through the Hugging Face cache (download.ts, inspect.ts), and random-weight ones written
- * offline (init-checkpoint.ts).
+ * `vela models download|init|list|inspect|upload`: pi0 / pi0.5 checkpoints (and PaliGemma's
+ * tokenizer) through the Hugging Face cache (download.ts, inspect.ts), random-weight ones written
+ * offline (init-checkpoint.ts), and a checkpoint folder sent to a Hub model repo (upload.ts).
  */
 import fs from 'node:fs';
 import path from 'node:path';
@@ -12,7 +12,21 @@ import { ModelError } from './errors.ts';
 import { cachedSnapshot, hubCacheDir, isHubRepoId } from './hf-cache.ts';
 import { checkpointTokenizer, findPaligemmaTokenizer, PALIGEMMA_TOKENIZER_REPO } from './tokenizer.ts';
 import { formatBytes, formatCount, inspectModel, listModels, type ModelSummary } from './inspect.ts';
+import { resolveWriteToken, TOKEN_SOURCES, uploadModel } from './upload.ts';
 import { checkInitTarget, INIT_SEED_MAX, initCheckpoint, initCheckpointPlan, type InitCheckpointOptions, type InitCheckpointPlan } from './init-checkpoint.ts';
+
+export const UPLOAD_USAGE = `  vela models upload FOLDER REPO_ID [--private] [--revision R] [--endpoint URL] [--token T]
+      Uploads every file of a checkpoint folder (subfolders too; .git/ and .cache/ at its top
+      are left out) to the Hugging Face Hub model repo REPO_ID (namespace/name) in one commit,
+      creating the repo if it does not exist. Weights go as LFS objects, and those the hub
+      already holds are not sent again. A folder without README.md gets a short model card
+      naming what its config.json says (model, base checkpoint, dataset; unknown where it does
+      not say). Progress on stderr; prints the repo's address.
+      --private        create the repo private (an existing repo keeps its visibility)
+      --revision R     the branch to commit to (it must exist; main always does)   [main]
+      --endpoint URL   the hub's address                          [$HF_ENDPOINT or https://huggingface.co]
+      --token T        a write token             [$HF_TOKEN, $HUGGING_FACE_HUB_TOKEN, $HF_HOME/token]
+`;
 
 export const MODELS_USAGE = `Usage:
   vela models download REPO_ID [--revision R] [--endpoint URL] [--token T] [--include GLOB]...
@@ -51,19 +65,57 @@ export const MODELS_USAGE = `Usage:
       One checkpoint: its config (variant, widths, depths, action horizon, token limit),
       parameter count and dtypes from the safetensors headers (no weights are read), norm stats
       (LeRobot's policy_preprocessor files, openpi's assets/*/norm_stats.json), size on disk.
-`;
+${UPLOAD_USAGE}`;
 
 const HELP = 'vela models --help';
 
 /** `vela models ...`. @throws UsageError for bad arguments; ModelError (one line) otherwise. */
 export async function modelsCommand(argv: string[]): Promise<void> {
-  if (argv.includes('--help') || argv.includes('-h')) return void process.stdout.write(MODELS_USAGE);
   const [sub, ...rest] = argv;
+  if (argv.includes('--help') || argv.includes('-h')) return void process.stdout.write(sub === 'upload' ? `Usage:\n${UPLOAD_USAGE}` : MODELS_USAGE);
   if (sub === 'download') return download(rest);
   if (sub === 'init') return init(rest);
   if (sub === 'list') return list(rest);
   if (sub === 'inspect') return inspect(rest);
-  throw new UsageError(sub === undefined ? `which one? download, init, list or inspect (see ${HELP})` : `unknown subcommand ${shown(sub)}; the subcommands are download, init, list and inspect (see ${HELP})`);
+  if (sub === 'upload') return upload(rest);
+  throw new UsageError(sub === undefined ? `which one? download, init, list, inspect or upload (see ${HELP})` : `unknown subcommand ${shown(sub)}; the subcommands are download, init, list, inspect and upload (see ${HELP})`);
+}
+
+/** Parses `vela models upload` arguments against `env`. @throws UsageError naming the argument, or when no token is found. */
+export function parseModelUploadArgs(argv: string[], env: NodeJS.ProcessEnv = process.env) {
+  const help = 'vela models upload --help';
+  const { flags, positional } = splitArgs(argv, { '--revision': 'value', '--endpoint': 'value', '--token': 'value', '--private': 'switch' }, help);
+  if (positional.length !== 2) throw new UsageError(`expected FOLDER and REPO_ID (namespace/name), got ${positional.length ? positional.map(shown).join(' ') : 'none'} (see ${help})`);
+  const [dir, repoId] = positional as [string, string];
+  if (!isHubRepoId(repoId)) throw new UsageError(`REPO_ID ${shown(repoId)}: must be namespace/name, e.g. my-user/pi05_pusht`);
+  const get = (f: string) => flags.findLast((x) => x.flag === f);
+  const endpointArg = get('--endpoint');
+  // As `vela models download` reads it: an empty HF_ENDPOINT counts as unset.
+  const endpoint = endpointArg?.value ?? (env.HF_ENDPOINT || 'https://huggingface.co');
+  try {
+    const u = new URL(endpoint);
+    if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new Error('not http');
+  } catch {
+    throw new UsageError(`${endpointArg ? endpointArg.typed : `HF_ENDPOINT=${shown(endpoint)}`}: must be an http(s) URL`);
+  }
+  const tokenArg = get('--token');
+  if (tokenArg && tokenArg.value === '') throw new UsageError(`${tokenArg.typed}: the token is empty`);
+  const token = resolveWriteToken(tokenArg?.value, env);
+  if (!token) throw new UsageError(`no Hugging Face token: uploading needs a write token, from ${TOKEN_SOURCES}`);
+  // @huggingface/hub refuses any other token before sending it; say so here, naming where it came from.
+  if (!token.startsWith('hf_')) throw new UsageError(`the Hugging Face token ${tokenArg ? `of ${tokenArg.flag}` : 'found (HF_TOKEN, HUGGING_FACE_HUB_TOKEN or the token file)'} does not start with hf_; a write token from https://huggingface.co/settings/tokens does`);
+  return { dir, repoId, revision: get('--revision')?.value ?? 'main', endpoint, token, private: flags.some((f) => f.flag === '--private') };
+}
+
+async function upload(argv: string[]): Promise<void> {
+  const args = parseModelUploadArgs(argv);
+  process.stderr.write(`uploading ${args.dir} to ${args.repoId}@${args.revision} on ${args.endpoint}\n`);
+  const started = Date.now();
+  const r = await uploadModel({ ...args, onLine: (l) => process.stderr.write(l + '\n') });
+  const secs = (Date.now() - started) / 1000;
+  process.stderr.write(`${r.files.length} files committed to ${args.repoId}@${args.revision} (commit ${r.commit}) in ${secs.toFixed(1)} s: ${r.lfsUploaded} LFS files sent, ${r.lfsSkipped} already on the hub${r.cardAdded ? '; README.md is a generated model card (the folder had none)' : ''}\n`);
+  const base = args.endpoint.replace(/\/+$/, '');
+  process.stdout.write(`${base}/${args.repoId}${args.revision === 'main' ? '' : `/tree/${encodeURIComponent(args.revision)}`}\n`);
 }
 
 /** Parses `vela models init` arguments. @throws UsageError naming the argument. */

@@ -21,6 +21,18 @@
  * `gated` like google/paligemma-3b-pt-224: its metadata and file list are public, its files need
  * a token of an account that accepted the licence (401 without a token, 403 with another one,
  * each with the hub's X-Error-Code: GatedRepo and X-Error-Message).
+ * Uploads, as @huggingface/hub's createRepo and uploadFiles(WithProgress) call them (any Bearer
+ * token may write, none: 401; `readOnly` repos answer 403 to every write, as the hub does for a
+ * gated or another's repo or a read-only token):
+ * - `POST /api/repos/create` `{name, organization, type}` -> `{url, id}`; 409 when it exists.
+ * - `POST /api/models/{repo}/preupload/{rev}` `{files: [{path, size, sample}]}` -> `{files: [{path,
+ *   uploadMode}]}`, `lfs` for the LFS suffixes above or files over 10 MB, else `regular`.
+ * - `POST /{repo}.git/info/lfs/objects/batch` (git-lfs batch, `transfer: basic`): objects the hub
+ *   already holds come back without actions; the others with an upload action `PUT
+ *   {hub}/lfs-upload/{sha256}`, whose body must hash to the oid (counted in `lfsPuts`).
+ * - `POST /api/models/{repo}/commit/{rev}` (NDJSON: a `header` line, then `file` lines with base64
+ *   content and `lfsFile` lines naming an uploaded oid) -> `{commitOid, commitUrl}`; the files
+ *   join the repo, so the download routes serve them at the new commit.
  */
 import crypto from 'node:crypto';
 import fs from 'node:fs';
@@ -57,6 +69,8 @@ export interface FakeHubOptions {
   endless?: Set<string>;
   /** path -> the oid the file list gives for it (as `lfs.oid` for an LFS file, else `oid`): a hub that lies in its listing. */
   listedOid?: Map<string, string>;
+  /** Model repos (existing or not) that answer 403 to every write. */
+  readOnly?: Set<string>;
 }
 
 export interface FakeHub {
@@ -67,6 +81,12 @@ export interface FakeHub {
   commitOf(repoId: string): string;
   /** Every request: method, path and the Range and Authorization headers. */
   requests: { method: string; url: string; range: string | undefined; authorization: string | undefined }[];
+  /** Repos made by POST /api/repos/create: id and the visibility asked for (absent: the account's default). */
+  created: { id: string; visibility: string | undefined }[];
+  /** LFS objects received (PUT /lfs-upload/{sha256}), in order. */
+  lfsPuts: { oid: string; bytes: number }[];
+  /** The files a served repository holds now (uploads included): path -> bytes. */
+  filesOf(repoId: string): Map<string, Buffer>;
   close(): Promise<void>;
 }
 
@@ -89,15 +109,27 @@ interface Repo {
   files: { path: string; bytes: Buffer; lfs: boolean; sha256: string; oid: string; pointerSize: number }[];
 }
 
+const LFS_SUFFIX = /\.(parquet|mp4|safetensors|bin)$/;
+
+function repoFile(p: string, bytes: Buffer, lfs: boolean): Repo['files'][number] {
+  const pointer = Buffer.from(`version https://git-lfs.github.com/spec/v1\noid sha256:${sha256(bytes)}\nsize ${bytes.length}\n`);
+  return { path: p, bytes, lfs, sha256: sha256(bytes), oid: gitBlobSha1(lfs ? pointer : bytes), pointerSize: pointer.length };
+}
+
 function loadRepo(kind: Repo['kind'], id: string, dir: string, revision = 'main', gated?: Repo['gated']): Repo {
   const commit = crypto.createHash('sha1').update(`${kind}/${id}`).digest('hex');
-  const files = walk(dir).sort().map((p) => {
-    const bytes = fs.readFileSync(path.join(dir, p));
-    const lfs = /\.(parquet|mp4|safetensors|bin)$/.test(p);
-    const pointer = Buffer.from(`version https://git-lfs.github.com/spec/v1\noid sha256:${sha256(bytes)}\nsize ${bytes.length}\n`);
-    return { path: p, bytes, lfs, sha256: sha256(bytes), oid: gitBlobSha1(lfs ? pointer : bytes), pointerSize: pointer.length };
-  });
+  const files = walk(dir).sort().map((p) => repoFile(p, fs.readFileSync(path.join(dir, p)), LFS_SUFFIX.test(p)));
   return { kind, id, revision, commit, gated, files };
+}
+
+/** The whole request body. */
+function readBody(req: http.IncomingMessage): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    const parts: Buffer[] = [];
+    req.on('data', (d: Buffer) => parts.push(d));
+    req.on('end', () => resolve(Buffer.concat(parts)));
+    req.on('error', reject);
+  });
 }
 
 export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
@@ -107,6 +139,11 @@ export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
   const cutOnce = new Map(opts.cutAfter ?? []);
   const stallOnce = new Map(opts.stallAfter ?? []);
   const requests: FakeHub['requests'] = [];
+  const lfsPuts: FakeHub['lfsPuts'] = [];
+  const created: FakeHub['created'] = [];
+  /** LFS objects uploaded and not yet (or already) committed: sha256 -> bytes. */
+  const lfsStore = new Map<string, Buffer>();
+  const hasLfs = (oid: string) => lfsStore.has(oid) || repos.some((r) => r.files.some((f) => f.lfs && f.sha256 === oid));
 
   const sendBytes = (req: http.IncomingMessage, res: http.ServerResponse, file: Repo['files'][number], headers: Record<string, string>) => {
     let body = file.bytes;
@@ -176,6 +213,13 @@ export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
     }
     const u = new URL(req.url!, 'http://x');
     const json = (status: number, body: unknown, headers: Record<string, string> = {}) => res.writeHead(status, { 'content-type': 'application/json', ...headers }).end(JSON.stringify(body));
+    const write = writeRoute(req, res, u);
+    if (write) {
+      void write.catch((e: Error) => {
+        if (!res.headersSent) json(500, { error: `fake hub: ${e.message}` });
+      });
+      return;
+    }
     if (u.pathname.startsWith('/cdn/')) {
       const sha = u.pathname.slice('/cdn/'.length);
       const f = repos.flatMap((r) => r.files).find((x) => x.lfs && x.sha256 === sha);
@@ -232,6 +276,84 @@ export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
     if (u.pathname.startsWith('/api/')) return json(401, { error: 'Repository not found' }, { 'x-error-code': 'RepoNotFound', 'x-error-message': 'Repository not found' });
     json(404, { error: `no route ${u.pathname}` });
   };
+  /**
+   * The upload routes, or null for another request. Each answers through `res` itself; the
+   * promise rejects only on a fake-hub bug (answered 500).
+   */
+  function writeRoute(req: http.IncomingMessage, res: http.ServerResponse, u: URL): Promise<void> | null {
+    const json = (status: number, body: unknown, headers: Record<string, string> = {}) => void res.writeHead(status, { 'content-type': 'application/json', ...headers }).end(JSON.stringify(body));
+    const p = u.pathname;
+    let route: { repoId: string; rev?: string; kind: 'create' | 'preupload' | 'batch' | 'commit' } | null = null;
+    let m: RegExpExecArray | null;
+    if (req.method === 'PUT' && (m = /^\/lfs-upload\/([0-9a-f]{64})$/.exec(p))) {
+      const oid = m[1]!;
+      return readBody(req).then((body) => {
+        if (sha256(body) !== oid) return json(400, { error: `the body hashes to ${sha256(body)}, not ${oid}` });
+        lfsStore.set(oid, body);
+        lfsPuts.push({ oid, bytes: body.length });
+        res.writeHead(200, { etag: `"${oid}"` }).end();
+      });
+    }
+    if (req.method !== 'POST') return null;
+    if (p === '/api/repos/create') route = { repoId: '', kind: 'create' };
+    else if ((m = /^\/api\/models\/([^/]+\/[^/]+)\/preupload\/([^/]+)$/.exec(p))) route = { repoId: m[1]!, rev: decodeURIComponent(m[2]!), kind: 'preupload' };
+    else if ((m = /^\/api\/models\/([^/]+\/[^/]+)\/commit\/([^/]+)$/.exec(p))) route = { repoId: m[1]!, rev: decodeURIComponent(m[2]!), kind: 'commit' };
+    else if ((m = /^\/([^/]+\/[^/]+)\.git\/info\/lfs\/objects\/batch$/.exec(p))) route = { repoId: m[1]!, kind: 'batch' };
+    if (!route) return null;
+    const r = route;
+    return readBody(req).then((body) => {
+      if (!/^Bearer \S+$/.test(req.headers.authorization ?? '')) return json(401, { error: 'Invalid credentials in Authorization header' }, { 'x-error-code': 'Unauthorized' });
+      if (r.kind === 'create') {
+        const b = JSON.parse(body.toString()) as { name: string; organization?: string; type?: string; visibility?: string };
+        const id = `${b.organization}/${b.name}`;
+        if ((b.type ?? 'model') !== 'model') return json(400, { error: `the fake hub creates model repos only, not ${b.type}` });
+        if (opts.readOnly?.has(id)) return json(403, { error: 'You don\'t have the rights to create a model under the namespace' });
+        if (repos.some((x) => x.kind === 'models' && x.id === id)) return json(409, { error: 'You already created this model repo', url: `http://${req.headers.host}/${id}` });
+        created.push({ id, visibility: b.visibility });
+        repos.push({ kind: 'models', id, revision: 'main', commit: crypto.createHash('sha1').update(`models/${id}`).digest('hex'), files: [] });
+        return json(200, { url: `http://${req.headers.host}/${id}`, name: id, id: crypto.createHash('md5').update(id).digest('hex').slice(0, 24) });
+      }
+      if (opts.readOnly?.has(r.repoId)) return json(403, { error: `You don't have write access to ${r.repoId}` });
+      const repo = repos.find((x) => x.kind === 'models' && x.id === r.repoId);
+      if (!repo) return json(404, { error: 'Repository not found' }, { 'x-error-code': 'RepoNotFound', 'x-error-message': 'Repository not found' });
+      if (r.rev !== undefined && r.rev !== repo.revision) return json(404, { error: `Invalid rev id: ${r.rev}` }, { 'x-error-code': 'RevisionNotFound' });
+      if (r.kind === 'preupload') {
+        const b = JSON.parse(body.toString()) as { files: { path: string; size: number }[] };
+        return json(200, { files: b.files.map((f) => ({ path: f.path, uploadMode: LFS_SUFFIX.test(f.path) || f.size > 10 * 2 ** 20 ? 'lfs' : 'regular', shouldIgnore: false })) });
+      }
+      if (r.kind === 'batch') {
+        const b = JSON.parse(body.toString()) as { operation: string; objects: { oid: string; size: number }[] };
+        if (b.operation !== 'upload') return json(400, { error: `the fake hub takes uploads only, not ${b.operation}` });
+        return json(200, {
+          transfer: 'basic',
+          objects: b.objects.map((o) => ({
+            oid: o.oid, size: o.size, authenticated: true,
+            ...(hasLfs(o.oid) ? {} : { actions: { upload: { href: `http://${req.headers.host}/lfs-upload/${o.oid}`, expires_at: '2099-01-01T00:00:00Z' } } }),
+          })),
+        }, { 'content-type': 'application/vnd.git-lfs+json' });
+      }
+      // commit: NDJSON, a header line first.
+      const lines = body.toString().split('\n').filter((l) => l.trim()).map((l) => JSON.parse(l) as { key: string; value: Record<string, any> });
+      if (lines[0]?.key !== 'header') return json(400, { error: 'the first line must be the header' });
+      const next = new Map(repo.files.map((f) => [f.path, f]));
+      for (const { key, value } of lines.slice(1)) {
+        if (key === 'file') {
+          if (value.encoding !== 'base64') return json(400, { error: `file ${value.path}: encoding ${value.encoding}, not base64` });
+          next.set(value.path, repoFile(value.path, Buffer.from(value.content, 'base64'), false));
+        } else if (key === 'lfsFile') {
+          const bytes = lfsStore.get(value.oid) ?? repos.flatMap((x) => x.files).find((f) => f.lfs && f.sha256 === value.oid)?.bytes;
+          if (!bytes) return json(422, { error: `lfsFile ${value.path}: no LFS object ${value.oid} was uploaded` });
+          if (value.algo !== 'sha256' || value.size !== bytes.length) return json(422, { error: `lfsFile ${value.path}: algo ${value.algo}, size ${value.size}: not the object's` });
+          next.set(value.path, repoFile(value.path, bytes, true));
+        } else if (key === 'deletedFile') next.delete(value.path);
+        else return json(400, { error: `unknown commit line ${key}` });
+      }
+      repo.files = [...next.values()].sort((a, b) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0));
+      repo.commit = crypto.createHash('sha1').update(repo.commit).update(repo.files.map((f) => `${f.path}:${f.oid}`).join('\n')).digest('hex');
+      return json(200, { success: true, commitOid: repo.commit, commitUrl: `http://${req.headers.host}/${repo.id}/commit/${repo.commit}`, hookOutput: '' });
+    });
+  }
+
   const server = http.createServer(handler);
   const cdn = http.createServer(handler);
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
@@ -247,6 +369,13 @@ export async function startFakeHub(opts: FakeHubOptions): Promise<FakeHub> {
       return r.commit;
     },
     requests,
+    lfsPuts,
+    created,
+    filesOf: (id) => {
+      const r = repos.find((x) => x.id === id);
+      if (!r) throw new Error(`the fake hub does not serve ${id}`);
+      return new Map(r.files.map((f) => [f.path, f.bytes]));
+    },
     close: async () => {
       for (const srv of [server, cdn]) {
         await new Promise<void>((r) => {
