@@ -63,6 +63,8 @@ export interface FineTuneConfig {
   augment: boolean; // random crop, rotation and colour jitter of training frames (datasets/augment.ts)
   time_sampling: 'beta' | 'uniform'; // flow-matching time distribution in training (kernels/flow.ts)
   rtc_max_delay: number; // training-time real-time chunking: a random delay 0..this per datum (kernels/rtc.ts); 0 = off
+  /** A Hub model repo `namespace/name` the job uploads its model to once it succeeded (server/models/upload.ts); null: none. */
+  push_to_hub: string | null;
 }
 
 /** The memory plan's choice of micro-batch for a fine-tune, as the job's events report it. */
@@ -76,11 +78,14 @@ export interface MemoryPlanNote {
 /** The job's AdamW settings besides its learning rate (openpi's defaults for pi0 fine-tunes). */
 export const JOB_ADAMW: Omit<AdamWOptions, 'learningRate'> = { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 1e-10, gradClipNorm: 1 };
 
+/** A Hub repo id `namespace/name` (the Hub's own limit: 96 characters a part). */
+const HUB_MODEL_REPO = /^[A-Za-z0-9][A-Za-z0-9._-]{0,95}\/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$/;
+
 const TARGETS = ['attn', 'mlp', 'action_expert', 'prefix_expert', 'all'];
 /** The fields of a fine-tune request (PROTOCOL.md section 1); the sidecar's job_start takes them too. */
 export const FIELDS = [
   'model', 'base', 'dataset_name', 'batch_size', 'micro_batch_size', 'learning_rate', 'steps', 'finetune', 'lora_rank', 'lora_alpha', 'targets', 'cameras', 'action_space', 'name', 'seed',
-  'eval_every', 'checkpoint_every', 'eval_fraction', 'eval_episodes', 'eval_dataset', 'eval_stride', 'warmup_steps', 'lr_floor', 'adam_eps', 'weight_decay', 'ema_decay', 'augment', 'time_sampling', 'rtc_max_delay',
+  'eval_every', 'checkpoint_every', 'eval_fraction', 'eval_episodes', 'eval_dataset', 'eval_stride', 'warmup_steps', 'lr_floor', 'adam_eps', 'weight_decay', 'ema_decay', 'augment', 'time_sampling', 'rtc_max_delay', 'push_to_hub',
 ];
 
 /** Fields a stored config carries that a request does not give (filled in by this server). */
@@ -212,6 +217,8 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
   if (space !== null && space !== 'delta' && space !== 'absolute') badField('action_space', 'must be "delta" or "absolute"', space);
   const name = body.name ?? null;
   if (name !== null && (typeof name !== 'string' || name.length > 128)) badField('name', 'must be a string of at most 128 characters', name);
+  const push = body.push_to_hub ?? null;
+  if (push !== null && (typeof push !== 'string' || !HUB_MODEL_REPO.test(push))) badField('push_to_hub', 'must be a Hub model repo "namespace/name" (letters, digits, ".", "_", "-")', push);
   const steps = int(body, 'steps', RECIPE.steps, 1, 1_000_000);
   const timeSampling = body.time_sampling ?? RECIPE.time_sampling;
   if (timeSampling !== 'beta' && timeSampling !== 'uniform') badField('time_sampling', 'must be "beta" or "uniform"', timeSampling);
@@ -288,6 +295,7 @@ export function parseFineTuneConfig(body: Record<string, unknown>, opts: { train
     time_sampling: timeSampling as 'beta' | 'uniform',
     // Below the action horizon, which the dataset and model decide: the engine refuses more in one line when the job starts.
     rtc_max_delay: int(body, 'rtc_max_delay', 0, 0, 63),
+    push_to_hub: push as string | null,
   };
 }
 

@@ -6,6 +6,7 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import type { TemplatedApp } from 'uWebSockets.js';
+import { resolveWriteToken } from '../models/upload.ts';
 import { requireOwner } from '../auth.ts';
 import { log } from '../log.ts';
 import { decodeUrlPart, HttpError, route, sendJson, type Req } from '../http.ts';
@@ -82,6 +83,10 @@ export interface JobRoutesDeps {
 export async function submitFineTune(deps: Pick<JobRoutesDeps, 'store' | 'config' | 'runner' | 'engineLoaded' | 'releaseIdle'>, owner: string, body: Record<string, unknown>): Promise<JobRow> {
   const { store, config, runner } = deps;
   const cfg = parseFineTuneConfig(body);
+  // Refused now rather than after the training: the upload needs the server's own write token.
+  if (cfg.push_to_hub !== null && !resolveWriteToken(undefined)) {
+    throw new HttpError(400, `push_to_hub needs a Hub write token on this server, and it has none: the operator sets HF_TOKEN (or HUGGING_FACE_HUB_TOKEN, or the token file of \`hf auth login\`); or leave push_to_hub out and upload the job's files with \`vela models upload\``);
+  }
   const baseDir = await submittedBase(deps, owner, cfg);
   // Another key's upload is not found, in the same words as a name that nothing has.
   const dir = datasetDirFor(config, owner, cfg.dataset_name);

@@ -23,6 +23,7 @@ import { parseEngineModel } from '../engine/model-key.ts';
 import { engineModelOf, planFineTune, realEngineModel } from './base.ts';
 import { fetchDataset, isHubDatasetId, throttledProgress } from './fetch.ts';
 import { runFineTune } from './train.ts';
+import { resolveWriteToken, uploadModel } from '../models/upload.ts';
 import { openDataset, type Dataset } from '../datasets/index.ts';
 import { LocalQueue, type JobQueue, type RunOutcome } from './queue.ts';
 
@@ -206,6 +207,24 @@ export class JobRunner {
   }
 
   /** Move a job to its end state once (whoever gets there first), and log it last. */
+  /**
+   * Uploads a succeeded job's model to the Hub (its `push_to_hub` setting) with the server's write
+   * token, before its terminal status so that a reader of its events sees the outcome. A failed
+   * upload is a `log` record with the error; the job still succeeds (its model is on the server:
+   * `vela models upload` can send it again).
+   */
+  private async pushToHub(id: string, repoId: string, dir: string): Promise<void> {
+    await this.emit(id, 'log', { message: `uploading the model to the Hub repo ${repoId}`, stage: 'push', repo_id: repoId });
+    try {
+      const token = resolveWriteToken(undefined);
+      if (!token) throw new Error('this server has no Hub write token (HF_TOKEN) any more');
+      const r = await uploadModel({ dir, repoId, token, endpoint: process.env.HF_ENDPOINT || undefined });
+      await this.emit(id, 'log', { message: `uploaded to ${repoId} at commit ${r.commit}: ${r.files.length} files`, stage: 'push', repo_id: repoId, commit: r.commit, files: r.files.length, created: r.created });
+    } catch (e) {
+      await this.emit(id, 'log', { message: `the upload to ${repoId} failed: ${redactPaths((e as Error).message)}; the model stays on the server (vela models upload sends it again)`, stage: 'push', repo_id: repoId, error: redactPaths((e as Error).message) });
+    }
+  }
+
   private async finish(id: string, status: 'succeeded' | 'failed' | 'cancelled', fields: { error?: string | null; output_dir?: string; model_dir?: string }): Promise<void> {
     // Kept like a record: a job that ends while the database is away ends when it returns. A retry
     // after a dropped connection finds the first attempt's status when that one was committed.
@@ -294,7 +313,10 @@ export class JobRunner {
       });
       if (result.status === 'cancelled' && mustStop() && !(await this.store.getJob(id))?.cancel_requested) return await this.handOff(id, result.step);
       if (result.status === 'cancelled') await this.finish(id, 'cancelled', { error: `cancelled at step ${result.step}` });
-      else await this.finish(id, 'succeeded', { output_dir: result.outputDir!, ...(result.modelDir ? { model_dir: result.modelDir } : {}) });
+      else {
+        if (cfg.push_to_hub) await this.pushToHub(id, cfg.push_to_hub, result.modelDir ?? result.outputDir!);
+        await this.finish(id, 'succeeded', { output_dir: result.outputDir!, ...(result.modelDir ? { model_dir: result.modelDir } : {}) });
+      }
     } catch (e) {
       // A node that is stopping (its engines close) hands the job on instead of failing it.
       if (mustStop()) return await this.handOff(id, null);

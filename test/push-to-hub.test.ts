@@ -1,0 +1,88 @@
+/**
+ * A job's `push_to_hub` (issue 35 item 6): once it succeeded, the job uploads its model to a Hub
+ * model repo with the server's write token, and its events say so before its terminal status.
+ * Through the real server (REST, the jobs runner, the real engine) against the fake Hub on
+ * 127.0.0.1 (test/helpers/fake-hub.ts), which keeps what it was sent.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startFakeHub, type FakeHub } from './helpers/fake-hub.ts';
+import { g1Subset } from './helpers/g1.ts';
+import { api, startTestServer, type TestServer } from './helpers/server.ts';
+
+const REPO = 'lab/g1-flow0-tiny';
+const saved = { token: process.env.HF_TOKEN, endpoint: process.env.HF_ENDPOINT };
+let hub: FakeHub;
+let server: TestServer;
+const subset = g1Subset(2);
+
+beforeAll(async () => {
+  hub = await startFakeHub({ models: [], readOnly: new Set(['someone/else']) });
+  process.env.HF_ENDPOINT = hub.url;
+  server = await startTestServer({ env: { VELA_DATASETS_DIR: subset.root } });
+}, 120_000);
+afterAll(async () => {
+  await server?.close();
+  await hub?.close();
+  for (const [k, v] of [['HF_TOKEN', saved.token], ['HF_ENDPOINT', saved.endpoint]] as const) {
+    if (v === undefined) delete process.env[k];
+    else process.env[k] = v;
+  }
+});
+
+async function finished(id: string): Promise<any> {
+  for (let i = 0; i < 1500; i++) {
+    const j = (await api(server, 'GET', `/v1/fine-tunes/${id}`)).json;
+    if (['succeeded', 'failed', 'cancelled'].includes(j.status)) return j;
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  throw new Error(`job ${id} did not finish`);
+}
+
+describe('POST /v1/fine-tunes with push_to_hub', () => {
+  const body = { model: 'flow0-tiny', dataset_name: subset.name, steps: 2, batch_size: 2, eval_every: 0 };
+
+  it('refuses a bad repo id, and any push without a write token on the server, before anything runs', async () => {
+    delete process.env.HF_TOKEN;
+    const bad = await api(server, 'POST', '/v1/fine-tunes', { ...body, push_to_hub: 'no-namespace' });
+    expect(bad.status).toBe(400);
+    expect(bad.json.error).toMatch(/^push_to_hub must be a Hub model repo "namespace\/name"/);
+    const noToken = await api(server, 'POST', '/v1/fine-tunes', { ...body, push_to_hub: REPO });
+    expect(noToken.status).toBe(400);
+    expect(noToken.json.error).toMatch(/^push_to_hub needs a Hub write token on this server.*HF_TOKEN.*vela models upload/);
+    expect((await api(server, 'GET', '/v1/fine-tunes')).json.data).toEqual([]);
+  });
+
+  it('uploads the succeeded job\'s model: every file byte-equal, a model card, and its events say the commit before the end', async () => {
+    process.env.HF_TOKEN = 'hf_vela_test_write_token';
+    const { status, json: job } = await api(server, 'POST', '/v1/fine-tunes', { ...body, push_to_hub: REPO });
+    expect(status, JSON.stringify(job)).toBe(200);
+    expect(job.config?.push_to_hub ?? job.push_to_hub).toBe(REPO);
+    const done = await finished(job.id);
+    expect(done.status, done.error).toBe('succeeded');
+    const events = (await api(server, 'GET', `/v1/fine-tunes/${job.id}/events`)).json.data as any[];
+    const push = events.filter((e) => e.stage === 'push');
+    expect(push.map((e) => e.message)).toEqual([`uploading the model to the Hub repo ${REPO}`, expect.stringMatching(new RegExp(`^uploaded to ${REPO} at commit [0-9a-f]{40}: \\d+ files$`))]);
+    expect(push[1].commit).toBe(hub.commitOf(REPO));
+    // The terminal status comes after the upload's record.
+    expect(events.indexOf(push[1])).toBeLessThan(events.length - 1);
+    expect(events.at(-1)).toMatchObject({ type: 'status', status: 'succeeded' });
+
+    const held = hub.filesOf(REPO);
+    const listing = (await api(server, 'GET', `/v1/fine-tunes/${job.id}/files`)).json.data as { path: string; bytes: number }[];
+    expect(listing.length).toBeGreaterThan(0);
+    for (const f of listing) expect(held.get(f.path), f.path).toEqual(fs.readFileSync(path.join(done.output_dir ?? job.output_dir, f.path)));
+    expect(held.get('README.md')?.toString()).toMatch(/flow0-tiny/);
+  }, 300_000);
+
+  it('a push the Hub refuses (403) is a log record with the reason; the job still succeeds', async () => {
+    process.env.HF_TOKEN = 'hf_vela_test_write_token';
+    const { json: job } = await api(server, 'POST', '/v1/fine-tunes', { ...body, push_to_hub: 'someone/else' });
+    const done = await finished(job.id);
+    expect(done.status).toBe('succeeded');
+    const events = (await api(server, 'GET', `/v1/fine-tunes/${job.id}/events`)).json.data as any[];
+    const failed = events.find((e) => e.stage === 'push' && e.error);
+    expect(failed?.message).toMatch(/^the upload to someone\/else failed: .*; the model stays on the server \(vela models upload sends it again\)$/);
+  }, 300_000);
+});
