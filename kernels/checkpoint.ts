@@ -154,14 +154,19 @@ export async function writeCheckpointDir(dir: string, files: Record<string, Chec
 }
 
 /**
- * Reads every regular file of a checkpoint folder and parses config.json. Throws
+ * Reads every regular file (or link to one) of a checkpoint folder and parses config.json. Throws
  * CheckpointError: 'missing_file' (no folder or no config.json), 'bad_config' (config.json not
  * a JSON object with a string `preset`), 'io'.
  */
 export async function readCheckpointDir(dir: string): Promise<{ config: CheckpointConfig; files: Record<string, Uint8Array> }> {
   let names: string[];
   try {
-    names = (await readdir(dir, { withFileTypes: true })).filter((e) => e.isFile()).map((e) => e.name);
+    // A symlink to a file counts: a checkpoint in the Hugging Face cache (huggingface_hub's
+    // snapshot_download) is a folder of links into blobs/.
+    const entries = await readdir(dir, { withFileTypes: true });
+    const isFile = async (e: (typeof entries)[number]) => e.isFile() || (e.isSymbolicLink() && (await stat(path.join(dir, e.name)).then((s) => s.isFile(), () => false)));
+    names = [];
+    for (const e of entries) if (await isFile(e)) names.push(e.name);
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'ENOENT') throw new CheckpointError('missing_file', `checkpoint ${dir} does not exist`);
     throw ioError(`reading checkpoint ${dir}`, err);

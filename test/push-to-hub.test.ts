@@ -7,7 +7,12 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import os from 'node:os';
 import { startFakeHub, type FakeHub } from './helpers/fake-hub.ts';
+import { startPolicyProc } from './helpers/policy-proc.ts';
+import { PolicyClient } from './helpers/policy-stub.ts';
+import { runPythonJson } from './helpers/python.ts';
+import { missing, pythonEnv } from './helpers/requires.ts';
 import { g1Subset } from './helpers/g1.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 
@@ -74,6 +79,24 @@ describe('POST /v1/fine-tunes with push_to_hub', () => {
     expect(listing.length).toBeGreaterThan(0);
     for (const f of listing) expect(held.get(f.path), f.path).toEqual(fs.readFileSync(path.join(done.output_dir ?? job.output_dir, f.path)));
     expect(held.get('README.md')?.toString()).toMatch(/flow0-tiny/);
+
+    // What Python's huggingface_hub downloads of the repo is served by `vela policy` again.
+    if (missing('huggingface_hub (the test virtualenv)', pythonEnv().reason)) return;
+    const cache = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-push-hf-'));
+    try {
+      const { snapshot } = await runPythonJson('hf_cache_check.py', ['download', hub.url, cache, REPO], 120_000);
+      for (const f of listing) expect(fs.readFileSync(path.join(snapshot, f.path)), f.path).toEqual(held.get(f.path));
+      const served = await startPolicyProc([snapshot]);
+      try {
+        const robot = await PolicyClient.connect(served.url);
+        expect(robot.metadata).toMatchObject({ model: 'flow0-tiny', ready: true });
+        robot.close();
+      } finally {
+        served.proc.kill('SIGTERM');
+      }
+    } finally {
+      fs.rmSync(cache, { recursive: true, force: true });
+    }
   }, 300_000);
 
   it('a push the Hub refuses (403) is a log record with the reason; the job still succeeds', async () => {

@@ -64,7 +64,7 @@ describe("job_start: section 1's other fields", () => {
     // An unknown field is still refused, listing what job_start takes.
     const unknown = await api(server, 'POST', '/training/job_start', { dataset: SUBSET.name, colour: 'red' });
     expect(unknown.status).toBe(400);
-    expect(unknown.json.error).toMatch(/^job_start has no field "colour"; it takes dataset, num_train_steps, model_size, dataset_content and Vela's base, batch_size, .*eval_fraction, .*warmup_steps, lr_floor, adam_eps, weight_decay, ema_decay, augment, time_sampling, rtc_max_delay$/);
+    expect(unknown.json.error).toMatch(/^job_start has no field "colour"; it takes dataset, num_train_steps, model_size, dataset_content and Vela's base, batch_size, .*eval_fraction, .*warmup_steps, lr_floor, adam_eps, weight_decay, ema_decay, augment, time_sampling, rtc_max_delay, push_to_hub$/);
   }, 60_000);
 });
 
