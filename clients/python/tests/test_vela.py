@@ -162,7 +162,7 @@ def test_fine_tune_from_create_to_served_policy(client, tmp_path):
     up = client.datasets.upload("mine", os.environ["VELA_DATASET_DIR"], progress=False)
     assert up["name"] == "mine" and up["episodes"] == shared[0]["episodes"]
     assert [d["name"] for d in client.datasets.list() if not d["shared"]] == ["mine"]
-    job = client.fine_tunes.create(model="flow0-tiny", dataset_name="mine", steps=3, batch_size=2, eval_every=0)
+    job = client.fine_tunes.create(model="flow0-tiny", dataset_name="mine", steps=3, batch_size=2, eval_fraction=0)
     assert job["status"] in ("queued", "running")
     done = client.fine_tunes.wait(job["id"], progress=False)
     assert done["status"] == "succeeded"
