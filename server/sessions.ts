@@ -563,6 +563,11 @@ export class SessionManager {
         throw new Error(`action_horizon ${horizon} is larger than ${live.config.base_model}'s ${engine.info.actionHorizon}`);
       }
       live.actionHorizon = horizon;
+      // The parse allows up to 32 (the models' padded width); the engine's own is known only now.
+      const robotDim = live.config.robot?.action_dim;
+      if (robotDim !== undefined && robotDim > engine.info.actionDim) {
+        throw new Error(`robot.action_dim ${robotDim} is larger than ${live.config.base_model}'s ${engine.info.actionDim} action dims`);
+      }
       const created = await engine.call<{ result: { trainableParams: number; tenantBytes: number; baseBytes: number } }>(live.id, 'create_session', {
         finetune: live.config.finetune, rank: live.config.rank, alpha: live.config.alpha, targets: live.config.targets,
         actionRank: live.config.action_rank, actionAlpha: live.config.action_alpha,
