@@ -8,9 +8,14 @@
  * session's answer is the plain one mapped by the z-score inverse: mean + (std + 1e-6) * x.
  * Bad robot objects are a 400 naming the field.
  */
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient, type Datum } from '../protocol/client.ts';
 import { g1Datums } from './helpers/g1.ts';
+import { nowS } from '../server/store.ts';
+import { tinyLoraCheckpoint } from './helpers/policy-proc.ts';
 import { PolicyClient } from './helpers/policy-stub.ts';
 import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
 
@@ -34,7 +39,9 @@ beforeAll(async () => {
 }, 120_000);
 afterAll(async () => {
   await server?.close();
+  if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
 });
+let tmp = '';
 
 /** Creates a flow0-tiny session (optionally with `robot`), binds cam_high with one forward_backward, and opens its live policy at seed 7. */
 async function livePolicy(robot?: unknown): Promise<{ id: string; robot: PolicyClient }> {
@@ -110,4 +117,23 @@ describe('a training session\'s live policy: units', () => {
     expect(ok.status).toBe(200);
     expect(ok.json.robot).toEqual({ action_dim: A, action_names: NAMES });
   }, 60_000);
+
+  it('a job\'s policy says units "robot" too (the same key), with no note', async () => {
+    tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-units-'));
+    const out = path.join(tmp, 'job-output');
+    await tinyLoraCheckpoint(out, { cameras: ['cam_high'], action_dim: A, action_horizon: 4 }, NORM_STATS);
+    const job = 'ft-units00001';
+    await server.store.insertJob({
+      id: job, owner: (await server.store.findApiKey(TEST_KEY))!, status: 'succeeded', created_at: nowS(), config: { model: 'flow0-tiny', dataset_name: 'pick' },
+      step: 3, loss: null, eval_loss: null, error: null, output_dir: out, started_at: nowS(), finished_at: nowS(), cancel_requested: false,
+    });
+    const robot = await PolicyClient.connect(`${server.baseUrl.replace('http', 'ws')}/v1/fine-tunes/${job}/policy`, { authorization: `Api-Key ${TEST_KEY}` });
+    try {
+      expect(robot.metadata.units).toBe('robot');
+      expect(robot.metadata.note).toBeUndefined();
+      expect(robot.metadata.action_dim).toBe(A);
+    } finally {
+      robot.close();
+    }
+  }, 120_000);
 });
