@@ -19,6 +19,7 @@ import { planOrRefuse, realConfigOf } from './models/plan.ts';
 import { checkBaseAccess } from './models/access.ts';
 import { checkBaseVariant } from './models/base-variant.ts';
 import { zeroGateRule } from '../kernels/lora.ts';
+import type { NormStats, NormStatsSet } from '../kernels/normalize.ts';
 import { Engine, PriorityGate, type EngineLike, type EngineOptions } from './engine/host.ts';
 import type { BackendInfo } from './engine/messages.ts';
 import type { NativeThreads } from '../kernels/backend/native.ts';
@@ -51,6 +52,78 @@ export interface SessionConfig {
   /** The action expert's LoRA rank and alpha where they differ from rank / alpha (openpi's 32 on the real models). */
   action_rank?: number;
   action_alpha?: number;
+  /** The robot the session's live policy answers for (parseSessionRobot); absent: the model's normalised 32 dims. */
+  robot?: SessionRobot;
+}
+
+/**
+ * The robot a training session's live policy serves (`robot` of `POST /v1/training_sessions`):
+ * its action dims (the answer is trimmed to them), names, and the stats that unnormalise the
+ * answer into the robot's units, in a job checkpoint's norm_stats.json layout (NormStatsSet).
+ */
+export interface SessionRobot {
+  action_dim: number;
+  action_names?: string[];
+  state_names?: string[];
+  norm_stats?: NormStatsSet;
+}
+
+/** The most entries a robot's names or stats list may have. */
+const MAX_ROBOT_ENTRIES = 4096;
+/** The most action dims a session's robot may have (the models' padded width; the engine's own is checked at load). */
+const MAX_ROBOT_ACTION_DIM = 32;
+
+/**
+ * Validates a create-session body's `robot`. @throws HttpError 400 naming the field
+ * (`robot.action_dim`, `robot.norm_stats.actions.std`, ...) and what is accepted.
+ */
+export function parseSessionRobot(v: unknown): SessionRobot {
+  if (v === null || typeof v !== 'object' || Array.isArray(v)) throw new HttpError(400, `robot must be an object {action_dim, action_names?, state_names?, norm_stats?}, got ${JSON.stringify(v)}`);
+  const r = v as Record<string, unknown>;
+  const fields = ['action_dim', 'action_names', 'state_names', 'norm_stats'];
+  for (const k of Object.keys(r)) if (!fields.includes(k)) throw new HttpError(400, `unknown field "robot.${k}"; known fields: ${fields.map((f) => `robot.${f}`).join(', ')}`);
+  const ad = r.action_dim;
+  if (typeof ad !== 'number' || !Number.isInteger(ad) || ad < 1 || ad > MAX_ROBOT_ACTION_DIM) throw new HttpError(400, `robot.action_dim must be an integer in 1..${MAX_ROBOT_ACTION_DIM} (at most the model's action dims), got ${JSON.stringify(ad)}`);
+  const out: SessionRobot = { action_dim: ad };
+  const nameList = (key: 'action_names' | 'state_names', len: number | null): string[] | undefined => {
+    const n = r[key];
+    if (n === undefined || n === null) return undefined;
+    if (!Array.isArray(n) || n.length > MAX_ROBOT_ENTRIES || !n.every((x) => typeof x === 'string' && x.length <= 256)) throw new HttpError(400, `robot.${key} must be a list of at most ${MAX_ROBOT_ENTRIES} strings, got ${JSON.stringify(n).slice(0, 200)}`);
+    if (len !== null && n.length !== len) throw new HttpError(400, `robot.${key} has ${n.length} names; robot.action_dim is ${len}`);
+    return n as string[];
+  };
+  const an = nameList('action_names', ad);
+  const sn = nameList('state_names', null);
+  if (an) out.action_names = an;
+  if (sn) out.state_names = sn;
+  if (r.norm_stats !== undefined && r.norm_stats !== null) {
+    const ns = r.norm_stats;
+    if (typeof ns !== 'object' || Array.isArray(ns)) throw new HttpError(400, `robot.norm_stats must be an object {state: {mean, std, q01, q99}, actions: {...}}, got ${JSON.stringify(ns).slice(0, 200)}`);
+    const stats = {} as NormStatsSet;
+    for (const key of ['state', 'actions'] as const) {
+      const s = (ns as Record<string, unknown>)[key];
+      if (s === null || typeof s !== 'object' || Array.isArray(s)) throw new HttpError(400, `robot.norm_stats.${key} must be an object {mean, std, q01, q99} of number lists`);
+      const want = key === 'actions' ? ad : (sn?.length ?? null);
+      const one = {} as NormStats;
+      let len: number | null = null;
+      for (const f of ['mean', 'std', 'q01', 'q99'] as const) {
+        const a = (s as Record<string, unknown>)[f];
+        const name = `robot.norm_stats.${key}.${f}`;
+        if (!Array.isArray(a) || a.length === 0 || a.length > MAX_ROBOT_ENTRIES) throw new HttpError(400, `${name} must be a list of 1..${MAX_ROBOT_ENTRIES} finite numbers, got ${JSON.stringify(a)?.slice(0, 200)}`);
+        const badAt = a.findIndex((x) => typeof x !== 'number' || !Number.isFinite(x));
+        // JSON has no NaN: a client's NaN arrives as null, and is named as what it was meant to be.
+        if (badAt >= 0) throw new HttpError(400, `${name}[${badAt}] is ${JSON.stringify(a[badAt])}; stats must be finite numbers (a NaN or infinity is sent as null)`);
+        if (f === 'std' && a.some((x: number) => x < 0)) throw new HttpError(400, `${name} has a negative value; a std must be >= 0`);
+        if (len !== null && a.length !== len) throw new HttpError(400, `${name} has ${a.length} values; robot.norm_stats.${key}.mean has ${len}`);
+        if (want !== null && a.length !== want) throw new HttpError(400, `${name} has ${a.length} values; ${key === 'actions' ? `robot.action_dim is ${want}` : `robot.state_names has ${want}`}`);
+        len = a.length;
+        one[f] = a as number[];
+      }
+      stats[key] = one;
+    }
+    out.norm_stats = stats;
+  }
+  return out;
 }
 
 /** A fine-tune's names for a session's fields (the two APIs name them apart), for "did you mean". */
@@ -58,7 +131,7 @@ const SESSION_NAMES: Record<string, string> = { model: 'base_model', lora_rank: 
 
 /** Validate a create-session body. @throws HttpError 400 naming the field. */
 export function parseSessionConfig(body: Record<string, unknown>): SessionConfig {
-  const known = ['base_model', 'base', 'finetune', 'rank', 'alpha', 'targets', 'action_horizon', 'seed'];
+  const known = ['base_model', 'base', 'finetune', 'rank', 'alpha', 'targets', 'action_horizon', 'seed', 'robot'];
   for (const k of Object.keys(body)) if (!known.includes(k)) throw new HttpError(400, `unknown field "${k}"${meant(k, known, SESSION_NAMES)}; known fields: ${known.join(', ')}`);
   const base = body.base_model;
   const real = isRealModel(base);
@@ -99,6 +172,7 @@ export function parseSessionConfig(body: Record<string, unknown>): SessionConfig
   if (ah !== null && (typeof ah !== 'number' || !Number.isInteger(ah) || ah < 1)) throw new HttpError(400, `action_horizon must be a positive integer, got ${JSON.stringify(ah)}`);
   const seed = int('seed', SESSION_DEFAULTS.seed, 0, 2 ** 31 - 1);
   const out: SessionConfig = { base_model: preset, finetune, rank, alpha, targets: targets as string[], action_horizon: ah as number | null, seed };
+  if (body.robot !== undefined && body.robot !== null) out.robot = parseSessionRobot(body.robot);
   if (real) {
     out.base = (body.base as string | undefined) ?? DEFAULT_BASES[base];
     // The expert's rank follows openpi's doubling unless the client set a rank for both (LoRA only:
@@ -489,6 +563,11 @@ export class SessionManager {
         throw new Error(`action_horizon ${horizon} is larger than ${live.config.base_model}'s ${engine.info.actionHorizon}`);
       }
       live.actionHorizon = horizon;
+      // The parse allows up to 32 (the models' padded width); the engine's own is known only now.
+      const robotDim = live.config.robot?.action_dim;
+      if (robotDim !== undefined && robotDim > engine.info.actionDim) {
+        throw new Error(`robot.action_dim ${robotDim} is larger than ${live.config.base_model}'s ${engine.info.actionDim} action dims`);
+      }
       const created = await engine.call<{ result: { trainableParams: number; tenantBytes: number; baseBytes: number } }>(live.id, 'create_session', {
         finetune: live.config.finetune, rank: live.config.rank, alpha: live.config.alpha, targets: live.config.targets,
         actionRank: live.config.action_rank, actionAlpha: live.config.action_alpha,

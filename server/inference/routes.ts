@@ -25,7 +25,7 @@ import { readBody, sendAs, type Format } from '../futures/codec.ts';
 import { errorAnswer } from '../futures/requests.ts';
 import { redactPaths } from '../redact.ts';
 import type { EngineLike } from '../engine/host.ts';
-import type { SessionManager } from '../sessions.ts';
+import type { SessionManager, SessionRobot } from '../sessions.ts';
 import type { ServerConfig } from '../config.ts';
 import type { Store } from '../store.ts';
 import type { ServedPolicies } from './served.ts';
@@ -57,6 +57,20 @@ export interface InferenceDeps {
 }
 
 /** What serving a target takes: its cache key, how to load it, whether it still exists. */
+/**
+ * A training session's live policy config: the checkpoint config.json fields its weights stand in
+ * for, and, when the session was created with `robot`, the robot's dims, names and norm stats, so
+ * that policyMeta builds it as a job checkpoint's (answers trimmed and in the robot's units).
+ */
+export function liveConfig(preset: string, cameras: string[], actionHorizon: number, robot: SessionRobot | undefined): { config: Record<string, unknown>; normStats?: unknown } {
+  const config: Record<string, unknown> = { preset, cameras, action_horizon: actionHorizon };
+  if (!robot) return { config };
+  config.action_dim = robot.action_dim;
+  if (robot.action_names) config.action_names = robot.action_names;
+  if (robot.state_names) config.state_names = robot.state_names;
+  return { config, ...(robot.norm_stats ? { normStats: { norm_stats: robot.norm_stats } } : {}) };
+}
+
 export interface Target {
   key: string;
   load: () => Promise<PolicyServer>;
@@ -82,7 +96,7 @@ export async function targetOf(deps: InferenceDeps, kind: PolicyKind, id: string
     const engine = live.engine;
     return {
       key: `ts:${id}:${cameras.join(',')}`,
-      load: () => createPolicyServer({ engine, policyId: id, owner: row.owner, live: { config: { preset: engine.info.preset, cameras, action_horizon: live.actionHorizon } }, limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes }, zstdDictionaries: deps.zstdDictionaries }),
+      load: () => createPolicyServer({ engine, policyId: id, owner: row.owner, live: liveConfig(engine.info.preset, cameras, live.actionHorizon, live.config.robot), limits: { maxMessageBytes: deps.config.maxPolicyMessageBytes }, zstdDictionaries: deps.zstdDictionaries }),
       alive: () => sessions.live.get(id) === live && live.cameras.join(',') === cameras.join(','),
     };
   }

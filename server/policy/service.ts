@@ -39,9 +39,12 @@ export interface PolicyServerOptions {
   policyId: string;
   /**
    * Serve a training session's live weights instead of a checkpoint: `policyId` is the session
-   * id and `config` stands in for the checkpoint's config.json (preset, cameras, action_horizon).
+   * id and `config` stands in for the checkpoint's config.json (preset, cameras, action_horizon,
+   * and the session's robot: action_dim, action_names, state_names); `normStats` (a job
+   * checkpoint's norm_stats.json layout) unnormalise the answer into the robot's units. Without
+   * them the answer is the model's normalised space, padded to its action dims (`units: "model"`).
    */
-  live?: { config: Record<string, unknown> };
+  live?: { config: Record<string, unknown>; normStats?: unknown };
   /**
    * Serve the engine's base checkpoint itself (a real pi0 / pi0.5 base such as
    * lerobot/pi05_base: a policy as it is, with no Vela checkpoint to load): `config` stands in
@@ -348,7 +351,7 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     return { engineId, kind: 'base', meta, label, refs: 0, retired: false, unloaded: false };
   };
   let current: Version = isLive
-    ? { engineId: policyId, kind: 'checkpoint', meta: policyMeta(engine.info, opts.live!.config, null, { layout }), label: 'live', refs: 0, retired: false, unloaded: true }
+    ? { engineId: policyId, kind: 'checkpoint', meta: policyMeta(engine.info, opts.live!.config, opts.live!.normStats ?? null, { layout }), label: 'live', refs: 0, retired: false, unloaded: true }
     : opts.base
       ? await loadBase(policyId, opts.version ?? 'base')
       : await load(policyId, opts.checkpointDir ?? '', opts.version ?? null);
@@ -439,6 +442,8 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
     metadata: (conn = rtc) => {
       const meta = current.meta;
       const ready = readiness();
+      // A live policy of a session created without `robot` has neither stats nor the robot's dims.
+      const modelUnits = isLive && opts.live!.normStats == null && opts.live!.config.action_dim == null;
       return {
         server: 'vela',
         model: meta.preset,
@@ -450,10 +455,14 @@ export async function createPolicyServer(opts: PolicyServerOptions): Promise<Pol
         // Self-description: the keys to send and what comes back (PROTOCOL.md section 6).
         observation_keys: { ...observationKeys(meta, limits), ...RTC_KEYS },
         answer_keys: {
-          actions: `float32 [${meta.actionHorizon}, ${meta.actionDim}]: action_horizon steps of the robot's actions, in its units${meta.actionSpace === 'delta' ? ' (absolute: the server adds the state back on the delta dims)' : ''}`,
+          actions: `float32 [${meta.actionHorizon}, ${meta.actionDim}]: action_horizon steps of ${modelUnits ? "the model's normalised actions (padded dims; see note)" : "the robot's actions, in its units"}${meta.actionSpace === 'delta' ? ' (absolute: the server adds the state back on the delta dims)' : ''}`,
           policy_timing: 'map: infer_ms', server_timing: 'map: infer_ms, prev_total_ms, and rtc (when the observation sent rtc/executed): mode, delay, delay_source, executed, overlap, control_hz, weights',
           ...(meta.norm ? { warnings: 'list of str, only when the state is far outside the norm stats (wrong units, stats or dim order); the actions are still sent' } : {}),
         },
+        // Which units the answer is in (PROTOCOL.md section 6): a checkpoint's, or a session created
+        // with `robot`, answers the robot's; a session without one, the model's normalised space.
+        units: modelUnits ? 'model' : 'robot',
+        ...(modelUnits ? { note: `actions are the model's normalised space, padded to ${meta.actionDim} dims (no norm stats, no names); create the training session with "robot" ({action_dim, action_names, state_names, norm_stats}) to get the robot's dims in its units` } : {}),
         ...(meta.stateNames ? { state_names: meta.stateNames } : {}),
         ...(meta.actionNames ? { action_names: meta.actionNames } : {}),
         image_size: meta.model.imageSize,
