@@ -64,7 +64,7 @@ describe.skipIf(missing('the Python package tests', env.reason))('the vela Pytho
     try {
       out = await run(env.python!, ['-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'clients/python/tests'], {
         cwd: ROOT, timeout: 600_000, maxBuffer: 16 * 1024 * 1024,
-        env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients/python/src'), VELA_URL: server.baseUrl, VELA_API_KEY: TEST_KEY, VELA_DATASET: subset.name, VELA_DATASET_DIR: subset.dir, VELA_POLICY_URL: policy.url },
+        env: { ...process.env, PYTHONDONTWRITEBYTECODE: '1', PYTHONPATH: path.join(ROOT, 'clients/python/src'), VELA_URL: server.baseUrl, VELA_API_KEY: TEST_KEY, VELA_DATASET: subset.name, VELA_DATASET_DIR: subset.dir, VELA_POLICY_URL: policy.url },
       });
     } catch (e) {
       const err = e as { stdout?: string; stderr?: string };
@@ -115,7 +115,10 @@ describe.skipIf(missing('the Python package tests', env.reason))('the vela Pytho
       const venv = path.join(tmp, 'venv');
       await run('python3', ['-m', 'venv', venv], { timeout: 120_000 });
       const py = path.join(venv, 'bin', 'python');
-      await run(py, ['-m', 'pip', 'install', '--disable-pip-version-check', '--quiet', '--retries', '1', '--timeout', '20', path.join(ROOT, 'clients/python')], { timeout: 600_000, cwd: tmp })
+      // From a copy: setuptools writes build/ and *.egg-info beside the source it installs.
+      const pkg = path.join(tmp, 'python');
+      fs.cpSync(path.join(ROOT, 'clients/python'), pkg, { recursive: true, filter: (p) => !/(^|\/)(build|__pycache__|[^/]*\.egg-info)$/.test(p) });
+      await run(py, ['-m', 'pip', 'install', '--disable-pip-version-check', '--quiet', '--retries', '1', '--timeout', '20', pkg], { timeout: 600_000, cwd: tmp })
         .catch((e: { stderr?: string }) => {
           throw new Error(`pip install ./clients/python failed in a fresh venv:\n${e.stderr}`);
         });
