@@ -61,7 +61,8 @@ describe('POST /v1/fine-tunes with push_to_hub', () => {
 
   it('uploads the succeeded job\'s model: every file byte-equal, a model card, and its events say the commit before the end', async () => {
     process.env.HF_TOKEN = 'hf_vela_test_write_token';
-    const { status, json: job } = await api(server, 'POST', '/v1/fine-tunes', { ...body, push_to_hub: REPO });
+    // One of the two episodes held out (every 100th frame scored): the card carries its numbers.
+    const { status, json: job } = await api(server, 'POST', '/v1/fine-tunes', { ...body, eval_fraction: 0.5, eval_stride: 100, push_to_hub: REPO });
     expect(status, JSON.stringify(job)).toBe(200);
     expect(job.config?.push_to_hub ?? job.push_to_hub).toBe(REPO);
     const done = await finished(job.id);
@@ -79,7 +80,14 @@ describe('POST /v1/fine-tunes with push_to_hub', () => {
     expect(listing.length).toBeGreaterThan(0);
     // Buffer.equals, not toEqual: a deep comparison of a 7 MB buffer takes vitest tens of seconds.
     for (const f of listing) expect(held.get(f.path)?.equals(fs.readFileSync(path.join(done.output_dir ?? job.output_dir, f.path))), f.path).toBe(true);
-    expect(held.get('README.md')?.toString()).toMatch(/flow0-tiny/);
+    // The card: the recipe as the server ran it, and the last held-out evaluation's own numbers.
+    const card = held.get('README.md')!.toString();
+    const last = events.filter((e) => e.type === 'progress' && e.eval_mse !== undefined).at(-1);
+    const p4 = (v: number) => String(Number(v.toPrecision(4)));
+    expect(card).toContain(`Fine-tuned by the Vela job ${job.id}:`);
+    expect(card).toContain(`- model: flow0-tiny; dataset: ${subset.name}; held out: a seeded 0.5 of the episodes`);
+    expect(card).toMatch(/- recipe: full, 2 steps, batch 2, learning rate [0-9.e-]+ \(warm-up 1, cosine to [0-9.]+x\)/);
+    expect(card).toContain(`- held-out evaluation at step 2: eval_mse ${p4(last.eval_mse)} (normalised), ${p4(last.eval_ratio_hold_state)}x the hold-the-state baseline, ${p4(last.eval_ratio_mean_chunk)}x the mean-chunk baseline, on ${last.eval_frames} frames`);
 
     // What Python's huggingface_hub downloads of the repo is served by `vela policy` again.
     if (missing('huggingface_hub (the test virtualenv)', pythonEnv().reason)) return;

@@ -58,7 +58,7 @@ export function checkpointFiles(dir: string): string[] {
  * dataset (`dataset`, a string or `{repo_id}`), the fine-tune kind (`finetune`); what it does not
  * say is written as unknown, never guessed.
  */
-export function modelCard(repoId: string, config: Record<string, unknown> | null): string {
+export function modelCard(repoId: string, config: Record<string, unknown> | null, training?: string[]): string {
   const str = (v: unknown) => (typeof v === 'string' && v ? v : null);
   const model = str(config?.preset) ?? str(config?.type);
   const base = str(config?.base_checkpoint);
@@ -86,7 +86,7 @@ export function modelCard(repoId: string, config: Record<string, unknown> | null
     `- dataset: ${dataset ?? (config ? unknown : 'unknown')}`,
     ...(finetune ? [`- fine-tune: ${finetune}`] : []),
     '',
-    'Nothing else about its training or its quality is known to this card.',
+    ...(training?.length ? ['## Training', '', ...training] : ['Nothing else about its training or its quality is known to this card.']),
     '',
   ].join('\n');
 }
@@ -106,6 +106,8 @@ export interface ModelUploadOptions {
   private?: boolean;
   /** Progress lines (no newline), for stderr. */
   onLine?: (line: string) => void;
+  /** Lines of the card's Training section, when the uploader knows how the model was made (a job's push_to_hub). */
+  card?: string[];
 }
 
 export interface ModelUploadResult {
@@ -145,7 +147,7 @@ export async function uploadModel(opts: ModelUploadOptions): Promise<ModelUpload
     } catch {
       // No card facts then: the card says unknown.
     }
-    files.push({ path: 'README.md', content: new Blob([modelCard(repoId, config)]) });
+    files.push({ path: 'README.md', content: new Blob([modelCard(repoId, config, opts.card)]) });
     cardAdded = true;
   }
   const refused = (e: unknown, what: string): ModelError => {
