@@ -89,15 +89,7 @@ export function parseModelUploadArgs(argv: string[], env: NodeJS.ProcessEnv = pr
   const [dir, repoId] = positional as [string, string];
   if (!isHubRepoId(repoId)) throw new UsageError(`REPO_ID ${shown(repoId)}: must be namespace/name, e.g. my-user/pi05_pusht`);
   const get = (f: string) => flags.findLast((x) => x.flag === f);
-  const endpointArg = get('--endpoint');
-  // As `vela models download` reads it: an empty HF_ENDPOINT counts as unset.
-  const endpoint = endpointArg?.value ?? (env.HF_ENDPOINT || 'https://huggingface.co');
-  try {
-    const u = new URL(endpoint);
-    if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new Error('not http');
-  } catch {
-    throw new UsageError(`${endpointArg ? endpointArg.typed : `HF_ENDPOINT=${shown(endpoint)}`}: must be an http(s) URL`);
-  }
+  const endpoint = hubEndpoint(get('--endpoint'), env);
   const tokenArg = get('--token');
   if (tokenArg && tokenArg.value === '') throw new UsageError(`${tokenArg.typed}: the token is empty`);
   const token = resolveWriteToken(tokenArg?.value, env);
@@ -197,14 +189,7 @@ export function parseModelDownloadArgs(argv: string[], env: NodeJS.ProcessEnv = 
   const repoId = positional[0]!;
   if (!isHubRepoId(repoId)) throw new UsageError(`REPO_ID ${shown(repoId)}: must be namespace/name, e.g. lerobot/pi05_base`);
   const get = (f: string) => flags.findLast((x) => x.flag === f);
-  const endpointArg = get('--endpoint');
-  const endpoint = endpointArg?.value ?? (env.HF_ENDPOINT || 'https://huggingface.co');
-  try {
-    const u = new URL(endpoint);
-    if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new Error('not http');
-  } catch {
-    throw new UsageError(`${endpointArg ? endpointArg.typed : `HF_ENDPOINT=${shown(endpoint)}`}: must be an http(s) URL`);
-  }
+  const endpoint = hubEndpoint(get('--endpoint'), env);
   const include = flags.filter((f) => f.flag === '--include').map((f) => f.value);
   for (const f of flags) if (f.flag === '--include' && f.value === '') throw new UsageError(`${f.typed}: the glob is empty`);
   return {
@@ -321,4 +306,19 @@ async function inspectRef(ref: string): Promise<ModelSummary> {
   const snap = cachedSnapshot(cacheDir, repoId, revision);
   if (!snap) throw new ModelError('not_downloaded', `${ref} is not in the Hugging Face cache (${cacheDir}) nor a folder; run \`vela models download ${repoId}${at < 0 ? '' : ` --revision ${revision}`}\``);
   return inspectModel(snap.dir, { name: repoId, repoId, revision, commit: snap.commit });
+}
+
+/**
+ * The Hub to talk to: `--endpoint`, else HF_ENDPOINT (empty counts as unset), else huggingface.co.
+ * @throws UsageError naming the flag or the variable when it is not an http(s) URL.
+ */
+function hubEndpoint(flag: { value: string; typed: string } | undefined, env: NodeJS.ProcessEnv): string {
+  const endpoint = flag?.value ?? (env.HF_ENDPOINT || 'https://huggingface.co');
+  try {
+    const u = new URL(endpoint);
+    if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new Error('not http');
+  } catch {
+    throw new UsageError(`${flag ? flag.typed : `HF_ENDPOINT=${shown(endpoint)}`}: must be an http(s) URL`);
+  }
+  return endpoint;
 }
