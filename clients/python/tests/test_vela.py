@@ -89,6 +89,9 @@ def test_pipelined_futures_answer_in_order(session):
 
 
 def test_errors_keep_the_servers_code_and_message(client, session):
+    with pytest.raises(vela.ConflictError) as e:
+        session.optim_step().result(timeout=60)  # nothing accumulated: the earlier tests aborted theirs
+    assert e.value.code == "no_gradients"
     with pytest.raises(vela.BadRequestError) as e:
         session.forward_backward([datum(5, actions=False)]).result(timeout=60)
     assert 'data[0] has no "actions"' in e.value.message

@@ -32,6 +32,10 @@ class Vela:
         base_url: the server (default ``$VELA_URL``, else ``http://127.0.0.1:8080``).
         api_key: its API key (default ``$VELA_API_KEY``); sent as ``Authorization: Bearer``.
         timeout: seconds for one REST call (a job's event stream waits longer between records).
+
+    Attributes:
+        fine_tunes: :class:`FineTunes`: create, get, list, cancel, events, wait, files, download.
+        datasets: :class:`~vela.Datasets`: upload, list, delete.
     """
 
     def __init__(self, base_url: Optional[str] = None, api_key: Optional[str] = None, *, timeout: float = 60.0):

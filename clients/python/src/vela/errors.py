@@ -79,7 +79,9 @@ _BY_STATUS = {400: BadRequestError, 422: BadRequestError, 401: AuthenticationErr
               409: ConflictError, 413: TooLargeError, 429: RateLimitError, 507: InsufficientMemoryError}
 _BY_CODE = {"bad_request": BadRequestError, "shape_mismatch": BadRequestError, "bad_value": BadRequestError, "empty_batch": BadRequestError,
             "bad_frame": BadRequestError, "not_found": NotFoundError, "conflict": ConflictError, "too_large": TooLargeError,
-            "insufficient_memory": InsufficientMemoryError, "unauthorized": AuthenticationError}
+            "insufficient_memory": InsufficientMemoryError, "unauthorized": AuthenticationError,
+            # The session is not in a state for the op (no gradient to step on, asleep, busy elsewhere).
+            "no_gradients": ConflictError, "asleep": ConflictError, "busy": ConflictError}
 
 
 def http_error(status: int, body: dict) -> VelaError:
