@@ -68,7 +68,7 @@ async function jobsReport(ids: string[]): Promise<string> {
     lines.push(`${id}: ${j.status} on ${j.node} at step ${j.step}`);
     for (const e of (ev.data as any[]).slice(-4)) lines.push(`  ${new Date(e.timestamp * 1000).toISOString()} ${e.type} ${e.status ?? e.step ?? ''} ${e.message ?? e.error ?? ''}`);
   }
-  for (const [id, n] of Object.entries(nodes)) lines.push(`node ${id} log (tail):\n${n.stderr.slice(-3000)}`);
+  for (const [id, n] of Object.entries(nodes)) lines.push(`node ${id}: ${n.report()}`);
   return lines.join('\n');
 }
 
@@ -169,7 +169,9 @@ describe('two nodes, one PostgreSQL, one shared folder', () => {
     // A robot's first contact with that policy on B is its websocket (OpenPI's protocol).
     const robot = await PolicyClient.connect(`${nodes.b!.baseUrl.replace('http', 'ws')}/v1/fine-tunes/${victim}/policy`, { authorization: `Api-Key ${TEST_KEY}` });
     const { 'observation/image': image, 'observation/state': state, prompt } = obs;
-    const overWs = await robot.infer({ 'observation/image': image, 'observation/state': state, prompt, image_codec: 'JPEG' });
+    const overWs = await robot.infer({ 'observation/image': image, 'observation/state': state, prompt, image_codec: 'JPEG' }).catch((e: Error) => {
+      throw new Error(`${e.message}\n${nodes.b!.report()}`);
+    });
     robot.close();
     expect(overWs.actions.shape).toEqual([16, 26]);
     expect([...(overWs.actions.data as Float32Array)].every(Number.isFinite)).toBe(true);

@@ -101,7 +101,7 @@ describe('fine-tunes of the real pi0.5 (tiny base)', () => {
     const modelDir = done.model_dir as string;
     expect(modelDir).toBe(path.join(path.dirname(path.dirname(done.output_dir)), 'model'));
     expect(ev.find((e) => e.type === 'status' && e.status === 'succeeded')?.model_dir).toBe(modelDir);
-    expect(fs.readdirSync(modelDir).sort()).toEqual(['config.json', 'model.safetensors', 'norm_stats.json', 'tokenizer.json', 'tokenizer_config.json', 'vela_dataset.json']);
+    expect(fs.readdirSync(modelDir).sort()).toEqual(['config.json', 'model.safetensors', 'norm_stats.json', 'tokenizer.json', 'tokenizer_config.json', 'vela_dataset.json', 'vela_training.json']);
     expect(fs.existsSync(path.join(done.output_dir, 'adapter_model.safetensors'))).toBe(true);
     const config = await readHubConfig(modelDir);
     expect(config.type).toBe('pi05');

@@ -122,7 +122,7 @@ describe('fine-tunes on g1_pick_bottle', () => {
     expect(done.eval_loss).toBe(evals.at(-1).eval_loss);
 
     const { json: files } = await api(server, 'GET', `/v1/fine-tunes/${created.id}/files`);
-    expect(files.data.map((f: any) => f.path)).toEqual(['config.json', 'model.safetensors', 'norm_stats.json']);
+    expect(files.data.map((f: any) => f.path)).toEqual(['config.json', 'model.safetensors', 'norm_stats.json', 'vela_training.json']);
     for (const f of files.data) {
       const r = await fetch(`${server.baseUrl}/v1/fine-tunes/${created.id}/files/${f.path}`, { headers: { authorization: `Bearer ${TEST_KEY}` } });
       expect(r.headers.get('content-type')).toBe('application/octet-stream');

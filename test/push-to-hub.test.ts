@@ -2,10 +2,14 @@
  * A job's `push_to_hub` (issue 35 item 6): once it succeeded, the job uploads its model to a Hub
  * model repo with the server's write token, and its events say so before its terminal status.
  * Through the real server (REST, the jobs runner, the real engine) against the fake Hub on
- * 127.0.0.1 (test/helpers/fake-hub.ts), which keeps what it was sent.
+ * 127.0.0.1 (test/helpers/fake-hub.ts), which keeps what it was sent. The card's Training section
+ * comes from the `vela_training.json` the job leaves beside its model, so `vela models upload` of
+ * that folder later writes the same one.
  */
+import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import os from 'node:os';
 import { startFakeHub, type FakeHub } from './helpers/fake-hub.ts';
@@ -16,6 +20,7 @@ import { missing, pythonEnv } from './helpers/requires.ts';
 import { g1Subset } from './helpers/g1.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const REPO = 'lab/g1-flow0-tiny';
 const saved = { token: process.env.HF_TOKEN, endpoint: process.env.HF_ENDPOINT };
 let hub: FakeHub;
@@ -35,6 +40,14 @@ afterAll(async () => {
     else process.env[k] = v;
   }
 });
+
+/** `vela ARGS` as a child process (async: this process's server keeps answering meanwhile). */
+function vela(args: string[], env: Record<string, string>): Promise<{ code: number | null; stderr: string }> {
+  const child = spawn(process.execPath, [path.join(ROOT, 'bin/vela.js'), ...args], { cwd: ROOT, env: { ...process.env, ...env }, stdio: ['ignore', 'ignore', 'pipe'] });
+  let stderr = '';
+  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+  return new Promise((resolve) => child.on('close', (code) => resolve({ code, stderr })));
+}
 
 async function finished(id: string): Promise<any> {
   for (let i = 0; i < 1500; i++) {
@@ -88,6 +101,20 @@ describe('POST /v1/fine-tunes with push_to_hub', () => {
     expect(card).toContain(`- model: flow0-tiny; dataset: ${subset.name}; held out: a seeded 0.5 of the episodes`);
     expect(card).toMatch(/- recipe: full, 2 steps, batch 2, learning rate [0-9.e-]+ \(warm-up 1, cosine to [0-9.]+x\)/);
     expect(card).toContain(`- held-out evaluation at step 2: eval_mse ${p4(last.eval_mse)} (normalised), ${p4(last.eval_ratio_hold_state)}x the hold-the-state baseline, ${p4(last.eval_ratio_mean_chunk)}x the mean-chunk baseline, on ${last.eval_frames} frames`);
+
+    // The folder keeps the record the card was written from: `vela models upload` of it later
+    // writes the same Training section (the title names the new repo).
+    const record = JSON.parse(fs.readFileSync(path.join(done.output_dir, 'vela_training.json'), 'utf8'));
+    expect(record).toMatchObject({ job_id: job.id, model: 'flow0-tiny', base: null, dataset_name: subset.name, held_out: 'a seeded 0.5 of the episodes' });
+    expect(record.recipe).toMatchObject({ finetune: 'full', steps: 2, batch_size: 2, lora_rank: null });
+    expect(record.held_out_eval).toEqual({ step: 2, eval_mse: last.eval_mse, eval_ratio_hold_state: last.eval_ratio_hold_state, eval_ratio_mean_chunk: last.eval_ratio_mean_chunk, eval_frames: last.eval_frames });
+    const again = await vela(['models', 'upload', done.output_dir, 'lab/again'], { HF_TOKEN: 'hf_vela_test_write_token', HF_ENDPOINT: hub.url });
+    expect(again.code, again.stderr).toBe(0);
+    const cardAgain = hub.filesOf('lab/again').get('README.md')!.toString();
+    const training = (c: string) => c.slice(c.indexOf('## Training'));
+    expect(training(card)).toContain(`Fine-tuned by the Vela job ${job.id}:`);
+    expect(training(cardAgain)).toBe(training(card));
+    expect(cardAgain).toContain('# lab/again');
 
     // What Python's huggingface_hub downloads of the repo is served by `vela policy` again.
     if (missing('huggingface_hub (the test virtualenv)', pythonEnv().reason)) return;

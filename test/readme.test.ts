@@ -116,9 +116,10 @@ describe('the quickstart', () => {
     expect(finetuneLog).toMatch(/succeeded after 2 steps/);
     // checkpoint_every defaults to the eval interval: a quarter of 2 steps, rounded up.
     expect(fs.readdirSync(path.join(out, 'weights')).sort()).toEqual(['final', 'step-0000001']);
-    for (const d of ['final', 'step-0000001']) {
-      expect(fs.readdirSync(path.join(out, 'weights', d)).sort()).toEqual(['config.json', 'model.safetensors', 'norm_stats.json']); // the default: a full fine-tune
-    }
+    // The default, a full fine-tune; the final model also keeps how it was made (its card's Training section).
+    expect(fs.readdirSync(path.join(out, 'weights', 'step-0000001')).sort()).toEqual(['config.json', 'model.safetensors', 'norm_stats.json']);
+    expect(fs.readdirSync(path.join(out, 'weights', 'final')).sort()).toEqual(['config.json', 'model.safetensors', 'norm_stats.json', 'vela_training.json']);
+    expect(JSON.parse(fs.readFileSync(path.join(out, 'weights', 'final', 'vela_training.json'), 'utf8'))).toMatchObject({ job_id: null, recipe: { steps: 2 } });
     expect(fs.existsSync(path.join(out, 'states'))).toBe(false);
     expect(fs.existsSync(path.join(out, 'resume.json'))).toBe(false);
     expect(finetuneLog).toContain(`checkpoint written at step 1: weights in ${path.join(out, 'weights', 'step-0000001')} (eval_loss `);

@@ -73,13 +73,13 @@ describe('a sidecar-API Python client', () => {
     const done = data.at(-1);
     expect(done.final_loss).toBe(progress.at(-1).loss);
     expect(done.model.path).toBe(`trained/${seen.job_start.job.job_id}`);
-    expect(done.model.files.map((f: any) => f.path).sort()).toEqual(['config.json', 'model.safetensors', 'norm_stats.json']); // the recipe's full fine-tune
+    expect(done.model.files.map((f: any) => f.path).sort()).toEqual(['config.json', 'model.safetensors', 'norm_stats.json', 'vela_training.json']); // the recipe's full fine-tune
     expect(seen.resumed_from_3.map((e: any) => e.id)).toEqual(seen.events.slice(3).map((e: any) => e.id));
     expect(seen.progress).toEqual([200, { progress: data }]);
   });
 
   it('downloads every file of the trained model with the recorded size and sha256; refuses escapes', () => {
-    expect(seen.files).toHaveLength(3); // config.json, model.safetensors, norm_stats.json
+    expect(seen.files).toHaveLength(4); // config.json, model.safetensors, norm_stats.json, vela_training.json
     for (const f of seen.files) expect(f).toMatchObject({ status: 200, content_type: 'application/octet-stream', size_ok: true, sha256_ok: true });
     expect(seen.file_errors).toEqual({ escape: 400, absolute: 400, bad_model_path: 400, missing: 404 });
   });

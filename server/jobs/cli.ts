@@ -12,6 +12,7 @@ import { DatasetError, openDataset } from '../datasets/index.ts';
 import { FieldError, parseFineTuneConfig, type FineTuneConfig, type MemoryPlanNote } from './config.ts';
 import { RECIPE, defaultFinetune, defaultLora } from '../recipes.ts';
 import { noEvaluationReason, prepareRun, runFineTune, writeJsonAtomic } from './train.ts';
+import { trainingRecord, writeTrainingRecord } from './record.ts';
 import { engineModelOf, planFineTune, realEngineModel } from './base.ts';
 import { isRealModel } from '../models/bases.ts';
 import { tokenizerFileFor } from '../models/layout.ts';
@@ -343,6 +344,8 @@ export async function finetuneCommand(argv: string[]): Promise<void> {
         }
       },
     });
+    // What `vela models upload` of the model writes its card's Training section from.
+    if (result.status === 'succeeded') for (const dir of new Set([result.modelDir ?? result.outputDir!, result.outputDir!])) await writeTrainingRecord(dir, trainingRecord(null, cfg, lastEval));
     process.stderr.write(`${tty ? '\n' : ''}${result.status} after ${result.step} steps in ${fmtDuration((Date.now() - started) / 1000)}; ${result.outputDir ? `weights in ${result.outputDir}` : 'no final weights'}\n`);
     const kept = fs.existsSync(path.join(outDir, 'weights')) ? fs.readdirSync(path.join(outDir, 'weights')).filter((n) => n.startsWith('step-')).sort() : [];
     if (kept.length > 0) process.stderr.write(`checkpoints kept in ${path.join(outDir, 'weights')}: ${kept.join(', ')}\n`);

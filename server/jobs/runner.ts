@@ -23,7 +23,8 @@ import { parseEngineModel } from '../engine/model-key.ts';
 import { engineModelOf, planFineTune, realEngineModel } from './base.ts';
 import { fetchDataset, isHubDatasetId, throttledProgress } from './fetch.ts';
 import { runFineTune } from './train.ts';
-import { resolveWriteToken, uploadModel } from '../models/upload.ts';
+import { resolveWriteToken, TRAINING_RECORD, uploadModel } from '../models/upload.ts';
+import { trainingRecord, writeTrainingRecord } from './record.ts';
 import { openDataset, type Dataset } from '../datasets/index.ts';
 import { LocalQueue, type JobQueue, type RunOutcome } from './queue.ts';
 
@@ -213,12 +214,12 @@ export class JobRunner {
    * upload is a `log` record with the error; the job still succeeds (its model is on the server:
    * `vela models upload` can send it again).
    */
-  private async pushToHub(id: string, repoId: string, dir: string, card: string[]): Promise<void> {
+  private async pushToHub(id: string, repoId: string, dir: string): Promise<void> {
     await this.emit(id, 'log', { message: `uploading the model to the Hub repo ${repoId}`, stage: 'push', repo_id: repoId });
     try {
       const token = resolveWriteToken(undefined);
       if (!token) throw new Error('this server has no Hub write token (HF_TOKEN) any more');
-      const r = await uploadModel({ dir, repoId, token, endpoint: process.env.HF_ENDPOINT || undefined, card });
+      const r = await uploadModel({ dir, repoId, token, endpoint: process.env.HF_ENDPOINT || undefined });
       await this.emit(id, 'log', { message: `uploaded to ${repoId} at commit ${r.commit}: ${r.files.length} files`, stage: 'push', repo_id: repoId, commit: r.commit, files: r.files.length, created: r.created });
     } catch (e) {
       await this.emit(id, 'log', { message: `the upload to ${repoId} failed: ${redactPaths((e as Error).message)}; the model stays on the server (vela models upload sends it again)`, stage: 'push', repo_id: repoId, error: redactPaths((e as Error).message) });
@@ -316,7 +317,14 @@ export class JobRunner {
       if (result.status === 'cancelled' && mustStop() && !(await this.store.getJob(id))?.cancel_requested) return await this.handOff(id, result.step);
       if (result.status === 'cancelled') await this.finish(id, 'cancelled', { error: `cancelled at step ${result.step}` });
       else {
-        if (cfg.push_to_hub) await this.pushToHub(id, cfg.push_to_hub, result.modelDir ?? result.outputDir!, jobCard(id, cfg, lastEval));
+        const modelDir = result.modelDir ?? result.outputDir!;
+        // The model is whole without it: a record that cannot be written is said, not a failed job.
+        const record = trainingRecord(id, cfg, lastEval);
+        for (const dir of new Set([modelDir, result.outputDir!])) {
+          await writeTrainingRecord(dir, record).catch((e) =>
+            this.emit(id, 'log', { message: `${TRAINING_RECORD} (the model card's training facts) was not written: ${redactPaths((e as Error).message)}` }));
+        }
+        if (cfg.push_to_hub) await this.pushToHub(id, cfg.push_to_hub, modelDir);
         await this.finish(id, 'succeeded', { output_dir: result.outputDir!, ...(result.modelDir ? { model_dir: result.modelDir } : {}) });
       }
     } catch (e) {
@@ -419,23 +427,4 @@ function ownedDatasetDir(config: ServerConfig, owner: string, name: string, fiel
   const dir = datasetDirFor(config, owner, name, field);
   if (!dir) throw new Error(`${field} "${name}" not found: it is no longer among this key's uploads or under the datasets root`);
   return dir;
-}
-
-/**
- * The model card's lines about the job that made a model (`push_to_hub`): its recipe as the
- * server ran it and its last held-out evaluation (PROTOCOL.md section 1's `eval_*` numbers), or
- * that none was run.
- */
-function jobCard(id: string, cfg: FineTuneConfig, lastEval: Record<string, unknown> | null): string[] {
-  const held = cfg.eval_dataset ? `every episode of ${cfg.eval_dataset}` : cfg.eval_episodes ? `episodes ${cfg.eval_episodes.join(', ')}` : cfg.eval_fraction > 0 ? `a seeded ${cfg.eval_fraction} of the episodes` : 'none';
-  const n = (v: unknown) => (typeof v === 'number' ? String(Number(v.toPrecision(4))) : 'n/a');
-  return [
-    `Fine-tuned by the Vela job ${id}:`,
-    '',
-    `- model: ${cfg.model}${cfg.base ? ` from ${cfg.base}` : ''}; dataset: ${cfg.dataset_name}; held out: ${held}`,
-    `- recipe: ${cfg.finetune}${cfg.finetune === 'lora' ? ` (rank ${cfg.lora_rank}, alpha ${cfg.lora_alpha})` : ''}, ${cfg.steps} steps, batch ${cfg.batch_size}, learning rate ${cfg.learning_rate} (warm-up ${cfg.warmup_steps}, cosine to ${cfg.lr_floor}x), AdamW weight decay ${cfg.weight_decay}, EMA ${cfg.ema_decay}, seed ${cfg.seed}`,
-    lastEval
-      ? `- held-out evaluation at step ${lastEval.step}: eval_mse ${n(lastEval.eval_mse)} (normalised), ${n(lastEval.eval_ratio_hold_state)}x the hold-the-state baseline, ${n(lastEval.eval_ratio_mean_chunk)}x the mean-chunk baseline, on ${lastEval.eval_frames ?? 'n/a'} frames`
-      : '- held-out evaluation: none was run (nothing held out)',
-  ];
 }

@@ -4,7 +4,8 @@
  * protocol (preupload, git-lfs batch, LFS PUTs, the NDJSON commit) and skips LFS objects the hub
  * already holds, so uploading the same folder again sends no weights. What is here: which files
  * go (every file under the folder, recursively, but `.git/` and `.cache/` at its top, as
- * huggingface_hub's upload_folder leaves them out), a model card when the folder has none, the
+ * huggingface_hub's upload_folder leaves them out), a model card when the folder has none (with
+ * its Training section from the job's `vela_training.json` where a Vela job made it), the
  * token's sources, and the hub's refusals in the models layer's words (ModelError).
  */
 import fs from 'node:fs';
@@ -91,6 +92,68 @@ export function modelCard(repoId: string, config: Record<string, unknown> | null
   ].join('\n');
 }
 
+/** The file a Vela job writes into its model's folder: how the model was made (TrainingRecord). */
+export const TRAINING_RECORD = 'vela_training.json';
+
+/**
+ * How a Vela fine-tune made a model, as its job wrote it (`vela_training.json`, beside the
+ * weights) when it succeeded: what the model card's Training section is written from, by a job's
+ * `push_to_hub` and by a later `vela models upload` of the same folder alike. Numbers as the
+ * server ran them (units: learning rates per step, decays per step; `eval_*` as in PROTOCOL.md
+ * section 1: normalised MSE and its ratios to two baselines).
+ */
+export interface TrainingRecord {
+  /** The server job's id; null for a local `vela finetune` run. */
+  job_id: string | null;
+  model: string;
+  /** The base checkpoint trained from, as the job named it; null for a model trained from its init. */
+  base: string | null;
+  dataset_name: string;
+  /** What was held out for evaluation, in words ("none" when nothing was). */
+  held_out: string;
+  recipe: {
+    finetune: string;
+    lora_rank: number | null;
+    lora_alpha: number | null;
+    steps: number;
+    batch_size: number;
+    learning_rate: number;
+    warmup_steps: number;
+    lr_floor: number;
+    weight_decay: number;
+    ema_decay: number | null;
+    seed: number;
+  };
+  /** The last held-out evaluation; null when none was run. */
+  held_out_eval: { step: number; eval_mse: number; eval_ratio_hold_state: number | null; eval_ratio_mean_chunk: number | null; eval_frames: number | null } | null;
+}
+
+/** The card's Training section (markdown lines) from a job's TrainingRecord. */
+export function trainingCard(r: TrainingRecord): string[] {
+  const n = (v: unknown) => (typeof v === 'number' ? String(Number(v.toPrecision(4))) : 'n/a');
+  const c = r.recipe;
+  const e = r.held_out_eval;
+  return [
+    `Fine-tuned by ${r.job_id ? `the Vela job ${r.job_id}` : 'a local `vela finetune` run'}:`,
+    '',
+    `- model: ${r.model}${r.base ? ` from ${r.base}` : ''}; dataset: ${r.dataset_name}; held out: ${r.held_out}`,
+    `- recipe: ${c.finetune}${c.finetune === 'lora' ? ` (rank ${c.lora_rank}, alpha ${c.lora_alpha})` : ''}, ${c.steps} steps, batch ${c.batch_size}, learning rate ${c.learning_rate} (warm-up ${c.warmup_steps}, cosine to ${c.lr_floor}x), AdamW weight decay ${c.weight_decay}, EMA ${c.ema_decay}, seed ${c.seed}`,
+    e
+      ? `- held-out evaluation at step ${e.step}: eval_mse ${n(e.eval_mse)} (normalised), ${n(e.eval_ratio_hold_state)}x the hold-the-state baseline, ${n(e.eval_ratio_mean_chunk)}x the mean-chunk baseline, on ${e.eval_frames ?? 'n/a'} frames`
+      : '- held-out evaluation: none was run (nothing held out)',
+  ];
+}
+
+/** The folder's TrainingRecord, or null when it has none (or one this version cannot read). */
+export function readTrainingRecord(dir: string): TrainingRecord | null {
+  try {
+    const r = JSON.parse(fs.readFileSync(path.join(dir, TRAINING_RECORD), 'utf8')) as TrainingRecord;
+    return (typeof r?.job_id === 'string' || r?.job_id === null) && typeof r.model === 'string' && r.recipe && typeof r.recipe === 'object' ? r : null;
+  } catch {
+    return null;
+  }
+}
+
 export interface ModelUploadOptions {
   /** The checkpoint folder. */
   dir: string;
@@ -106,8 +169,6 @@ export interface ModelUploadOptions {
   private?: boolean;
   /** Progress lines (no newline), for stderr. */
   onLine?: (line: string) => void;
-  /** Lines of the card's Training section, when the uploader knows how the model was made (a job's push_to_hub). */
-  card?: string[];
 }
 
 export interface ModelUploadResult {
@@ -147,7 +208,8 @@ export async function uploadModel(opts: ModelUploadOptions): Promise<ModelUpload
     } catch {
       // No card facts then: the card says unknown.
     }
-    files.push({ path: 'README.md', content: new Blob([modelCard(repoId, config, opts.card)]) });
+    const record = readTrainingRecord(dir);
+    files.push({ path: 'README.md', content: new Blob([modelCard(repoId, config, record ? trainingCard(record) : undefined)]) });
     cardAdded = true;
   }
   const refused = (e: unknown, what: string): ModelError => {

@@ -17,6 +17,13 @@ export class NodeProc {
     this.exited = new Promise((resolve) => (child.exitCode !== null || child.signalCode !== null ? resolve() : child.once('exit', () => resolve())));
   }
 
+  /** Whether it still runs (or how it ended) and the tail of its stderr: for a failing test's message. */
+  report(chars = 3000): string {
+    const { exitCode, signalCode } = this.child;
+    const state = exitCode === null && signalCode === null ? 'running' : `exited (${exitCode ?? signalCode})`;
+    return `node at ${this.baseUrl}: ${state}; stderr (tail):\n${this.stderr.slice(-chars)}`;
+  }
+
   /** Start `vela serve` with `env` (over the parent's); resolves once it listens. */
   static start(env: Record<string, string>, timeoutMs = 120_000): Promise<NodeProc> {
     const child = spawn(process.execPath, [path.join(ROOT, 'bin/vela.js'), 'serve'], {
