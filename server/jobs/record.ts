@@ -3,8 +3,7 @@
  * server/models/upload.ts): written by a server job and by `vela finetune` when they succeed, read
  * by `vela models upload` and a job's `push_to_hub` for the model card's Training section.
  */
-import fs from 'node:fs';
-import path from 'node:path';
+import { atomicWrite } from '../models/norm-stats.ts';
 import { TRAINING_RECORD, type TrainingRecord } from '../models/upload.ts';
 import type { FineTuneConfig } from './config.ts';
 
@@ -42,10 +41,7 @@ export function trainingRecord(id: string | null, cfg: FineTuneConfig, lastEval:
   };
 }
 
-/** Writes `record` as `dir`/TRAINING_RECORD atomically (a temporary file renamed over it). */
+/** Writes `record` as `dir`/TRAINING_RECORD atomically and fsynced. @throws CheckpointError `io`. */
 export async function writeTrainingRecord(dir: string, record: TrainingRecord): Promise<void> {
-  const file = path.join(dir, TRAINING_RECORD);
-  const tmp = `${file}.${process.pid}.tmp`;
-  await fs.promises.writeFile(tmp, `${JSON.stringify(record, null, 2)}\n`);
-  await fs.promises.rename(tmp, file);
+  await atomicWrite(dir, TRAINING_RECORD, `${JSON.stringify(record, null, 2)}\n`);
 }

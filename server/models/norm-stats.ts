@@ -294,8 +294,11 @@ async function finishJson(dir: string, found: { stats: NormStatsSet; source: str
   return { stats: found.stats, mode, source: found.source, filled: [], convention: 'openpi', eps: LEROBOT_NORM_EPS };
 }
 
-/** Writes `data` as `dir/name` through a temporary name and a rename, fsynced. */
-async function atomicWrite(dir: string, name: string, data: Uint8Array | string): Promise<void> {
+/**
+ * Writes `data` as `dir/name` through a temporary name and a rename, fsynced (a crash leaves the
+ * old file or the new one, never a part). @throws CheckpointError `io`, naming the file.
+ */
+export async function atomicWrite(dir: string, name: string, data: Uint8Array | string): Promise<void> {
   const tmp = path.join(dir, `.${name}.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
   try {
     const fh = await open(tmp, 'wx');
