@@ -5,6 +5,7 @@ Environment: VELA_URL, VELA_API_KEY, VELA_DATASET (a LeRobot dataset name the se
 
 import os
 import socket
+import sys
 import threading
 
 import numpy as np
@@ -261,3 +262,34 @@ def test_action_queue_splices_at_the_executed_count():
     s = q.push(chunk + 100, c2)
     assert s == vela.Splice(2, 1, 3)  # one action ran since the capture: the new chunk starts at row 1
     np.testing.assert_array_equal(q.pop(), [102, 103])
+
+
+def zstd_frame_dictionary_id(frame):
+    """The Dictionary_ID of a zstd frame's header (RFC 8878 section 3.1.1.1), read here by hand, not by zstandard."""
+    assert frame[:4] == b"\x28\xb5\x2f\xfd", frame[:8].hex()
+    fhd = frame[4]
+    size = (0, 1, 2, 4)[fhd & 3]
+    at = 5 + (0 if (fhd >> 5) & 1 else 1)  # a window descriptor byte unless the frame is single-segment
+    return int.from_bytes(frame[at:at + size], "little")
+
+
+def test_policy_observations_compressed_with_the_servers_dictionary(monkeypatch):
+    url = os.environ["VELA_POLICY_URL"].rstrip("/") + "/?seed=11"
+    obs = {"observation/cam_high": np.zeros((48, 64, 3), np.uint8), "observation/state": np.full(26, 0.05, np.float32), "prompt": "pick"}
+    with vela.WebsocketClientPolicy(url, wait_ready=True, ready_timeout=120) as plain:
+        expected = plain.infer(obs)["actions"]
+    with vela.WebsocketClientPolicy(url, zstd=True) as packed:
+        meta = packed.get_server_metadata()
+        assert packed.zstd_dictionary_id == meta["zstd_dictionary_id"] == meta["zstd_dictionary_ids"][0]
+        sent = []
+        send = packed._ws.send
+        packed._ws.send = lambda body: (sent.append(body), send(body))[1]
+        got = packed.infer(obs)["actions"]
+    # The same request (the first of a connection with ?seed=11) draws the same noise: the same actions, bit for bit.
+    np.testing.assert_array_equal(got, expected)
+    assert len(sent) == 1 and zstd_frame_dictionary_id(sent[0]) == meta["zstd_dictionary_id"]
+    assert len(sent[0]) < len(vela.packb(obs)) // 4  # a zero frame: the dictionary and level 1 shrink it
+    # Without the optional package: one clear line, before anything connects.
+    monkeypatch.setitem(sys.modules, "zstandard", None)
+    with pytest.raises(ImportError, match="pip install zstandard"):
+        vela.WebsocketClientPolicy("ws://127.0.0.1:1", zstd=True)
