@@ -101,7 +101,8 @@ class TrainingSession:
         self._reader: Optional[threading.Thread] = None
         self._open()
         last = self.info.get("last_request_id")
-        self._next_id = last + 1 if isinstance(last, int) and not isinstance(last, bool) and last >= 0 else 1
+        # Past the last answered id, so that ids do not repeat a client's before (a string id or one near 2^63 starts again at 1).
+        self._next_id = last + 1 if isinstance(last, int) and not isinstance(last, bool) and 0 <= last < 2 ** 62 else 1
 
     # -- the connection ------------------------------------------------------------------------
 
