@@ -5,6 +5,7 @@ Environment: VELA_URL, VELA_API_KEY, VELA_DATASET (a LeRobot dataset name the se
 
 import os
 import socket
+import sys
 import threading
 
 import numpy as np
@@ -261,3 +262,102 @@ def test_action_queue_splices_at_the_executed_count():
     s = q.push(chunk + 100, c2)
     assert s == vela.Splice(2, 1, 3)  # one action ran since the capture: the new chunk starts at row 1
     np.testing.assert_array_equal(q.pop(), [102, 103])
+
+
+def zstd_frame_dictionary_id(frame):
+    """The Dictionary_ID of a zstd frame's header (RFC 8878 section 3.1.1.1), read here by hand, not by zstandard."""
+    assert frame[:4] == b"\x28\xb5\x2f\xfd", frame[:8].hex()
+    fhd = frame[4]
+    size = (0, 1, 2, 4)[fhd & 3]
+    at = 5 + (0 if (fhd >> 5) & 1 else 1)  # a window descriptor byte unless the frame is single-segment
+    return int.from_bytes(frame[at:at + size], "little")
+
+
+def test_policy_observations_compressed_with_the_servers_dictionary(monkeypatch):
+    url = os.environ["VELA_POLICY_URL"].rstrip("/") + "/?seed=11"
+    obs = {"observation/cam_high": np.zeros((48, 64, 3), np.uint8), "observation/state": np.full(26, 0.05, np.float32), "prompt": "pick"}
+    with vela.WebsocketClientPolicy(url, wait_ready=True, ready_timeout=120) as plain:
+        expected = plain.infer(obs)["actions"]
+    with vela.WebsocketClientPolicy(url, zstd=True) as packed:
+        meta = packed.get_server_metadata()
+        assert packed.zstd_dictionary_id == meta["zstd_dictionary_id"] == meta["zstd_dictionary_ids"][0]
+        sent = []
+        send = packed._ws.send
+        packed._ws.send = lambda body: (sent.append(body), send(body))[1]
+        got = packed.infer(obs)["actions"]
+    # The same request (the first of a connection with ?seed=11) draws the same noise: the same actions, bit for bit.
+    np.testing.assert_array_equal(got, expected)
+    assert len(sent) == 1 and zstd_frame_dictionary_id(sent[0]) == meta["zstd_dictionary_id"]
+    assert len(sent[0]) < len(vela.packb(obs)) // 4  # a zero frame: the dictionary and level 1 shrink it
+    # Without the optional package: one clear line, before anything connects.
+    monkeypatch.setitem(sys.modules, "zstandard", None)
+    with pytest.raises(ImportError, match="pip install zstandard"):
+        vela.WebsocketClientPolicy("ws://127.0.0.1:1", zstd=True)
+
+
+def settled(futures):
+    """Each future's outcome: its result, or the exception it failed with."""
+    out = []
+    for f in futures:
+        try:
+            out.append(f.result(timeout=120))
+        except vela.VelaError as e:
+            out.append(e)
+    return out
+
+
+def test_takeover_fails_the_old_connections_futures(client):
+    with client.training_session(base_model="flow05-tiny", action_horizon=H, seed=0) as first:
+        assert first.forward_backward([datum(20)]).result(timeout=120)["loss"] > 0
+        assert first.optim_step(learning_rate=1e-3).result(timeout=60)["skipped"] is False
+        answered = first.forward_backward([datum(21)])
+        answered.result(timeout=120)
+        last_answered = answered.request_id
+        # Still running when the second client connects (an eager 30-step sample: ~1 s), so its answer has no one to go to.
+        running = first.sample([datum(22, actions=False)], num_steps=30, seed=1)
+        with client.training_session(session_id=first.id) as second:
+            assert second.info["last_request_id"] == last_answered
+            for f in (running, first.forward_backward([datum(23)])):
+                with pytest.raises(vela.TakenOverError) as e:
+                    f.result(timeout=60)
+                assert e.value.close_code == 4001 and e.value.reason == "taken over by a new connection to the same session"
+                assert e.value.code == "taken_over"
+            # The second connection's op runs after the first's sample, on the session as the first left it:
+            # the gradient of datum 21 is still pending beside its own.
+            assert second.forward_backward([datum(24)]).result(timeout=120)["loss"] > 0
+            s = client.get_session(first.id)
+            assert s["pending_gradients"] == 2 and s["last_op"]["op"] == "forward_backward" and s["connected"] is True
+            assert second.optim_step(learning_rate=1e-3).result(timeout=60)["skipped"] is False
+
+
+def test_reconnect_after_a_cut_settles_every_pipelined_future(client):
+    with client.training_session(base_model="flow05-tiny", action_horizon=H, seed=0, auto_reconnect=True) as s:
+        s.forward_backward([datum(30)]).result(timeout=120)
+        s.abort_gradient_epoch().result(timeout=60)
+        ops_before = client.get_session(s.id)["ops_count"]
+        futures = [s.forward_backward([datum(31)]), s.sample([datum(32, actions=False)], num_steps=30, seed=2), s.forward_backward([datum(33)]),
+                   s.optim_step(learning_rate=1e-3)]
+        futures[0].result(timeout=120)  # the server is reading: the three after it are on the server, behind the ~1 s sample
+        s._ws.socket.shutdown(socket.SHUT_RDWR)  # the socket cut under the client, no close frame
+        futures.append(s.forward_backward([datum(34)]))  # after the cut: it never reaches that connection
+        out = settled(futures)
+        lost = [isinstance(o, vela.AnswerLostError) for o in out]
+        # Ran with their answers lost: the ones behind the sample (the optim_step surely); sent again: the one after the cut.
+        assert lost[3] and not lost[0] and not lost[4] and lost[1:4] == sorted(lost[1:4]), out
+        assert all(isinstance(o, (dict, vela.AnswerLostError)) for o in out), out
+        assert all(o.close_code == 1006 and o.request_id == f.request_id for o, f in zip(out, futures) if isinstance(o, vela.AnswerLostError))
+        assert out[4]["loss"] > 0 and s.reconnects == 1
+        # Each request ran exactly once (none lost, none twice), so the session is as five in a row leave it:
+        # one gradient pending, the one of datum 34 after the optim_step.
+        after = client.get_session(s.id)
+        assert after["ops_count"] - ops_before == 5 and after["pending_gradients"] == 1
+        assert after["last_op"]["id"] == futures[4].request_id
+
+        # reconnect() by hand with requests in flight settles them the same way; a request made meanwhile waits its turn.
+        pending = [s.forward_backward([datum(35)]), s.optim_step(learning_rate=1e-3)]
+        s.reconnect()
+        pending.append(s.forward_backward([datum(36)]))
+        out = settled(pending)
+        assert all(isinstance(o, (dict, vela.AnswerLostError)) for o in out[:2]) and out[2]["loss"] > 0, out
+        after = client.get_session(s.id)
+        assert after["ops_count"] - ops_before == 8 and after["pending_gradients"] == 1 and s.reconnects == 2

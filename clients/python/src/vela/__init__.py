@@ -8,16 +8,16 @@
 
 from .client import FineTunes, Vela
 from .datasets import Datasets
-from .errors import (AuthenticationError, BadRequestError, ConflictError, ConnectionClosedError, InsufficientMemoryError, NotFoundError,
-                     RateLimitError, ServerError, TooLargeError, VelaError)
+from .errors import (AnswerLostError, AuthenticationError, BadRequestError, ConflictError, ConnectionClosedError, InsufficientMemoryError,
+                     NotFoundError, RateLimitError, ServerError, TakenOverError, TooLargeError, VelaError)
 from .policy import WebsocketClientPolicy, wait_policy_ready
 from .rtc import ActionQueue, Capture, RealTimeChunking, Splice
-from .session import TrainingSession
+from .session import RequestFuture, TrainingSession
 from .wire import packb, unpackb
 
 __all__ = [
-    "Vela", "FineTunes", "Datasets", "TrainingSession", "WebsocketClientPolicy", "wait_policy_ready", "RealTimeChunking", "ActionQueue", "Capture", "Splice", "packb", "unpackb",
+    "Vela", "FineTunes", "Datasets", "TrainingSession", "RequestFuture", "WebsocketClientPolicy", "wait_policy_ready", "RealTimeChunking", "ActionQueue", "Capture", "Splice", "packb", "unpackb",
     "VelaError", "BadRequestError", "AuthenticationError", "NotFoundError", "ConflictError", "TooLargeError",
-    "InsufficientMemoryError", "RateLimitError", "ServerError", "ConnectionClosedError",
+    "InsufficientMemoryError", "RateLimitError", "ServerError", "ConnectionClosedError", "TakenOverError", "AnswerLostError",
 ]
 __version__ = "0.1.0"

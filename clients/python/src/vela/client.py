@@ -85,21 +85,26 @@ class Vela:
                 raise VelaError("timeout", f"session {session_id} still starting after {timeout} s")
             time.sleep(poll)
 
-    def training_session(self, *, codec: str = "RAW", session_id: Optional[str] = None, close_on_exit: Optional[bool] = None, **fields: Any) -> TrainingSession:
+    def training_session(self, *, codec: str = "RAW", session_id: Optional[str] = None, close_on_exit: Optional[bool] = None, auto_reconnect: bool = False,
+                         reconnect_timeout: float = 600.0, **fields: Any) -> TrainingSession:
         """A connected :class:`TrainingSession`: a new one made from ``fields``, or the open ``session_id`` taken over.
 
+        Taking over closes the session's current connection (4001: its futures fail with
+        :class:`~vela.TakenOverError`); its requests still run, before this connection's.
+        ``auto_reconnect`` reconnects on a dropped connection (:meth:`TrainingSession.reconnect`).
         As a context manager it closes the session on exit when it made it (``close_on_exit``
         overrides), and only disconnects from one it took over.
         """
+        opts = {"codec": codec, "auto_reconnect": auto_reconnect, "reconnect_timeout": reconnect_timeout}
         if session_id is not None:
             if fields:
                 raise ValueError(f"session_id takes over an open session; it takes no fields ({', '.join(fields)})")
             s = self.wait_session(session_id)
-            return TrainingSession(self, s, codec=codec, close_on_exit=bool(close_on_exit))
+            return TrainingSession(self, s, close_on_exit=bool(close_on_exit), **opts)
         created = self.create_session(**fields)
         try:
             s = self.wait_session(created["id"])
-            return TrainingSession(self, s, codec=codec, close_on_exit=True if close_on_exit is None else close_on_exit)
+            return TrainingSession(self, s, close_on_exit=True if close_on_exit is None else close_on_exit, **opts)
         except BaseException:
             try:
                 self.close_session(created["id"])

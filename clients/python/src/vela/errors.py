@@ -68,11 +68,29 @@ class ServerError(VelaError):
 
 
 class ConnectionClosedError(VelaError):
-    """The websocket closed before the answer came (``code`` is ``"closed"``; ``close_code`` the websocket's)."""
+    """The websocket closed before the answer came (``code`` is ``"closed"``; ``close_code`` and ``reason`` the websocket's close frame's)."""
 
-    def __init__(self, message: str, close_code: Optional[int] = None):
-        super().__init__("closed", message)
+    def __init__(self, message: str, close_code: Optional[int] = None, *, reason: Optional[str] = None, code: str = "closed", request_id: Any = None):
+        super().__init__(code, message, request_id=request_id)
         self.close_code = close_code
+        self.reason = reason
+
+
+class TakenOverError(ConnectionClosedError):
+    """Another connection took the training session over (close ``4001``, reason ``taken over by a new connection ...``; ``code`` ``"taken_over"``).
+
+    The requests this connection had sent still run on the server, in order, but their answers go
+    nowhere; the session is the new connection's. ``session.reconnect()`` takes it back.
+    """
+
+
+class AnswerLostError(ConnectionClosedError):
+    """A request ran on the server but its answer was lost with the connection (``code`` ``"answer_lost"``).
+
+    Its effect is in the session (a ``forward_backward``'s gradient is accumulated, an
+    ``optim_step`` applied) and it is not sent again; what it answered (a result or an error) is
+    unknown. After a lost ``optim_step`` read the session's state, or ``load_state`` the last one.
+    """
 
 
 _BY_STATUS = {400: BadRequestError, 422: BadRequestError, 401: AuthenticationError, 403: AuthenticationError, 404: NotFoundError,

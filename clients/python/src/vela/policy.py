@@ -6,11 +6,17 @@
     out = policy.infer({"observation/cam_high": frame, "observation/state": state, "prompt": "pick"})
     out["actions"]                 # float32 [action_horizon, action_dim], the robot's units
 
-As openpi's: ``Authorization: Api-Key <key>``, no compression, no size limit, metadata first, and
-a text frame from the server is an error (raised here as :class:`~vela.VelaError`; the server
-then closes the connection and the next ``infer`` reconnects). ``wait_ready=True`` polls
+As openpi's: ``Authorization: Api-Key <key>``, no websocket compression, no size limit, metadata
+first, and a text frame from the server is an error (raised here as :class:`~vela.VelaError`; the
+server then closes the connection and the next ``infer`` reconnects). ``wait_ready=True`` polls
 ``/healthz`` so a robot starts when the policy's graphs are traced (its first answer then as fast
 as its later ones).
+
+``zstd=True`` sends each packed observation as one zstd frame (level 1) made with the server's
+dictionary (section 6 item 2; ``pip install zstandard``): the dictionary is fetched once from
+``GET /v1/observation.zdict`` on the websocket's host (the metadata's ``zstd_dictionary_path``;
+``vela policy`` asks for its key there, the main server for none) and its id must be the
+metadata's ``zstd_dictionary_id``. Raw camera frames shrink several times; the answer is the same.
 """
 
 from __future__ import annotations
@@ -37,10 +43,17 @@ class WebsocketClientPolicy:
             first ``infer`` is as fast as the later ones.
         open_timeout: seconds to wait for the server on connect (openpi waits forever; a robot
             script should rather learn it).
+        zstd: compress each observation with the server's zstd dictionary (needs ``zstandard``).
+
+    Attributes:
+        zstd_dictionary_id: the id of the dictionary the observations are compressed with (None without ``zstd``).
+
+    @raises ImportError: ``zstd=True`` without the zstandard package.
+    @raises VelaError: ``zstd=True`` on a server that names no dictionary, or whose dictionary's id is not its metadata's.
     """
 
     def __init__(self, host: str = "0.0.0.0", port: Optional[int] = None, api_key: Optional[str] = None, *, open_timeout: float = 30.0,
-                 wait_ready: bool = False, ready_timeout: float = 600.0):
+                 wait_ready: bool = False, ready_timeout: float = 600.0, zstd: bool = False):
         uri = host if host.startswith(("ws://", "wss://")) else f"ws://{host}"
         if port is not None:
             uri += f":{port}"
@@ -49,9 +62,43 @@ class WebsocketClientPolicy:
         self._open_timeout = open_timeout
         self._ws: Any = None
         self._metadata: Dict[str, Any] = {}
+        self._compressor: Any = None
+        self.zstd_dictionary_id: Optional[int] = None
+        if zstd:
+            # Before anything connects: a missing package is the caller's to fix, not a network error.
+            self._zstandard = _import_zstandard()
         if wait_ready:
             wait_policy_ready(uri, api_key, timeout=ready_timeout)
         self._connect()
+        if zstd:
+            self._load_dictionary()
+
+    def _load_dictionary(self) -> None:
+        zstandard = self._zstandard
+        wanted = self._metadata.get("zstd_dictionary_id")
+        if not isinstance(wanted, int):
+            raise VelaError("no_dictionary", f"{self._uri} names no zstd_dictionary_id in its metadata: it takes no zstd observations (use zstd=False)")
+        parts = urlsplit(self._uri)
+        path = self._metadata.get("zstd_dictionary_path") or "/v1/observation.zdict"
+        url = urlunsplit(("https" if parts.scheme == "wss" else "http", parts.netloc, path, "", ""))
+        # `vela policy` checks its key on this route (either scheme); the main server serves it to anyone.
+        headers = {"Authorization": f"Api-Key {self._api_key}"} if self._api_key else {}
+        res = httpx.get(url, headers=headers, timeout=self._open_timeout)
+        if res.status_code != 200:
+            raise VelaError(str(res.status_code), f"GET {url}: {res.text}", status=res.status_code)
+        dictionary = zstandard.ZstdCompressionDict(res.content, dict_type=zstandard.DICT_TYPE_FULLDICT)
+        got = dictionary.dict_id()
+        if got != wanted:
+            raise VelaError("dictionary_mismatch", f"GET {url} served the zstd dictionary of id {got}; the metadata's zstd_dictionary_id is {wanted}: "
+                            "the frames would be refused (1011 zstd dictionary mismatch)")
+        # Level 1 as the protocol says; the frame declares its content size (the server bounds it before decoding) and the dictionary's id.
+        self._compressor = zstandard.ZstdCompressor(level=1, dict_data=dictionary, write_content_size=True, write_dict_id=True, write_checksum=False)
+        self.zstd_dictionary_id = got
+
+    def encode(self, obs: Dict[str, Any]) -> bytes:
+        """The message ``infer`` sends for ``obs``: msgpack (section 5), as one zstd frame when the policy was made with ``zstd=True``."""
+        body = packb(obs)
+        return self._compressor.compress(body) if self._compressor is not None else body
 
     def _connect(self) -> None:
         headers = {"Authorization": f"Api-Key {self._api_key}"} if self._api_key else None
@@ -65,6 +112,10 @@ class WebsocketClientPolicy:
                     raise
                 time.sleep(0.25)
         self._metadata = unpackb(self._ws.recv(timeout=self._open_timeout))
+        if self._compressor is not None and self._metadata.get("zstd_dictionary_id") != self.zstd_dictionary_id:
+            # A reconnect to a server restarted with another dictionary: frames made with ours would be refused.
+            raise VelaError("dictionary_mismatch", f"{self._uri} now names zstd dictionary {self._metadata.get('zstd_dictionary_id')}; "
+                            f"this client compresses with {self.zstd_dictionary_id}: make a new WebsocketClientPolicy")
 
     def get_server_metadata(self) -> Dict[str, Any]:
         """The handshake's map: what the policy expects and answers (section 6)."""
@@ -79,8 +130,9 @@ class WebsocketClientPolicy:
         if self._ws is None:
             self._connect()
         assert self._ws is not None
+        body = self.encode(obs)
         try:
-            self._ws.send(packb(obs))
+            self._ws.send(body)
             answer = self._ws.recv()
         except ConnectionClosed as e:
             self._ws = None
@@ -103,6 +155,15 @@ class WebsocketClientPolicy:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _import_zstandard() -> Any:
+    try:
+        import zstandard
+    except ImportError as e:
+        raise ImportError("zstd=True compresses observations with the zstandard package: pip install zstandard "
+                          "(or pip install 'vela-client[zstd]')") from e
+    return zstandard
 
 
 def wait_policy_ready(uri: str, api_key: Optional[str] = None, *, timeout: float = 600.0, poll: float = 0.25) -> None:
