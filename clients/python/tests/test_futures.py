@@ -178,3 +178,15 @@ def test_heartbeat_and_context_managers(service, model):
     with pytest.raises(vela.ConnectionClosedError):
         other.health()
     assert service.health() == {"status": "ok"}
+
+    # close() fails a future still polling at once, not when its long poll ends; the model stays open.
+    third = vela.ServiceClient(URL, KEY, heartbeat_interval=None)
+    c = third.create_training_client(model_id="fut-c", **CONFIG)
+    assert third.session_id is None  # no heartbeat: no create_session
+    c.abort_gradient_epoch().result(timeout=60)
+    held = third.submit("abort_gradient_epoch", {"model_id": "fut-c", "seq_id": 2})  # behind the missing seq_id 1
+    wait_for(lambda: held.polls >= 1)
+    third.close()
+    with pytest.raises(vela.ConnectionClosedError):
+        held.result(timeout=5)
+    assert service.call("unload_model", {"model_id": "fut-c"})["status"] == "closed"

@@ -98,6 +98,7 @@ class APIFuture(Future):
         self.seq_id: Optional[int] = None
         self.polls = 0
         self.queue_state_reason: Optional[str] = None
+        self._settled = False
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"
@@ -139,6 +140,9 @@ class ServiceClient:
         self.last_heartbeat: Optional[dict] = None
         self.heartbeat_error: Optional[BaseException] = None
         self._closed = threading.Event()
+        # Futures whose poll is running: close() fails them at once instead of after the long poll's 45 s.
+        self._polling: "set[APIFuture]" = set()
+        self._polling_lock = threading.Lock()
         self._session_lock = threading.Lock()
         self._heartbeat: Optional[threading.Thread] = None
 
@@ -209,6 +213,8 @@ class ServiceClient:
     def _start_polling(self, fut: APIFuture) -> None:
         # A thread per future: each long poll holds its own connection, so a slow op never delays
         # another's answer, and nothing joins them at exit (daemon) when a caller drops a future.
+        with self._polling_lock:
+            self._polling.add(fut)
         threading.Thread(target=self._poll, args=(fut,), name=f"vela-future-{fut.request_id}", daemon=True).start()
 
     def future(self, request_id: str, route: str = "retrieve_future") -> APIFuture:
@@ -222,6 +228,19 @@ class ServiceClient:
         self._start_polling(fut)
         return fut
 
+    def _settle(self, fut: APIFuture, result: Any = None, error: Optional[BaseException] = None) -> None:
+        """Sets ``fut``'s outcome once: the poll's answer, or close()'s error, whichever comes first."""
+        with self._polling_lock:
+            self._polling.discard(fut)
+            first = not fut._settled
+            fut._settled = True
+        if not first:
+            return
+        if error is not None:  # outside the lock: done-callbacks may send more ops
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+
     def _poll(self, fut: APIFuture) -> None:
         body = packb({"request_id": fut.request_id})
         failures = 0
@@ -230,27 +249,25 @@ class ServiceClient:
                 if self._closed.is_set():
                     raise ConnectionClosedError(f"the ServiceClient was closed before {fut.route} {fut.request_id} answered")
                 answer = self._send("POST", "/api/v1/retrieve_future", body, timeout=self._poll_timeout)
-            except httpx.TransportError as e:
+            except Exception as e:
+                if self._closed.is_set():  # close() shut the connections under this poll
+                    return self._settle(fut, error=ConnectionClosedError(f"the ServiceClient was closed before {fut.route} {fut.request_id} answered"))
+                if not isinstance(e, httpx.TransportError):
+                    return self._settle(fut, error=e)
                 # A cut long poll: ask again (retrieve_future only reads); give up on a server that stays away.
                 failures += 1
-                if failures <= 5 and not self._closed.is_set():
+                if failures <= 5:
                     time.sleep(min(2.0, 0.1 * 2 ** failures))
                     continue
-                fut.set_exception(ConnectionClosedError(f"retrieve_future {fut.request_id} failed: {e}"))
-                return
-            except BaseException as e:
-                fut.set_exception(e)
-                return
+                return self._settle(fut, error=ConnectionClosedError(f"retrieve_future {fut.request_id} failed: {e}"))
             failures = 0
             fut.polls += 1
             if isinstance(answer, dict) and answer.get("type") == "try_again":
                 fut.queue_state_reason = answer.get("queue_state_reason")
                 continue
             if isinstance(answer, dict) and "error" in answer and "category" in answer:
-                fut.set_exception(future_error(answer))
-            else:
-                fut.set_result(answer)
-            return
+                return self._settle(fut, error=future_error(answer))
+            return self._settle(fut, answer)
 
     # -- models --------------------------------------------------------------------------------
 
@@ -308,7 +325,7 @@ class ServiceClient:
                 self.last_heartbeat = self.call("session_heartbeat", {"session_id": self.session_id})
                 self.heartbeats += 1
                 self.heartbeat_error = None
-            except (VelaError, httpx.HTTPError) as e:  # a server away for a moment: the next beat tries again
+            except Exception as e:  # a server away for a moment: the next beat tries again (close() ends the loop)
                 self.heartbeat_error = e
 
     def health(self) -> dict:
@@ -330,6 +347,10 @@ class ServiceClient:
     def close(self) -> None:
         """Stops the heartbeat and closes the connections; futures still polling fail with ConnectionClosedError. Models stay open (close them first)."""
         self._closed.set()
+        with self._polling_lock:
+            polling = list(self._polling)
+        for fut in polling:
+            self._settle(fut, error=ConnectionClosedError(f"the ServiceClient was closed before {fut.route} {fut.request_id} answered"))
         if self._heartbeat is not None:
             self._heartbeat.join(timeout=10)
         self._http.close()
