@@ -114,8 +114,8 @@ class ServiceClient:
         timeout: seconds for one submission or management call.
         heartbeat_interval: seconds between heartbeats of the client's models (None or 0: none;
             then a model idle for the server's ``--session-idle-timeout-s`` is closed).
-        submit_retries: times a submission cut by the network is sent again (the same bytes and
-            ``seq_id``, so the server takes it once).
+        submit_retries: times a submission with a ``seq_id`` that the network cut is sent again
+            (the same bytes and ``seq_id``, so the server takes it once).
 
     Attributes:
         session_id: the ``create_session`` id that the heartbeat refreshes (made with the first model; None before).
@@ -185,11 +185,14 @@ class ServiceClient:
         except (TypeError, ValueError) as e:
             fut.set_exception(e)
             return fut
-        self._submit(fut, route, content)
+        self._submit(fut, route, content, retry=body.get("seq_id") is not None)
         return fut
 
-    def _submit(self, fut: APIFuture, route: str, content: bytes) -> bool:
-        """POSTs ``content`` to ``route`` and starts polling ``fut``. @returns whether the server took the request (False: ``fut`` failed)."""
+    def _submit(self, fut: APIFuture, route: str, content: bytes, *, retry: bool = True) -> bool:
+        """POSTs ``content`` to ``route`` and starts polling ``fut``; ``retry`` only with a ``seq_id`` in it (else a resend could run twice).
+
+        @returns whether the server took the request (False: ``fut`` failed).
+        """
         fut.set_running_or_notify_cancel()
         try:
             if self._closed.is_set():
@@ -199,10 +202,10 @@ class ServiceClient:
                     ack = self._send("POST", f"/api/v1/{route}", content)
                     break
                 except httpx.TransportError as e:
-                    if attempt >= self.submit_retries:
+                    if not retry or attempt >= self.submit_retries:
                         raise ConnectionClosedError(f"{route} could not be sent: {e}") from e
                     time.sleep(0.2 * 2 ** attempt)
-        except BaseException as e:  # the future carries it, as a websocket session's op does
+        except Exception as e:  # the future carries it, as a websocket session's op does
             fut.set_exception(e)
             return False
         fut.request_id = ack["request_id"]
