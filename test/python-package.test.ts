@@ -5,7 +5,8 @@
  * 2-episode G1 subset. Every session op, a fine-tune from create to its served policy, an
  * event stream cut by a proxy and resumed with from=, an error of each kind, a session taken
  * over and one reconnected after its socket was cut, and zstd-dictionary observations to
- * `vela policy` are in clients/python/tests/test_vela.py.
+ * `vela policy` are in clients/python/tests/test_vela.py; the futures client (vela.ServiceClient)
+ * in test_futures.py.
  */
 import { execFile } from 'node:child_process';
 import fs from 'node:fs';
@@ -46,7 +47,8 @@ describe.skipIf(missing('the Python package tests', env.reason))('the vela Pytho
   let server: TestServer;
   let policy: PolicyProc;
   beforeAll(async () => {
-    server = await startTestServer({ env: { VELA_DATASETS_DIR: subset.root } });
+    // retrieve_future answers try_again after 0.5 s (not 45): test_futures.py polls a held request through it in a second.
+    server = await startTestServer({ env: { VELA_DATASETS_DIR: subset.root, VELA_FUTURE_WAIT_S: '0.5' } });
     // A `vela policy` of the README's robot (one camera cam_high, 26 state and action dims) for the RTC loop.
     const z = (n: number, v: number) => new Array(n).fill(v);
     const stats: NormStatsSet = { state: { mean: z(26, 0), std: z(26, 1), q01: z(26, -2), q99: z(26, 2) }, actions: { mean: z(26, 0), std: z(26, 1), q01: z(26, -2), q99: z(26, 2) } };
@@ -72,7 +74,7 @@ describe.skipIf(missing('the Python package tests', env.reason))('the vela Pytho
       throw new Error(`pytest failed:\n${err.stdout ?? ''}\n${err.stderr ?? ''}`);
     }
     // Every test ran and passed (none skipped: a skip would hide a missing piece).
-    expect(out.stdout).toMatch(/\b11 passed\b/);
+    expect(out.stdout).toMatch(/\b15 passed\b/);
     expect(out.stdout).not.toMatch(/skipped|failed|error/);
   }, 660_000);
 
@@ -108,6 +110,18 @@ describe.skipIf(missing('the Python package tests', env.reason))('the vela Pytho
       expect(m![3]).toBe('guided');
     }
   }, 300_000);
+
+  it('the README\'s futures-client loop (vela.ServiceClient) trains, saves and loads a model over /api/v1', async () => {
+    const file = path.join(tmpRoot, 'futures.py');
+    fs.writeFileSync(file, forServer(pythonBlock('Training sessions', 2), server));
+    const { stdout, stderr } = await run(env.python!, [file], { cwd: tmpRoot, timeout: 120_000, env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients/python/src') } })
+      .catch((e: { stderr?: string; stdout?: string }) => {
+        throw new Error(`the README's futures loop failed:\n${e.stdout}\n${e.stderr}`);
+      });
+    expect(stderr).toBe('');
+    // A finite loss and gradient norm, and the checkpoint id that save_weights gave (the model's states/step-1).
+    expect(stdout.trim()).toMatch(/^loss \d+\.\d{3}, grad_norm \d+\.\d{3}, saved ts-\w+\/states\/step-1$/);
+  }, 120_000);
 
   it('the README\'s session loop, with the package (in a fresh venv: pip install ./clients/python and nothing else) and on raw websockets', async () => {
     const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-pkg-'));

@@ -1,7 +1,8 @@
 """Exceptions of the Vela client: every server error keeps the server's code and message.
 
 A REST error answer is ``{"error": "<one line>", ...}`` with an HTTP status; a session op's error
-answer is ``{"id", "error", "code"}`` (docs/PROTOCOL.md sections 0 and 3). Both become a
+answer is ``{"id", "error", "code"}``; a futures op's is ``{"error", "code", "category",
+"request_id"}`` (docs/PROTOCOL.md sections 0, 3 and 7). Each becomes a
 :class:`VelaError` subclass chosen by status or code, so a caller may catch what it can handle
 (``except vela.NotFoundError``) and still read ``err.code`` and ``err.message``.
 """
@@ -21,15 +22,19 @@ class VelaError(Exception):
         status: the HTTP status (None for a websocket op's answer).
         request_id: the op's request id (None for REST).
         body: the whole answer (a dict) as the server sent it.
+        category: a futures op's Tinker category, ``"user"`` (fix the request) or ``"server"``
+            (retry later); None for the other answers.
     """
 
-    def __init__(self, code: str, message: str, *, status: Optional[int] = None, request_id: Any = None, body: Optional[dict] = None):
+    def __init__(self, code: str, message: str, *, status: Optional[int] = None, request_id: Any = None, body: Optional[dict] = None,
+                 category: Optional[str] = None):
         super().__init__(message)
         self.code = code
         self.message = message
         self.status = status
         self.request_id = request_id
         self.body = body or {}
+        self.category = category
 
     def __str__(self) -> str:
         return f"{self.message} ({self.code})"
@@ -49,6 +54,10 @@ class NotFoundError(VelaError):
 
 class ConflictError(VelaError):
     """409: the object is not in a state for this (a job not succeeded, a name that exists)."""
+
+
+class ExpiredError(VelaError):
+    """410: a futures request whose result was dropped (kept ``--future-ttl-s``, 1 h, after it was ready)."""
 
 
 class TooLargeError(VelaError):
@@ -94,12 +103,14 @@ class AnswerLostError(ConnectionClosedError):
 
 
 _BY_STATUS = {400: BadRequestError, 422: BadRequestError, 401: AuthenticationError, 403: AuthenticationError, 404: NotFoundError,
-              409: ConflictError, 413: TooLargeError, 429: RateLimitError, 507: InsufficientMemoryError}
+              409: ConflictError, 410: ExpiredError, 413: TooLargeError, 429: RateLimitError, 507: InsufficientMemoryError}
 _BY_CODE = {"bad_request": BadRequestError, "shape_mismatch": BadRequestError, "bad_value": BadRequestError, "empty_batch": BadRequestError,
             "bad_frame": BadRequestError, "not_found": NotFoundError, "conflict": ConflictError, "too_large": TooLargeError,
             "insufficient_memory": InsufficientMemoryError, "unauthorized": AuthenticationError,
             # The session is not in a state for the op (no gradient to step on, asleep, busy elsewhere).
-            "no_gradients": ConflictError, "asleep": ConflictError, "busy": ConflictError}
+            "no_gradients": ConflictError, "asleep": ConflictError, "busy": ConflictError, "poisoned": ConflictError,
+            # Futures only: held past a seq_id gap that never filled; the model failed to start; a bug.
+            "seq_gap": ConflictError, "not_ready": ServerError, "internal": ServerError}
 
 
 def http_error(status: int, body: dict) -> VelaError:
@@ -115,3 +126,11 @@ def op_error(answer: dict) -> VelaError:
     code = answer.get("code") if isinstance(answer.get("code"), str) else "error"
     cls = _BY_CODE.get(code, VelaError)
     return cls(code, str(answer.get("error")), request_id=answer.get("id"), body=answer)
+
+
+def future_error(answer: dict) -> VelaError:
+    """The exception for a futures op's error answer ``{"error", "code", "category", "request_id"}`` (retrieve_future, HTTP 200)."""
+    code = answer.get("code") if isinstance(answer.get("code"), str) else "error"
+    category = answer.get("category") if isinstance(answer.get("category"), str) else None
+    cls = _BY_CODE.get(code) or (ServerError if category == "server" else VelaError)
+    return cls(code, str(answer.get("error")), request_id=answer.get("request_id"), body=answer, category=category)
