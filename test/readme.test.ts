@@ -49,21 +49,31 @@ function swap(text: string, from: string, to: string): string {
   return text.replace(from, to);
 }
 
-const PY_CLIENT = block('Python clients', 'python');
+/** The README's two policy clients: with the package (`vela`), and on raw websockets. */
+const PY_CLIENTS = { package: block('Python clients', 'python', 0), raw: block('Python clients', 'python', 1) };
+const PY_CLIENT = PY_CLIENTS.raw;
 const POLICY_LINE = 'url, api_key = "ws://127.0.0.1:8000", None';
 const JOB_LINE = '# url, api_key = "ws://127.0.0.1:8080/v1/fine-tunes/<id>/policy", "my-key"';
 
-/** Runs the README's Python client with its first url line replaced; returns its printed lines. */
-async function runPythonClient(urlLine: string): Promise<string[]> {
-  const script = path.join(tmp, `client-${Date.now()}.py`);
-  fs.writeFileSync(script, swap(PY_CLIENT, POLICY_LINE, urlLine));
-  try {
-    const { stdout, stderr } = await run(PY.python!, [script], { timeout: 120_000 });
-    expect(stderr, 'the README client printed warnings').toBe('');
-    return stdout.trim().split('\n');
-  } catch (e) {
-    throw new Error(`the README's Python client failed:\n${(e as { stderr?: string }).stderr ?? (e as Error).message}`);
+/**
+ * Runs both of the README's Python clients with their first url line replaced; returns the lines
+ * each printed (the package from its source folder, as `pip install ./clients/python` gives it).
+ */
+async function runPythonClients(urlLine: string): Promise<Record<keyof typeof PY_CLIENTS, string[]>> {
+  const out = {} as Record<keyof typeof PY_CLIENTS, string[]>;
+  for (const [which, code] of Object.entries(PY_CLIENTS) as [keyof typeof PY_CLIENTS, string][]) {
+    const script = path.join(tmp, `client-${which}-${Date.now()}.py`);
+    fs.writeFileSync(script, swap(code, POLICY_LINE, urlLine));
+    try {
+      const env = { ...process.env, PYTHONPATH: which === 'package' ? path.join(REPO, 'clients/python/src') : '' };
+      const { stdout, stderr } = await run(PY.python!, [script], { timeout: 120_000, env });
+      expect(stderr, `the README's ${which} client printed warnings`).toBe('');
+      out[which] = stdout.trim().split('\n');
+    } catch (e) {
+      throw new Error(`the README's ${which} Python client failed:\n${(e as { stderr?: string }).stderr ?? (e as Error).message}`);
+    }
   }
+  return out;
 }
 
 /** A command line of the README as argv (the README's commands need no shell quoting). */
@@ -127,9 +137,9 @@ describe('the quickstart', () => {
     expect(finetuneLog).toContain(`serve it: vela policy ${path.join(out, 'weights', 'final')}\n`);
   });
 
-  it.skipIf(noPython)('the README\'s Python client gets actions from `vela policy`, with no key', async () => {
-    const lines = await runPythonClient(`url, api_key = "${policyUrl}", None`);
-    expect(lines).toEqual(["['cam_high'] 26 16 26", '(16, 26) float32']);
+  it.skipIf(noPython)('the README\'s Python clients (the package and raw websockets) get actions from `vela policy`, with no key', async () => {
+    const lines = await runPythonClients(`url, api_key = "${policyUrl}", None`);
+    expect(lines).toEqual({ package: ["['cam_high'] 26 16 26", '(16, 26) float32'], raw: ["['cam_high'] 26 16 26", '(16, 26) float32'] });
   });
 
   it.skipIf(noPython)('the README\'s real-time chunking loop runs against `vela policy`: RTC chunks after the first, each spliced in at the row it says', async () => {
@@ -256,9 +266,9 @@ describe('the server, as "First fine-tune on the server" starts it', () => {
     expect(job).toMatchObject({ cameras: ['cam_high'], action_space: 'delta' });
   });
 
-  it.skipIf(noPython)('the README\'s Python client, with its job line, gets actions from the job\'s policy with the Bearer key', async () => {
+  it.skipIf(noPython)('the README\'s Python clients, with their job line, get actions from the job\'s policy with the key (the package sends Api-Key, the raw client Bearer)', async () => {
     const line = swap(swap(swap(JOB_LINE, '# ', ''), 'ws://127.0.0.1:8080', server.baseUrl.replace('http', 'ws')), '<id>', job.id).replace('"my-key"', `"${TEST_KEY}"`);
-    expect(await runPythonClient(line)).toEqual(["['cam_high'] 26 16 26", '(16, 26) float32']);
+    expect(await runPythonClients(line)).toEqual({ package: ["['cam_high'] 26 16 26", '(16, 26) float32'], raw: ["['cam_high'] 26 16 26", '(16, 26) float32'] });
   });
 
   it('the README\'s training-session example runs as written', async () => {
