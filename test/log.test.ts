@@ -21,4 +21,17 @@ describe('server log', () => {
     expect(lines[0]).toMatch(/^\d{4}-\d\d-\d\dT\S+Z warn  job ft-1 failed: video file e\.mp4: ffmpeg said: moov atom not found \\n e\.mp4: Invalid data found when processing input\n$/);
     expect(() => log.setLevel('loud')).toThrow('log level must be one of error, warn, info, debug, got "loud"');
   });
+
+  it('keeps the last 50 warn and error lines whatever the level, oldest first, without info or debug', () => {
+    vi.spyOn(process.stderr, 'write').mockImplementation(() => true);
+    log.setLevel('error');
+    for (let i = 0; i < 60; i++) log.warn(`hidden warning ${i}`);
+    log.info('an info line');
+    log.error('a failure', new Error('its cause'));
+    const kept = log.recent();
+    expect(kept).toHaveLength(50);
+    expect(kept[0]).toMatch(/ warn  hidden warning 11$/);
+    expect(kept.at(-2)).toMatch(/ warn  hidden warning 59$/);
+    expect(kept.at(-1)).toMatch(/ error a failure \(its cause\)$/);
+  });
 });

@@ -8,6 +8,7 @@ import type { EngineLike } from '../../server/engine/host.ts';
 import type { EngineInfo } from '../../server/engine/messages.ts';
 import type { ModelBatch } from '../../kernels/small/batch.ts';
 import { packNumpy, unpackNumpy } from '../../protocol/ndarray.ts';
+import { log } from '../../server/log.ts';
 
 /** The stub model's sizes: flow0-tiny with 32-pixel images, 8 state and action dims, horizon 6. */
 export const STUB_INFO: EngineInfo = {
@@ -197,7 +198,12 @@ export class PolicyClient {
   async infer(obs: unknown): Promise<any> {
     this.send(obs instanceof Uint8Array ? obs : packNumpy(obs));
     const m = await this.recv();
-    if (!m) throw new Error(`connection closed (${this.closeCode} ${this.closeReason}${this.socketError ? `; socket error: ${this.socketError}` : ''}) without an answer`);
+    if (!m) {
+      // An in-process server's warnings say why uWS closed (a 1006 carries no reason); see log.recent.
+      const warned = log.recent().slice(-10);
+      throw new Error(`connection closed (${this.closeCode} ${this.closeReason}${this.socketError ? `; socket error: ${this.socketError}` : ''}) without an answer` +
+        (warned.length ? `\nthis process's last warnings:\n${warned.join('\n')}` : ''));
+    }
     if (!m.binary) throw Object.assign(new Error(`Error in inference server:\n${m.data.toString()}`), { text: m.data.toString() });
     return unpackNumpy(m.data);
   }
