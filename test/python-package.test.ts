@@ -123,6 +123,27 @@ describe.skipIf(missing('the Python package tests', env.reason))('the vela Pytho
     expect(stdout.trim()).toMatch(/^loss \d+\.\d{3}, grad_norm \d+\.\d{3}, saved ts-\w+\/states\/step-1$/);
   }, 120_000);
 
+  it('the package README\'s example trains a session, fine-tunes on a dataset of the server and gets actions from the job\'s policy', async () => {
+    const md = fs.readFileSync(path.join(ROOT, 'clients/python/README.md'), 'utf8');
+    const at = md.indexOf('```python\n');
+    expect(at).toBeGreaterThan(0);
+    let code = forServer(md.slice(at + 10, md.indexOf('\n```', at + 10)), server);
+    // This server's dataset, 2 steps of batch 2 without held-out evaluation instead of 20 of the recipe, and its websocket address.
+    for (const [from, to] of [['dataset_name="g1_pick_bottle_sample", steps=20', `dataset_name=${JSON.stringify(subset.name)}, steps=2, batch_size=2, eval_fraction=0`], ['ws://127.0.0.1:8080', server.baseUrl.replace('http', 'ws')]]) {
+      expect(code).toContain(from);
+      code = code.replace(from, to);
+    }
+    const file = path.join(tmpRoot, 'package-readme.py');
+    fs.writeFileSync(file, code);
+    const { stdout, stderr } = await run(env.python!, [file], { cwd: tmpRoot, timeout: 300_000, env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients/python/src') } })
+      .catch((e: { stderr?: string; stdout?: string }) => {
+        throw new Error(`the package README's example failed:\n${e.stdout}\n${e.stderr}`);
+      });
+    expect(stderr).toBe('');
+    // The G1 subset's policy: flow0-tiny's 16-step chunks of the dataset's 26 action dims.
+    expect(stdout.trim()).toMatch(/^loss \d+\.\d{3}, actions \(16, 26\)$/);
+  }, 300_000);
+
   it('the README\'s session loop, with the package (in a fresh venv: pip install ./clients/python and nothing else) and on raw websockets', async () => {
     const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-pkg-'));
     try {
