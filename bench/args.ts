@@ -32,7 +32,7 @@ export interface BenchOptions {
 export const USAGE = `Usage: npm run bench -- [options]
 
 Benchmarks Vela on 127.0.0.1 only: training step latency in-process vs over the session
-websocket, encode/decode costs, policy inference over the OpenPI protocol, a load run of
+websocket (the TS client, and the Python package with .venv's or $VELA_BENCH_PYTHON's Python), encode/decode costs, policy inference over the OpenPI protocol, a load run of
 concurrent sessions and policy clients, and a PyTorch reference of the same model (when
 python3 can import torch), and what a robot waits for (infer: the engine's sample() alone on
 every backend, PyTorch sampling the same models, and the policy server's round trip, in turns).

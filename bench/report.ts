@@ -16,6 +16,8 @@ export function targets(r: Omit<BenchResult, 'targets'>): TargetCheck[] {
     const s = r.step;
     out.push({ name: `protocol overhead, ${s.preset} b${s.batch} ${s.cameras} ${s.codec} camera(s), each answer awaited, median of paired steps`, value: s.overheadPaired, limit: 0.1, pass: s.overheadPaired < 0.1 });
     out.push({ name: `protocol overhead, ${s.preset} b${s.batch} ${s.cameras} ${s.codec} camera(s), pipelined one step ahead, mean`, value: s.pipelined.overhead, limit: 0.1, pass: s.pipelined.overhead < 0.1 });
+    // Issue 36: an awaited step through the Python package within 1.10x of the in-process step.
+    if (s.python) out.push({ name: `Python package overhead, ${s.preset} b${s.batch} ${s.cameras} camera(s) as numpy frames (${s.python.codec}), each answer awaited, median of paired steps`, value: s.python.overheadPaired, limit: 0.1, pass: s.python.overheadPaired <= 0.1 });
   }
   if (r.torch) {
     // Issue 15 holds native TensorFlow to 2x of PyTorch; issue 7 held wasm to 3x.
@@ -63,9 +65,11 @@ export function markdown(r: BenchResult): string {
     L.push('| path | p50 | p95 | p99 | n |', '| - | - | - | - | - |');
     L.push(`| in-process (Engine.call) | ${ms(s.inproc.p50)} | ${ms(s.inproc.p95)} | ${ms(s.inproc.p99)} | ${s.inproc.n} |`);
     L.push(`| session websocket (TS client) | ${ms(s.ws.p50)} | ${ms(s.ws.p95)} | ${ms(s.ws.p99)} | ${s.ws.n} |`);
+    if (s.python) L.push(`| Python package, numpy frames as ${s.python.codec} (request ${kb(s.python.requestBytes)}) | ${ms(s.python.summary.p50)} | ${ms(s.python.summary.p95)} | ${ms(s.python.summary.p99)} | ${s.python.summary.n} |`);
     L.push(`| websocket, pipelined one step ahead (mean) | ${ms(s.pipelined.wsMsPerStep)} | | | ${s.inproc.n} |`);
     L.push(`| in-process (mean, same run) | ${ms(s.pipelined.inprocMsPerStep)} | | | ${s.inproc.n} |`);
-    L.push('', `Protocol overhead (ws - in-process) / in-process with each answer awaited: **${(s.overheadPaired * 100).toFixed(1)}%** (median of paired steps; ${(s.overhead * 100).toFixed(1)}% between the p50s); pipelined one step ahead: **${(s.pipelined.overhead * 100).toFixed(1)}%** (means)`, '');
+    L.push('', `Protocol overhead (ws - in-process) / in-process with each answer awaited: **${(s.overheadPaired * 100).toFixed(1)}%** (median of paired steps; ${(s.overhead * 100).toFixed(1)}% between the p50s); pipelined one step ahead: **${(s.pipelined.overhead * 100).toFixed(1)}%** (means)` +
+      (s.python ? `; through the Python package, awaited: **${(s.python.overheadPaired * 100).toFixed(1)}%** (median of paired steps)` : `; Python package: ${s.pythonSkipped ?? 'not measured'}`), '');
   }
   if (r.torch) {
     const t = r.torch;
@@ -152,6 +156,7 @@ export function plotSeries(r: BenchResult): PlotSeries[] {
   if (r.step) {
     out.push({ label: 'step in-process', samplesMs: r.step.samplesMs.inproc });
     out.push({ label: 'step websocket', samplesMs: r.step.samplesMs.ws });
+    if (r.step.python) out.push({ label: 'step Python package', samplesMs: r.step.python.samplesMs });
   }
   for (const p of r.policy ?? []) out.push({ label: `infer ${p.cameras} cam ${p.codec}${p.zstd ? '+zstd' : ''}`, samplesMs: p.samplesMs });
   for (const s of r.infer?.sample ?? []) out.push({ label: `sample ${s.model} ${s.backend}${s.graphUsed ? ' graph' : ''}`, samplesMs: s.samplesMs });

@@ -70,8 +70,9 @@ async function main(opts: BenchOptions): Promise<number> {
   }
   try {
     if (want('step')) {
-      say(`step: ${opts.steps} steps in-process and over the websocket`);
-      result.step = await runStep(engine!, server!, datums, { preset: opts.preset, finetune: opts.finetune, codec: opts.codec, cameras: opts.cameras, steps: opts.steps, burnIn: opts.burnIn });
+      say(`step: ${opts.steps} steps in-process, over the websocket (TS client) and through the Python package`);
+      result.step = await runStep(engine!, server!, datums, { preset: opts.preset, finetune: opts.finetune, codec: opts.codec, cameras: opts.cameras, steps: opts.steps, burnIn: opts.burnIn }, stepSamples);
+      if (result.step.pythonSkipped) result.notes.push(`step: the Python package's row skipped: ${result.step.pythonSkipped}`);
     }
     if (want('torch')) {
       const why = torchUnavailable();

@@ -29,6 +29,15 @@ export interface StepResult {
   /** Bytes of one forward_backward request on the wire. */
   requestBytes: number;
   samplesMs: { inproc: number[]; ws: number[] };
+  /**
+   * The same step through the Python package (bench/python_step.py: `forward_backward(data).result()`
+   * then `optim_step(...).result()`, timed inside Python), frames sent as the camera gives them with
+   * the package's default codec (RAW); overheadPaired against the in-process step of the same
+   * round. Null when no Python with the package is found (pythonSkipped says why). Absent before
+   * the row existed.
+   */
+  python?: { codec: string; summary: LatencySummary; overheadPaired: number; requestBytes: number; samplesMs: number[] } | null;
+  pythonSkipped?: string;
 }
 
 /** One encode or decode measurement. */
@@ -235,6 +244,10 @@ export function validateResult(json: unknown): string[] {
     num(json.step.overhead, 'step.overhead');
     num(json.step.overheadPaired, 'step.overheadPaired');
     num(json.step.pipelined?.overhead, 'step.pipelined.overhead');
+    if (obj(json.step.python)) {
+      summary(json.step.python.summary, 'step.python.summary');
+      num(json.step.python.overheadPaired, 'step.python.overheadPaired');
+    }
   }
   if (Array.isArray(json.codecs)) json.codecs.forEach((r: any, i: number) => {
     summary(r?.ms, `codecs[${i}].ms`);
