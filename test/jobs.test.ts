@@ -198,13 +198,15 @@ describe('fine-tunes on g1_pick_bottle', () => {
 });
 
 describe('a server killed mid-job', () => {
+  // One episode: the fresh server decodes the frames it trains on (seconds an episode), twice here.
+  const ONE = g1Subset(1);
   const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-kill-'));
   let child: ChildProcess | null = null;
   const port = 20000 + Math.floor(Math.random() * 20000);
   const base = { baseUrl: `http://127.0.0.1:${port}` };
   const startChild = async () => {
     child = spawn(process.execPath, ['bin/vela.js', 'serve'], {
-      env: { ...process.env, VELA_PORT: String(port), VELA_DATA_DIR: dataDir, VELA_API_KEY: TEST_KEY, VELA_DATASETS_DIR: SUBSET.root, VELA_BACKEND: TEST_BACKENDS[0]!, VELA_LOG_LEVEL: 'warn' },
+      env: { ...process.env, VELA_PORT: String(port), VELA_DATA_DIR: dataDir, VELA_API_KEY: TEST_KEY, VELA_DATASETS_DIR: ONE.root, VELA_BACKEND: TEST_BACKENDS[0]!, VELA_LOG_LEVEL: 'warn' },
       stdio: ['ignore', 'pipe', 'inherit'],
     });
     await waitFor(async () => (await fetch(`${base.baseUrl}/healthz`).catch(() => null))?.ok, 60_000);
@@ -213,7 +215,7 @@ describe('a server killed mid-job', () => {
 
   it('resumes the job from its last checkpoint and finishes it, the events continuing', { timeout: 300_000 }, async () => {
     await startChild();
-    const { json: j } = await api(base, 'POST', '/v1/fine-tunes', job({ steps: 30, checkpoint_every: 5, eval_every: 0, eval_fraction: 0 }));
+    const { json: j } = await api(base, 'POST', '/v1/fine-tunes', job({ dataset_name: ONE.name, steps: 30, checkpoint_every: 5, eval_every: 0, eval_fraction: 0 }));
     await waitFor(async () => (await api(base, 'GET', `/v1/fine-tunes/${j.id}`)).json.step >= 12);
     child!.kill('SIGKILL');
     await new Promise((r) => child!.once('exit', r));
