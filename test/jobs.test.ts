@@ -38,7 +38,7 @@ const finished = (base: { baseUrl: string }, id: string) =>
   });
 
 // Batch 2: the loss still halves over the 60 steps (the falling-loss check asks for a quarter),
-// at a third of batch 8's step time; no check here depends on the batch size.
+// at half of batch 8's step time; no check here depends on the batch size.
 const job = (over: Record<string, unknown> = {}) => ({ model: 'flow05-tiny', dataset_name: SUBSET.name, steps: 60, batch_size: 2, learning_rate: 3e-3, eval_every: 30, checkpoint_every: 20, ...over });
 
 // Not datasets: an empty folder and a file, beside the subset (eval_dataset's errors).
