@@ -220,10 +220,13 @@ describe('vela models download', () => {
     const h = await hub();
     const home = path.join(tmp, 'home-gated');
     const args = ['models', 'download', PALI, '--include', 'tokenizer*'];
-    const none = await vela(args, { HF_HOME: home, HF_ENDPOINT: h.url }).done;
+    // Refused both ways (nothing is written): the two runs are independent, started together.
+    const [none, wrong] = await Promise.all([
+      vela(args, { HF_HOME: home, HF_ENDPOINT: h.url }).done,
+      vela(args, { HF_HOME: home, HF_ENDPOINT: h.url, HF_TOKEN: 'hf_someone_else' }).done,
+    ]);
     expect(none.code).toBe(1);
     expect(none.stderr.trim().split('\n').at(-1)).toBe(`vela models download: ${PALI} is gated: accept its licence at https://huggingface.co/${PALI} while logged in, then set HF_TOKEN=<a read token> (or pass --token)`);
-    const wrong = await vela(args, { HF_HOME: home, HF_ENDPOINT: h.url, HF_TOKEN: 'hf_someone_else' }).done;
     expect(wrong.code).toBe(1);
     expect(wrong.stderr.trim().split('\n').at(-1)).toBe(`vela models download: ${PALI} is gated and the token given has no access to it: accept its licence at https://huggingface.co/${PALI} while logged in as that token's account (or use a read token of an account that has), then set HF_TOKEN=<that token> (or pass --token)`);
     expect(findPaligemmaTokenizer({ HF_HOME: home })).toBe(null);
@@ -290,7 +293,7 @@ describe('downloadModel', () => {
 
 describe('vela models list / inspect', () => {
   it('inspect reads the parameter count, dtypes, config and norm stats from the headers of a writeHubCheckpoint folder', async () => {
-    const f32 = await vela(['models', 'inspect', ckpt, '--json'], {}).done;
+    const [f32, bf16] = await Promise.all([vela(['models', 'inspect', ckpt, '--json'], {}).done, vela(['models', 'inspect', ckptBf16], {}).done]);
     expect(f32.code).toBe(0);
     const s = JSON.parse(f32.stdout);
     expect(s).toMatchObject({
@@ -300,7 +303,6 @@ describe('vela models list / inspect', () => {
       config: { variant: 'pi05', vlmWidth: 64, vlmDepth: 4, expertWidth: 32, expertDepth: 4, visionWidth: 32, actionHorizon: 10, tokenLimit: 200, maxActionDim: 32 },
     });
     expect(s.sizeBytes).toBe(fs.readdirSync(ckpt).reduce((a: number, f: string) => a + fs.statSync(path.join(ckpt, f)).size, 0));
-    const bf16 = await vela(['models', 'inspect', ckptBf16], {}).done;
     expect(bf16.code).toBe(0);
     expect(bf16.stdout).toContain(`parameters  ${(nParams / 1e3).toFixed(1)}K (${nParams}), dtypes BF16 x${piParamShapes(cfg).length + 1}, in model-00001-of-`);
     expect(bf16.stdout).toContain('norm stats  none');
@@ -323,9 +325,18 @@ describe('vela models list / inspect', () => {
   it('list shows the cached checkpoint and tokenizer and the folders given, one row each', async () => {
     const h = await hub();
     const home = path.join(tmp, 'home-list');
-    expect((await vela(['models', 'download', REPO], { HF_HOME: home, HF_ENDPOINT: h.url }).done).code).toBe(0);
-    expect((await vela(['models', 'download', PALI, '--include', 'tokenizer*', '--token', 'hf_granted'], { HF_HOME: home, HF_ENDPOINT: h.url }).done).code).toBe(0);
-    const r = await vela(['models', 'list', ckptBf16, '--json'], { HF_HOME: home }).done;
+    // Two repositories' downloads into one cache, and then three reads of it: each set independent, started together.
+    const downloads = await Promise.all([
+      vela(['models', 'download', REPO], { HF_HOME: home, HF_ENDPOINT: h.url }).done,
+      vela(['models', 'download', PALI, '--include', 'tokenizer*', '--token', 'hf_granted'], { HF_HOME: home, HF_ENDPOINT: h.url }).done,
+    ]);
+    expect(downloads.map((d) => d.code)).toEqual([0, 0]);
+    const [r, table, byId] = await Promise.all([
+      vela(['models', 'list', ckptBf16, '--json'], { HF_HOME: home }).done,
+      vela(['models', 'list'], { HF_HOME: home }).done,
+      // inspect by Hub id reads the cache, never the network.
+      vela(['models', 'inspect', REPO, '--json'], { HF_HOME: home, HF_ENDPOINT: 'http://127.0.0.1:9' }).done,
+    ]);
     expect(r.code).toBe(0);
     const rows = JSON.parse(r.stdout) as { name: string; revision: string | null; kind: string; parameters: number | null; dtypes: Record<string, number>; normStats: boolean; path: string }[];
     expect(rows.map((x) => [x.name, x.revision, x.kind, x.parameters, Object.keys(x.dtypes), x.normStats])).toEqual([
@@ -334,17 +345,17 @@ describe('vela models list / inspect', () => {
       [ckptBf16, null, 'pi05', nParams, ['BF16'], false],
     ]);
     expect(rows[1]!.path).toBe(path.join(repoDir(home, REPO), 'snapshots', h.commitOf(REPO)));
-    const table = await vela(['models', 'list'], { HF_HOME: home }).done;
     expect(table.stdout.split('\n')[0]).toMatch(/^MODEL\s+REVISION\s+TYPE\s+PARAMS\s+DTYPE\s+SIZE\s+NORM STATS\s+PATH$/);
     expect(table.stdout).toMatch(new RegExp(`${REPO}\\s+main\\s+pi05\\s+${(nParams / 1e3).toFixed(1)}K\\s+F32\\s+[\\d.]+ MB\\s+yes\\s+/`));
-    // inspect by Hub id reads the cache, never the network.
-    const byId = await vela(['models', 'inspect', REPO, '--json'], { HF_HOME: home, HF_ENDPOINT: 'http://127.0.0.1:9' }).done;
     expect(JSON.parse(byId.stdout)).toMatchObject({ repoId: REPO, revision: 'main', parameters: nParams });
   });
 
   it('--help on every subcommand', async () => {
-    for (const args of [['models', '--help'], ['models', 'download', '--help'], ['models', 'init', '--help'], ['models', 'list', '--help'], ['models', 'inspect', '--help']]) {
-      const r = await vela(args, {}).done;
+    const all = [['models', '--help'], ['models', 'download', '--help'], ['models', 'init', '--help'], ['models', 'list', '--help'], ['models', 'inspect', '--help']];
+    // Independent processes, started together.
+    const results = await Promise.all(all.map((args) => vela(args, {}).done));
+    for (const [i, args] of all.entries()) {
+      const r = results[i]!;
       expect(r.code, args.join(' ')).toBe(0);
       expect(r.stdout).toContain('vela models download REPO_ID [--revision R] [--endpoint URL] [--token T] [--include GLOB]...');
       expect(r.stdout).toContain(`vela models download ${PALI} --include 'tokenizer*'`);
@@ -422,17 +433,21 @@ describe.skipIf(missing('Python huggingface_hub', hfHubReason()))('the same cach
     const h = await hub();
     const commit = h.commitOf(REPO);
     const files = fs.readdirSync(ckpt).sort();
-    // Vela -> huggingface_hub.
+    // Vela -> huggingface_hub, and huggingface_hub's own download into another cache: independent, started together.
     const velaCache = path.join(tmp, 'interop-vela', 'hub');
-    expect((await vela(['models', 'download', REPO], { HF_HUB_CACHE: velaCache, HF_ENDPOINT: h.url }).done).code).toBe(0);
-    const seen = await hfCacheCheck(['read', velaCache, REPO], { HF_HUB_OFFLINE: '1' });
+    const pyCache = path.join(tmp, 'interop-py', 'hub');
+    const [seen, got] = await Promise.all([
+      (async () => {
+        expect((await vela(['models', 'download', REPO], { HF_HUB_CACHE: velaCache, HF_ENDPOINT: h.url }).done).code).toBe(0);
+        return hfCacheCheck(['read', velaCache, REPO], { HF_HUB_OFFLINE: '1' });
+      })(),
+      hfCacheCheck(['download', h.url, pyCache, REPO]),
+    ]);
     expect(seen.snapshot).toBe(path.join(velaCache, `models--${REPO.replace('/', '--')}`, 'snapshots', commit));
     expect(seen.warnings).toEqual([]);
     expect(seen.repos).toEqual([{ repo_id: REPO, repo_type: 'model', revisions: [{ commit, refs: ['main'], files, size: expect.any(Number) }] }]);
 
     // huggingface_hub (from the same mirror) -> Vela: used in place, nothing transferred.
-    const pyCache = path.join(tmp, 'interop-py', 'hub');
-    const got = await hfCacheCheck(['download', h.url, pyCache, REPO]);
     expect(got.snapshot).toBe(path.join(pyCache, `models--${REPO.replace('/', '--')}`, 'snapshots', commit));
     const before = h.requests.length;
     const again = await vela(['models', 'download', REPO], { HF_HUB_CACHE: pyCache, HF_ENDPOINT: h.url }).done;

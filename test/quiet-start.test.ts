@@ -53,16 +53,19 @@ afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }));
 
 describe.skipIf(!NATIVE)('vela is quiet by default (native backend)', () => {
   it('vela backend: no absl / oneDNN line; TF_CPP_MIN_LOG_LEVEL=0 and --log-level debug show them', async () => {
-    const quiet = await run(['backend', '--backend', 'node']);
+    // Three independent processes, started together: each spends seconds loading libtensorflow.
+    const [quiet, asked, debug] = await Promise.all([
+      run(['backend', '--backend', 'node']),
+      run(['backend', '--backend', 'node'], { TF_CPP_MIN_LOG_LEVEL: '0' }),
+      run(['backend', '--backend', 'node', '--log-level', 'debug']),
+    ]);
     expect(quiet.stdout).toMatch(/^backend tensorflow \(tfjs-node\) on CPU/);
     expect(quiet.stderr).not.toMatch(ABSL);
     expect(quiet.stderr).not.toMatch(ONEDNN);
     expect(quiet.stderr).not.toMatch(/errors/);
 
-    const asked = await run(['backend', '--backend', 'node'], { TF_CPP_MIN_LOG_LEVEL: '0' });
     expect(asked.stderr).toMatch(ABSL);
     expect(asked.stderr).toMatch(ONEDNN);
-    const debug = await run(['backend', '--backend', 'node', '--log-level', 'debug']);
     expect(debug.stderr).toMatch(ONEDNN);
   }, 240_000);
 
@@ -78,7 +81,8 @@ describe.skipIf(!NATIVE)('vela is quiet by default (native backend)', () => {
     }, 120_000);
 
     it('prints no banner by default, and the banner with --log-level debug', async () => {
-      for (const [extra, shown] of [[[], false], [['--log-level', 'debug'], true]] as const) {
+      // The two servers are independent (port 0 each): started together.
+      await Promise.all(([[[], false], [['--log-level', 'debug'], true]] as const).map(async ([extra, shown]) => {
         const p = startUntil(['policy', ck, '--port', '0', '--backend', 'node', ...extra], /Vela policy server on ws:\/\//);
         try {
           await p.listening;
@@ -91,7 +95,7 @@ describe.skipIf(!NATIVE)('vela is quiet by default (native backend)', () => {
           p.proc.kill('SIGTERM');
           await new Promise((r) => p.proc.once('close', r));
         }
-      }
+      }));
     }, 240_000);
   });
 

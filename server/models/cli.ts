@@ -6,14 +6,16 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { choiceArg, intArg, shown, splitArgs, UsageError } from '../cli-args.ts';
-import { progressPrinter } from '../hub/cli.ts';
+import { progressPrinter } from '../hub/progress.ts';
 import { downloadModel } from './download.ts';
 import { ModelError } from './errors.ts';
 import { cachedSnapshot, hubCacheDir, isHubRepoId } from './hf-cache.ts';
 import { checkpointTokenizer, findPaligemmaTokenizer, PALIGEMMA_TOKENIZER_REPO } from './tokenizer.ts';
 import { formatBytes, formatCount, inspectModel, listModels, type ModelSummary } from './inspect.ts';
 import { resolveWriteToken, TOKEN_SOURCES, uploadModel } from './upload.ts';
-import { checkInitTarget, INIT_SEED_MAX, initCheckpoint, initCheckpointPlan, type InitCheckpointOptions, type InitCheckpointPlan } from './init-checkpoint.ts';
+import { INIT_SEED_MAX } from './init-seed.ts';
+// Loaded by init when it runs: the model code is half a second of every `vela models` process otherwise.
+import type { InitCheckpointOptions, InitCheckpointPlan } from './init-checkpoint.ts';
 
 export const UPLOAD_USAGE = `  vela models upload FOLDER REPO_ID [--private] [--revision R] [--endpoint URL] [--token T]
       Uploads every file of a checkpoint folder (subfolders too; .git/ and .cache/ at its top
@@ -143,6 +145,7 @@ function planText(p: InitCheckpointPlan): string {
 
 async function init(argv: string[]): Promise<void> {
   const { dir, dryRun, opts } = parseModelInitArgs(argv);
+  const { checkInitTarget, initCheckpoint, initCheckpointPlan } = await import('./init-checkpoint.ts');
   const plan = initCheckpointPlan(opts);
   if (dryRun) {
     process.stdout.write(`${planText(plan)}

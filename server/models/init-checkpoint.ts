@@ -18,6 +18,7 @@ import { fileURLToPath } from 'node:url';
 import { makeRealPiConfig, REAL_PI0, REAL_PI05, REAL_PI_TINY_PI0, REAL_PI_TINY_PI05, type RealPiConfig } from '../../kernels/pi/config.ts';
 import { contractInitChunks, realPiParamCount } from '../../kernels/pi/params.ts';
 import { ModelError } from './errors.ts';
+import { INIT_SEED_MAX } from './init-seed.ts';
 import { defaultHubConfig, HUB_WEIGHTS_FILE, hubCheckpointFileBytes, hubCheckpointSpecs, writeHubCheckpoint } from './hub-checkpoint.ts';
 
 /** The shipped test tokenizer (tokenizer.json, tokenizer_config.json, README.txt): NOT PaliGemma's. */
@@ -26,8 +27,7 @@ export const TEST_TOKENIZER_ASSET_DIR = path.resolve(path.dirname(fileURLToPath(
 export const TEST_TOKENIZER_VOCAB = 1011;
 /** The files of the test tokenizer a checkpoint gets. */
 export const TEST_TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json'] as const;
-/** Largest seed accepted (the seed is hashed as its decimal text; 2^32 - 1 keeps it one word). */
-export const INIT_SEED_MAX = 0xffffffff;
+export { INIT_SEED_MAX };
 
 export interface InitCheckpointOptions {
   variant: 'pi0' | 'pi05';
