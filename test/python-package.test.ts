@@ -2,7 +2,8 @@
  * The Python package (clients/python, import name `vela`) against the real server: its pytest
  * suite, run with the test virtualenv's Python (test/setup/python-env.ts) and the package from
  * its source folder, on a server started here (uWS, the engine worker, the real engine) with a
- * 2-episode G1 subset. Every session op, a fine-tune from create to its served policy, an
+ * 1-episode G1 subset (a fine-tune first decodes its training episodes' frames: seconds each).
+ * Every session op, a fine-tune from create to its served policy, an
  * event stream cut by a proxy and resumed with from=, an error of each kind, a session taken
  * over and one reconnected after its socket was cut, and zstd-dictionary observations to
  * `vela policy` are in clients/python/tests/test_vela.py; the futures client (vela.ServiceClient)
@@ -42,7 +43,7 @@ function forServer(code: string, server: TestServer): string {
 }
 
 describe.skipIf(missing('the Python package tests', env.reason))('the vela Python package (pytest) against the real server', () => {
-  const subset = g1Subset(2);
+  const subset = g1Subset(1);
   const tmpRoot = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-pkg-policy-'));
   let server: TestServer;
   let policy: PolicyProc;
