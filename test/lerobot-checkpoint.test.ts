@@ -96,18 +96,22 @@ describe('a session on a LeRobot-saved folder (tokenizer/ only, empty HF cache)'
   afterAll(() => server?.close());
 
   it('opens and samples what the same weights with a root tokenizer.json sample (the same prompt ids)', { timeout: 120_000 }, async () => {
-    const lerobot = await writeTinyBase('pi05', { dir: path.join(tmp, 'session_lerobot'), tokenizer: 'lerobot' });
-    const root = await writeTinyBase('pi05', { dir: path.join(tmp, 'session_root') });
+    const [lerobot, root] = await Promise.all([
+      writeTinyBase('pi05', { dir: path.join(tmp, 'session_lerobot'), tokenizer: 'lerobot' }),
+      writeTinyBase('pi05', { dir: path.join(tmp, 'session_root') }),
+    ]);
     expect(fs.existsSync(path.join(lerobot, 'tokenizer.json'))).toBe(false);
     const client = new VelaClient(server.baseUrl, server.apiKey);
     const batch: Datum[] = await g1Datums(2, { episode: 0, horizon: 10 });
-    const answers: Float32Array[] = [];
-    for (const base of [lerobot, root]) {
+    // One engine per base folder: the two start and sample side by side. Two Euler steps: the
+    // prompt ids reach the answer at the first step's velocity already.
+    const answers = await Promise.all([lerobot, root].map(async (base) => {
       const s = await client.waitReady((await client.createSession({ base_model: 'pi05', base })).id);
       const conn = await client.connect(s);
-      answers.push((await conn.sample(batch, { codec: 'JPEG', seed: 3 })).actions.data as Float32Array);
+      const actions = (await conn.sample(batch, { codec: 'JPEG', seed: 3, num_steps: 2 })).actions.data as Float32Array;
       conn.close();
-    }
+      return actions;
+    }));
     // Same weights, inputs and seed; only the tokenizer's place differs, so the answers are identical.
     expect(Array.from(answers[0]!)).toEqual(Array.from(answers[1]!));
   });

@@ -27,6 +27,15 @@ function scale(a: Float32Array): number {
 }
 
 /**
+ * Euler steps of the sampling checks (10 is the models' default). Guided sampling runs a VJP at
+ * every step and a graph unrolls them all, so time goes with the count; what is checked does not:
+ * zero weights = plain holds at any count, the graph bounds are per pass (sum |dt| = 1), and at 4
+ * steps the guided chunk's gap to the old one is 0.04 (flow05-tiny) and 0.008 (flow0-tiny) of the
+ * plain chunk's (0.05 and 0.016 at 10) against the 0.3 asserted.
+ */
+const STEPS = 4;
+
+/**
  * Guided sampling runs a VJP through the model at each step: its backward reductions (a weight's
  * gradient over batch x tokens, an activation's over mlpDim) are at most 2 mlpDim terms here.
  */
@@ -117,20 +126,20 @@ describe('RTC sampling', () => {
     const A = c.actionDim;
     const noise = new Rng(7).normals(n);
     const before = tf.memory().numTensors;
-    const plain = withGraphs(false, () => s.sample(batch, { noise }));
+    const plain = withGraphs(false, () => s.sample(batch, { noise, numSteps: STEPS }));
     const zero: ChunkPrefix = { mode: 'guided', actions: new Rng(9).normals(n), weights: new Float32Array(n) };
-    const guidedZero = withGraphs(false, () => s.sample(batch, { noise, chunk: zero }));
+    const guidedZero = withGraphs(false, () => s.sample(batch, { noise, chunk: zero, numSteps: STEPS }));
     expect(guidedZero.every((x, i) => Object.is(x, plain[i]))).toBe(true); // bit for bit, -0 included
     expect(tf.memory().numTensors).toBe(before); // nothing kept from the backward passes
 
     // The old chunk (another sample) 3 actions on, d = 4: the guided chunk's first 4 actions land on it.
-    const prev = withGraphs(false, () => s.sample(batch, { noise: new Rng(8).normals(n) }));
+    const prev = withGraphs(false, () => s.sample(batch, { noise: new Rng(8).normals(n), numSteps: STEPS }));
     const Y = new Float32Array(n);
     for (let b = 0; b < 2; b++) Y.set(shiftChunk(prev.subarray(b * n / 2, (b + 1) * n / 2), c.horizon, 3), b * n / 2);
     const w = rtcWeights(c.horizon, 4, c.horizon - 3);
     const W = Float32Array.from({ length: n }, (_, k) => w[Math.floor(k / A) % c.horizon]!);
     const chunk: ChunkPrefix = { mode: 'guided', actions: Y, weights: W };
-    const guided = withGraphs(false, () => s.sample(batch, { noise, chunk }));
+    const guided = withGraphs(false, () => s.sample(batch, { noise, chunk, numSteps: STEPS }));
     const gap = (a: Float32Array) => {
       let e = 0;
       for (let b = 0; b < 2; b++) for (let k = 0; k < 4 * A; k++) e += (a[b * n / 2 + k]! - Y[b * n / 2 + k]!) ** 2;
@@ -138,7 +147,7 @@ describe('RTC sampling', () => {
     };
     expect(gap(guided)).toBeLessThan(0.3 * gap(plain));
     if (NATIVE_PRESENT) {
-      const graph = withGraphs(true, () => s.sample(batch, { noise, chunk }));
+      const graph = withGraphs(true, () => s.sample(batch, { noise, chunk, numSteps: STEPS }));
       expect(maxAbs(graph, guided)).toBeLessThan(guidedBound(c) * scale(guided));
     }
     s.dispose();
@@ -156,7 +165,7 @@ describe('RTC sampling', () => {
     const Y = new Rng(9).normals(n);
     const w = rtcWeights(c.horizon, 4, c.horizon - 3);
     const W = Float32Array.from({ length: n }, (_, k) => w[Math.floor(k / c.actionDim) % c.horizon]!);
-    const at = (beta: number, graphs: boolean) => withGraphs(graphs, () => s.sample(batch, { noise, chunk: { mode: 'guided', actions: Y, weights: W, maxGuidance: beta } }));
+    const at = (beta: number, graphs: boolean) => withGraphs(graphs, () => s.sample(batch, { noise, chunk: { mode: 'guided', actions: Y, weights: W, maxGuidance: beta }, numSteps: STEPS }));
     at(5, true); // the layout's one trace
     const traces = sampleGraphStats().traces;
     const outs: Float32Array[] = [];
@@ -170,7 +179,7 @@ describe('RTC sampling', () => {
     expect(maxAbs(outs[2]!, outs[4]!)).toBeGreaterThan(1e-3); // β reaches the graph (not a constant)
     // A β per datum (robots of different rtc_max_guidance in one batch): each row is its β's row
     // of the batch, bit for bit (min and the product are per element), in the same graph.
-    const perDatum = (graphs: boolean) => withGraphs(graphs, () => s.sample(batch, { noise, chunk: { mode: 'guided', actions: Y, weights: W, maxGuidance: [0, 20] } }));
+    const perDatum = (graphs: boolean) => withGraphs(graphs, () => s.sample(batch, { noise, chunk: { mode: 'guided', actions: Y, weights: W, maxGuidance: [0, 20] }, numSteps: STEPS }));
     for (const graphs of [false, true]) {
       const mixed = perDatum(graphs);
       expect(Array.from(mixed.subarray(0, n / 2))).toEqual(Array.from(at(0, graphs).subarray(0, n / 2)));
@@ -193,26 +202,26 @@ describe('RTC sampling', () => {
     const Y = new Rng(3).normals(2 * per);
     const delays = [4, 1];
     const W = Float32Array.from({ length: 2 * per }, (_, k) => (Math.floor((k % per) / c.actionDim) < delays[Math.floor(k / per)]! ? 1 : 0));
-    const out = withGraphs(false, () => s.sample(batch, { noise, chunk: { mode: 'prefix', actions: Y, weights: W } }));
+    const out = withGraphs(false, () => s.sample(batch, { noise, chunk: { mode: 'prefix', actions: Y, weights: W }, numSteps: STEPS }));
     expect(Array.from(out.subarray(0, 4 * c.actionDim))).toEqual(Array.from(Y.subarray(0, 4 * c.actionDim)));
     expect(Array.from(out.subarray(per, per + c.actionDim))).toEqual(Array.from(Y.subarray(per, per + c.actionDim)));
     expect(maxAbs(out, Y, 4 * c.actionDim, per)).toBeGreaterThan(0.1);
     // With no delay every action is at the step's time: the plain chunk, to float32 rounding of a
     // time embedding per action instead of per datum.
-    const plain = withGraphs(false, () => s.sample(batch, { noise }));
-    const none = withGraphs(false, () => s.sample(batch, { noise, chunk: { mode: 'prefix', actions: Y, weights: new Float32Array(2 * per) } }));
+    const plain = withGraphs(false, () => s.sample(batch, { noise, numSteps: STEPS }));
+    const none = withGraphs(false, () => s.sample(batch, { noise, chunk: { mode: 'prefix', actions: Y, weights: new Float32Array(2 * per) }, numSteps: STEPS }));
     // The time MLP on [b * ah] rows instead of [b]: other matmul shapes, so other summation orders.
     const bound = sampleBound(c.mlpDim);
     expect(maxAbs(none, plain)).toBeLessThan(bound * scale(plain));
     if (NATIVE_PRESENT) {
-      const graph = withGraphs(true, () => s.sample(batch, { noise, chunk: { mode: 'prefix', actions: Y, weights: W } }));
+      const graph = withGraphs(true, () => s.sample(batch, { noise, chunk: { mode: 'prefix', actions: Y, weights: W }, numSteps: STEPS }));
       expect(maxAbs(graph, out)).toBeLessThan(bound * scale(out));
       // Another delay runs the same graph: the held actions are an input, not baked in.
       const traces = sampleGraphStats().traces;
       const W2 = Float32Array.from({ length: 2 * per }, (_, k) => (Math.floor((k % per) / c.actionDim) < 2 ? 1 : 0));
-      const other = withGraphs(true, () => s.sample(batch, { noise, chunk: { mode: 'prefix', actions: Y, weights: W2 } }));
+      const other = withGraphs(true, () => s.sample(batch, { noise, chunk: { mode: 'prefix', actions: Y, weights: W2 }, numSteps: STEPS }));
       expect(sampleGraphStats().traces).toBe(traces);
-      const otherEager = withGraphs(false, () => s.sample(batch, { noise, chunk: { mode: 'prefix', actions: Y, weights: W2 } }));
+      const otherEager = withGraphs(false, () => s.sample(batch, { noise, chunk: { mode: 'prefix', actions: Y, weights: W2 }, numSteps: STEPS }));
       expect(maxAbs(other, otherEager)).toBeLessThan(bound * scale(otherEager));
     }
     s.dispose();

@@ -23,6 +23,19 @@ import { realPiParamSpecs } from '../kernels/pi/params.ts';
 import { loraParamCount } from '../kernels/pi/memory.ts';
 import { tinyRealConfig } from './helpers/real-pi-base.ts';
 
+/**
+ * Euler steps of the probe samples that are compared for equality (seeded reproducibility, state
+ * and weights round trips, eviction): any count tells identical weights and generators from
+ * others, and each new layout or adapter is a graph the engine traces at this length.
+ */
+const PROBE_STEPS = 2;
+/**
+ * Euler steps of the seeded samples whose error against the batch's chunks must fall: at 4 the
+ * errors are those of the models' 10 (measured: pi0 1.437 -> 1.098, pi0.5 1.397 -> 0.587, against
+ * 1.439 -> 1.098 and 1.397 -> 0.589 at 10), and the sampler's graph traces in less than half the time.
+ */
+const ERROR_STEPS = 4;
+
 let server: TestServer;
 let client: VelaClient;
 let batches: Datum[][];
@@ -130,7 +143,7 @@ for (const variant of ['pi0', 'pi05'] as const) {
       // 1.439 -> 1.098 (0.76x); pi0.5 1.133 / 0.677 (0.60x), 1.397 -> 0.589 (0.42x).
       const probe = B.slice(0, 1);
       const sampleError = async () => {
-        const a = (await conn.sample(B, { codec: 'JPEG', seed: 3 })).actions.data as Float32Array;
+        const a = (await conn.sample(B, { codec: 'JPEG', seed: 3, num_steps: ERROR_STEPS })).actions.data as Float32Array;
         return chunkError(a, B);
       };
       const errBefore = await sampleError();
@@ -151,15 +164,15 @@ for (const variant of ['pi0', 'pi05'] as const) {
       }
 
       // Seeded sampling is reproducible; save_state / load_state restore it exactly.
-      const a1 = await conn.sample(probe, { codec: 'JPEG', seed: 3 });
+      const a1 = await conn.sample(probe, { codec: 'JPEG', seed: 3, num_steps: PROBE_STEPS });
       expect(a1.actions.shape).toEqual([1, 10, 32]);
-      expect(Array.from(a1.actions.data as Float32Array)).toEqual(Array.from((await conn.sample(probe, { codec: 'JPEG', seed: 3 })).actions.data as Float32Array));
+      expect(Array.from(a1.actions.data as Float32Array)).toEqual(Array.from((await conn.sample(probe, { codec: 'JPEG', seed: 3, num_steps: PROBE_STEPS })).actions.data as Float32Array));
       await conn.saveState('trained');
       await conn.forwardBackward(B, { codec: 'JPEG' });
       await conn.optimStep({ learning_rate: 3e-3 });
-      expect(Array.from((await conn.sample(probe, { codec: 'JPEG', seed: 3 })).actions.data as Float32Array)).not.toEqual(Array.from(a1.actions.data as Float32Array));
+      expect(Array.from((await conn.sample(probe, { codec: 'JPEG', seed: 3, num_steps: PROBE_STEPS })).actions.data as Float32Array)).not.toEqual(Array.from(a1.actions.data as Float32Array));
       await conn.loadState('trained');
-      expect(Array.from((await conn.sample(probe, { codec: 'JPEG', seed: 3 })).actions.data as Float32Array)).toEqual(Array.from(a1.actions.data as Float32Array));
+      expect(Array.from((await conn.sample(probe, { codec: 'JPEG', seed: 3, num_steps: PROBE_STEPS })).actions.data as Float32Array)).toEqual(Array.from(a1.actions.data as Float32Array));
 
       // save_weights: the adapter at openpi's ranks, on the named base.
       const dir = await conn.saveWeights('final');
@@ -176,12 +189,12 @@ for (const variant of ['pi0', 'pi05'] as const) {
       expect(adapterCfg.modules_to_save).toEqual([...new Set([...fullNames].map((n) => n.replace(/\.(weight|bias)$/, '')))]);
       expect(cfg.lora_full).toEqual(realPiLoraFull(c));
       // sample from the saved weights (a fresh adapter of the same ranks on the shared base) equals the live one.
-      expect(Array.from((await conn.sample(probe, { codec: 'JPEG', seed: 3, weights: 'final' })).actions.data as Float32Array)).toEqual(Array.from(a1.actions.data as Float32Array));
+      expect(Array.from((await conn.sample(probe, { codec: 'JPEG', seed: 3, num_steps: PROBE_STEPS, weights: 'final' })).actions.data as Float32Array)).toEqual(Array.from(a1.actions.data as Float32Array));
       // A new session on the same base that loads the saved state samples the same (projections included).
       const fresh = await client.waitReady((await client.createSession({ base_model: variant, base })).id);
       const cf = await client.connect(fresh);
       await cf.loadCheckpoint(`${s.id}/states/trained`);
-      expect(Array.from((await cf.sample(probe, { codec: 'JPEG', seed: 3 })).actions.data as Float32Array)).toEqual(Array.from(a1.actions.data as Float32Array));
+      expect(Array.from((await cf.sample(probe, { codec: 'JPEG', seed: 3, num_steps: PROBE_STEPS })).actions.data as Float32Array)).toEqual(Array.from(a1.actions.data as Float32Array));
       await cf.close();
       await client.closeSession(fresh.id);
       await conn.close();
@@ -243,7 +256,7 @@ describe('tenants on one real base', () => {
       const c = new VelaClient(evicting.baseUrl, evicting.apiKey);
       const base = bases.pi05;
       const probe = batches[0]!.slice(0, 1);
-      const actions = async (conn: SessionConnection) => Array.from((await conn.sample(probe, { codec: 'JPEG', seed: 5 })).actions.data as Float32Array);
+      const actions = async (conn: SessionConnection) => Array.from((await conn.sample(probe, { codec: 'JPEG', seed: 5, num_steps: PROBE_STEPS })).actions.data as Float32Array);
       const a = await readySession(c, { base_model: 'pi05', base });
       const ca = await c.connect(a);
       await ca.forwardBackward(batches[0]!, { codec: 'JPEG' });
@@ -265,7 +278,7 @@ describe('tenants on one real base', () => {
       // sleep / wake_up (xorl's engine control) on the real base.
       const fc = new FuturesClient(evicting.baseUrl, evicting.apiKey);
       expect(await fc.call('sleep', { model_id: a.id })).toEqual({ model_id: a.id, asleep: true });
-      await expect(ca.sample(probe, { codec: 'JPEG', seed: 5 })).rejects.toThrow(/asleep: call wake_up first/);
+      await expect(ca.sample(probe, { codec: 'JPEG', seed: 5, num_steps: PROBE_STEPS })).rejects.toThrow(/asleep: call wake_up first/);
       expect(await fc.call('wake_up', { model_id: a.id })).toEqual({ model_id: a.id, asleep: false });
       expect(await actions(ca)).toEqual(trainedA);
       // An adapter means nothing on other base weights, even where every shape fits.
