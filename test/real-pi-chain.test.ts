@@ -3,8 +3,9 @@
  * configuration of the same architecture: a LoRA fine-tune job from a base folder in the Hub
  * layout on the shipped G1 sample (REST, the engine worker), its weights served by `vela policy`
  * (its own process) to OpenPI's Python client, and the job's `model_dir` opened again as the base
- * of a training session over the websocket, whose untrained sample equals the job policy's answer
- * for the same observation and noise.
+ * of a training session over the websocket, which takes a forward_backward and an optimizer step.
+ * (That the session's sample equals the policy's answer for the same observation and noise is
+ * not checked here.)
  */
 import type { ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
