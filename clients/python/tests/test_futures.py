@@ -14,21 +14,13 @@ import numpy as np
 import pytest
 
 import vela
+from datums import A, H, datum
 
 URL = os.environ["VELA_URL"]
 KEY = os.environ["VELA_API_KEY"]
-H, A, S = 4, 6, 7
 # The same model over the websocket and over the futures API: equal seeds give equal weights and noise.
 CONFIG = {"base_model": "flow05-tiny", "action_horizon": H, "seed": 3}
 LORA = {"rank": 4, "alpha": 8}
-
-
-def datum(seed, actions=True):
-    rng = np.random.default_rng(seed)
-    d = {"observation": {"image": {"cam_high": rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)}, "state": rng.standard_normal(S).astype(np.float32), "prompt": "pick up the bottle"}}
-    if actions:
-        d["actions"] = rng.standard_normal((H, A)).astype(np.float32)
-    return d
 
 
 def wait_for(pred, seconds=10.0):

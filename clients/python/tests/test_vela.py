@@ -12,19 +12,11 @@ import numpy as np
 import pytest
 
 import vela
+from datums import A, H, datum
 
 URL = os.environ["VELA_URL"]
 KEY = os.environ["VELA_API_KEY"]
 DATASET = os.environ.get("VELA_DATASET", "g1_subset")
-H, A, S = 4, 6, 7
-
-
-def datum(seed, actions=True):
-    rng = np.random.default_rng(seed)
-    d = {"observation": {"image": {"cam_high": rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)}, "state": rng.standard_normal(S).astype(np.float32), "prompt": "pick up the bottle"}}
-    if actions:
-        d["actions"] = rng.standard_normal((H, A)).astype(np.float32)
-    return d
 
 
 @pytest.fixture(scope="module")
