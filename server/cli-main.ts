@@ -73,14 +73,16 @@ async function serve(argv: string[]): Promise<void> {
   const server = await startServer(config, {
     onNewKey: (key) => process.stdout.write(`\nNo API key existed, so one was created. It is shown only this once:\n\n    ${key}\n\nUse it as: Authorization: Bearer ${key}\n\n`),
   });
+  // Before the backend probe below (seconds): the server already answers, so a Ctrl-C from now
+  // on must close it cleanly (the database checkpointed, its -wal and -shm files removed).
+  stopOnSignals(() => server.close());
   // Chosen now, in a short-lived worker, so the operator sees it before the first session.
   const backend = await server.sessions.backend().then((b) => b.line, (e: Error) => `no backend: ${e.message}`);
   process.stdout.write(
     `Vela listening on ${server.baseUrl} (data: ${path.resolve(config.dataDir)}, datasets: ${path.resolve(config.datasetsDir)}${fs.existsSync(config.datasetsDir) ? '' : ': no such folder yet'})\n` +
       `Dashboard: ${server.baseUrl}/ui/\n${backend}\n` +
-      (config.apiKey ? 'Accepting the key from VELA_API_KEY / --api-key.\n' : ''),
+      (config.apiKey ? 'Accepting the key from VELA_API_KEY / --api-key (stored with this data folder\'s keys as "from VELA_API_KEY": it stays valid after a restart without it).\n' : ''),
   );
-  stopOnSignals(() => server.close());
 }
 
 async function keys(argv: string[]): Promise<void> {

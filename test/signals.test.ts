@@ -1,11 +1,17 @@
 /**
  * Stopping on signals (server/signals.ts) in a real child process: a SIGTERM that arrives twice
  * at once (a service manager signals the whole process group and npm forwards its own copy) is
- * one graceful stop; a second signal a second or more later exits at once.
+ * one graceful stop; a second signal a second or more later exits at once. And `vela serve`
+ * stops cleanly on a Ctrl-C that comes as soon as it answers, before its banner (the backend
+ * probe takes seconds): a fresh user's Ctrl-C there once left the database's -wal and -shm files.
  */
 import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
+import { TEST_BACKENDS } from './helpers/tf.ts';
 
 const CHILD = fileURLToPath(new URL('./fixtures/signals-child.ts', import.meta.url));
 
@@ -40,4 +46,34 @@ describe('stopOnSignals', () => {
     expect(out).not.toContain('closed');
     expect(code).toBe(1);
   }, 30_000);
+});
+
+describe('vela serve', () => {
+  it('a SIGINT as soon as /healthz answers (before the banner) is a clean stop: exit 0, no -wal or -shm left', async () => {
+    const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-sigint-'));
+    const port = 20000 + Math.floor(Math.random() * 20000);
+    try {
+      const child = spawn(process.execPath, [fileURLToPath(new URL('../bin/vela.js', import.meta.url)), 'serve'], {
+        env: { ...process.env, VELA_PORT: String(port), VELA_DATA_DIR: dataDir, VELA_API_KEY: 'sigint-key', VELA_BACKEND: TEST_BACKENDS[0]!, VELA_LOG_LEVEL: 'info' },
+      });
+      let out = '';
+      child.stdout.on('data', (d: Buffer) => (out += d));
+      child.stderr.on('data', (d: Buffer) => (out += d));
+      const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
+      for (const deadline = performance.now() + 60_000; ; await new Promise((r) => setTimeout(r, 20))) {
+        expect(performance.now(), `vela serve never answered /healthz:\n${out}`).toBeLessThan(deadline);
+        if ((await fetch(`http://127.0.0.1:${port}/healthz`).catch(() => null))?.ok) break;
+      }
+      const beforeBanner = !out.includes('Vela listening');
+      child.kill('SIGINT');
+      const code = await exited;
+      expect(out).toContain('SIGINT: shutting down');
+      expect(code, out).toBe(0);
+      expect(fs.readdirSync(dataDir).filter((f) => /-(wal|shm)$/.test(f))).toEqual([]);
+      // Where the signal landed (the banner waits for the backend probe, seconds on 2 cores).
+      console.log(`SIGINT ${beforeBanner ? 'before' : 'after'} the banner`);
+    } finally {
+      fs.rmSync(dataDir, { recursive: true, force: true });
+    }
+  }, 90_000);
 });
