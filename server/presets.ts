@@ -44,6 +44,6 @@ export function describeRealModels(): string {
     row('pi0', realPiParamCount(REAL_PI0), 'the real pi0 (PaliGemma: SigLIP + Gemma 2B, Gemma 300M action expert)', DEFAULT_BASES.pi0),
     row('pi05', realPiParamCount(REAL_PI05), 'the real pi0.5 (the same with adaRMSNorm time conditioning)', DEFAULT_BASES.pi05),
     `the real models are named as "model" of a fine-tune or "base_model" of a session, with "base" (a Hub id, default ${DEFAULT_BASES.pi0} / ${DEFAULT_BASES.pi05}, or a checkpoint folder); vela policy --base ID serves one`,
-    `records stored before the rename that say pi0 / pi05 load them as ${LEGACY_BARE_NAMES.pi0}, ${LEGACY_BARE_NAMES.pi05}`,
+    `(a job or session stored before the small presets were renamed, whose model reads pi0 / pi05, still loads as ${LEGACY_BARE_NAMES.pi0} / ${LEGACY_BARE_NAMES.pi05})`,
   ].join('\n');
 }

@@ -104,7 +104,7 @@ describe('kernels: names', () => {
     expect(lines[4]).toMatch(/^pi0 +3,238,048,528 parameters, the real pi0 .*; get it: vela models download lerobot\/pi0_base$/);
     expect(lines[5]).toMatch(/^pi05 +3,353,433,872 parameters, the real pi0\.5 .*; get it: vela models download lerobot\/pi05_base$/);
     expect(lines[6]).toContain('"base_model"');
-    expect(lines[7]).toBe('records stored before the rename that say pi0 / pi05 load them as flow0-small, flow05-small');
+    expect(lines[7]).toBe('(a job or session stored before the small presets were renamed, whose model reads pi0 / pi05, still loads as flow0-small / flow05-small)');
     expect(text).not.toContain('not served');
   });
 });

@@ -247,7 +247,7 @@ export async function runFineTune(cfg: FineTuneConfig, ctx: RunContext): Promise
   // Gradient accumulation (issue 34): each step's batch in taped passes of `micro` datums, summed into one optimizer step.
   const micro = Math.min(cfg.batch_size, cfg.micro_batch_size ?? cfg.memory_plan?.micro_batch_size ?? cfg.batch_size);
   const passes = Math.ceil(cfg.batch_size / micro);
-  const microWhy = cfg.micro_batch_size != null ? 'micro_batch_size as requested' : cfg.memory_plan ? `the memory plan: ${cfg.memory_plan.reason}` : 'the whole batch at once (not planned)';
+  const microWhy = cfg.micro_batch_size != null ? 'micro_batch_size as requested' : cfg.memory_plan ? `the memory plan: ${cfg.memory_plan.reason}` : 'the whole batch at once (memory is planned for real pi0 / pi0.5 bases only)';
   ctx.emit('log', {
     message: `training: steps ${step + 1}..${cfg.steps}, batch ${cfg.batch_size}${passes > 1 ? ` in ${passes} micro-batches of ${micro} (gradients summed into one optimizer step)` : ''}; micro-batch ${micro} by ${microWhy}`,
     stage: 'training', max_steps: cfg.steps, micro_batch_size: micro,
