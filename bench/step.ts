@@ -124,8 +124,11 @@ export async function pySession(python: string, server: ServerProc, preset: stri
   const child = spawn(python, [path.join(ROOT, 'bench', 'python_step.py'), server.baseUrl, server.apiKey, preset, finetune, file], {
     env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients/python/src') }, stdio: ['pipe', 'pipe', 'pipe'],
   });
+  // The tail only (what an error quotes): a chatty child cannot grow it without bound.
   let stderr = '';
-  child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()).length > 20_000 && (stderr = stderr.slice(-10_000)));
+  child.stderr!.on('data', (d: Buffer) => {
+    stderr = (stderr + d.toString()).slice(-10_000);
+  });
   const lines = readline.createInterface({ input: child.stdout! })[Symbol.asyncIterator]();
   const next = async (what: string): Promise<string> => {
     const r = await lines.next();
@@ -150,7 +153,10 @@ export async function pySession(python: string, server: ServerProc, preset: stri
 
 /**
  * Both paths on the same datums. Steps alternate (in-process, websocket, in-process, ...) so
- * that both see the same background load of a shared machine.
+ * that both see the same background load of a shared machine. With `samples` (the datums' raw
+ * frames, uint8 [480, 640, 3] per camera) a third path runs each round: the same step through
+ * the Python package (pySession), or `pythonSkipped` says why not (benchPython).
+ * @throws Error when a path fails (the Python child's stderr tail in the message).
  */
 export async function runStep(engine: Engine, server: ServerProc, datums: Datum[], setup: StepSetup, samples: readonly RawSample[] = []): Promise<StepResult> {
   const batch = await toModelBatch(makeConfig(setup.preset), datums, setup.codec);

@@ -42,6 +42,32 @@ function forServer(code: string, server: TestServer): string {
   return code.replaceAll('"http://127.0.0.1:8080"', JSON.stringify(server.baseUrl)).replaceAll('"my-key"', JSON.stringify(TEST_KEY));
 }
 
+/** `code` with each `[from, to]` swapped once; fails when the example no longer has `from`. */
+function swapped(code: string, pairs: [string, string][]): string {
+  for (const [from, to] of pairs) {
+    expect(code).toContain(from);
+    code = code.replace(from, to);
+  }
+  return code;
+}
+
+/**
+ * Writes `code` to `dir`/`name` and runs it with `python` (the test venv's, with the package from
+ * its source folder, unless another is given); its stdout. Fails on any stderr (a warning included)
+ * and names `what` when the script fails.
+ */
+async function runScript(what: string, name: string, code: string, opts: { dir: string; python?: string; timeoutMs?: number }): Promise<string> {
+  const file = path.join(opts.dir, name);
+  fs.writeFileSync(file, code);
+  const pkgEnv = opts.python ? {} : { PYTHONPATH: path.join(ROOT, 'clients/python/src') };
+  const { stdout, stderr } = await run(opts.python ?? env.python!, [file], { cwd: opts.dir, timeout: opts.timeoutMs ?? 300_000, env: { ...process.env, ...pkgEnv } })
+    .catch((e: { stderr?: string; stdout?: string }) => {
+      throw new Error(`${what} failed:\n${e.stdout}\n${e.stderr}`);
+    });
+  expect(stderr, `${what} wrote to stderr`).toBe('');
+  return stdout;
+}
+
 describe.skipIf(missing('the Python package tests', env.reason))('the vela Python package (pytest) against the real server', () => {
   const subset = g1Subset(1);
   const tmpRoot = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-pkg-policy-'));
@@ -80,21 +106,11 @@ describe.skipIf(missing('the Python package tests', env.reason))('the vela Pytho
   }, 660_000);
 
   it('the README\'s real-time chunking loop with the package runs against `vela policy`: plain first, then guided chunks spliced at the row each says', async () => {
-    let code = pythonBlock('Real-time chunking', 0);
-    for (const [from, to] of [
+    const code = swapped(pythonBlock('Real-time chunking', 0), [
       ['vela.WebsocketClientPolicy("ws://127.0.0.1:8000"', `vela.WebsocketClientPolicy(${JSON.stringify(policy.url)}`],
       ['control_hz=30', 'control_hz=10'], ['rtc.run(300, robot_step)', 'rtc.run(60, robot_step)'],
-    ]) {
-      expect(code).toContain(from);
-      code = code.replace(from, to);
-    }
-    const file = path.join(tmpRoot, 'rtc.py');
-    fs.writeFileSync(file, code);
-    const { stdout, stderr } = await run(env.python!, [file], { cwd: tmpRoot, timeout: 300_000, env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients/python/src') } })
-      .catch((e: { stderr?: string; stdout?: string }) => {
-        throw new Error(`the README's RTC loop with the package failed:\n${e.stdout}\n${e.stderr}`);
-      });
-    expect(stderr).toBe('');
+    ]);
+    const stdout = await runScript('the README\'s RTC loop with the package', 'rtc.py', code, { dir: tmpRoot });
     const lines = stdout.trim().split('\n');
     const summary = /^(\d+) actions in 60 ticks; (\d+) ticks without one$/.exec(lines.pop()!);
     expect(summary, stdout).not.toBeNull();
@@ -113,13 +129,7 @@ describe.skipIf(missing('the Python package tests', env.reason))('the vela Pytho
   }, 300_000);
 
   it('the README\'s futures-client loop (vela.ServiceClient) trains, saves and loads a model over /api/v1', async () => {
-    const file = path.join(tmpRoot, 'futures.py');
-    fs.writeFileSync(file, forServer(pythonBlock('Training sessions', 2), server));
-    const { stdout, stderr } = await run(env.python!, [file], { cwd: tmpRoot, timeout: 120_000, env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients/python/src') } })
-      .catch((e: { stderr?: string; stdout?: string }) => {
-        throw new Error(`the README's futures loop failed:\n${e.stdout}\n${e.stderr}`);
-      });
-    expect(stderr).toBe('');
+    const stdout = await runScript('the README\'s futures loop', 'futures.py', forServer(pythonBlock('Training sessions', 2), server), { dir: tmpRoot, timeoutMs: 120_000 });
     // A finite loss and gradient norm, and the checkpoint id that save_weights gave (the model's states/step-1).
     expect(stdout.trim()).toMatch(/^loss \d+\.\d{3}, grad_norm \d+\.\d{3}, saved ts-\w+\/states\/step-1$/);
   }, 120_000);
@@ -128,19 +138,12 @@ describe.skipIf(missing('the Python package tests', env.reason))('the vela Pytho
     const md = fs.readFileSync(path.join(ROOT, 'clients/python/README.md'), 'utf8');
     const at = md.indexOf('```python\n');
     expect(at).toBeGreaterThan(0);
-    let code = forServer(md.slice(at + 10, md.indexOf('\n```', at + 10)), server);
     // This server's dataset, 2 steps of batch 2 without held-out evaluation instead of 20 of the recipe, and its websocket address.
-    for (const [from, to] of [['dataset_name="g1_pick_bottle_sample", steps=20', `dataset_name=${JSON.stringify(subset.name)}, steps=2, batch_size=2, eval_fraction=0`], ['ws://127.0.0.1:8080', server.baseUrl.replace('http', 'ws')]]) {
-      expect(code).toContain(from);
-      code = code.replace(from, to);
-    }
-    const file = path.join(tmpRoot, 'package-readme.py');
-    fs.writeFileSync(file, code);
-    const { stdout, stderr } = await run(env.python!, [file], { cwd: tmpRoot, timeout: 300_000, env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients/python/src') } })
-      .catch((e: { stderr?: string; stdout?: string }) => {
-        throw new Error(`the package README's example failed:\n${e.stdout}\n${e.stderr}`);
-      });
-    expect(stderr).toBe('');
+    const code = swapped(forServer(md.slice(at + 10, md.indexOf('\n```', at + 10)), server), [
+      ['dataset_name="g1_pick_bottle_sample", steps=20', `dataset_name=${JSON.stringify(subset.name)}, steps=2, batch_size=2, eval_fraction=0`],
+      ['ws://127.0.0.1:8080', server.baseUrl.replace('http', 'ws')],
+    ]);
+    const stdout = await runScript('the package README\'s example', 'package-readme.py', code, { dir: tmpRoot });
     // The G1 subset's policy: flow0-tiny's 16-step chunks of the dataset's 26 action dims.
     expect(stdout.trim()).toMatch(/^loss \d+\.\d{3}, actions \(16, 26\)$/);
   }, 300_000);
@@ -161,12 +164,8 @@ describe.skipIf(missing('the Python package tests', env.reason))('the vela Pytho
         });
       const lines: Record<string, string> = {};
       for (const [which, n, python] of [['package', 0, py], ['raw', 1, env.python!]] as const) {
-        const file = path.join(tmp, `${which}.py`);
-        fs.writeFileSync(file, forServer(pythonBlock('Training sessions', n), server));
-        const { stdout, stderr } = await run(python, [file], { cwd: tmp, timeout: 300_000 }).catch((e: { stderr?: string; stdout?: string }) => {
-          throw new Error(`the README's ${which} session loop failed:\n${e.stdout}\n${e.stderr}`);
-        });
-        expect(stderr).toBe('');
+        // The fresh venv's Python for the package (nothing on its path), the test venv's for the raw loop.
+        const stdout = await runScript(`the README's ${which} session loop`, `${which}.py`, forServer(pythonBlock('Training sessions', n), server), { dir: tmp, python });
         lines[which] = stdout.trim();
       }
       // Both print the loss and the sampled chunk's shape: [1 datum, flow05-tiny's 16 steps, its 32 action dims]
