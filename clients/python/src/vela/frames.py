@@ -2,7 +2,7 @@
 
 A frame is a numpy ``uint8`` array ``[H, W, 3]`` (RGB). With codec ``"RAW"`` it is sent as it
 is (an ndarray); ``"PNG"``, ``"JPEG"`` and ``"CODEC_JPEG_Q<N>"`` encode it here with Pillow
-(``pip install vela-client[images]``), which cuts a 480x640 frame from 922 kB to tens of kB. The
+(``pip install Pillow``, or the package's ``[images]`` extra), which cuts a 480x640 frame from 922 kB to tens of kB. The
 server resizes any size with padding to the model's image size, as LeRobot and openpi do.
 Bytes given as a frame are sent untouched (already encoded with the request's codec).
 """
@@ -43,7 +43,7 @@ def encode_frame(frame: Any, codec: str) -> Any:
     try:
         from PIL import Image
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(f"codec {codec} encodes frames with Pillow: pip install 'vela-client[images]' (or send codec RAW)") from e
+        raise ImportError(f"codec {codec} encodes frames with Pillow: pip install Pillow (or send codec RAW)") from e
     out = io.BytesIO()
     img = Image.fromarray(np.ascontiguousarray(arr), "RGB")
     if codec == "JPEG":

@@ -161,8 +161,7 @@ def _import_zstandard() -> Any:
     try:
         import zstandard
     except ImportError as e:
-        raise ImportError("zstd=True compresses observations with the zstandard package: pip install zstandard "
-                          "(or pip install 'vela-client[zstd]')") from e
+        raise ImportError("zstd=True compresses observations with the zstandard package: pip install zstandard") from e
     return zstandard
 
 
