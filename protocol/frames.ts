@@ -13,6 +13,7 @@ import { ProtocolError } from './errors.ts';
 import { DEFAULT_MAX_PIXELS, badFrame, checkPixels, hexHead, type Frame, type FrameLimits, type NDArrayLike, type Pixels } from './pixels.ts';
 import { decodeZpng, encodeZpng } from './zpng.ts';
 import { initZstd } from './zstd.ts';
+import { resizeWithPadSync } from './resize.ts';
 
 export type { Frame, FrameLimits, NDArrayLike, Pixels } from './pixels.ts';
 
@@ -130,13 +131,17 @@ async function decodeWithSharp(kind: 'PNG' | 'JPEG', bytes: Uint8Array, limits: 
     throw badFrame(`${kind} frame does not start with the ${kind} signature: [${hexHead(bytes)}] (${bytes.byteLength} bytes)`);
   }
   const max = limits.maxPixels ?? DEFAULT_MAX_PIXELS;
-  let meta: Metadata;
-  try {
-    meta = await sharp(bytes).metadata();
-  } catch (e) {
-    throw badFrame(`${kind} header could not be read (${bytes.byteLength} bytes): ${(e as Error).message}`);
+  let dims = headerSize(kind, bytes);
+  if (!dims) {
+    let meta: Metadata;
+    try {
+      meta = await sharp(bytes).metadata();
+    } catch (e) {
+      throw badFrame(`${kind} header could not be read (${bytes.byteLength} bytes): ${(e as Error).message}`);
+    }
+    dims = { width: meta.width ?? 0, height: meta.height ?? 0 };
   }
-  checkPixels(`${kind} frame`, meta.width ?? 0, meta.height ?? 0, limits);
+  checkPixels(`${kind} frame`, dims.width, dims.height, limits);
   let out: { data: Buffer; info: OutputInfo };
   try {
     // failOn 'error' also refuses truncated data; limitInputPixels is a second guard on the header.
@@ -190,59 +195,13 @@ export function headerSize(kind: 'PNG' | 'JPEG', b: Uint8Array): { width: number
 }
 
 /**
- * Decodes a frame straight to `size` x `size` with `resizeWithPad`'s geometry (aspect kept,
- * centred black padding, MODEL.md D12). For PNG and JPEG it is one sharp pipeline, so a JPEG is
- * decoded at a reduced DCT scale when that suffices (libjpeg shrink-on-load): 2-3x faster than
- * decoding at full size and resizing, with pixels within a few levels of that path. RAW and
- * LOSSLESS frames are decoded, then resized.
+ * Decodes a frame and resizes it to `size` x `size` (`resizeWithPad`, MODEL.md D12). Whatever the
+ * codec, the pixels are those of decoding at full size and then resizing, so a frame the client
+ * already resized with the same rule (the Python package does) gives the same model input.
  * @throws ProtocolError as `decodeFrame`.
  */
 export async function decodeFrameResized(codec: string, input: Uint8Array | NDArrayLike, size: number, limits: FrameLimits = {}): Promise<Frame> {
-  const { kind } = parseCodec(codec);
-  if ((kind !== 'PNG' && kind !== 'JPEG') || !(input instanceof Uint8Array)) return resizeWithPad(await decodeFrame(codec, input, limits), size);
-  const bytes = input.slice(); // before the first await: a websocket message's buffer dies with its callback
-  const signature = kind === 'PNG' ? PNG_SIGNATURE : JPEG_SIGNATURE;
-  if (bytes.byteLength < signature.length || signature.some((b, i) => bytes[i] !== b)) {
-    throw badFrame(`${kind} frame does not start with the ${kind} signature: [${hexHead(bytes)}] (${bytes.byteLength} bytes)`);
-  }
-  let dims = headerSize(kind, bytes);
-  if (!dims) {
-    let meta: Metadata;
-    try {
-      meta = await sharp(bytes).metadata();
-    } catch (e) {
-      throw badFrame(`${kind} header could not be read (${bytes.byteLength} bytes): ${(e as Error).message}`);
-    }
-    dims = { width: meta.width ?? 0, height: meta.height ?? 0 };
-  }
-  const { width, height } = dims;
-  checkPixels(`${kind} frame`, width, height, limits);
-  const ratio = Math.max(width / size, height / size);
-  const rw = Math.max(1, Math.trunc(width / ratio));
-  const rh = Math.max(1, Math.trunc(height / ratio));
-  const top = Math.trunc((size - rh) / 2);
-  const left = Math.trunc((size - rw) / 2);
-  let out: { data: Buffer; info: OutputInfo };
-  try {
-    // sequentialRead: one top-to-bottom pass, so libvips needs no random-access cache (~6% per frame).
-    out = await sharp(bytes, { failOn: 'error', limitInputPixels: limits.maxPixels ?? DEFAULT_MAX_PIXELS, sequentialRead: true })
-      .toColourspace('srgb')
-      .removeAlpha()
-      .resize(rw, rh, { fit: 'fill', kernel: 'linear' })
-      .raw({ depth: 'uchar' })
-      .toBuffer({ resolveWithObject: true });
-  } catch (e) {
-    throw badFrame(`${kind} frame could not be decoded (${bytes.byteLength} bytes): ${(e as Error).message}`);
-  }
-  if (out.info.width !== rw || out.info.height !== rh || out.info.channels !== 3) {
-    throw badFrame(`${kind} frame decoded to ${out.info.width}x${out.info.height}x${out.info.channels}; expected ${rw}x${rh}x3`);
-  }
-  // The black bands are copied here rather than by sharp's extend(), which made the pipeline
-  // ~1.6x slower (8 G1 frames: 24 -> 15 ms on 2 cores).
-  const data = new Uint8Array(size * size * 3);
-  const row = rw * 3;
-  for (let y = 0; y < rh; y++) data.set(out.data.subarray(y * row, (y + 1) * row), ((top + y) * size + left) * 3);
-  return { data, height: size, width: size };
+  return resizeWithPad(await decodeFrame(codec, input, limits), size);
 }
 
 // ---- encoding and resizing ----
@@ -275,27 +234,12 @@ export async function encodeFrame(codec: string, frame: Frame | Pixels): Promise
 
 /**
  * Resizes `frame` to fit `size` x `size` keeping its aspect ratio, then pads it with black,
- * centred (MODEL.md D12). Geometry as openpi_client.image_tools.resize_with_pad: ratio =
- * max(W / size, H / size), resized to int(W / ratio) x int(H / ratio) (at least 1), offset
- * int((size - side) / 2). Bilinear (triangle) filter, as OpenPI's PIL path. A frame already
- * `size` x `size` comes back as a copy.
+ * centred: LeRobot's `resize_with_pad_torch` (bilinear, align_corners=False, no antialias),
+ * specified to the bit in protocol/resize.ts. Yields to the event loop first, so that a batch of
+ * frames resizes one frame per turn. A frame already `size` x `size` comes back as a copy.
  * @returns a uint8 `[size, size, 3]` frame.
  */
 export async function resizeWithPad(frame: Frame, size: number): Promise<Frame> {
-  const { width, height } = frame;
-  if (width === size && height === size) return { data: frame.data.slice(), height, width };
-  const ratio = Math.max(width / size, height / size);
-  const rw = Math.max(1, Math.trunc(width / ratio));
-  const rh = Math.max(1, Math.trunc(height / ratio));
-  const top = Math.trunc((size - rh) / 2);
-  const left = Math.trunc((size - rw) / 2);
-  const { data, info } = await sharp(frame.data, { raw: { width, height, channels: 3 } })
-    .resize(rw, rh, { fit: 'fill', kernel: 'linear' })
-    .extend({ top, bottom: size - rh - top, left, right: size - rw - left, background: { r: 0, g: 0, b: 0 } })
-    .raw()
-    .toBuffer({ resolveWithObject: true });
-  if (info.width !== size || info.height !== size || info.channels !== 3) {
-    throw new Error(`resizeWithPad produced ${info.width}x${info.height}x${info.channels}; expected ${size}x${size}x3`);
-  }
-  return { data: new Uint8Array(data.buffer, data.byteOffset, data.byteLength), height: size, width: size };
+  await new Promise<void>((resolve) => setImmediate(resolve));
+  return resizeWithPadSync(frame, size);
 }

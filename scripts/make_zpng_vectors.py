@@ -8,9 +8,8 @@ per channel (mod 256, 0 before the first pixel of the row). For 3 channels the f
 are stored as three planes b, g - b, g - r (mod 256); for 4 channels alpha follows as a fourth
 plane; other channel counts stay interleaved.
 
-Writes test/vectors/frames/<name>.zpng and <name>.raw (the HWC uint8 pixels) plus manifest.json,
-and resize_<h>x<w>_to_<s>.{in,out}.raw: openpi_client.image_tools.resize_with_pad's result (PIL
-bilinear, centred black padding) for a reference of protocol/frames.ts resizeWithPad (needs Pillow).
+Writes test/vectors/frames/<name>.zpng and <name>.raw (the HWC uint8 pixels) plus manifest.json.
+(The resize's vectors come from scripts/make_resize_vectors.py.)
 Deterministic: fixed seeds, zstd level 1 with the content size written (python-zstandard's default).
 
 Usage: python3 scripts/make_zpng_vectors.py [out_dir]   (needs numpy and zstandard)
@@ -79,21 +78,6 @@ def make_image(h: int, w: int, c: int, seed: int) -> np.ndarray:
     return np.stack(chans, axis=-1).astype(np.uint8)
 
 
-def resize_with_pad(img: np.ndarray, size: int) -> np.ndarray:
-    """openpi_client.image_tools._resize_with_pad_pil for one HWC uint8 image."""
-    from PIL import Image
-
-    h, w = img.shape[:2]
-    if (h, w) == (size, size):
-        return img
-    ratio = max(w / size, h / size)
-    rh, rw = int(h / ratio), int(w / ratio)
-    resized = Image.fromarray(img).resize((rw, rh), resample=Image.BILINEAR)
-    canvas = Image.new(resized.mode, (size, size), 0)
-    canvas.paste(resized, (max(0, int((size - rw) / 2)), max(0, int((size - rh) / 2))))
-    return np.asarray(canvas)
-
-
 CASES = [
     # name, height, width, channels, seed
     ("gray_37x23", 23, 37, 1, 1),
@@ -117,17 +101,7 @@ def main() -> None:
         with open(os.path.join(out, name + ".raw"), "wb") as f:
             f.write(img.tobytes())
         manifest.append({"name": name, "height": h, "width": w, "channels": c, "zpng_bytes": len(blob)})
-    resized = []
-    for h, w, size in [(48, 64, 32), (60, 20, 24)]:
-        img = make_image(h, w, 3, h + w)
-        ref = resize_with_pad(img, size)
-        name = f"resize_{h}x{w}_to_{size}"
-        with open(os.path.join(out, name + ".in.raw"), "wb") as f:
-            f.write(img.tobytes())
-        with open(os.path.join(out, name + ".out.raw"), "wb") as f:
-            f.write(ref.tobytes())
-        resized.append({"name": name, "height": h, "width": w, "size": size})
-    manifest = {"zpng": manifest, "resize": resized}
+    manifest = {"zpng": manifest}
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
         f.write("\n")

@@ -8,6 +8,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
+import { resizeWithPadSync } from '../protocol/resize.ts';
 import {
   actionChunk,
   ByteLruCache,
@@ -308,6 +309,12 @@ describe('v3.0 fixture (many episodes per file, h264)', () => {
     expect(Math.max(...frame0.subarray(0, 2 * 48))).toBe(0);
     expect(Math.max(...frame0.subarray(14 * 48))).toBe(0);
     expect(Math.abs(frame0[8 * 48 + 24] - 80)).toBeLessThanOrEqual(3);
+    // The square frames are the full-size ones through protocol/resize.ts, byte for byte (MODEL.md D12).
+    const full = await ds.frames(1, 'front', null);
+    for (let t = 0; t < sq.count; t++) {
+      const one = resizeWithPadSync({ data: full.data.subarray(t * 32 * 24 * 3, (t + 1) * 32 * 24 * 3), height: 24, width: 32 }, 16);
+      expect(Buffer.from(sq.data.subarray(t * 16 * 16 * 3, (t + 1) * 16 * 16 * 3)).equals(Buffer.from(one.data)), `frame ${t}`).toBe(true);
+    }
   });
 
   it('makes delta action chunks that cross no episode boundary', async () => {
@@ -383,6 +390,11 @@ describe('image-feature fixture (v2.1, PNG and JPEG in parquet)', () => {
     expect(Math.max(...frame.subarray(0, 2 * 48))).toBe(0);
     expect(Math.max(...frame.subarray(14 * 48))).toBe(0);
     expect(frame[8 * 48 + 15 * 3 + 1]).toBeGreaterThan(frame[8 * 48 + 1]);
+    const full = await ds.frames(1, 'top', null);
+    for (let t = 0; t < f.count; t++) {
+      const one = resizeWithPadSync({ data: full.data.subarray(t * 8 * 6 * 3, (t + 1) * 8 * 6 * 3), height: 6, width: 8 }, 16);
+      expect(Buffer.from(f.data.subarray(t * 16 * 16 * 3, (t + 1) * 16 * 16 * 3)).equals(Buffer.from(one.data)), `frame ${t}`).toBe(true);
+    }
   });
 
   it('subtracts the state only on dims shared by name, and defaults to absolute', async () => {

@@ -19,7 +19,6 @@ const VEC = new URL('./vectors/frames/', import.meta.url);
 const vec = (name: string) => new Uint8Array(readFileSync(new URL(name, VEC)));
 const manifest = JSON.parse(readFileSync(new URL('manifest.json', VEC), 'utf8')) as {
   zpng: { name: string; height: number; width: number; channels: number }[];
-  resize: { name: string; height: number; width: number; size: number }[];
 };
 
 beforeAll(() => initZstd());
@@ -326,20 +325,6 @@ describe('resizeWithPad', () => {
     expect(f.data).toEqual(px.data);
     expect(f.data).not.toBe(px.data);
   });
-
-  it('matches openpi_client resize_with_pad (PIL) in geometry exactly, and in pixels to within a level on average', async () => {
-    for (const m of manifest.resize) {
-      const f = await resizeWithPad({ data: vec(`${m.name}.in.raw`), height: m.height, width: m.width }, m.size);
-      const ref = vec(`${m.name}.out.raw`);
-      expect(f.data.byteLength).toBe(ref.byteLength);
-      let sum = 0;
-      for (let i = 0; i < ref.length; i++) sum += Math.abs(ref[i]! - f.data[i]!);
-      // Measured: mean 0.19 and 0.17 levels (max 16 at edges); the padding is the same pixels exactly.
-      expect(sum / ref.length).toBeLessThan(1);
-      const black = (d: Uint8Array) => Array.from({ length: d.length / 3 }, (_, p) => (d[3 * p]! | d[3 * p + 1]! | d[3 * p + 2]!) === 0);
-      expect(black(f.data)).toEqual(black(ref));
-    }
-  });
 });
 
 describe('input ownership', () => {
@@ -356,21 +341,18 @@ describe('input ownership', () => {
 });
 
 describe('decodeFrameResized', () => {
-  it('gives resizeWithPad geometry in one pipeline, within a few levels of decode-then-resize', async () => {
+  it('decodes PNG and JPEG to resizeWithPad geometry (test/resize.test.ts checks the pixels), refusing a broken one', async () => {
     const { decodeFrameResized } = await import('../protocol/frames.ts');
     const w = 640, h = 480;
     const data = new Uint8Array(w * h * 3);
     for (let y = 0; y < h; y++) for (let x = 0; x < w; x++) for (let c = 0; c < 3; c++) data[(y * w + x) * 3 + c] = (x * (c + 1) + y * 2) % 256;
     for (const codec of ['JPEG', 'PNG']) {
       const bytes = (await encodeFrame(codec, { data, height: h, width: w })) as Uint8Array;
-      const oneStep = await decodeFrameResized(codec, bytes, 96);
-      const twoSteps = await resizeWithPad(await decodeFrame(codec, bytes), 96);
-      expect([oneStep.width, oneStep.height]).toEqual([96, 96]);
+      const f = await decodeFrameResized(codec, bytes, 96);
+      expect([f.width, f.height]).toEqual([96, 96]);
       // Black bands exactly where resizeWithPad puts them: rows 0-11 and 84-95.
-      for (const row of [0, 11, 84, 95]) expect(Math.max(...oneStep.data.subarray(row * 96 * 3, (row + 1) * 96 * 3))).toBe(0);
-      let diff = 0;
-      for (let i = 12 * 96 * 3; i < 84 * 96 * 3; i++) diff += Math.abs(oneStep.data[i]! - twoSteps.data[i]!);
-      expect(diff / (72 * 96 * 3)).toBeLessThan(codec === 'PNG' ? 0.5 : 6);
+      for (const row of [0, 11, 84, 95]) expect(Math.max(...f.data.subarray(row * 96 * 3, (row + 1) * 96 * 3))).toBe(0);
+      for (const row of [12, 83]) expect(Math.max(...f.data.subarray(row * 96 * 3, (row + 1) * 96 * 3))).toBeGreaterThan(0);
     }
     await expect(decodeFrameResized('JPEG', new Uint8Array([0xff, 0xd8, 0xff, 0, 1]), 96)).rejects.toMatchObject({ code: 'bad_frame' });
   });
@@ -393,23 +375,5 @@ describe('decodeFrameResized', () => {
     }
     expect(headerSize('JPEG', new Uint8Array([0xff, 0xd8, 0xff, 0xda, 0, 2, 0, 0, 0, 0]))).toBeNull();
     expect(headerSize('PNG', new Uint8Array(30))).toBeNull();
-  });
-
-  it('puts a portrait frame between black columns where resizeWithPad does', async () => {
-    const { decodeFrameResized } = await import('../protocol/frames.ts');
-    const w = 300, h = 400; // 96 / 400 scale: 72 x 96, columns 12..83
-    const data = new Uint8Array(w * h * 3);
-    for (let y = 0; y < h; y++) for (let x = 0; x < w; x++) for (let c = 0; c < 3; c++) data[(y * w + x) * 3 + c] = 60 + ((x + 2 * y + 40 * c) % 128);
-    const bytes = (await encodeFrame('PNG', { data, height: h, width: w })) as Uint8Array;
-    const oneStep = await decodeFrameResized('PNG', bytes, 96);
-    const twoSteps = await resizeWithPad(await decodeFrame('PNG', bytes), 96);
-    const px = (f: { data: Uint8Array }, y: number, x: number) => f.data.subarray((y * 96 + x) * 3, (y * 96 + x) * 3 + 3);
-    let diff = 0;
-    for (let y = 0; y < 96; y++) {
-      for (const x of [0, 11, 84, 95]) expect([...px(oneStep, y, x)]).toEqual([0, 0, 0]);
-      for (const x of [12, 83]) expect(Math.min(...px(oneStep, y, x))).toBeGreaterThan(0);
-      for (let x = 12; x < 84; x++) for (let c = 0; c < 3; c++) diff += Math.abs(px(oneStep, y, x)[c]! - px(twoSteps, y, x)[c]!);
-    }
-    expect(diff / (72 * 96 * 3)).toBeLessThan(0.5);
   });
 });

@@ -1,11 +1,12 @@
 /**
  * Frames of `image` features: PNG/JPEG bytes stored in the data parquet as a struct
- * `{bytes, path}` (LeRobot's `datasets.Image`), decoded with sharp. A square size uses the same
- * rule as the video path (MODEL.md D12): aspect-preserving resize, centred black padding.
+ * `{bytes, path}` (LeRobot's `datasets.Image`), decoded with sharp. A square size is made with
+ * protocol/resize.ts, as the video path and the session ops make it (MODEL.md D12).
  */
 import fs from 'node:fs';
 import path from 'node:path';
 import sharp from 'sharp';
+import { resizeWithPadSync } from '../../protocol/resize.ts';
 import { DatasetError } from './errors.ts';
 import { readRows } from './parquet.ts';
 import type { ParquetHandle } from './parquet.ts';
@@ -24,15 +25,13 @@ function imageBytes(root: string, v: unknown, where: string): Uint8Array {
   throw new DatasetError('corrupt_file', `${where}: the image cell has neither bytes nor a path`);
 }
 
-async function decodeOne(bytes: Uint8Array, size: number | null, where: string): Promise<{ data: Buffer; width: number; height: number }> {
+async function decodeOne(bytes: Uint8Array, size: number | null, where: string): Promise<{ data: Uint8Array; width: number; height: number }> {
   try {
-    let img = sharp(bytes).removeAlpha().toColourspace('srgb');
-    if (size !== null) {
-      img = img.resize(size, size, { fit: 'contain', position: 'centre', background: { r: 0, g: 0, b: 0 } });
-    }
-    const { data, info } = await img.raw().toBuffer({ resolveWithObject: true });
+    const { data, info } = await sharp(bytes).removeAlpha().toColourspace('srgb').raw().toBuffer({ resolveWithObject: true });
     if (info.channels !== 3) throw new Error(`decoded to ${info.channels} channels`);
-    return { data, width: info.width, height: info.height };
+    if (size === null) return { data, width: info.width, height: info.height };
+    const small = resizeWithPadSync({ data, width: info.width, height: info.height }, size);
+    return { data: small.data, width: size, height: size };
   } catch (err) {
     throw new DatasetError('corrupt_file', `${where}: image bytes do not decode (${(err as Error).message})`);
   }

@@ -21,5 +21,5 @@ export type { EpisodeSplit, Rng, SplitOptions } from './split.ts';
 export { gatherNormRows, makeDatum, sampleBatch } from './sample.ts';
 export type { BatchOptions, DatumOptions, NormRows } from './sample.ts';
 export { describeDataset } from './describe.ts';
-export { ffmpegPath, squareFilter } from './video.ts';
+export { ffmpegPath } from './video.ts';
 export { ByteLruCache } from './cache.ts';

@@ -1,12 +1,14 @@
 /**
  * Video frames through an ffmpeg child process (never blocking the event loop): the static binary
  * of `@ffmpeg-installer/ffmpeg` unless `VELA_FFMPEG` or the caller names another. ffmpeg decodes
- * AV1 (libaom / dav1d) and h264 and writes rawvideo rgb24; a square size is produced with
- * MODEL.md D12's aspect-preserving scale and centred black padding.
+ * AV1 (libaom / dav1d) and h264 and writes rawvideo rgb24 at the source size; a square size is
+ * then made frame by frame with protocol/resize.ts (MODEL.md D12), the resize that the session
+ * ops, the policy server and the Python package use, so a job trains on the pixels its policy serves.
  */
 import { spawn } from 'node:child_process';
 import { createRequire } from 'node:module';
 import path from 'node:path';
+import { resizeWithPadSync } from '../../protocol/resize.ts';
 import { DatasetError } from './errors.ts';
 import type { EpisodeFrames } from './types.ts';
 
@@ -20,11 +22,6 @@ export function ffmpegPath(configured?: string): string {
   return installer.path;
 }
 
-/** The filter of MODEL.md D12 for a square `size`; rgb24 before the pad keeps the centring exact. */
-export function squareFilter(size: number): string {
-  return `scale=${size}:${size}:force_original_aspect_ratio=decrease,format=rgb24,pad=${size}:${size}:(ow-iw)/2:(oh-ih)/2:black`;
-}
-
 export interface DecodeRequest {
   /** Dataset root and the video's path relative to it (named in errors). */
   root: string;
@@ -36,8 +33,9 @@ export interface DecodeRequest {
   frames: number;
   /** True when the file holds only this episode, so one frame more than `frames` is an error. */
   wholeFile: boolean;
-  /** Square output size, or null for the source size (`sourceWidth` x `sourceHeight`). */
+  /** Square output size, or null for the source size. */
   size: number | null;
+  /** The source size from info.json; 0 when it does not say (then ffmpeg is asked for it). */
   sourceWidth: number;
   sourceHeight: number;
   ffmpeg?: string;
@@ -51,38 +49,75 @@ function outputSize(stderr: string): { width: number; height: number } | null {
 }
 
 /**
- * Decodes `frames` frames starting at `fromS` to RGB.
- * @returns [frames, h, w, 3] uint8.
- * @throws DatasetError `bad_video` naming the file with ffmpeg's stderr tail when ffmpeg fails or
- *   the frame count differs from the episode length; `bad_argument` for a full-size decode of a
- *   camera whose size the metadata does not give.
+ * The first video stream's size as ffmpeg reports it when opening the file (no frame decoded).
+ * @throws DatasetError `bad_video` when ffmpeg cannot open the file or names no size.
  */
-export function decodeVideo(req: DecodeRequest): Promise<EpisodeFrames> {
-  const width = req.size ?? req.sourceWidth;
-  const height = req.size ?? req.sourceHeight;
-  if (!(width > 0 && height > 0)) {
-    throw new DatasetError('bad_argument', `video ${req.file}: the source size is unknown (info.json has no shape); ask for a square size`);
+export function videoSize(root: string, file: string, ffmpeg?: string): Promise<{ width: number; height: number }> {
+  return new Promise((resolve, reject) => {
+    // No output named: ffmpeg prints the input's streams and exits 1, having decoded nothing.
+    const child = spawn(ffmpegPath(ffmpeg), ['-nostdin', '-hide_banner', '-i', path.join(root, file)], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let stderr = '';
+    child.stderr.on('data', (chunk: Buffer) => {
+      stderr = (stderr + chunk.toString('utf8')).slice(-4 * STDERR_TAIL_BYTES);
+    });
+    child.on('error', (err) => reject(new DatasetError('bad_video', `video file ${file}: could not run ffmpeg (${err.message})`)));
+    child.on('close', () => {
+      const m = /Stream #0:\d+[^\n]*?: Video: [^\n]*?, (\d+)x(\d+)/.exec(stderr);
+      if (m && Number(m[1]) > 0 && Number(m[2]) > 0) return resolve({ width: Number(m[1]), height: Number(m[2]) });
+      const tail = stderr.trim().split('\n').slice(-6).join('\n');
+      reject(new DatasetError('bad_video', `video file ${file}: ffmpeg names no video stream size${tail ? `; ffmpeg said: ${tail}` : ''}`));
+    });
+  });
+}
+
+/**
+ * Decodes `frames` frames starting at `fromS` to RGB, resized to `size` (MODEL.md D12) when given.
+ * @returns [frames, h, w, 3] uint8 (h = w = size when size is given).
+ * @throws DatasetError `bad_video` naming the file with ffmpeg's stderr tail when ffmpeg fails,
+ *   its frames are not the source size, or the frame count differs from the episode length;
+ *   `bad_argument` for a full-size decode of a camera whose size the metadata does not give.
+ */
+export async function decodeVideo(req: DecodeRequest): Promise<EpisodeFrames> {
+  let source = { width: req.sourceWidth, height: req.sourceHeight };
+  if (!(source.width > 0 && source.height > 0)) {
+    if (req.size === null) {
+      throw new DatasetError('bad_argument', `video ${req.file}: the source size is unknown (info.json has no shape); ask for a square size`);
+    }
+    source = await videoSize(req.root, req.file, req.ffmpeg);
   }
+  const width = req.size ?? source.width;
+  const height = req.size ?? source.height;
+  const sourceBytes = source.width * source.height * 3;
   const frameBytes = width * height * 3;
   const args = ['-nostdin', '-hide_banner', '-nostats', '-loglevel', 'info'];
   // Half a frame before the start, so a timestamp rounded a hair late still keeps its frame.
   if (req.fromS > 0) args.push('-ss', Math.max(0, req.fromS - 0.5 / req.fps).toFixed(6));
   args.push('-i', path.join(req.root, req.file), '-map', '0:v:0', '-an', '-sn', '-vsync', 'passthrough');
   args.push('-frames:v', String(req.wholeFile ? req.frames + 1 : req.frames));
-  if (req.size !== null) args.push('-vf', squareFilter(req.size));
   args.push('-pix_fmt', 'rgb24', '-f', 'rawvideo', 'pipe:1');
 
   return new Promise((resolve, reject) => {
     const child = spawn(ffmpegPath(req.ffmpeg), args, { stdio: ['ignore', 'pipe', 'pipe'] });
     const data = new Uint8Array(req.frames * frameBytes);
-    let written = 0;
-    let extra = 0;
+    // One source frame at a time when resizing: a whole episode at full size is ~0.9 MB a frame.
+    const current = req.size === null ? null : new Uint8Array(sourceBytes);
+    let received = 0; // source bytes
     let stderr = '';
     child.stdout.on('data', (chunk: Buffer) => {
-      const n = Math.min(chunk.length, data.length - written);
-      data.set(chunk.subarray(0, n), written);
-      written += n;
-      extra += chunk.length - n;
+      for (let at = 0; at < chunk.length;) {
+        const frame = Math.floor(received / sourceBytes);
+        const into = received % sourceBytes;
+        const n = Math.min(chunk.length - at, sourceBytes - into);
+        if (frame < req.frames && !current) data.set(chunk.subarray(at, at + n), frame * frameBytes + into);
+        if (frame < req.frames && current) {
+          current.set(chunk.subarray(at, at + n), into);
+          if (into + n === sourceBytes) {
+            data.set(resizeWithPadSync({ data: current, height: source.height, width: source.width }, req.size!).data, frame * frameBytes);
+          }
+        }
+        received += n;
+        at += n;
+      }
     });
     child.stderr.on('data', (chunk: Buffer) => {
       stderr += chunk.toString('utf8');
@@ -96,12 +131,12 @@ export function decodeVideo(req: DecodeRequest): Promise<EpisodeFrames> {
     child.on('close', (code, signal) => {
       if (code !== 0) return fail(`ffmpeg exited with ${code ?? signal}`);
       const reported = outputSize(stderr);
-      if (reported && (reported.width !== width || reported.height !== height)) {
-        return fail(`ffmpeg produced ${reported.width}x${reported.height} frames; expected ${width}x${height}`, false);
+      if (reported && (reported.width !== source.width || reported.height !== source.height)) {
+        return fail(`ffmpeg produced ${reported.width}x${reported.height} frames; expected ${source.width}x${source.height}`, false);
       }
-      const decoded = written / frameBytes + extra / frameBytes;
-      if (written !== data.length || extra > 0) {
-        const what = extra > 0 ? `more than ${req.frames}` : String(Math.floor(decoded));
+      const expected = req.frames * sourceBytes;
+      if (received !== expected) {
+        const what = received > expected ? `more than ${req.frames}` : String(Math.floor(received / sourceBytes));
         const at = req.fromS > 0 ? ` from ${req.fromS}s` : '';
         return fail(`decoded ${what} frames${at}, but the episode has ${req.frames}`, false);
       }

@@ -74,6 +74,28 @@ def test_frames_encoded_on_the_client(session):
     session.abort_gradient_epoch().result(timeout=60)
 
 
+def test_frames_shrunk_before_sending_give_the_servers_answer(session):
+    # A 480x640 camera: the package sends it as image_size x image_size (the server's own resize, to the byte), so the
+    # sampled actions at one seed equal those of the whole frame resized on the server, and the request is a fraction.
+    rng = np.random.default_rng(5)
+    d = datum(5, actions=False)
+    d["observation"]["image"]["cam_high"] = rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    size = session.info["image_size"]
+    assert vela.resize_with_pad(d["observation"]["image"]["cam_high"], size).shape == (size, size, 3)
+    sent = []
+    send = session._ws.send
+    session._ws.send = lambda body: (sent.append(len(body)), send(body))[1]
+    try:
+        shrunk = session.sample([d], seed=3).result(timeout=120)["actions"]
+        session.resize = False
+        whole = session.sample([d], seed=3).result(timeout=120)["actions"]
+    finally:
+        session.resize = True
+        session._ws.send = send
+    np.testing.assert_array_equal(shrunk, whole)
+    assert sent[0] < size * size * 3 + 4096 and sent[1] > 480 * 640 * 3
+
+
 def test_pipelined_futures_answer_in_order(session):
     futures = [session.forward_backward([datum(10 + i)]) for i in range(4)]
     losses = [f.result(timeout=120)["loss"] for f in futures]
@@ -281,6 +303,15 @@ def test_policy_observations_compressed_with_the_servers_dictionary(monkeypatch)
     np.testing.assert_array_equal(got, expected)
     assert len(sent) == 1 and zstd_frame_dictionary_id(sent[0]) == meta["zstd_dictionary_id"]
     assert len(sent[0]) < len(vela.packb(obs)) // 4  # a zero frame: the dictionary and level 1 shrink it
+    # A 480x640 camera is shrunk to image_size before sending; the answer is the whole frame's, bit for bit.
+    big = dict(obs, **{"observation/cam_high": np.random.default_rng(9).integers(0, 256, (480, 640, 3), dtype=np.uint8)})
+    answers = []
+    for resize in (True, False):
+        with vela.WebsocketClientPolicy(url, resize=resize) as p:
+            size = p.get_server_metadata()["image_size"]
+            answers.append(p.infer(big)["actions"])
+            assert len(p.encode(big)) < size * size * 3 + 4096 if resize else len(p.encode(big)) > 480 * 640 * 3
+    np.testing.assert_array_equal(answers[0], answers[1])
     # Without the optional package: one clear line, before anything connects.
     monkeypatch.setitem(sys.modules, "zstandard", None)
     with pytest.raises(ImportError, match="pip install zstandard"):

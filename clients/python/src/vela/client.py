@@ -86,16 +86,17 @@ class Vela:
             time.sleep(poll)
 
     def training_session(self, *, codec: str = "RAW", session_id: Optional[str] = None, close_on_exit: Optional[bool] = None, auto_reconnect: bool = False,
-                         reconnect_timeout: float = 600.0, **fields: Any) -> TrainingSession:
+                         reconnect_timeout: float = 600.0, resize: bool = True, **fields: Any) -> TrainingSession:
         """A connected :class:`TrainingSession`: a new one made from ``fields``, or the open ``session_id`` taken over.
 
         Taking over closes the session's current connection (4001: its futures fail with
         :class:`~vela.TakenOverError`); its requests still run, before this connection's.
         ``auto_reconnect`` reconnects on a dropped connection (:meth:`TrainingSession.reconnect`).
+        ``resize`` shrinks numpy frames larger than the model's ``image_size`` before sending (False: send them whole).
         As a context manager it closes the session on exit when it made it (``close_on_exit``
         overrides), and only disconnects from one it took over.
         """
-        opts = {"codec": codec, "auto_reconnect": auto_reconnect, "reconnect_timeout": reconnect_timeout}
+        opts = {"codec": codec, "auto_reconnect": auto_reconnect, "reconnect_timeout": reconnect_timeout, "resize": resize}
         if session_id is not None:
             if fields:
                 raise ValueError(f"session_id takes over an open session; it takes no fields ({', '.join(fields)})")

@@ -1,25 +1,78 @@
-"""Camera frames as the session ops take them (docs/PROTOCOL.md section 3).
+"""Camera frames as the session ops and the policy server take them (docs/PROTOCOL.md section 3).
 
-A frame is a numpy ``uint8`` array ``[H, W, 3]`` (RGB). With codec ``"RAW"`` it is sent as it
-is (an ndarray); ``"PNG"``, ``"JPEG"`` and ``"CODEC_JPEG_Q<N>"`` encode it here with Pillow
-(``pip install Pillow``, or the package's ``[images]`` extra), which cuts a 480x640 frame from 922 kB to tens of kB. The
-server resizes any size with padding to the model's image size, as LeRobot and openpi do.
-Bytes given as a frame are sent untouched (already encoded with the request's codec).
+A frame is a numpy ``uint8`` array ``[H, W, 3]`` (RGB). The model sees ``image_size`` x
+``image_size`` pictures (the session's greeting and the policy's metadata say the size), made by
+:func:`resize_with_pad`: LeRobot's pre-processing (aspect kept, bilinear, centred black padding),
+specified to the bit in docs/MODEL.md (D12) so that the server, which resizes any other size the
+same way, computes the same pixels. The package resizes before sending, so a 480x640 camera
+frame crosses the socket as 96x96 or 224x224 pixels rather than 922 kB.
+
+With codec ``"RAW"`` a frame is sent as an ndarray; ``"PNG"``, ``"JPEG"`` and ``"CODEC_JPEG_Q<N>"``
+encode it here with Pillow (``pip install Pillow``). Bytes given as a frame are sent untouched
+(already encoded with the request's codec, at any size: the server resizes them).
 """
 
 from __future__ import annotations
 
 import io
 import re
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 CODECS = ("RAW", "PNG", "JPEG")
 
 
-def encode_frame(frame: Any, codec: str) -> Any:
-    """``frame`` (uint8 ``[H, W, 3]``, or bytes already encoded) as the wire value for ``codec``.
+def _taps(n_in: int, n_out: int):
+    """PyTorch's bilinear source taps with align_corners=False, in float64 (protocol/resize.ts's ``taps``)."""
+    s = np.maximum((np.arange(n_out, dtype=np.float64) + 0.5) * (n_in / n_out) - 0.5, 0.0)
+    i0 = np.floor(s).astype(np.intp)
+    i1 = np.where(i0 < n_in - 1, i0 + 1, i0)
+    w1 = s - i0
+    return i0, i1, 1.0 - w1, w1
+
+
+def resize_with_pad(frame: Any, size: int) -> np.ndarray:
+    """``frame`` resized to fit ``size`` x ``size`` with its aspect kept, padded with black, centred.
+
+    LeRobot's ``resize_with_pad_torch`` (``F.interpolate(mode="bilinear", align_corners=False)``,
+    no antialias, rounded half to even) written out in float64 in the order the server computes
+    it (protocol/resize.ts), so the two give the same bytes: ratio = max(W / size, H / size), the
+    picture resized to int(W / ratio) x int(H / ratio), placed at int((size - side) / 2).
+
+    Args:
+        frame: uint8 ``[H, W, 3]`` RGB.
+        size: the model's ``image_size`` (pixels).
+    Returns:
+        uint8 ``[size, size, 3]``; the frame itself (not a copy) when it is already that size.
+    @raises ValueError: a frame that is not uint8 ``[H, W, 3]`` or a size that is not a positive integer.
+    """
+    arr = np.asarray(frame)
+    if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] != 3 or arr.shape[0] < 1 or arr.shape[1] < 1:
+        raise ValueError(f"a frame is uint8 [H, W, 3] (RGB); got {arr.dtype} {list(arr.shape)}")
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+        raise ValueError(f"size {size!r} is not a positive integer")
+    h, w = arr.shape[:2]
+    if h == size and w == size:
+        return arr
+    ratio = max(w / size, h / size)
+    rw, rh = max(1, int(w / ratio)), max(1, int(h / ratio))
+    y0, y1, wy0, wy1 = _taps(h, rh)
+    x0, x1, wx0, wx1 = _taps(w, rw)
+    wx0, wx1 = wx0[None, :, None], wx1[None, :, None]
+    # uint8 times float64 is exact, so gathering before widening changes no value.
+    top = wx0 * arr[np.ix_(y0, x0)] + wx1 * arr[np.ix_(y0, x1)]
+    bottom = wx0 * arr[np.ix_(y1, x0)] + wx1 * arr[np.ix_(y1, x1)]
+    values = wy0[:, None, None] * top + wy1[:, None, None] * bottom
+    out = np.zeros((size, size, 3), dtype=np.uint8)
+    t, l = int((size - rh) / 2), int((size - rw) / 2)
+    out[t:t + rh, l:l + rw] = np.rint(values)  # half to even, as torch.round; never past 255
+    return out
+
+
+def encode_frame(frame: Any, codec: str, image_size: Optional[int] = None) -> Any:
+    """``frame`` (uint8 ``[H, W, 3]``, or bytes already encoded) as the wire value for ``codec``,
+    first shrunk with :func:`resize_with_pad` when ``image_size`` is given and the frame is larger.
 
     @raises ValueError: a frame that is not uint8 ``[H, W, 3]``, or an unknown codec.
     @raises ImportError: PNG / JPEG without Pillow.
@@ -29,6 +82,8 @@ def encode_frame(frame: Any, codec: str) -> Any:
     arr = np.asarray(frame)
     if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] != 3:
         raise ValueError(f"a frame is uint8 [H, W, 3] (RGB); got {arr.dtype} {list(arr.shape)}")
+    if image_size is not None and max(arr.shape[0], arr.shape[1]) > image_size:
+        arr = resize_with_pad(arr, image_size)  # a smaller frame is sent whole: fewer bytes, and the server's resize is this one
     if codec == "RAW":
         return arr
     quality = 95
@@ -53,8 +108,9 @@ def encode_frame(frame: Any, codec: str) -> Any:
     return out.getvalue()
 
 
-def encode_data(data: list, codec: str) -> list:
-    """A list of datums with every ``observation.image`` frame encoded for ``codec`` (a new list; the input is not changed)."""
+def encode_data(data: list, codec: str, image_size: Optional[int] = None) -> list:
+    """A list of datums with every ``observation.image`` frame shrunk to ``image_size`` (when
+    given and larger) and encoded for ``codec`` (a new list; the input is not changed)."""
     out = []
     for i, datum in enumerate(data):
         if not isinstance(datum, dict):
@@ -63,7 +119,7 @@ def encode_data(data: list, codec: str) -> list:
         obs = d.get("observation")
         if isinstance(obs, dict) and isinstance(obs.get("image"), dict):
             obs = dict(obs)
-            obs["image"] = {cam: encode_frame(f, codec) for cam, f in obs["image"].items()}
+            obs["image"] = {cam: encode_frame(f, codec, image_size) for cam, f in obs["image"].items()}
             d["observation"] = obs
         out.append(d)
     return out

@@ -12,6 +12,10 @@ server then closes the connection and the next ``infer`` reconnects). ``wait_rea
 ``/healthz`` so a robot starts when the policy's graphs are traced (its first answer then as fast
 as its later ones).
 
+Camera frames given as uint8 ``[H, W, 3]`` arrays larger than the metadata's ``image_size`` are
+shrunk to it before sending (:func:`~vela.frames.resize_with_pad`, the server's own resize to the byte, so the
+answer is the same as for the whole frame; ``resize=False`` sends them whole).
+
 ``zstd=True`` sends each packed observation as one zstd frame (level 1) made with the server's
 dictionary (section 6 item 2; ``pip install zstandard``): the dictionary is fetched once from
 ``GET /v1/observation.zdict`` on the websocket's host (the metadata's ``zstd_dictionary_path``;
@@ -26,9 +30,11 @@ from typing import Any, Dict, Optional
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+import numpy as np
 from websockets.exceptions import ConnectionClosed
 
 from .errors import ConnectionClosedError, VelaError
+from .frames import resize_with_pad
 from .wire import open_websocket, packb, unpackb
 
 
@@ -44,6 +50,8 @@ class WebsocketClientPolicy:
         open_timeout: seconds to wait for the server on connect (openpi waits forever; a robot
             script should rather learn it).
         zstd: compress each observation with the server's zstd dictionary (needs ``zstandard``).
+        resize: shrink ``observation/...`` frames (uint8 ``[H, W, 3]``, sent RAW) larger than the
+            metadata's ``image_size`` to it before sending, as the server would.
 
     Attributes:
         zstd_dictionary_id: the id of the dictionary the observations are compressed with (None without ``zstd``).
@@ -53,13 +61,14 @@ class WebsocketClientPolicy:
     """
 
     def __init__(self, host: str = "0.0.0.0", port: Optional[int] = None, api_key: Optional[str] = None, *, open_timeout: float = 30.0,
-                 wait_ready: bool = False, ready_timeout: float = 600.0, zstd: bool = False):
+                 wait_ready: bool = False, ready_timeout: float = 600.0, zstd: bool = False, resize: bool = True):
         uri = host if host.startswith(("ws://", "wss://")) else f"ws://{host}"
         if port is not None:
             uri += f":{port}"
         self._uri = uri
         self._api_key = api_key
         self._open_timeout = open_timeout
+        self.resize = resize
         self._ws: Any = None
         self._metadata: Dict[str, Any] = {}
         self._compressor: Any = None
@@ -97,8 +106,22 @@ class WebsocketClientPolicy:
 
     def encode(self, obs: Dict[str, Any]) -> bytes:
         """The message ``infer`` sends for ``obs``: msgpack (section 5), as one zstd frame when the policy was made with ``zstd=True``."""
-        body = packb(obs)
+        body = packb(self._resized(obs))
         return self._compressor.compress(body) if self._compressor is not None else body
+
+    def _resized(self, obs: Dict[str, Any]) -> Dict[str, Any]:
+        """``obs`` with its RAW ``[H, W, 3]`` camera frames larger than the metadata's ``image_size`` shrunk to it (a new dict when any is)."""
+        size = self._metadata.get("image_size")
+        if not self.resize or not isinstance(size, int) or isinstance(size, bool) or size < 1 or str(obs.get("image_codec", "RAW")).upper() != "RAW":
+            return obs
+        out = obs
+        for key, value in obs.items():
+            if (key.startswith("observation/") and key != "observation/state" and isinstance(value, np.ndarray) and value.dtype == np.uint8
+                    and value.ndim == 3 and value.shape[2] == 3 and max(value.shape[0], value.shape[1]) > size):
+                if out is obs:
+                    out = dict(obs)
+                out[key] = resize_with_pad(value, size)
+        return out
 
     def _connect(self) -> None:
         headers = {"Authorization": f"Api-Key {self._api_key}"} if self._api_key else None

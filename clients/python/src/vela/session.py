@@ -64,6 +64,10 @@ class TrainingSession:
             :class:`~vela.AnswerLostError` instead of all failing with :class:`~vela.ConnectionClosedError`.
         reconnect_timeout: seconds a reconnect may take: retrying the connection, then waiting for
             the old connection's requests to run.
+        resize: shrink numpy frames larger than the greeting's ``image_size`` with
+            :func:`~vela.frames.resize_with_pad` before encoding them, as the server would (the same
+            bytes, docs/MODEL.md D12): a 480x640 frame crosses as image_size x image_size. False
+            sends frames whole, for the server to resize.
 
     Attributes:
         id: the session id.
@@ -78,11 +82,12 @@ class TrainingSession:
     """
 
     def __init__(self, client: "Vela", session: dict, *, codec: str = "RAW", close_on_exit: bool = True, open_timeout: float = 30.0,
-                 auto_reconnect: bool = False, reconnect_timeout: float = 600.0):
+                 auto_reconnect: bool = False, reconnect_timeout: float = 600.0, resize: bool = True):
         self._client = client
         self.id: str = session["id"]
         self.session = session
         self.codec = codec
+        self.resize = resize
         self._close_on_exit = close_on_exit
         self._open_timeout = open_timeout
         self._auto_reconnect = auto_reconnect
@@ -343,15 +348,20 @@ class TrainingSession:
 
     # -- the ops (section 3's table) -----------------------------------------------------------
 
+    def _image_size(self) -> Optional[int]:
+        """The size larger frames are shrunk to before sending, or None (``resize=False``, or a greeting without one)."""
+        size = self.info.get("image_size")
+        return size if self.resize and isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
     def forward_backward(self, data: list, *, codec: Optional[str] = None, loss_fn: Optional[str] = None) -> RequestFuture:
         """Adds the flow-matching loss's gradient of ``data`` (datums with ``actions``). Result: ``{"loss": float, "loss_per_datum": float32 [B]}``."""
         codec = codec or self.codec
-        return self.request("forward_backward", data=encode_data(data, codec), codec=codec, loss_fn=loss_fn)
+        return self.request("forward_backward", data=encode_data(data, codec, self._image_size()), codec=codec, loss_fn=loss_fn)
 
     def forward(self, data: list, *, codec: Optional[str] = None, keep: bool = False) -> RequestFuture:
         """The model's velocity at sampled x_t and time. Result: float32 ``velocity``, ``target``, ``x_t``, ``noise`` ``[B, H, A]`` and ``time`` ``[B]``."""
         codec = codec or self.codec
-        return self.request("forward", data=encode_data(data, codec), codec=codec, keep=keep or None)
+        return self.request("forward", data=encode_data(data, codec, self._image_size()), codec=codec, keep=keep or None)
 
     def backward(self, velocity_grad: Any) -> RequestFuture:
         """After ``forward(keep=True)``: adds J^T velocity_grad (float32 ``[B, H, A]``) to the gradient. Result: ``{}``."""
@@ -367,7 +377,7 @@ class TrainingSession:
     def sample(self, data: list, *, codec: Optional[str] = None, num_steps: Optional[int] = None, weights: Optional[str] = None, seed: Optional[int] = None) -> RequestFuture:
         """Euler-sampled actions. Result: ``{"actions": float32 [B, action_horizon, action_dim]}`` (the model's normalised, padded space)."""
         codec = codec or self.codec
-        return self.request("sample", data=encode_data(data, codec), codec=codec, num_steps=num_steps, weights=weights, seed=seed)
+        return self.request("sample", data=encode_data(data, codec, self._image_size()), codec=codec, num_steps=num_steps, weights=weights, seed=seed)
 
     def save_state(self, name: str, *, overwrite: bool = False) -> RequestFuture:
         """Saves weights and optimizer state under ``name``. Result: the name."""
