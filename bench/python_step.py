@@ -5,8 +5,9 @@ one awaited step per line on stdin, as a user's loop writes it:
 
 Usage: python bench/python_step.py URL KEY PRESET FINETUNE DATUMS
   DATUMS: a msgpack file (OpenPI's ndarray encoding) of the session's datums as the package takes
-  them: frames uint8 [H, W, 3] numpy arrays at the camera's size, sent with the package's
-  default codec (RAW), state float32 [S], actions float32 [H, A], prompt.
+  them: frames uint8 [H, W, 3] numpy arrays at the camera's size (the package shrinks them to the
+  model's image_size and sends them with its default codec, RAW), state float32 [S], actions
+  float32 [H, A], prompt.
 Protocol: prints "ready <request bytes>" once the session is open; then for each "step" line on
 stdin runs one awaited step and prints its milliseconds; "close" closes the session and exits.
 """
@@ -15,6 +16,7 @@ import sys
 import time
 
 import vela
+from vela.frames import encode_data
 
 
 def main() -> None:
@@ -24,7 +26,7 @@ def main() -> None:
     options = {"finetune": finetune, "rank": 16, "alpha": 32, "targets": ["all"], "seed": 0} if finetune == "lora" else {"finetune": finetune, "seed": 0}
     client = vela.Vela(url, api_key=key)
     with client.training_session(base_model=preset, **options) as s:
-        request = vela.packb({"id": 1, "op": "forward_backward", "data": data, "codec": s.codec})
+        request = vela.packb({"id": 1, "op": "forward_backward", "data": encode_data(data, s.codec, s._image_size()), "codec": s.codec})
         print(f"ready {len(request)}", flush=True)
         for line in sys.stdin:
             if line.strip() == "close":

@@ -65,7 +65,7 @@ export function markdown(r: BenchResult): string {
     L.push('| path | p50 | p95 | p99 | n |', '| - | - | - | - | - |');
     L.push(`| in-process (Engine.call) | ${ms(s.inproc.p50)} | ${ms(s.inproc.p95)} | ${ms(s.inproc.p99)} | ${s.inproc.n} |`);
     L.push(`| session websocket (TS client) | ${ms(s.ws.p50)} | ${ms(s.ws.p95)} | ${ms(s.ws.p99)} | ${s.ws.n} |`);
-    if (s.python) L.push(`| Python package, numpy frames as ${s.python.codec} (request ${kb(s.python.requestBytes)}) | ${ms(s.python.summary.p50)} | ${ms(s.python.summary.p95)} | ${ms(s.python.summary.p99)} | ${s.python.summary.n} |`);
+    if (s.python) L.push(`| Python package, numpy frames shrunk to image_size, ${s.python.codec} (request ${kb(s.python.requestBytes)}) | ${ms(s.python.summary.p50)} | ${ms(s.python.summary.p95)} | ${ms(s.python.summary.p99)} | ${s.python.summary.n} |`);
     L.push(`| websocket, pipelined one step ahead (mean) | ${ms(s.pipelined.wsMsPerStep)} | | | ${s.inproc.n} |`);
     L.push(`| in-process (mean, same run) | ${ms(s.pipelined.inprocMsPerStep)} | | | ${s.inproc.n} |`);
     L.push('', `Protocol overhead (ws - in-process) / in-process with each answer awaited: **${(s.overheadPaired * 100).toFixed(1)}%** (median of paired steps; ${(s.overhead * 100).toFixed(1)}% between the p50s); pipelined one step ahead: **${(s.pipelined.overhead * 100).toFixed(1)}%** (means)` +

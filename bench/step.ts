@@ -108,8 +108,9 @@ export function benchPython(): { python: string } | { reason: string } {
 
 /**
  * A session driven by the Python package (bench/python_step.py) on the bench server: frames as
- * the camera gives them (uint8 [H, W, 3] numpy arrays) and the package's default codec, RAW, as a
- * user's loop sends them; one step = forward_backward(...).result() + optim_step(...).result().
+ * the camera gives them (uint8 [H, W, 3] numpy arrays), which the package shrinks to the model's
+ * image_size and sends with its default codec, RAW, as a user's loop sends them; one step =
+ * forward_backward(...).result() + optim_step(...).result().
  */
 export async function pySession(python: string, server: ServerProc, preset: string, samples: readonly RawSample[], finetune: 'lora' | 'full'): Promise<{ step: () => Promise<number>; requestBytes: number; close: () => Promise<void> }> {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-bench-py-'));

@@ -2,13 +2,16 @@
  * The README, followed as written (issue 14), so the documentation cannot rot:
  * - the quickstart's `vela finetune` (2 steps, a temp --output) trains on the shipped sample
  *   and keeps its checkpoints; its `vela policy` (port 0 instead of 8000) serves the result;
- * - the README's Python client runs unchanged against that `vela policy`, and, with its job line
+ * - the README's Python client (the package's, and the raw-websocket one it links in
+ *   examples/openpi_wire) runs unchanged against that `vela policy`, and, with its job line
  *   uncommented, against a job's policy on `vela serve`, started as the README's curl body asks;
- * - the README's real-time chunking loop (on that client's helpers) runs against the same
- *   `vela policy` with a synthetic robot, splicing each answer in at the row it should;
+ * - the raw real-time chunking loop the README links (examples/openpi_wire/rtc_loop.py) runs
+ *   against the same `vela policy` with a synthetic robot, splicing each answer in at the row it
+ *   should (the package's loop: python-package.test.ts);
  * - the README's training-session example (TypeScript) runs against the same server;
  * - "Try the real models offline": `vela models init` a tiny pi0.5, inspect it, serve it, one request.
- * Code is cut from README.md at run time; only addresses, keys, ids and step counts are swapped.
+ * Code is cut from README.md (and read from the files it links) at run time; only addresses, keys,
+ * ids and step counts are swapped.
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
@@ -49,9 +52,15 @@ function swap(text: string, from: string, to: string): string {
   return text.replace(from, to);
 }
 
-/** The README's two policy clients: with the package (`vela`), and on raw websockets. */
-const PY_CLIENTS = { package: block('Python clients', 'python', 0), raw: block('Python clients', 'python', 1) };
-const PY_CLIENT = PY_CLIENTS.raw;
+/** The raw-websocket examples the README links (examples/openpi_wire): wire.py's helpers, the client, the RTC loop. */
+const WIRE_DIR = path.join(REPO, 'examples/openpi_wire');
+const wireExample = (name: string) => {
+  expect(README, `the README links examples/openpi_wire/${name}`).toContain(`(examples/openpi_wire/${name})`);
+  return fs.readFileSync(path.join(WIRE_DIR, name), 'utf8');
+};
+
+/** The README's policy client with the package (`vela`), and the one on raw websockets it links. */
+const PY_CLIENTS = { package: block('Python clients', 'python', 0), raw: wireExample('policy_client.py') };
 const POLICY_LINE = 'url, api_key = "ws://127.0.0.1:8000", None';
 const JOB_LINE = '# url, api_key = "ws://127.0.0.1:8080/v1/fine-tunes/<id>/policy", "my-key"';
 
@@ -65,7 +74,7 @@ async function runPythonClients(urlLine: string): Promise<Record<keyof typeof PY
     const script = path.join(tmp, `client-${which}-${Date.now()}.py`);
     fs.writeFileSync(script, swap(code, POLICY_LINE, urlLine));
     try {
-      const env = { ...process.env, PYTHONPATH: which === 'package' ? path.join(REPO, 'clients/python/src') : '' };
+      const env = { ...process.env, PYTHONPATH: path.join(REPO, which === 'package' ? 'clients/python/src' : 'examples/openpi_wire') };
       const { stdout, stderr } = await run(PY.python!, [script], { timeout: 120_000, env });
       expect(stderr, `the README's ${which} client printed warnings`).toBe('');
       out[which] = stdout.trim().split('\n');
@@ -143,21 +152,20 @@ describe('the quickstart', () => {
   });
 
   it.skipIf(noPython)('the README\'s real-time chunking loop runs against `vela policy`: RTC chunks after the first, each spliced in at the row it says', async () => {
-    // The client section's helpers (pack, unpack, infer), then infer wrapped to keep what was
-    // sent and answered, then the RTC block at 10 Hz for 60 ticks with a synthetic robot.
-    const helpers = PY_CLIENT.slice(0, PY_CLIENT.indexOf(POLICY_LINE));
-    expect(helpers).toContain('def infer(ws, obs):');
+    // wire.py's infer wrapped to keep what was sent and answered, then the RTC loop the README
+    // links (examples/openpi_wire/rtc_loop.py) at 10 Hz for 60 ticks with a synthetic robot.
     const record = [
-      'import json',
+      'import json, wire',
       'sent, answers, executed_actions = [], [], []',
-      '_infer = infer',
+      '_infer = wire.infer',
       'def infer(ws, obs):',
       '    answer = _infer(ws, obs)',
       '    sent.append({k: v for k, v in obs.items() if k.startswith("rtc/")})',
       '    answers.append({"actions": answer["actions"].tolist(), "rtc": answer["server_timing"].get("rtc")})',
       '    return answer',
+      'wire.infer = infer',
     ].join('\n');
-    let rtc = block('Real-time chunking', 'python', 1); // the loop without the package (the package's: python-package.test.ts)
+    let rtc = wireExample('rtc_loop.py'); // the loop with the package: python-package.test.ts
     rtc = swap(rtc, 'url = "ws://127.0.0.1:8000"', `url = "${policyUrl}"`);
     rtc = swap(rtc, 'control_hz, execute_horizon, ticks = 30, 8, 300', 'control_hz, execute_horizon, ticks = 10, 8, 60');
     rtc = swap(rtc, 'np.zeros((480, 640, 3), np.uint8)', 'np.random.default_rng(done).integers(0, 256, (48, 64, 3), np.uint8)');
@@ -165,10 +173,10 @@ describe('the quickstart', () => {
     rtc = swap(rtc, 'def robot_step(action):                              # replace: command one action [action_dim], raw units\n    pass',
       'def robot_step(action):\n    executed_actions.append(action.tolist())');
     const script = path.join(tmp, 'rtc.py');
-    fs.writeFileSync(script, [helpers, record, rtc, 'print(json.dumps({"sent": sent, "answers": answers, "executed": executed_actions}))'].join('\n'));
+    fs.writeFileSync(script, [record, rtc, 'print(json.dumps({"sent": sent, "answers": answers, "executed": executed_actions}))'].join('\n'));
     let stdout = '';
     try {
-      ({ stdout } = await run(PY.python!, [script], { timeout: 120_000 }));
+      ({ stdout } = await run(PY.python!, [script], { timeout: 120_000, env: { ...process.env, PYTHONPATH: WIRE_DIR } }));
     } catch (e) {
       throw new Error(`the README's RTC loop failed:\n${(e as { stderr?: string }).stderr ?? (e as Error).message}`);
     }
