@@ -15,12 +15,12 @@ import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { NodeProc } from '../test/helpers/node-proc.ts';
+import { NodeProc } from './harness/node-proc.ts';
 import WebSocket from 'ws';
 import { VelaClient, type Datum } from '../protocol/client.ts';
-import { PolicyClient } from '../test/helpers/policy-stub.ts';
-import { g1Datums } from '../test/helpers/g1.ts';
-import { fileChunks, probeHealth, quantile, rssBytes, sendBody, watchRss, writeBombTgz, type SentBody } from '../test/helpers/abuse.ts';
+import { PolicyClient } from './harness/policy-stub.ts';
+import { g1Datums } from './harness/g1.ts';
+import { fileChunks, probeHealth, quantile, rssBytes, sendBody, watchRss, writeBombTgz, type SentBody } from './harness/abuse.ts';
 
 const KEY = 'bench-abuse-key';
 const MiB = 1024 * 1024;

@@ -10,9 +10,9 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
-import { startPostgres } from '../test/helpers/postgres.ts';
-import { NodeProc } from '../test/helpers/node-proc.ts';
-import { g1Subset } from '../test/helpers/g1.ts';
+import { startPostgres } from './harness/postgres.ts';
+import { NodeProc } from './harness/node-proc.ts';
+import { g1Subset } from './harness/g1.ts';
 
 const USAGE = `Usage: npm run bench:cluster -- [--jobs N] [--steps N] [--batch N] [--nodes LIST]
 

@@ -15,19 +15,13 @@
 import WebSocket from 'ws';
 import { pack, unpack } from './msgpack.ts';
 import { fromWire, toWire, type NDArray } from './ndarray.ts';
+import { VelaError } from './errors.ts';
 
+export { VelaError } from './errors.ts';
 export { ActionQueue, type ActionQueueOptions, type Capture, type Splice } from './action-queue.ts';
 export { PolicyConnection, RealTimeChunking, type PolicyAnswer, type RealTimeChunkingOptions, type RtcTiming } from './policy-client.ts';
 // Observations are maps of NDArrays: `ndarray(data, shape)` makes one.
 export { ndarray, NDArray } from './ndarray.ts';
-
-/** An error answer of an op, or an HTTP error: `code` is the server's code (or the HTTP status). */
-export class VelaError extends Error {
-  constructor(readonly code: string, message: string, readonly requestId?: number) {
-    super(message);
-    this.name = 'VelaError';
-  }
-}
 
 /** A datum as the session ops take it (frames encoded with the request's codec, or RAW ndarrays). */
 export interface Datum {

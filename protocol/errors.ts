@@ -24,3 +24,15 @@ export class ProtocolError extends Error {
     this.code = code;
   }
 }
+
+/**
+ * What the clients (protocol/client.ts, protocol/policy-client.ts) throw for an error answer of an
+ * op, or an HTTP error: `code` is the server's code (or the HTTP status), `requestId` the op's id.
+ * Here rather than in either client so that neither imports the other.
+ */
+export class VelaError extends Error {
+  constructor(readonly code: string, message: string, readonly requestId?: number) {
+    super(message);
+    this.name = 'VelaError';
+  }
+}

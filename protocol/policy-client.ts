@@ -12,7 +12,7 @@
 import WebSocket from 'ws';
 import { ActionQueue, type Capture, type Splice } from './action-queue.ts';
 import { NDArray, packNumpy, unpackNumpy } from './ndarray.ts';
-import { VelaError } from './client.ts';
+import { VelaError } from './errors.ts';
 
 /**
  * The answer's `server_timing.rtc`: what the server did with a request that sent `rtc/executed`.

@@ -25,7 +25,7 @@ import { VelaClient, type Datum } from '../protocol/client.ts';
 import { encodeFrame } from '../protocol/frames.ts';
 import { ndarray, type NDArray } from '../protocol/ndarray.ts';
 import { initZstd } from '../protocol/zstd.ts';
-import { g1Datums, g1Subset } from './helpers/g1.ts';
+import { g1Datums, g1Subset } from '../bench/harness/g1.ts';
 import { FutureError, FuturesClient } from './helpers/futures-client.ts';
 import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
 import { syntheticBatch } from './helpers/synthetic.ts';

@@ -5,7 +5,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient, type Datum } from '../protocol/client.ts';
-import { g1Datums } from './helpers/g1.ts';
+import { g1Datums } from '../bench/harness/g1.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 
 let server: TestServer;

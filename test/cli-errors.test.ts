@@ -13,7 +13,7 @@ import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
 import { runCli, SERVE_USAGE } from '../server/cli-main.ts';
 import { SETTINGS } from '../server/config.ts';
-import { G1_DIR } from './helpers/g1.ts';
+import { G1_DIR } from '../bench/harness/g1.ts';
 
 const REPO = path.resolve(import.meta.dirname, '..');
 const rel = path.relative(REPO, G1_DIR); // datasets/g1_pick_bottle_sample

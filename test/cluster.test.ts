@@ -19,11 +19,11 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient, type SessionJson } from '../protocol/client.ts';
 import { packNumpy, unpackNumpy, type NDArray } from '../protocol/ndarray.ts';
 import { api, TEST_KEY } from './helpers/server.ts';
-import { g1Datums, g1Subset } from './helpers/g1.ts';
-import { NodeProc } from './helpers/node-proc.ts';
-import { PolicyClient } from './helpers/policy-stub.ts';
+import { g1Datums, g1Subset } from '../bench/harness/g1.ts';
+import { NodeProc } from '../bench/harness/node-proc.ts';
+import { PolicyClient } from '../bench/harness/policy-stub.ts';
 import { readSse } from './helpers/sse.ts';
-import { postgresSkipReason, startPostgres, type TestPostgres } from './helpers/postgres.ts';
+import { postgresSkipReason, startPostgres, type TestPostgres } from '../bench/harness/postgres.ts';
 import { missing } from './helpers/requires.ts';
 
 // One episode: each fresh node decodes the frames it trains on (seconds an episode, in its first

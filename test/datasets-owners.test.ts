@@ -17,9 +17,9 @@ import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { Store, nowS } from '../server/store.ts';
 import { ownerUploadsDir } from '../server/datasets/owned.ts';
 import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
-import { NodeProc } from './helpers/node-proc.ts';
+import { NodeProc } from '../bench/harness/node-proc.ts';
 import { log } from '../server/log.ts';
-import { STUB_INFO } from './helpers/policy-stub.ts';
+import { STUB_INFO } from '../bench/harness/policy-stub.ts';
 import type { EngineLike } from '../server/engine/host.ts';
 
 const FIXTURE = fileURLToPath(new URL('./fixtures/lerobot_image', import.meta.url));

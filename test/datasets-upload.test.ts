@@ -14,7 +14,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { nowS } from '../server/store.ts';
 import { ownerUploadsDir } from '../server/datasets/owned.ts';
 import { startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
-import { STUB_INFO } from './helpers/policy-stub.ts';
+import { STUB_INFO } from '../bench/harness/policy-stub.ts';
 import type { EngineLike } from '../server/engine/host.ts';
 
 const FIXTURE = fileURLToPath(new URL('./fixtures/lerobot_image', import.meta.url));

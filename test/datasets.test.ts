@@ -25,7 +25,7 @@ import {
   splitEpisodes,
 } from '../server/datasets/index.ts';
 import type { Dataset } from '../server/datasets/index.ts';
-import { G1_DIR } from './helpers/g1.ts';
+import { G1_DIR } from '../bench/harness/g1.ts';
 
 const G1 = G1_DIR; // the shipped 3-episode sample (290, 421, 372 frames)
 const V30 = path.join(import.meta.dirname, 'fixtures', 'lerobot_v30');

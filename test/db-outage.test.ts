@@ -1,6 +1,6 @@
 /**
  * A PostgreSQL outage in the middle of a fine-tune (issue 22, item 11): the real server on a
- * throwaway PostgreSQL cluster (helpers/postgres.ts) trains a job; the database is stopped
+ * throwaway PostgreSQL cluster (bench/harness/postgres.ts) trains a job; the database is stopped
  * (pg_ctl stop -m fast: every connection is dropped) and started again on the same port while the
  * job trains. Nothing made meanwhile may be lost: the job's events are contiguous, every step's
  * progress record and every checkpoint record is stored, and the job succeeds. Records held for
@@ -8,8 +8,8 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
-import { g1Subset } from './helpers/g1.ts';
-import { postgresSkipReason, startPostgres, type TestPostgres } from './helpers/postgres.ts';
+import { g1Subset } from '../bench/harness/g1.ts';
+import { postgresSkipReason, startPostgres, type TestPostgres } from '../bench/harness/postgres.ts';
 import { missing } from './helpers/requires.ts';
 import fs from 'node:fs';
 import os from 'node:os';

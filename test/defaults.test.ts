@@ -18,7 +18,7 @@ import { DEFAULT_PRESET, RECIPE, SESSION_DEFAULTS, defaultFinetune, defaultLora 
 import { parseFineTuneConfig } from '../server/jobs/config.ts';
 import { resolveSplit } from '../server/jobs/train.ts';
 import { parseFinetuneArgs } from '../server/jobs/cli.ts';
-import { g1Subset } from './helpers/g1.ts';
+import { g1Subset } from '../bench/harness/g1.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 import { HELD_OUT } from '../bench/recipe-split.ts';
 import { buildUi } from '../scripts/build-ui.ts';

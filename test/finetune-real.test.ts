@@ -24,7 +24,7 @@ import { realPiLoraFull } from '../kernels/pi/policy.ts';
 import { datasetMisfit } from '../server/jobs/base.ts';
 import { loadCheckpoint, saveCheckpoint } from '../kernels/checkpoint.ts';
 import { startFakeHub, type FakeHub } from './helpers/fake-hub.ts';
-import { g1Subset } from './helpers/g1.ts';
+import { g1Subset } from '../bench/harness/g1.ts';
 import { tinyRealConfig, writeTinyBase } from './helpers/real-pi-base.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 

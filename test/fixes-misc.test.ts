@@ -13,12 +13,12 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient } from '../protocol/client.ts';
-import { g1Datums, g1Subset } from './helpers/g1.ts';
+import { g1Datums, g1Subset } from '../bench/harness/g1.ts';
 import { startPolicyProc } from './helpers/policy-proc.ts';
 import { writeTinyBase } from './helpers/real-pi-base.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 import { FuturesClient } from './helpers/futures-client.ts';
-import { PolicyClient } from './helpers/policy-stub.ts';
+import { PolicyClient } from '../bench/harness/policy-stub.ts';
 import { PolicyConnectionMetrics } from '../server/metrics/policy.ts';
 import { metricsText } from '../server/metrics/registry.ts';
 

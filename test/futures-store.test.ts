@@ -9,7 +9,7 @@ import { ndarray } from '../protocol/ndarray.ts';
 import { EngineError } from '../server/engine/messages.ts';
 import { FutureStore, SeqOrder } from '../server/futures/index.ts';
 import type { EngineLike } from '../server/engine/host.ts';
-import { STUB_INFO } from './helpers/policy-stub.ts';
+import { STUB_INFO } from '../bench/harness/policy-stub.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 import { FutureError, FuturesClient } from './helpers/futures-client.ts';
 

@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient, type Datum } from '../protocol/client.ts';
 import { ndarray, unpackNumpy } from '../protocol/ndarray.ts';
 import { decodeFrame, resizeWithPad } from '../protocol/frames.ts';
-import { g1Datums } from './helpers/g1.ts';
+import { g1Datums } from '../bench/harness/g1.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 import { FutureError, FuturesClient } from './helpers/futures-client.ts';
 

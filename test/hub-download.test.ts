@@ -14,7 +14,7 @@ import { parseDownloadArgs } from '../server/hub/cli.ts';
 import { runCli } from '../server/cli-main.ts';
 import { openDataset } from '../server/datasets/index.ts';
 import { startFakeHub, type FakeHub } from './helpers/fake-hub.ts';
-import { G1_DIR } from './helpers/g1.ts';
+import { G1_DIR } from '../bench/harness/g1.ts';
 
 const REPO = 'lerobot-test/g1_sample';
 const VIDEO = 'videos/chunk-000/observation.images.cam_high/episode_000001.mp4';

@@ -12,8 +12,8 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { log } from '../server/log.ts';
 import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
-import { g1Datums, g1Subset } from './helpers/g1.ts';
-import { PolicyClient } from './helpers/policy-stub.ts';
+import { g1Datums, g1Subset } from '../bench/harness/g1.ts';
+import { PolicyClient } from '../bench/harness/policy-stub.ts';
 import { TEST_BACKENDS } from './helpers/tf.ts';
 import { readSse } from './helpers/sse.ts';
 

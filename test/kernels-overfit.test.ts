@@ -14,7 +14,7 @@ import { makeBatch } from '../kernels/small/batch.ts';
 import { BaseWeights, TrainingState } from '../kernels/trainer.ts';
 import { drawNoiseTime } from '../kernels/flow.ts';
 import { Rng } from '../kernels/rng.ts';
-import { G1_DIR as DATASET } from './helpers/g1.ts';
+import { G1_DIR as DATASET } from '../bench/harness/g1.ts';
 
 
 forEachBackend('kernels: overfit', () => {

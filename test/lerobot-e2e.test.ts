@@ -39,7 +39,7 @@ import { realPiConfigFromHub } from '../kernels/pi/config.ts';
 import { computeLoss, sample, velocity, type RealPiBatch, type RealPiModel } from '../kernels/pi/model.ts';
 import { loadHubTensors } from '../server/models/load-tensors.ts';
 import { useBestBackend } from './helpers/tf.ts';
-import { PolicyClient } from './helpers/policy-stub.ts';
+import { PolicyClient } from '../bench/harness/policy-stub.ts';
 import { startPolicyProc, type PolicyProc } from './helpers/policy-proc.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 

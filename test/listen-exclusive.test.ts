@@ -12,8 +12,8 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { log } from '../server/log.ts';
 import { startPolicyServer } from '../server/policy/index.ts';
-import { NodeProc } from './helpers/node-proc.ts';
-import { stubEngine } from './helpers/policy-stub.ts';
+import { NodeProc } from '../bench/harness/node-proc.ts';
+import { stubEngine } from '../bench/harness/policy-stub.ts';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 

@@ -15,9 +15,9 @@ import { VelaClient, type Datum } from '../protocol/client.ts';
 import { ndarray } from '../protocol/ndarray.ts';
 import { clearSeriesOwner, setSeriesOwner, tenantView } from '../server/metrics/owners.ts';
 import { nowS } from '../server/store.ts';
-import { g1Datums, g1Subset } from './helpers/g1.ts';
+import { g1Datums, g1Subset } from '../bench/harness/g1.ts';
 import { tinyLoraCheckpoint } from './helpers/policy-proc.ts';
-import { PolicyClient } from './helpers/policy-stub.ts';
+import { PolicyClient } from '../bench/harness/policy-stub.ts';
 import { parseExposition, type Exposition } from './helpers/prom.ts';
 import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
 

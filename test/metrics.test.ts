@@ -9,8 +9,8 @@ import { VelaClient, type Datum } from '../protocol/client.ts';
 import { ndarray } from '../protocol/ndarray.ts';
 import { startPolicyServer, type PolicyServerHandle } from '../server/policy/index.ts';
 import { MAX_CONNECTION_SERIES } from '../server/metrics/index.ts';
-import { g1Datums, g1Subset } from './helpers/g1.ts';
-import { PolicyClient, stubEngine } from './helpers/policy-stub.ts';
+import { g1Datums, g1Subset } from '../bench/harness/g1.ts';
+import { PolicyClient, stubEngine } from '../bench/harness/policy-stub.ts';
 import { parseExposition, type Exposition } from './helpers/prom.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 

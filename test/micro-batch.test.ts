@@ -31,7 +31,7 @@ import { makeConfig } from '../kernels/small/config.ts';
 import { estimatePassMemory } from '../kernels/small/memory.ts';
 import { parseFineTuneConfig } from '../server/jobs/config.ts';
 import { passBound } from './helpers/float32.ts';
-import { g1Subset } from './helpers/g1.ts';
+import { g1Subset } from '../bench/harness/g1.ts';
 import { tinyRealConfig, writeTinyBase } from './helpers/real-pi-base.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 import { useBestBackend } from './helpers/tf.ts';

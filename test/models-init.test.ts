@@ -18,8 +18,8 @@ import { decodeSafetensors } from '../kernels/safetensors.ts';
 import { piParamShapes, paramToHubKey } from '../kernels/pi/keys.ts';
 import { contractInitChunks, contractInitValues } from '../kernels/pi/params.ts';
 import { initCheckpoint, initRealConfig, TEST_TOKENIZER_ASSET_DIR } from '../server/models/init-checkpoint.ts';
-import { g1Datums } from './helpers/g1.ts';
-import { PolicyClient } from './helpers/policy-stub.ts';
+import { g1Datums } from '../bench/harness/g1.ts';
+import { PolicyClient } from '../bench/harness/policy-stub.ts';
 import { startPolicyProc, type PolicyProc } from './helpers/policy-proc.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '..');

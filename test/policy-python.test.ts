@@ -11,7 +11,7 @@ import { ndarray, type NDArray } from '../protocol/ndarray.ts';
 import { dictionaryId, loadObservationDictionary } from '../protocol/zstd.ts';
 import { startPolicyServer, type PolicyServerHandle } from '../server/policy/index.ts';
 import { log } from '../server/log.ts';
-import { PolicyClient, STUB_CONFIG, stubEngine, type StubEngine } from './helpers/policy-stub.ts';
+import { PolicyClient, STUB_CONFIG, stubEngine, type StubEngine } from '../bench/harness/policy-stub.ts';
 import { missing, pythonEnv } from './helpers/requires.ts';
 
 const run = promisify(execFile);

@@ -15,7 +15,7 @@ import { encodeFrame } from '../protocol/frames.ts';
 import { ndarray } from '../protocol/ndarray.ts';
 import { nowS } from '../server/store.ts';
 import { tinyLoraCheckpoint } from './helpers/policy-proc.ts';
-import { PolicyClient } from './helpers/policy-stub.ts';
+import { PolicyClient } from '../bench/harness/policy-stub.ts';
 import { parseExposition } from './helpers/prom.ts';
 import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
 

@@ -23,8 +23,8 @@ import { quantileNormalize, quantileUnnormalize, type NormStats } from '../kerne
 import { realModelKey } from '../server/engine/model-key.ts';
 import { nowS } from '../server/store.ts';
 import { requestSeed } from '../server/policy/seeds.ts';
-import { g1Datums } from './helpers/g1.ts';
-import { PolicyClient } from './helpers/policy-stub.ts';
+import { g1Datums } from '../bench/harness/g1.ts';
+import { PolicyClient } from '../bench/harness/policy-stub.ts';
 import { runPythonJson } from './helpers/python.ts';
 import { missing, pythonEnv } from './helpers/requires.ts';
 import { writeTinyBase } from './helpers/real-pi-base.ts';

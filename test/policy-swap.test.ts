@@ -9,7 +9,7 @@ import { afterAll, describe, expect, it, vi } from 'vitest';
 import { ndarray } from '../protocol/ndarray.ts';
 import { createPolicyServer, encodeWeightsPush, startPolicyServer, type PolicyServerHandle } from '../server/policy/index.ts';
 import { log } from '../server/log.ts';
-import { STUB_CONFIG, stubEngine, type StubEngine } from './helpers/policy-stub.ts';
+import { STUB_CONFIG, stubEngine, type StubEngine } from '../bench/harness/policy-stub.ts';
 
 log.setLevel('error');
 

@@ -13,7 +13,7 @@ import { parsePolicyArgs } from '../server/policy/cli.ts';
 import { Batcher } from '../server/policy/batcher.ts';
 import { toRobotActions } from '../server/policy/observation.ts';
 import { log } from '../server/log.ts';
-import { PolicyClient, STUB_CONFIG, STUB_INFO, STUB_STATS, stubEngine, type StubEngine } from './helpers/policy-stub.ts';
+import { PolicyClient, STUB_CONFIG, STUB_INFO, STUB_STATS, stubEngine, type StubEngine } from '../bench/harness/policy-stub.ts';
 
 const SEED = 7;
 const KEY = 'policy-test-key';

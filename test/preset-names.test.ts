@@ -19,8 +19,8 @@ import { readCheckpointConfig } from '../server/policy/cli.ts';
 import { runCli } from '../server/cli-main.ts';
 import { describeRealModels } from '../server/presets.ts';
 import { log } from '../server/log.ts';
-import { G1_DIR } from './helpers/g1.ts';
-import { STUB_CONFIG, STUB_INFO, STUB_STATS, stubEngine } from './helpers/policy-stub.ts';
+import { G1_DIR } from '../bench/harness/g1.ts';
+import { STUB_CONFIG, STUB_INFO, STUB_STATS, stubEngine } from '../bench/harness/policy-stub.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 
 const OLD_TO_NEW = { 'pi0-tiny': 'flow0-tiny', 'pi05-tiny': 'flow05-tiny', 'pi0-small': 'flow0-small', 'pi05-small': 'flow05-small' };

@@ -14,10 +14,10 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import os from 'node:os';
 import { startFakeHub, type FakeHub } from './helpers/fake-hub.ts';
 import { startPolicyProc } from './helpers/policy-proc.ts';
-import { PolicyClient } from './helpers/policy-stub.ts';
+import { PolicyClient } from '../bench/harness/policy-stub.ts';
 import { runPythonJson } from './helpers/python.ts';
 import { missing, pythonEnv } from './helpers/requires.ts';
-import { g1Subset } from './helpers/g1.ts';
+import { g1Subset } from '../bench/harness/g1.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');

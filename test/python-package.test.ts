@@ -17,7 +17,7 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { NormStatsSet } from '../kernels/normalize.ts';
-import { g1Subset } from './helpers/g1.ts';
+import { g1Subset } from '../bench/harness/g1.ts';
 import { startPolicyProc, tinyLoraCheckpoint, type PolicyProc } from './helpers/policy-proc.ts';
 import { missing, pythonEnv } from './helpers/requires.ts';
 import { startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';

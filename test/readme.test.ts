@@ -21,7 +21,7 @@ import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
 import { missing, pythonEnv } from './helpers/requires.ts';
-import { PolicyClient } from './helpers/policy-stub.ts';
+import { PolicyClient } from '../bench/harness/policy-stub.ts';
 import { ndarray } from '../protocol/ndarray.ts';
 
 const run = promisify(execFile);

@@ -14,7 +14,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient } from '../protocol/client.ts';
 import { decodeFrame } from '../protocol/frames.ts';
-import { g1Datums, g1Subset } from './helpers/g1.ts';
+import { g1Datums, g1Subset } from '../bench/harness/g1.ts';
 import { runPythonJson } from './helpers/python.ts';
 import { missing, pythonEnv } from './helpers/requires.ts';
 import { writeTinyBase } from './helpers/real-pi-base.ts';

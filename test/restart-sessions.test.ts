@@ -14,7 +14,7 @@ import { syntheticBatch } from './helpers/synthetic.ts';
 import { Store } from '../server/store.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 import { FuturesClient, toJsonBody } from './helpers/futures-client.ts';
-import { postgresSkipReason, startPostgres, type TestPostgres } from './helpers/postgres.ts';
+import { postgresSkipReason, startPostgres, type TestPostgres } from '../bench/harness/postgres.ts';
 import { missing } from './helpers/requires.ts';
 
 const LORA = { base_model: 'flow05-tiny', lora_config: { rank: 4, alpha: 8 } };

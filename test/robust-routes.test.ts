@@ -17,7 +17,7 @@ import { HttpError } from '../server/http.ts';
 import { startPolicyServer, type PolicyServerHandle } from '../server/policy/index.ts';
 import { rawHttp, type RawAnswer } from './helpers/raw-http.ts';
 import { startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
-import { stubEngine } from './helpers/policy-stub.ts';
+import { stubEngine } from '../bench/harness/policy-stub.ts';
 
 let app: TestServer;
 // Its own folder: a fixed one was shared with every other run of this file on the machine, and a

@@ -10,7 +10,7 @@ import { ndarray } from '../protocol/ndarray.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 import { FuturesClient, toJsonBody } from './helpers/futures-client.ts';
 import { syntheticDatum } from './helpers/synthetic.ts';
-import { PolicyClient } from './helpers/policy-stub.ts';
+import { PolicyClient } from '../bench/harness/policy-stub.ts';
 
 let server: TestServer;
 let inferUrl = '';

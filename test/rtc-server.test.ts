@@ -20,7 +20,7 @@ import { sampleBound } from './helpers/float32.ts';
 import { fakeBatch } from '../kernels/small/batch.ts';
 import { rtcWeights } from '../kernels/rtc.ts';
 import { computeNormStats, normStatsToJson } from '../kernels/normalize.ts';
-import { PolicyClient } from './helpers/policy-stub.ts';
+import { PolicyClient } from '../bench/harness/policy-stub.ts';
 import { PolicyConnection } from '../protocol/client.ts';
 import { encodeWeightsPush } from '../server/policy/push.ts';
 import { NATIVE_PRESENT, TEST_BACKENDS } from './helpers/tf.ts';

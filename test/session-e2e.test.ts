@@ -10,7 +10,7 @@ import { VelaClient, VelaError, type Datum, type SessionConnection, type Session
 import { pack, unpack } from '../protocol/msgpack.ts';
 import { fromWire, ndarray, toWire } from '../protocol/ndarray.ts';
 import { decodeSafetensors } from '../kernels/safetensors.ts';
-import { g1Datums } from './helpers/g1.ts';
+import { g1Datums } from '../bench/harness/g1.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 import { BEST_BACKEND_NAME } from './helpers/tf.ts';
 

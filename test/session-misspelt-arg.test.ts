@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient, type SessionConnection } from '../protocol/client.ts';
 import { pack, unpack } from '../protocol/msgpack.ts';
 import { fromWire, toWire } from '../protocol/ndarray.ts';
-import { g1Datums } from './helpers/g1.ts';
+import { g1Datums } from '../bench/harness/g1.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 
 let server: TestServer;

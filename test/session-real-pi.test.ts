@@ -13,7 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient, type Datum, type SessionConnection, type SessionJson } from '../protocol/client.ts';
 import { ndarray } from '../protocol/ndarray.ts';
 import { decodeSafetensors } from '../kernels/safetensors.ts';
-import { g1Datums } from './helpers/g1.ts';
+import { g1Datums } from '../bench/harness/g1.ts';
 import { writeTinyBase } from './helpers/real-pi-base.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 import { FuturesClient } from './helpers/futures-client.ts';

@@ -16,7 +16,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { makeConfig } from '../kernels/small/config.ts';
 import { loadPaligemmaTokenizer } from '../server/models/tokenizer.ts';
-import { g1Datums, g1Subset } from './helpers/g1.ts';
+import { g1Datums, g1Subset } from '../bench/harness/g1.ts';
 import { TEST_TOKENIZER_DIR, tinyRealConfig, writeTinyBase } from './helpers/real-pi-base.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 

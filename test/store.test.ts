@@ -1,6 +1,6 @@
 /**
  * The store, one suite run on both databases (issue 18): SQLite (a temp folder) and PostgreSQL
- * (a throwaway cluster, test/helpers/postgres.ts). Values read back are the values written; the
+ * (a throwaway cluster, bench/harness/postgres.ts). Values read back are the values written; the
  * races that matter in a cluster (two nodes appending events to one job, two nodes declaring the
  * same node lost, two nodes migrating at once) are run for real on PostgreSQL.
  */
@@ -10,7 +10,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Store, type JobRow, type SessionRow } from '../server/store.ts';
 import { isUniqueViolation } from '../server/db/index.ts';
-import { postgresSkipReason, startPostgres, type TestPostgres } from './helpers/postgres.ts';
+import { postgresSkipReason, startPostgres, type TestPostgres } from '../bench/harness/postgres.ts';
 import { missing } from './helpers/requires.ts';
 
 const noPostgres = missing('PostgreSQL (the store tests on PostgreSQL)', postgresSkipReason);

@@ -12,7 +12,7 @@ import { chromium, type BrowserContext } from 'playwright-core';
 import { VelaClient, type SessionConnection } from '../protocol/client.ts';
 import { buildUi } from '../scripts/build-ui.ts';
 import { num } from '../ui/src/format.ts';
-import { g1Datums } from './helpers/g1.ts';
+import { g1Datums } from '../bench/harness/g1.ts';
 import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
 import { chromiumPath, missing } from './helpers/requires.ts';
 

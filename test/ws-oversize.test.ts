@@ -11,7 +11,7 @@ import { unpack } from '../protocol/msgpack.ts';
 import { ndarray, packNumpy } from '../protocol/ndarray.ts';
 import { WS_TOO_BIG, wsSettings } from '../server/http.ts';
 import { startPolicyServer, type PolicyServerHandle } from '../server/policy/index.ts';
-import { stubEngine } from './helpers/policy-stub.ts';
+import { stubEngine } from '../bench/harness/policy-stub.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 
 /** Send one message; resolve with every frame received after the greeting, and the close code and reason. */

@@ -13,7 +13,7 @@ import { syntheticBatch } from './helpers/synthetic.ts';
 import { Store } from '../server/store.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 import { FuturesClient, toJsonBody } from './helpers/futures-client.ts';
-import { PolicyClient } from './helpers/policy-stub.ts';
+import { PolicyClient } from '../bench/harness/policy-stub.ts';
 
 const LORA = { base_model: 'flow05-tiny', lora_config: { rank: 4, alpha: 8 } };
 const servers: TestServer[] = [];

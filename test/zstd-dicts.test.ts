@@ -20,7 +20,7 @@ import type { NormStatsSet } from '../kernels/normalize.ts';
 import { loadConfig } from '../server/config.ts';
 import { FuturesClient } from './helpers/futures-client.ts';
 import { startPolicyProc, tinyLoraCheckpoint, type PolicyProc } from './helpers/policy-proc.ts';
-import { PolicyClient } from './helpers/policy-stub.ts';
+import { PolicyClient } from '../bench/harness/policy-stub.ts';
 import { missing, zstdCliReason } from './helpers/requires.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 import { syntheticDatum } from './helpers/synthetic.ts';

@@ -83,7 +83,7 @@ describe('one instance of the wasm library per process', () => {
     const msg = vec('g1-obs96.msgpack');
     expectBytes(zstdDecompress(vec('g1-obs96.dict.zst'), { dict, maxBytes: MiB }), msg);
     const { openDataset } = await import('../server/datasets/index.ts');
-    const { G1_DIR } = await import('./helpers/g1.ts');
+    const { G1_DIR } = await import('../bench/harness/g1.ts');
     const ds = await openDataset(G1_DIR);
     expect(ds.table(0).state.length).toBeGreaterThan(0);
     expectBytes(zstdDecompress(vec('g1-obs96.dict.zst'), { dict, maxBytes: MiB }), msg);

@@ -1,5 +1,5 @@
 /**
- * Test helper: real datums from the Unitree G1 dataset sample the repository ships
+ * Test and bench harness: real datums from the Unitree G1 dataset sample the repository ships
  * (datasets/g1_pick_bottle_sample: 3 episodes, see its PROVENANCE.md), with frames JPEG-encoded
  * at full size (480x640) as a robot client would send them.
  */

@@ -1,5 +1,5 @@
 /**
- * Test helper: a real `vela serve` in a child process (bin/vela.js), so that `kill9()` is a real
+ * Test and bench harness: a real `vela serve` in a child process (bin/vela.js), so that `kill9()` is a real
  * SIGKILL of a node: no shutdown code runs, its heartbeats just stop. Port 0; the address is
  * read from the line the server prints when it listens. Its stderr is kept for failures.
  */

@@ -1,5 +1,5 @@
 /**
- * Test helpers of the policy server: a stub engine that answers `load_policy` and `infer` as the
+ * Test and bench harness of the policy server: a stub engine that answers `load_policy` and `infer` as the
  * real worker does (EngineLike), computing each datum's actions deterministically from that
  * datum's inputs and seed alone, and a websocket client that reads like OpenPI's.
  */

@@ -1,5 +1,5 @@
 /**
- * Test helper: a throwaway PostgreSQL cluster in a temporary folder, with Debian's binaries
+ * Test and bench harness: a throwaway PostgreSQL cluster in a temporary folder, with Debian's binaries
  * (`/usr/lib/postgresql/<v>/bin`, or `initdb` on PATH), on 127.0.0.1 and a free port, trust
  * authentication, durability off (a test cluster is thrown away). PostgreSQL refuses to run as
  * root, so under root (CI) the cluster runs as the `postgres` user that Debian's package makes.

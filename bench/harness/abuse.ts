@@ -1,5 +1,5 @@
 /**
- * Test and bench helper: hostile request bodies against a server in another process, and what
+ * Test and bench harness: hostile request bodies against a server in another process, and what
  * they cost it. A body of any size is sent from a raw socket (zeros, with backpressure, never
  * held whole), with a Content-Length or chunked; a gzip "bomb" of concatenated members is
  * built in a moment; the server's RSS is read from /proc and `/healthz` is timed while it works.
@@ -77,8 +77,11 @@ export interface SentBody {
  * Content-Length). Stops sending once an answer has arrived (unless `keepSending`: an attacker
  * sends it all anyway) or the server closed; resolves when the answer is complete (and, with
  * `keepSending`, all was sent), the server closed, or `waitMs` after the last byte went out.
+ * `pauseAfterBytes` holds the body there until an answer is complete or `pauseMs` (10 s) passed,
+ * so "answered before the body ended" does not depend on how fast a loaded machine schedules the
+ * server against this sender (loopback takes 256 MiB in ~0.2 s).
  */
-export function sendBody(port: number, head: string, totalBytes: number, opts: { chunked?: boolean; source?: AsyncIterable<Buffer>; waitMs?: number; keepSending?: boolean } = {}): Promise<SentBody> {
+export function sendBody(port: number, head: string, totalBytes: number, opts: { chunked?: boolean; source?: AsyncIterable<Buffer>; waitMs?: number; keepSending?: boolean; pauseAfterBytes?: number; pauseMs?: number } = {}): Promise<SentBody> {
   return new Promise((resolve) => {
     const sock = net.connect(port, '127.0.0.1');
     let answer = Buffer.alloc(0);
@@ -104,10 +107,13 @@ export function sendBody(port: number, head: string, totalBytes: number, opts: {
       const m = /\r\ncontent-length: *(\d+)/i.exec(text.slice(0, end));
       return !m || answer.length - end - 4 >= Number(m[1]);
     };
+    let answered: () => void = () => undefined;
+    const answeredOnce = new Promise<void>((res) => (answered = res));
     sock.on('data', (c) => {
       answer = Buffer.concat([answer, c]);
       if (!complete()) return;
       answeredAt ??= sent;
+      answered();
       if (!opts.keepSending || allSent) finish();
     });
     sock.on('error', () => undefined);
@@ -122,7 +128,12 @@ export function sendBody(port: number, head: string, totalBytes: number, opts: {
       const chunks = opts.source ?? (async function* () {
         for (let left = totalBytes; left > 0; left -= zeros.length) yield left >= zeros.length ? zeros : zeros.subarray(0, left);
       })();
+      let paused = opts.pauseAfterBytes === undefined;
       for await (const c of chunks) {
+        if (!paused && sent >= opts.pauseAfterBytes!) {
+          paused = true;
+          await Promise.race([answeredOnce, new Promise((res) => setTimeout(res, opts.pauseMs ?? 10_000))]);
+        }
         const piece = opts.chunked ? Buffer.concat([Buffer.from(`${c.length.toString(16)}\r\n`), c, Buffer.from('\r\n')]) : c;
         if (!(await write(piece))) break;
         sent += c.length;

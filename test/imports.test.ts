@@ -1,0 +1,79 @@
+/**
+ * The arrows of the layout (the developers' brief): server -> protocol, server -> kernels, never
+ * back; protocol/ holds no tfjs; nothing outside test/ imports test/ (what the tests and the bench
+ * both drive lives in bench/harness); and no module imports itself through others (a cycle). Read
+ * from the sources' static and dynamic relative imports.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const ROOMS = ['server', 'protocol', 'kernels', 'bench', 'scripts', 'test'];
+const SPEC = /(?:^|\n)\s*(?:import|export)\s[^'"`;]*?from\s*['"]([^'"]+)['"]|\bimport\(\s*['"]([^'"]+)['"]\s*\)|(?:^|\n)\s*import\s*['"]([^'"]+)['"]/g;
+
+/** Every .ts file under the rooms, relative to the root, with the specifiers it imports. */
+function sources(): Map<string, string[]> {
+  const out = new Map<string, string[]>();
+  const walk = (dir: string) => {
+    for (const e of fs.readdirSync(path.join(ROOT, dir), { withFileTypes: true })) {
+      const rel = path.join(dir, e.name);
+      if (e.isDirectory()) {
+        if (e.name !== 'node_modules' && e.name !== 'vectors') walk(rel);
+      } else if (e.name.endsWith('.ts')) {
+        const src = fs.readFileSync(path.join(ROOT, rel), 'utf8');
+        out.set(rel, [...src.matchAll(SPEC)].map((m) => (m[1] ?? m[2] ?? m[3])!));
+      }
+    }
+  };
+  for (const r of ROOMS) if (fs.existsSync(path.join(ROOT, r))) walk(r);
+  return out;
+}
+
+const files = sources();
+const resolved = (from: string, spec: string) => path.normalize(path.join(path.dirname(from), spec));
+const room = (rel: string) => rel.split(path.sep)[0]!;
+
+describe('imports', () => {
+  it('reads the project (a parse that finds nothing cannot fail)', () => {
+    expect(files.size).toBeGreaterThan(300);
+    expect(files.get(path.join('server', 'app.ts'))!.length).toBeGreaterThan(10);
+  });
+
+  it('point one way: protocol/ and kernels/ import no server/, each other not back, protocol/ no tfjs', () => {
+    const wrong: string[] = [];
+    for (const [f, specs] of files) {
+      for (const s of specs) {
+        const to = s.startsWith('.') ? room(resolved(f, s)) : null;
+        if (room(f) === 'protocol' && (to === 'server' || to === 'kernels' || s.startsWith('@tensorflow/'))) wrong.push(`${f} -> ${s}`);
+        if (room(f) === 'kernels' && (to === 'server' || to === 'protocol')) wrong.push(`${f} -> ${s}`);
+        if (room(f) !== 'test' && to === 'test') wrong.push(`${f} -> ${s}`);
+      }
+    }
+    expect(wrong).toEqual([]);
+  });
+
+  it('make no cycle', () => {
+    // Tarjan's strongly connected components over the relative imports.
+    const graph = new Map([...files].map(([f, specs]) => [f, specs.filter((s) => s.startsWith('.')).map((s) => resolved(f, s)).filter((t) => files.has(t))]));
+    let next = 0;
+    const index = new Map<string, number>(), low = new Map<string, number>(), stack: string[] = [], onStack = new Set<string>();
+    const cycles: string[][] = [];
+    const visit = (v: string) => {
+      index.set(v, next); low.set(v, next); next++;
+      stack.push(v); onStack.add(v);
+      for (const w of graph.get(v)!) {
+        if (!index.has(w)) { visit(w); low.set(v, Math.min(low.get(v)!, low.get(w)!)); } else if (onStack.has(w)) low.set(v, Math.min(low.get(v)!, index.get(w)!));
+      }
+      if (low.get(v) === index.get(v)) {
+        const scc: string[] = [];
+        let w: string;
+        do { w = stack.pop()!; onStack.delete(w); scc.push(w); } while (w !== v);
+        if (scc.length > 1 || graph.get(v)!.includes(v)) cycles.push(scc.sort());
+      }
+    };
+    for (const v of graph.keys()) if (!index.has(v)) visit(v);
+    expect(cycles).toEqual([]);
+  });
+});
