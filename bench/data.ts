@@ -1,7 +1,7 @@
 /**
  * Bench inputs from the real G1 dataset (episode 0 of datasets/g1_pick_bottle_sample, one camera at 480x640):
  * datums as a robot client sends them (frames encoded with a codec) and the same datums as the
- * engine's ModelBatch (decoded and resized the way server/ops.ts does). G1 has one camera;
+ * engine's ModelBatch (decoded and resized the way server/sessions/ops.ts does). G1 has one camera;
  * 2 or 3 cameras reuse cam_high at other times of the episode under the names cam_left_wrist
  * and cam_right_wrist, so every frame is still a real, distinct picture.
  */

@@ -15,7 +15,7 @@ import { startServer } from '../server/app.ts';
 import { Engine, type EngineLike } from '../server/engine/host.ts';
 import { startPolicyServer, type PolicyServerHandle } from '../server/policy/index.ts';
 import { log } from '../server/log.ts';
-import { engineOptions } from '../server/sessions.ts';
+import { engineOptions } from '../server/sessions/sessions.ts';
 
 const API_KEY = 'vela-bench-key-0123456789';
 const preset = process.env.VELA_BENCH_PRESET ?? 'flow05-tiny';

@@ -61,7 +61,7 @@ function supervise() {
     }
   });
   // Signals meant for the command go to it (a stop signal delivered twice within a second, as by
-  // a terminal's Ctrl-C to the whole group, counts once: server/signals.ts).
+  // a terminal's Ctrl-C to the whole group, counts once: server/cli/signals.ts).
   for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP']) process.on(sig, () => child.kill(sig));
   child.on('close', (code, signal) => {
     flush();
@@ -90,5 +90,5 @@ else {
   }
   const { register } = await import('tsx/esm/api');
   register();
-  await import('../server/cli.ts');
+  await import('../server/cli/vela.ts');
 }

@@ -4,20 +4,20 @@
  * returns a handle whose `close()` shuts down gracefully.
  */
 import uWS from 'uWebSockets.js';
-import { HttpError, route, sendJson, sendText, type Req } from './http.ts';
-import { assertNativeUws, assertPortFree, createApp, listenExclusive } from './guard.ts';
+import { HttpError, route, sendJson, sendText, type Req } from './http/http.ts';
+import { assertNativeUws, assertPortFree, createApp, listenExclusive } from './http/guard.ts';
 import path from 'node:path';
-import { hideServerPath } from './redact.ts';
+import { hideServerPath } from './http/redact.ts';
 import { hubCacheDir } from './models/hf-cache.ts';
-import { credentialOf, requireOwner, safeEqual } from './auth.ts';
+import { credentialOf, requireOwner, safeEqual } from './http/auth.ts';
 import { log } from './log.ts';
-import { randomId, Store, type SessionRow } from './store.ts';
+import { randomId, Store, type SessionRow } from './store/store.ts';
 import { PostgresDb } from './db/index.ts';
 import { ClusterNode, forward, mountNodeRoutes, wasForwarded } from './cluster/index.ts';
 import { GraphileQueue } from './jobs/graphile-queue.ts';
 import { LocalQueue } from './jobs/queue.ts';
-import { SessionManager, parseSessionConfig, type EngineFactory } from './sessions.ts';
-import { mountSessionSocket } from './session-ws.ts';
+import { SessionManager, parseSessionConfig, type EngineFactory } from './sessions/sessions.ts';
+import { mountSessionSocket } from './sessions/socket.ts';
 import { mountUi } from './ui/index.ts';
 import { JobRunner } from './jobs/runner.ts';
 import { mountJobRoutes } from './jobs/routes.ts';
@@ -29,7 +29,7 @@ import { mountSidecar } from './sidecar/routes.ts';
 import { mountMetrics, watchStore } from './metrics/index.ts';
 import { ConfigError, type ServerConfig } from './config.ts';
 import { loadDictionaryFiles } from '../protocol/zstd.ts';
-import { WsAdmission } from './ws-admission.ts';
+import { WsAdmission } from './http/ws-admission.ts';
 
 /** `GET /` for API clients (xorl's root info): what this server is and where its APIs live. */
 function rootInfo(baseUrl: string): Record<string, unknown> {

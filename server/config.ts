@@ -5,11 +5,11 @@
 import os from 'node:os';
 import path from 'node:path';
 import type { BackendChoice } from '../kernels/backend/backend.ts';
-import { shown, UsageError } from './cli-args.ts';
+import { shown, UsageError } from './cli/args.ts';
 import { defaultThreads } from '../kernels/backend/native.ts';
 import { parseAllowlist } from './inference/addresses.ts';
 import { parseBytes } from './models/memory.ts';
-import { DEFAULT_WS_CAPS } from './ws-admission.ts';
+import { DEFAULT_WS_CAPS } from './http/ws-admission.ts';
 
 /** A setting with a bad value, or an unknown one: `vela` prints it as one line and exits 2. */
 export class ConfigError extends UsageError {

@@ -7,7 +7,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { nowS } from '../server/store.ts';
+import { nowS } from '../server/store/store.ts';
 import { writeTinyBase } from './helpers/real-pi-base.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 

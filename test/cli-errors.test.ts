@@ -11,7 +11,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
-import { runCli, SERVE_USAGE } from '../server/cli-main.ts';
+import { runCli, SERVE_USAGE } from '../server/cli/main.ts';
 import { SETTINGS } from '../server/config.ts';
 import { G1_DIR } from '../bench/harness/g1.ts';
 

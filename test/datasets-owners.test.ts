@@ -14,7 +14,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import * as tar from 'tar';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
-import { Store, nowS } from '../server/store.ts';
+import { Store, nowS } from '../server/store/store.ts';
 import { ownerUploadsDir } from '../server/datasets/owned.ts';
 import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
 import { NodeProc } from '../bench/harness/node-proc.ts';

@@ -11,7 +11,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import * as tar from 'tar';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { nowS } from '../server/store.ts';
+import { nowS } from '../server/store/store.ts';
 import { ownerUploadsDir } from '../server/datasets/owned.ts';
 import { startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
 import { STUB_INFO } from '../bench/harness/policy-stub.ts';

@@ -2,7 +2,7 @@
  * One set of defaults (issue 35 items 7 and 8), through the real server with a 3-episode G1
  * subset under the datasets root: a fine-tune with no recipe fields, a training session with only
  * its (required) base_model, the sidecar's job_start with no model_size, and the dashboard's
- * new-job form (GET /v1/defaults, which the served UI reads) all report server/recipes.ts's
+ * new-job form (GET /v1/defaults, which the served UI reads) all report server/jobs/recipes.ts's
  * defaults; a session's LoRA default is the one documented difference (README.md, PROTOCOL.md).
  * Jobs are cancelled once their config is read back; sessions are closed.
  *
@@ -14,7 +14,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { DEFAULT_PRESET, RECIPE, SESSION_DEFAULTS, defaultFinetune, defaultLora } from '../server/recipes.ts';
+import { DEFAULT_PRESET, RECIPE, SESSION_DEFAULTS, defaultFinetune, defaultLora } from '../server/jobs/recipes.ts';
 import { parseFineTuneConfig } from '../server/jobs/config.ts';
 import { resolveSplit } from '../server/jobs/train.ts';
 import { parseFinetuneArgs } from '../server/jobs/cli.ts';

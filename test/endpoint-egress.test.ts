@@ -14,7 +14,7 @@
 import http from 'node:http';
 import type net from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Store } from '../server/store.ts';
+import { Store } from '../server/store/store.ts';
 import { startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
 import { FuturesClient } from './helpers/futures-client.ts';
 import { syntheticDatum } from './helpers/synthetic.ts';

@@ -11,7 +11,7 @@ import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { downloadDataset, HubError, type DownloadProgress } from '../server/hub/download.ts';
 import { parseDownloadArgs } from '../server/hub/cli.ts';
-import { runCli } from '../server/cli-main.ts';
+import { runCli } from '../server/cli/main.ts';
 import { openDataset } from '../server/datasets/index.ts';
 import { startFakeHub, type FakeHub } from './helpers/fake-hub.ts';
 import { G1_DIR } from '../bench/harness/g1.ts';

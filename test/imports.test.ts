@@ -1,8 +1,9 @@
 /**
  * The arrows of the layout (the developers' brief): server -> protocol, server -> kernels, never
  * back; protocol/ holds no tfjs; nothing outside test/ imports test/ (what the tests and the bench
- * both drive lives in bench/harness); and no module imports itself through others (a cycle). Read
- * from the sources' static and dynamic relative imports.
+ * both drive lives in bench/harness); server/http and server/store import no route, engine or
+ * model (their README.md); and no module imports itself through others (a cycle). Read from the
+ * sources' static and dynamic relative imports.
  */
 import fs from 'node:fs';
 import path from 'node:path';
@@ -41,7 +42,7 @@ describe('imports', () => {
     expect(files.get(path.join('server', 'app.ts'))!.length).toBeGreaterThan(10);
   });
 
-  it('point one way: protocol/ and kernels/ import no server/, each other not back, protocol/ no tfjs', () => {
+  it('point one way: protocol/ and kernels/ import no server/, each other not back, protocol/ no tfjs, server/http and server/store no route or engine', () => {
     const wrong: string[] = [];
     for (const [f, specs] of files) {
       for (const s of specs) {
@@ -49,6 +50,11 @@ describe('imports', () => {
         if (room(f) === 'protocol' && (to === 'server' || to === 'kernels' || s.startsWith('@tensorflow/'))) wrong.push(`${f} -> ${s}`);
         if (room(f) === 'kernels' && (to === 'server' || to === 'protocol')) wrong.push(`${f} -> ${s}`);
         if (room(f) !== 'test' && to === 'test') wrong.push(`${f} -> ${s}`);
+        // server/'s plumbing rooms (their README.md): http/ knows no route or model; store/ no route, engine or model.
+        const into = s.startsWith('.') ? resolved(f, s) : '';
+        const under = (p: string, dir: string) => p.startsWith(path.join('server', dir) + path.sep);
+        if (under(f, 'http') && (['sessions', 'jobs', 'engine', 'policy'].some((d) => under(into, d)) || into.startsWith('kernels' + path.sep))) wrong.push(`${f} -> ${s}`);
+        if (under(f, 'store') && (['http', 'sessions', 'jobs', 'engine', 'policy'].some((d) => under(into, d)) || into.startsWith('kernels' + path.sep))) wrong.push(`${f} -> ${s}`);
       }
     }
     expect(wrong).toEqual([]);

@@ -18,7 +18,7 @@ import { estimateMemory } from '../kernels/pi/memory.ts';
 import { Engine, type EngineLike } from '../server/engine/host.ts';
 import { MemoryLedger } from '../server/models/memory.ts';
 import { realConfigOf, selectParts } from '../server/models/plan.ts';
-import { engineOptions, type EngineFactory } from '../server/sessions.ts';
+import { engineOptions, type EngineFactory } from '../server/sessions/sessions.ts';
 import { writeTinyBase } from './helpers/real-pi-base.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 

@@ -11,7 +11,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient } from '../protocol/client.ts';
 import { ConfigError, loadConfig } from '../server/config.ts';
-import { HttpError } from '../server/http.ts';
+import { HttpError } from '../server/http/http.ts';
 import { g1Subset } from '../bench/harness/g1.ts';
 import { writeTinyBase } from './helpers/real-pi-base.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';

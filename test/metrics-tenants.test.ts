@@ -14,7 +14,7 @@ import type { NormStatsSet } from '../kernels/normalize.ts';
 import { VelaClient, type Datum } from '../protocol/client.ts';
 import { ndarray } from '../protocol/ndarray.ts';
 import { clearSeriesOwner, setSeriesOwner, tenantView } from '../server/metrics/owners.ts';
-import { nowS } from '../server/store.ts';
+import { nowS } from '../server/store/store.ts';
 import { g1Datums, g1Subset } from '../bench/harness/g1.ts';
 import { tinyLoraCheckpoint } from './helpers/policy-proc.ts';
 import { PolicyClient } from '../bench/harness/policy-stub.ts';

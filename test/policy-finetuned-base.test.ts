@@ -17,7 +17,7 @@ import { type Datum } from '../protocol/client.ts';
 import { g1Datums, g1Subset } from '../bench/harness/g1.ts';
 import { PolicyClient } from '../bench/harness/policy-stub.ts';
 import { realModelKey } from '../server/engine/model-key.ts';
-import { nowS } from '../server/store.ts';
+import { nowS } from '../server/store/store.ts';
 import { writeTinyBase } from './helpers/real-pi-base.ts';
 import { startPolicyProc } from './helpers/policy-proc.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';

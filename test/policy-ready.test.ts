@@ -13,7 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { NormStatsSet } from '../kernels/normalize.ts';
 import { encodeFrame } from '../protocol/frames.ts';
 import { ndarray } from '../protocol/ndarray.ts';
-import { nowS } from '../server/store.ts';
+import { nowS } from '../server/store/store.ts';
 import { tinyLoraCheckpoint } from './helpers/policy-proc.ts';
 import { PolicyClient } from '../bench/harness/policy-stub.ts';
 import { parseExposition } from './helpers/prom.ts';

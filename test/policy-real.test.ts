@@ -21,7 +21,7 @@ import { decodeFrame } from '../protocol/frames.ts';
 import { ndarray, type NDArray } from '../protocol/ndarray.ts';
 import { quantileNormalize, quantileUnnormalize, type NormStats } from '../kernels/normalize.ts';
 import { realModelKey } from '../server/engine/model-key.ts';
-import { nowS } from '../server/store.ts';
+import { nowS } from '../server/store/store.ts';
 import { requestSeed } from '../server/policy/seeds.ts';
 import { g1Datums } from '../bench/harness/g1.ts';
 import { PolicyClient } from '../bench/harness/policy-stub.ts';

@@ -1,11 +1,11 @@
 /**
- * server/redact.ts: server folders never reach a client, and nothing else in a message changes.
+ * server/http/redact.ts: server folders never reach a client, and nothing else in a message changes.
  * A bare relative setting (`./datasets`, as the README starts the server) once turned every
  * "datasets" of every error into `<datasets dir>` ("--allow-absolute-<datasets dir>").
  */
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { hideServerPath, redactPaths } from '../server/redact.ts';
+import { hideServerPath, redactPaths } from '../server/http/redact.ts';
 
 describe('redactPaths', () => {
   hideServerPath('./redact-sets', '<datasets dir>');

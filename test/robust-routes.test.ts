@@ -12,8 +12,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient, type SessionConnection } from '../protocol/client.ts';
 import WebSocket from 'ws';
 import uWS from 'uWebSockets.js';
-import { createApp } from '../server/guard.ts';
-import { HttpError } from '../server/http.ts';
+import { createApp } from '../server/http/guard.ts';
+import { HttpError } from '../server/http/http.ts';
 import { startPolicyServer, type PolicyServerHandle } from '../server/policy/index.ts';
 import { rawHttp, type RawAnswer } from './helpers/raw-http.ts';
 import { startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
@@ -140,7 +140,7 @@ describe('no request takes a server down', () => {
   });
 });
 
-describe('the guard itself (server/guard.ts)', () => {
+describe('the guard itself (server/http/guard.ts)', () => {
   it('a handler that throws synchronously answers 500 (or its HttpError), a websocket closes 1011, and the app goes on', async () => {
     const app = createApp();
     app.get('/boom', () => {

@@ -15,7 +15,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient, type Datum } from '../protocol/client.ts';
 import { ndarray } from '../protocol/ndarray.ts';
 import { g1Datums } from '../bench/harness/g1.ts';
-import { nowS } from '../server/store.ts';
+import { nowS } from '../server/store/store.ts';
 import { tinyLoraCheckpoint } from './helpers/policy-proc.ts';
 import { PolicyClient } from '../bench/harness/policy-stub.ts';
 import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';

@@ -10,7 +10,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Store } from '../server/store.ts';
+import { Store } from '../server/store/store.ts';
 import { api, startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
 
 const MiB = 1024 * 1024;

@@ -1,5 +1,5 @@
 /**
- * Stopping on signals (server/signals.ts) in a real child process: a SIGTERM that arrives twice
+ * Stopping on signals (server/cli/signals.ts) in a real child process: a SIGTERM that arrives twice
  * at once (a service manager signals the whole process group and npm forwards its own copy) is
  * one graceful stop; a second signal a second or more later exits at once. And `vela serve`
  * stops cleanly on a Ctrl-C that comes as soon as it answers, before its banner (the backend

@@ -6,7 +6,7 @@
  * real server, so no training runs here.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { nowS, type JobRow } from '../server/store.ts';
+import { nowS, type JobRow } from '../server/store/store.ts';
 import { startTestServer, TEST_KEY, type TestServer } from './helpers/server.ts';
 
 let server: TestServer;

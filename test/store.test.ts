@@ -8,7 +8,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Store, type JobRow, type SessionRow } from '../server/store.ts';
+import { Store, type JobRow, type SessionRow } from '../server/store/store.ts';
 import { isUniqueViolation } from '../server/db/index.ts';
 import { postgresSkipReason, startPostgres, type TestPostgres } from '../bench/harness/postgres.ts';
 import { missing } from './helpers/requires.ts';

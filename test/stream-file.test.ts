@@ -12,9 +12,9 @@ import os from 'node:os';
 import path from 'node:path';
 import uWS from 'uWebSockets.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createApp } from '../server/guard.ts';
-import { route } from '../server/http.ts';
-import { streamFile } from '../server/stream.ts';
+import { createApp } from '../server/http/guard.ts';
+import { route } from '../server/http/http.ts';
+import { streamFile } from '../server/http/stream.ts';
 
 const SIZE = 24 * 1024 * 1024 + 12345; // not a multiple of the read stream's 256 KiB chunks
 let dir: string;

@@ -11,7 +11,7 @@ const feed = (chunks: string[]): SseMessage[] => {
 };
 
 describe('SseParser', () => {
-  // What server/stream.ts writes: an opening comment, two events, a keepalive.
+  // What server/http/stream.ts writes: an opening comment, two events, a keepalive.
   const stream = ': stream opened\n\nid: 0\nevent: status\ndata: {"index":0,"status":"queued"}\n\n: keepalive\n\nid: 1\nevent: progress\ndata: {"index":1,"step":1,"loss":0.5}\n\n';
   const expected: SseMessage[] = [
     { id: '0', event: 'status', data: '{"index":0,"status":"queued"}' },

@@ -7,7 +7,7 @@ import WebSocket from 'ws';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient } from '../protocol/client.ts';
 import { startPolicyServer, type PolicyServerHandle } from '../server/policy/index.ts';
-import { WsAdmission } from '../server/ws-admission.ts';
+import { WsAdmission } from '../server/http/ws-admission.ts';
 import { stubEngine } from '../bench/harness/policy-stub.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 

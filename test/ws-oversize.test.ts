@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VelaClient } from '../protocol/client.ts';
 import { unpack } from '../protocol/msgpack.ts';
 import { ndarray, packNumpy } from '../protocol/ndarray.ts';
-import { WS_TOO_BIG, wsSettings } from '../server/http.ts';
+import { WS_TOO_BIG, wsSettings } from '../server/http/http.ts';
 import { startPolicyServer, type PolicyServerHandle } from '../server/policy/index.ts';
 import { stubEngine } from '../bench/harness/policy-stub.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';

@@ -10,7 +10,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { syntheticBatch } from './helpers/synthetic.ts';
-import { Store } from '../server/store.ts';
+import { Store } from '../server/store/store.ts';
 import { startTestServer, type TestServer } from './helpers/server.ts';
 import { FuturesClient, toJsonBody } from './helpers/futures-client.ts';
 import { PolicyClient } from '../bench/harness/policy-stub.ts';

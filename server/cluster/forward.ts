@@ -5,8 +5,8 @@
  * `x-vela-forwarded-by: <node>` and is never forwarded again, so two nodes that disagree about
  * where a session is cannot bounce a request between them.
  */
-import { statusLine, type Req } from '../http.ts';
-import { HttpError } from '../http.ts';
+import { statusLine, type Req } from '../http/http.ts';
+import { HttpError } from '../http/http.ts';
 
 export const FORWARDED_HEADER = 'x-vela-forwarded-by';
 

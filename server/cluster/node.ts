@@ -12,7 +12,7 @@
  */
 import { PRESETS } from '../../kernels/small/config.ts';
 import { log } from '../log.ts';
-import type { NodeLoad, NodeRow, Store } from '../store.ts';
+import type { NodeLoad, NodeRow, Store } from '../store/store.ts';
 
 export interface NodeOptions {
   id: string;

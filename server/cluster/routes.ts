@@ -5,10 +5,10 @@
  * itself, from memory.
  */
 import type { TemplatedApp } from 'uWebSockets.js';
-import { requireOwner } from '../auth.ts';
-import { route, sendJson } from '../http.ts';
+import { requireOwner } from '../http/auth.ts';
+import { route, sendJson } from '../http/http.ts';
 import type { NodeJson, NodeLoad } from '../../protocol/nodes.ts';
-import type { Store } from '../store.ts';
+import type { Store } from '../store/store.ts';
 import type { ClusterNode } from './node.ts';
 
 export function mountNodeRoutes(

@@ -4,7 +4,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { badValue, shown, splitArgs, UsageError } from '../cli-args.ts';
+import { badValue, shown, splitArgs, UsageError } from '../cli/args.ts';
 import { describeDataset, openDataset } from './index.ts';
 
 export const DATASETS_USAGE = `Usage:

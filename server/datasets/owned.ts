@@ -12,7 +12,7 @@
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
-import { HttpError } from '../http.ts';
+import { HttpError } from '../http/http.ts';
 import { resolveDatasetDir } from '../jobs/config.ts';
 import { DATASET_NAME, UPLOAD_MARKER } from './upload.ts';
 

@@ -12,8 +12,8 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import type { TemplatedApp } from 'uWebSockets.js';
-import { requireOwner } from '../auth.ts';
-import { HttpError, route, sendJson } from '../http.ts';
+import { requireOwner } from '../http/auth.ts';
+import { HttpError, route, sendJson } from '../http/http.ts';
 import { log } from '../log.ts';
 import { openDataset } from './index.ts';
 import { checkDatasetName, installDataset, type InstallResult } from './upload.ts';
@@ -21,7 +21,7 @@ import { listDatasets } from './listing.ts';
 import { admitUpload, isSharedName, ownerUploadsDir, ownUploads, quotaError, quotaUsed, readMarker } from './owned.ts';
 import { sweepDatasetsRoot } from './sweep.ts';
 import type { ServerConfig } from '../config.ts';
-import type { Store } from '../store.ts';
+import type { Store } from '../store/store.ts';
 
 /** Opens and checks a dataset folder: the validation of every fine-tune, before any work. */
 export async function validateDataset(dir: string): Promise<{ episodes: number; frames: number }> {

@@ -22,7 +22,7 @@ import { pipeline } from 'node:stream/promises';
 import zlib from 'node:zlib';
 import * as tar from 'tar';
 import yauzl from 'yauzl';
-import { HttpError } from '../http.ts';
+import { HttpError } from '../http/http.ts';
 import { log } from '../log.ts';
 
 /** A dataset name: one plain path segment. */

@@ -1,13 +1,13 @@
 /**
  * Checkpoints of one owner for `list_checkpoints` / `delete_checkpoint`: the folders that
  * `save_state` and `save_weights` wrote under `<data>/checkpoints/<owner>/<model_id>/{states,weights}/<name>`
- * (server/sessions.ts sessionDir). A checkpoint id is `<model_id>/<kind>/<name>`; ids are checked
+ * (server/sessions/sessions.ts sessionDir). A checkpoint id is `<model_id>/<kind>/<name>`; ids are checked
  * against strict patterns before any path is built, so no id can leave the owner's folder.
  */
 import fs from 'node:fs';
 import path from 'node:path';
 import { NAME_PATTERN } from '../../protocol/messages.ts';
-import { HttpError } from '../http.ts';
+import { HttpError } from '../http/http.ts';
 
 export type CheckpointKind = 'states' | 'weights';
 

@@ -6,11 +6,11 @@
  * store) is answered by whichever node got it.
  */
 import type { ClusterNode } from '../cluster/index.ts';
-import type { Req } from '../http.ts';
-import type { SessionManager } from '../sessions.ts';
-import type { Store } from '../store.ts';
-import { HttpError } from '../http.ts';
-import { storedPreset } from '../presets.ts';
+import type { Req } from '../http/http.ts';
+import type { SessionManager } from '../sessions/sessions.ts';
+import type { Store } from '../store/store.ts';
+import { HttpError } from '../http/http.ts';
+import { storedPreset } from '../models/presets.ts';
 
 /** Request-id prefix of a node's futures. */
 export function futureIdPrefix(nodeId: string | null | undefined): string | undefined {

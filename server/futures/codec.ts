@@ -14,7 +14,7 @@ import crypto from 'node:crypto';
 import { ProtocolError } from '../../protocol/errors.ts';
 import { exactIntOrString, mapValueBytes, RawMsgpack } from '../../protocol/msgpack.ts';
 import { NDArray, ndarray, packNumpy, unpackNumpy } from '../../protocol/ndarray.ts';
-import { HttpError, statusLine, type Req } from '../http.ts';
+import { HttpError, statusLine, type Req } from '../http/http.ts';
 import { ignoredFields } from './fields.ts';
 
 export type Format = 'json' | 'msgpack';

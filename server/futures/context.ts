@@ -5,12 +5,12 @@
  */
 import path from 'node:path';
 import type { TemplatedApp } from 'uWebSockets.js';
-import { requireOwner } from '../auth.ts';
+import { requireOwner } from '../http/auth.ts';
 import { EngineError } from '../engine/messages.ts';
-import { HttpError, route, type Req } from '../http.ts';
-import { publicConfig, type LiveSession, type SessionManager } from '../sessions.ts';
+import { HttpError, route, type Req } from '../http/http.ts';
+import { publicConfig, type LiveSession, type SessionManager } from '../sessions/sessions.ts';
 import type { ServerConfig } from '../config.ts';
-import type { ClientSessionRow, SessionRow, Store } from '../store.ts';
+import type { ClientSessionRow, SessionRow, Store } from '../store/store.ts';
 import { log } from '../log.ts';
 import type { InferenceDeps } from '../inference/routes.ts';
 import { formatOf, readBody, sendAs, type Body, type Format } from './codec.ts';

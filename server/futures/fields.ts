@@ -13,7 +13,7 @@
  * `zorl_*` field is a 400 that says so and names lora_config, on every route (top level:
  * `refuseZorl` from the handler wrapper; nested objects: through checkFields).
  */
-import { HttpError, type Req } from '../http.ts';
+import { HttpError, type Req } from '../http/http.ts';
 import { resemblance } from '../../protocol/resemble.ts';
 
 /** Fields with a meaning somewhere in Vela's futures API (ids excluded: they are harmless). */

@@ -20,9 +20,9 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { randomId, type EndpointRow } from '../store.ts';
-import { HttpError } from '../http.ts';
-import { requestPreset, storedPreset } from '../presets.ts';
+import { randomId, type EndpointRow } from '../store/store.ts';
+import { HttpError } from '../http/http.ts';
+import { requestPreset, storedPreset } from '../models/presets.ts';
 import { isRealModel } from '../models/bases.ts';
 import { encodeWeightsPush } from '../policy/index.ts';
 import { targetOf, type InferenceDeps } from '../inference/routes.ts';

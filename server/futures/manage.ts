@@ -23,14 +23,14 @@
  *   newest checkpoint.
  * - `GET /api/v1/healthz`: `{"status": "ok"}`, open (a health probe has no key).
  */
-import { nowS, randomId } from '../store.ts';
-import { HttpError, route } from '../http.ts';
+import { nowS, randomId } from '../store/store.ts';
+import { HttpError, route } from '../http/http.ts';
 import { sendAs, formatOf } from './codec.ts';
 import { checkpointIdOfPath, checkpointInfo, deleteCheckpoint, listCheckpoints } from './checkpoints.ts';
 import { checkFields, withIgnored } from './fields.ts';
 import { modelIdOf } from './requests.ts';
 import { publicModelId, type FuturesContext } from './context.ts';
-import type { LiveSession } from '../sessions.ts';
+import type { LiveSession } from '../sessions/sessions.ts';
 import { isRealModel } from '../models/bases.ts';
 import { PALIGEMMA_TOKENIZER_REPO } from '../models/tokenizer.ts';
 

@@ -8,9 +8,9 @@ import crypto from 'node:crypto';
 import { ProtocolError } from '../../protocol/errors.ts';
 import type { SessionRequest } from '../../protocol/messages.ts';
 import { EngineError } from '../engine/messages.ts';
-import { HttpError, type Req } from '../http.ts';
+import { HttpError, type Req } from '../http/http.ts';
 import { log } from '../log.ts';
-import { redactPaths } from '../redact.ts';
+import { redactPaths } from '../http/redact.ts';
 import { checkFields } from './fields.ts';
 
 export { checkFields } from './fields.ts';

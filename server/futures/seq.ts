@@ -14,7 +14,7 @@
  * What is remembered per `seq_id` (a body hash and a request id) is kept for `ttlS` seconds.
  * seq_ids are compared exactly (as bigints), so ids past 2^53 that differ by one stay different.
  */
-import { HttpError } from '../http.ts';
+import { HttpError } from '../http/http.ts';
 
 interface Seen {
   hash: string;

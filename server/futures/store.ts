@@ -5,7 +5,7 @@
  * `retrieve_future` can tell "expired" (410) from "never existed" (404); tombstones are capped
  * in number, so memory stays bounded however many requests come.
  */
-import { randomId } from '../store.ts';
+import { randomId } from '../store/store.ts';
 
 /** A settled future: the op's wire result, or an error with Tinker's category. */
 export type Outcome = { result: unknown } | { error: string; category: 'user' | 'server'; code?: string };

@@ -4,7 +4,7 @@
  * named if missing) and described.
  */
 import path from 'node:path';
-import { shown, splitArgs, UsageError } from '../cli-args.ts';
+import { shown, splitArgs, UsageError } from '../cli/args.ts';
 import { defaultDatasetsDir } from '../config.ts';
 import { describeDataset, openDataset } from '../datasets/index.ts';
 import { downloadDataset, HubError } from './download.ts';

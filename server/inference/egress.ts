@@ -19,7 +19,7 @@ import http from 'node:http';
 import https from 'node:https';
 import net from 'node:net';
 import os from 'node:os';
-import { HttpError } from '../http.ts';
+import { HttpError } from '../http/http.ts';
 import { canonicalAddress, categoryOf, hostKey, parseAllowlist } from './addresses.ts';
 
 /** The flag that opens refused addresses, named in every refusal. */

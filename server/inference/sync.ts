@@ -3,8 +3,8 @@
  * weights URL of an endpoint, a reachability probe, and one push with its outcome. Every
  * request goes through egress.ts, which refuses loopback, private and the server's own addresses.
  */
-import type { EndpointRow } from '../store.ts';
-import { HttpError } from '../http.ts';
+import type { EndpointRow } from '../store/store.ts';
+import { HttpError } from '../http/http.ts';
 import { egressRequest, EgressRefused, type EgressPolicy } from './egress.ts';
 
 /** Transfer precisions of set_sync_quantization and the safetensors dtype each sends. */

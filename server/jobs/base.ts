@@ -17,7 +17,7 @@ import { INSUFFICIENT_MEMORY, planOrRefuse, realConfigOf } from '../models/plan.
 import { availableMemory, bytesHuman, checkFits, memoryLedger } from '../models/memory.ts';
 import type { MemoryEstimate } from '../../kernels/pi/memory.ts';
 import { estimatePassMemory } from '../../kernels/small/memory.ts';
-import { HttpError } from '../http.ts';
+import { HttpError } from '../http/http.ts';
 import type { Dataset } from '../datasets/index.ts';
 import type { FineTuneConfig, MemoryPlanNote } from './config.ts';
 

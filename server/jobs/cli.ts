@@ -6,11 +6,11 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { badValue, splitArgs, UsageError, type FlagArg } from '../cli-args.ts';
+import { badValue, splitArgs, UsageError, type FlagArg } from '../cli/args.ts';
 import { BACKEND_CHOICES } from '../config.ts';
 import { DatasetError, openDataset } from '../datasets/index.ts';
 import { FieldError, parseFineTuneConfig, type FineTuneConfig, type MemoryPlanNote } from './config.ts';
-import { RECIPE, defaultFinetune, defaultLora } from '../recipes.ts';
+import { RECIPE, defaultFinetune, defaultLora } from './recipes.ts';
 import { noEvaluationReason, prepareRun, runFineTune, writeJsonAtomic } from './train.ts';
 import { trainingRecord, writeTrainingRecord } from './record.ts';
 import { engineModelOf, planFineTune, realEngineModel } from './base.ts';
@@ -23,7 +23,7 @@ export function defaultFinetuneRoot(env: NodeJS.ProcessEnv = process.env): strin
   return path.join(env.XDG_CACHE_HOME || path.join(os.homedir(), '.cache'), 'vela', 'finetunes');
 }
 
-// The defaults shown are server/recipes.ts's, the ones every surface fills in.
+// The defaults shown are server/jobs/recipes.ts's, the ones every surface fills in.
 const REAL_LORA = defaultLora(true);
 const PRESET_LORA = defaultLora(false);
 

@@ -5,11 +5,11 @@
 import path from 'node:path';
 import { PRESET_NAMES, makeConfig, resolvePreset, resolveStoredPreset } from '../../kernels/small/config.ts';
 import { zeroGateRule } from '../../kernels/lora.ts';
-import { RECIPE, defaultFinetune, defaultLora } from '../recipes.ts';
+import { RECIPE, defaultFinetune, defaultLora } from './recipes.ts';
 import { loraAlphaProblem } from '../models/lora-limits.ts';
 import { DEFAULT_BASES, isRealModel } from '../models/bases.ts';
 import { validateAdamWOptions, type AdamWOptions } from '../../kernels/optim.ts';
-import { HttpError } from '../http.ts';
+import { HttpError } from '../http/http.ts';
 import { log } from '../log.ts';
 import { meant } from '../../protocol/resemble.ts';
 
@@ -91,8 +91,8 @@ export const FIELDS = [
 /** Fields a stored config carries that a request does not give (filled in by this server). */
 const STORED_FIELDS = ['engine_model', 'lora_action_rank', 'lora_action_alpha', 'memory_plan'];
 
-/** The default recipe and fine-tune mode live in server/recipes.ts, one module for every surface. */
-export { RECIPE, defaultFinetune } from '../recipes.ts';
+/** The default recipe and fine-tune mode live in server/jobs/recipes.ts, one module for every surface. */
+export { RECIPE, defaultFinetune } from './recipes.ts';
 
 /** Warm-up when not given: a tenth of the run, at most 100 steps (openpi's shape). */
 export function defaultWarmupSteps(steps: number): number {

@@ -7,15 +7,15 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { TemplatedApp } from 'uWebSockets.js';
 import { resolveWriteToken } from '../models/upload.ts';
-import { requireOwner } from '../auth.ts';
+import { requireOwner } from '../http/auth.ts';
 import { log } from '../log.ts';
-import { decodeUrlPart, HttpError, route, sendJson, type Req } from '../http.ts';
-import { eventCursor, openSse, streamFile } from '../stream.ts';
+import { decodeUrlPart, HttpError, route, sendJson, type Req } from '../http/http.ts';
+import { eventCursor, openSse, streamFile } from '../http/stream.ts';
 import type { FineTuneJob } from '../../protocol/jobs.ts';
-import { nowS, randomId, type JobEvent, type JobRow, type Store } from '../store.ts';
+import { nowS, randomId, type JobEvent, type JobRow, type Store } from '../store/store.ts';
 import type { ServerConfig } from '../config.ts';
 import { parseFineTuneConfig, type FineTuneConfig } from './config.ts';
-import { defaultsJson } from '../recipes.ts';
+import { defaultsJson } from './recipes.ts';
 import { datasetDirFor } from '../datasets/owned.ts';
 import { prepareRun } from './train.ts';
 import { isRealModel, type RealModel } from '../models/bases.ts';
@@ -213,7 +213,7 @@ export function mountJobRoutes(app: TemplatedApp, deps: JobRoutesDeps): void {
     return j;
   };
 
-  // The defaults every surface fills in (server/recipes.ts), for the dashboard's form and clients.
+  // The defaults every surface fills in (server/jobs/recipes.ts), for the dashboard's form and clients.
   app.get('/v1/defaults', route(0, async (r) => {
     await requireOwner(store, r);
     sendJson(r, 200, defaultsJson());

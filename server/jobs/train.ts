@@ -15,7 +15,7 @@ import { FieldError, JOB_ADAMW, type FineTuneConfig } from './config.ts';
 import { toBatch } from './datums.ts';
 import { buildEvalSet, evaluate, type EvalContext } from './evaluate.ts';
 import { recordJobStep } from '../metrics/training.ts';
-import { HttpError } from '../http.ts';
+import { HttpError } from '../http/http.ts';
 import { modelLayout } from '../models/layout.ts';
 import { datasetMisfit, jobModelShape } from './base.ts';
 import { exportHubModel } from './export-hub.ts';

@@ -1,6 +1,6 @@
 /** `GET /metrics` (PROTOCOL.md section 12): this process's metrics in Prometheus' text format. */
 import type { TemplatedApp } from 'uWebSockets.js';
-import { route, sendText, type Req } from '../http.ts';
+import { route, sendText, type Req } from '../http/http.ts';
 import { tenantView } from './owners.ts';
 import { METRICS_CONTENT_TYPE, metricsText } from './registry.ts';
 

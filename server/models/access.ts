@@ -12,8 +12,8 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import type { ServerConfig } from '../config.ts';
-import { HttpError } from '../http.ts';
-import type { Store } from '../store.ts';
+import { HttpError } from '../http/http.ts';
+import type { Store } from '../store/store.ts';
 import { modelsDirOf, nameableText } from './resolve.ts';
 
 /** `p` with symlinks resolved where it exists (else as given, absolute). */

@@ -6,7 +6,7 @@
 import { realPiConfigFromHub } from '../../kernels/pi/config.ts';
 import { ConfigError } from '../../kernels/errors.ts';
 import { CheckpointError } from '../../kernels/safetensors.ts';
-import { HttpError } from '../http.ts';
+import { HttpError } from '../http/http.ts';
 import { DEFAULT_BASES, type RealModel } from './bases.ts';
 import { readHubConfig } from './hub-checkpoint.ts';
 

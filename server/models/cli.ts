@@ -5,7 +5,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { choiceArg, intArg, shown, splitArgs, UsageError } from '../cli-args.ts';
+import { choiceArg, intArg, shown, splitArgs, UsageError } from '../cli/args.ts';
 import { progressPrinter } from '../hub/progress.ts';
 import { downloadModel } from './download.ts';
 import { ModelError } from './errors.ts';

@@ -1,5 +1,5 @@
 /**
- * Bounds on LoRA settings shared by sessions (server/sessions.ts), fine-tunes
+ * Bounds on LoRA settings shared by sessions (server/sessions/sessions.ts), fine-tunes
  * (server/jobs/config.ts) and xorl's lora_config (which becomes a session's).
  */
 

@@ -18,7 +18,7 @@
  */
 import { realPiConfigFromHub, type RealPiConfig } from '../../kernels/pi/config.ts';
 import { estimateMemory, type MemoryEstimate, type MemoryPlan } from '../../kernels/pi/memory.ts';
-import { HttpError } from '../http.ts';
+import { HttpError } from '../http/http.ts';
 import { readHubConfig } from './hub-checkpoint.ts';
 import { availableMemory, checkFits, memoryLedger, type AvailableMemory } from './memory.ts';
 

@@ -17,7 +17,7 @@ import path from 'node:path';
 import { readCheckpointNormStats } from '../models/norm-stats.ts';
 import { LEROBOT_NORM_EPS, normalizerFor, parseNormStats, type NormConvention, type NormMode, type NormStatsSet } from '../../kernels/normalize.ts';
 import { isRealModelKey, realModelKey } from '../engine/model-key.ts';
-import { storedPreset } from '../presets.ts';
+import { storedPreset } from '../models/presets.ts';
 import { VELA_DATASET_FILE } from '../jobs/base.ts';
 import { PolicyConfigError } from './meta.ts';
 

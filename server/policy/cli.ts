@@ -5,17 +5,17 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { badValue, choiceArg, intArg, numberArg, shown, splitArgs, UsageError, type FlagSpec } from '../cli-args.ts';
+import { badValue, choiceArg, intArg, numberArg, shown, splitArgs, UsageError, type FlagSpec } from '../cli/args.ts';
 import { BACKEND_CHOICES, LOG_LEVELS } from '../config.ts';
 import { log } from '../log.ts';
-import { stopOnSignals } from '../signals.ts';
+import { stopOnSignals } from '../cli/signals.ts';
 import { DEFAULT_POLICY_LIMITS } from './observation.ts';
-import { storedPreset } from '../presets.ts';
+import { storedPreset } from '../models/presets.ts';
 import { answeredAs } from '../datasets/actions.ts';
 import { cliModelsDir, REAL_MODELS, type RealModel } from '../models/bases.ts';
 import { baseServing, classifyFolder, OPENPI_CAMERAS, type ServedFolder } from './checkpoint.ts';
 import { DEFAULT_RTC_SETTINGS, RTC_QUERY_KEYS, rtcSettings, type RtcSettings } from './rtc.ts';
-import { DEFAULT_WS_CAPS, type WsCaps } from '../ws-admission.ts';
+import { DEFAULT_WS_CAPS, type WsCaps } from '../http/ws-admission.ts';
 import { loadDictionaryFiles, MAX_EXTRA_DICTIONARIES } from '../../protocol/zstd.ts';
 
 const HELP = 'vela policy --help';

@@ -14,7 +14,7 @@ import { writeCheckpointDir } from '../../kernels/checkpoint.ts';
 import { ProtocolError } from '../../protocol/errors.ts';
 import { pack, unpack } from '../../protocol/msgpack.ts';
 import { EngineError } from '../engine/messages.ts';
-import { HttpError } from '../http.ts';
+import { HttpError } from '../http/http.ts';
 import type { PolicyServer, SwapResult } from './service.ts';
 
 /** Default limit of a push body: 1 GiB (full-weight small presets are far below it). */

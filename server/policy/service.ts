@@ -17,7 +17,7 @@ import { ndarray, type NDArray } from '../../protocol/ndarray.ts';
 import { dictionaryId, initZstd, loadObservationDictionary } from '../../protocol/zstd.ts';
 import { batchBuffers, makeBatch, tokenizePrompt } from '../../kernels/small/batch.ts';
 import type { EngineLike } from '../engine/host.ts';
-import { HttpError } from '../http.ts';
+import { HttpError } from '../http/http.ts';
 import { outOfRange } from '../../kernels/norm-range.ts';
 import { log } from '../log.ts';
 import { holdPolicySeries } from '../metrics/policy.ts';

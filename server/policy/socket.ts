@@ -12,13 +12,13 @@ import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket, us_socket_cont
 import { ProtocolError } from '../../protocol/errors.ts';
 import { packNumpy } from '../../protocol/ndarray.ts';
 import { EngineError } from '../engine/messages.ts';
-import { credentialOf } from '../auth.ts';
-import { bytesText, decodeUrlPart, HttpError, requestHeaders, statusLine, WS_TOO_BIG, wsSettings } from '../http.ts';
-import { wsKeyOf, type WsAdmission, type WsTicket } from '../ws-admission.ts';
+import { credentialOf } from '../http/auth.ts';
+import { bytesText, decodeUrlPart, HttpError, requestHeaders, statusLine, WS_TOO_BIG, wsSettings } from '../http/http.ts';
+import { wsKeyOf, type WsAdmission, type WsTicket } from '../http/ws-admission.ts';
 import { log } from '../log.ts';
 import { PolicyConnectionMetrics } from '../metrics/policy.ts';
-import { redactPaths } from '../redact.ts';
-import { randomId } from '../store.ts';
+import { redactPaths } from '../http/redact.ts';
+import { randomId } from '../store/store.ts';
 import { decodeMessage, DEFAULT_POLICY_LIMITS } from './observation.ts';
 import { RangeWarnings } from './range-warning.ts';
 import { MAX_STREAM_CHARS, seedStream } from './seeds.ts';

@@ -6,14 +6,14 @@
  * training server, push.ts; needs --api-key). Binds 127.0.0.1 unless told otherwise.
  */
 import uWS from 'uWebSockets.js';
-import { credentialOf, safeEqual } from '../auth.ts';
-import { HttpError, route, sendJson, sendText, statusLine, type Req } from '../http.ts';
-import { assertNativeUws, assertPortFree, createApp, listenExclusive } from '../guard.ts';
-import { hideServerPath } from '../redact.ts';
+import { credentialOf, safeEqual } from '../http/auth.ts';
+import { HttpError, route, sendJson, sendText, statusLine, type Req } from '../http/http.ts';
+import { assertNativeUws, assertPortFree, createApp, listenExclusive } from '../http/guard.ts';
+import { hideServerPath } from '../http/redact.ts';
 import { mountMetrics } from '../metrics/index.ts';
 import { createPolicyServer, type PolicyServer, type PolicyServerOptions } from './service.ts';
 import { mountPolicySocket } from './socket.ts';
-import { WsAdmission, type WsCaps } from '../ws-admission.ts';
+import { WsAdmission, type WsCaps } from '../http/ws-admission.ts';
 import { applyWeightsPush, decodeWeightsPush, MAX_PUSH_BYTES } from './push.ts';
 
 export interface StandaloneOptions extends PolicyServerOptions {

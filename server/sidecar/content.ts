@@ -7,7 +7,7 @@
  */
 import fs from 'node:fs';
 import { once } from 'node:events';
-import { HttpError } from '../http.ts';
+import { HttpError } from '../http/http.ts';
 
 const KEY = 'dataset_content';
 const QUOTE = 0x22;

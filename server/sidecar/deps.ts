@@ -5,7 +5,7 @@
 import type { ServerConfig } from '../config.ts';
 import type { InferenceDeps } from '../inference/routes.ts';
 import type { JobRunner } from '../jobs/runner.ts';
-import type { Store } from '../store.ts';
+import type { Store } from '../store/store.ts';
 
 export interface SidecarDeps {
   store: Store;

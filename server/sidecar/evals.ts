@@ -13,9 +13,9 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import type { TemplatedApp } from 'uWebSockets.js';
-import { requireOwner } from '../auth.ts';
-import { HttpError, route, sendJson } from '../http.ts';
-import { randomId } from '../store.ts';
+import { requireOwner } from '../http/auth.ts';
+import { HttpError, route, sendJson } from '../http/http.ts';
+import { randomId } from '../store/store.ts';
 import type { SidecarDeps } from './deps.ts';
 
 interface KeyState {

@@ -10,7 +10,7 @@
  *   `trained/<job id>`, `files` with `path`, `size`, `sha256`),
  * - `failed` / `cancelled` -> the same, with `error`; other logs stay logs.
  */
-import type { JobEvent, JobRow, Store } from '../store.ts';
+import type { JobEvent, JobRow, Store } from '../store/store.ts';
 
 /** The saved weights of a completed job, as `/models/file` serves them. */
 export interface TrainedModel {

@@ -7,7 +7,7 @@
  *   (datasets/owned.ts); `dataset_content`, a base64 tar / tar.gz / zip of it, is installed as
  *   the key's upload first (datasets/upload.ts); the body is streamed to disk and
  *   dataset_content decoded from there (sidecar/content.ts), never held in memory;
- *   `num_train_steps` (default 100) is the job's `steps`; `model_size` (default flow0-tiny, the fine-tunes' preset: server/recipes.ts) is
+ *   `num_train_steps` (default 100) is the job's `steps`; `model_size` (default flow0-tiny, the fine-tunes' preset: server/jobs/recipes.ts) is
  *   `pi0` / `pi05` (the real models, with Vela's `base`) or a Vela preset (the document's
  *   4b / 12b / 31b are not: a 400 lists them). Vela's other
  *   fine-tune fields (every one of section 1's: batch_size, learning_rate, eval_fraction,
@@ -30,13 +30,13 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import type { TemplatedApp } from 'uWebSockets.js';
-import { requireOwner } from '../auth.ts';
+import { requireOwner } from '../http/auth.ts';
 import { PRESET_ALIASES, PRESET_NAMES, PRESETS } from '../../kernels/small/config.ts';
 import { isRealModel } from '../models/bases.ts';
-import { HttpError, route, sendJson, type Req } from '../http.ts';
-import { requestPreset, storedPreset } from '../presets.ts';
-import { SIDECAR_DEFAULTS } from '../recipes.ts';
-import { streamFile } from '../stream.ts';
+import { HttpError, route, sendJson, type Req } from '../http/http.ts';
+import { requestPreset, storedPreset } from '../models/presets.ts';
+import { SIDECAR_DEFAULTS } from '../jobs/recipes.ts';
+import { streamFile } from '../http/stream.ts';
 import { archiveTemp, checkUploadable, installArchive, takeUploadSlot } from '../datasets/routes.ts';
 import { datasetDirFor } from '../datasets/owned.ts';
 import { checkDatasetName, type InstallResult } from '../datasets/upload.ts';
@@ -44,7 +44,7 @@ import { jobOutputFile, listFiles, relativeSegments, submitFineTune } from '../j
 import { FieldError, FIELDS, parseFineTuneConfig } from '../jobs/config.ts';
 import { readBody } from '../futures/codec.ts';
 import { answerInfer, targetOf } from '../inference/routes.ts';
-import type { JobEvent, JobRow } from '../store.ts';
+import type { JobEvent, JobRow } from '../store/store.ts';
 import { allEvents, sidecarEvent, sidecarStatus, type TrainedModel } from './events.ts';
 import { jobEvents } from './stream.ts';
 import { mountEvals } from './evals.ts';

@@ -6,10 +6,10 @@
  * every `watchdogS` (15) of an idle stream, a job that the store calls queued or running but
  * that no runner holds is marked failed (JobRunner.failLost), and the stream delivers that event.
  */
-import { HttpError, type Req } from '../http.ts';
-import { openSse } from '../stream.ts';
+import { HttpError, type Req } from '../http/http.ts';
+import { openSse } from '../http/stream.ts';
 import { isTerminal } from '../jobs/runner.ts';
-import type { JobEvent, JobRow } from '../store.ts';
+import type { JobEvent, JobRow } from '../store/store.ts';
 import { allEvents, isFinal } from './events.ts';
 import type { SidecarDeps } from './deps.ts';
 

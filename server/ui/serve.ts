@@ -5,7 +5,7 @@
  * with an Authorization header, so these routes are open, like /health.
  */
 import type { TemplatedApp } from 'uWebSockets.js';
-import { route, statusLine, type Req } from '../http.ts';
+import { route, statusLine, type Req } from '../http/http.ts';
 import { buildStamp, loadAssets, UI_DIST_DIR, type AssetSet } from './assets.ts';
 
 export interface UiOptions {

@@ -7,7 +7,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { loadConfig, type ServerConfig } from '../../server/config.ts';
 import { startServer, type ServerHandle, type StartOptions } from '../../server/app.ts';
-import type { EngineFactory } from '../../server/sessions.ts';
+import type { EngineFactory } from '../../server/sessions/sessions.ts';
 import { log } from '../../server/log.ts';
 import { TEST_BACKENDS } from './tf.ts';
 

@@ -10,7 +10,7 @@ import { poll, type View } from './view.ts';
 const PRESETS = ['flow0-tiny', 'flow05-tiny', 'flow0-small', 'flow05-small'];
 const REFRESH_MS = 2000;
 
-/** The part of GET /v1/defaults the form shows (server/recipes.ts defaultsJson). */
+/** The part of GET /v1/defaults the form shows (server/jobs/recipes.ts defaultsJson). */
 interface Defaults {
   fine_tune: { model: string; steps: number; batch_size: number; learning_rate: number; eval_fraction: number; finetune: { seeded_preset: string; trained_base: string } };
 }
@@ -21,7 +21,7 @@ function field(id: string, label: string, input: HTMLElement, help?: string): HT
 }
 
 function createForm(navigate: (hash: string) => void): HTMLElement {
-  // Pre-filled from GET /v1/defaults (server/recipes.ts): the form keeps no defaults of its own.
+  // Pre-filled from GET /v1/defaults (server/jobs/recipes.ts): the form keeps no defaults of its own.
   const model = h('input', { id: 'ft-model', name: 'model', required: true, list: 'ft-presets' });
   const dataset = h('input', { id: 'ft-dataset', name: 'dataset_name', required: true, placeholder: 'lerobot/pusht_image' });
   // Blank numbers take the server's default recipe (PROTOCOL.md section 1).

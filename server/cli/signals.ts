@@ -1,12 +1,12 @@
 /**
  * Process-level handling for long-running commands: SIGINT/SIGTERM ask for a graceful stop (a
  * second signal, a second or more later, exits now), and the last line of defence behind the
- * per-request guard (server/guard.ts): a rejected promise that nobody handled is logged and the server goes on (it
+ * per-request guard (server/http/guard.ts): a rejected promise that nobody handled is logged and the server goes on (it
  * belonged to one request); an exception that escaped every guard leaves the process in an
  * unknown state, so it is logged and the server shuts down gracefully (in-flight requests are
  * answered, jobs resume from their checkpoints on restart) and exits 1.
  */
-import { log } from './log.ts';
+import { log } from '../log.ts';
 
 /**
  * A repeat of the stop signal within this many ms is the same stop delivered twice, not a second

@@ -1,7 +1,7 @@
 /** API-key and session-token checks. Keys are looked up by hash; tokens compared in constant time. */
 import crypto from 'node:crypto';
 import { HttpError, type Req } from './http.ts';
-import type { Store } from './store.ts';
+import type { Store } from '../store/store.ts';
 
 /** The bearer credential of a request: `Authorization: Bearer <k>` or OpenPI's `Api-Key <k>`. */
 export function credentialOf(headers: Record<string, string>): string | null {

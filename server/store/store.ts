@@ -8,10 +8,10 @@
  * newer, on either database.
  */
 import crypto from 'node:crypto';
-import type { FineTuneJob } from '../protocol/jobs.ts';
-import type { NodeLoad } from '../protocol/nodes.ts';
-import { PostgresDb, SqliteDb, isUnavailable, isUniqueViolation, type Db, type Migration } from './db/index.ts';
-import { log } from './log.ts';
+import type { FineTuneJob } from '../../protocol/jobs.ts';
+import type { NodeLoad } from '../../protocol/nodes.ts';
+import { PostgresDb, SqliteDb, isUnavailable, isUniqueViolation, type Db, type Migration } from '../db/index.ts';
+import { log } from '../log.ts';
 
 /**
  * Each entry moves the schema from version i to i + 1, on both databases. Never edit a released
@@ -242,7 +242,7 @@ export interface ClientSessionRow {
   models: string[];
 }
 
-export type { NodeLoad } from '../protocol/nodes.ts';
+export type { NodeLoad } from '../../protocol/nodes.ts';
 
 /** One node of a cluster, as registered. Times: `started_at` Unix s, `heartbeat_at`/`lost_at` Unix ms. */
 export interface NodeRow {

@@ -2,9 +2,9 @@
  * Command-line arguments shared by every `vela` command: flags split from positionals, and
  * mistakes reported as one line that names the flag and the value as the user typed them
  * (`--steps abc: must be an integer in 1..1000000`). `vela` prints a UsageError as
- * `vela <command>: <message>` and exits 2, without a stack trace (server/cli-main.ts).
+ * `vela <command>: <message>` and exits 2, without a stack trace (server/cli/main.ts).
  */
-import { resemblance } from '../protocol/resemble.ts';
+import { resemblance } from '../../protocol/resemble.ts';
 
 /** A mistake in how a command was called (a flag, a value, a missing argument). Exit code 2. */
 export class UsageError extends Error {

@@ -8,12 +8,12 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { shown, splitArgs, UsageError } from './cli-args.ts';
-import { ConfigError, loadConfig, settingsHelp, SETTINGS } from './config.ts';
-import { resemblance } from '../protocol/resemble.ts';
-import { log } from './log.ts';
+import { shown, splitArgs, UsageError } from './args.ts';
+import { ConfigError, loadConfig, settingsHelp, SETTINGS } from '../config.ts';
+import { resemblance } from '../../protocol/resemble.ts';
+import { log } from '../log.ts';
 import { stopOnSignals } from './signals.ts';
-import { Store } from './store.ts';
+import { Store } from '../store/store.ts';
 
 export const USAGE = `vela: a training and policy server for flow-matching VLA policies
 
@@ -69,7 +69,7 @@ async function serve(argv: string[]): Promise<void> {
     throw new UsageError(`unknown option ${shown(a)} (${like ? `did you mean --${like}? ` : ''}see vela serve --help)`);
   }
   log.setLevel(config.logLevel);
-  const { startServer } = await import('./app.ts');
+  const { startServer } = await import('../app.ts');
   const server = await startServer(config, {
     onNewKey: (key) => process.stdout.write(`\nNo API key existed, so one was created. It is shown only this once:\n\n    ${key}\n\nUse it as: Authorization: Bearer ${key}\n\n`),
   });
@@ -103,28 +103,28 @@ async function presets(argv: string[]): Promise<void> {
   if (wantsHelp(argv)) return void process.stdout.write(PRESETS_USAGE);
   splitArgs(argv, {}, 'vela presets --help');
   if (argv.length > 0) throw new UsageError(`unexpected argument ${shown(argv[0]!)} (see vela presets --help)`);
-  const { describePresets } = await import('../kernels/small/config.ts');
-  const { describeRealModels } = await import('./presets.ts');
+  const { describePresets } = await import('../../kernels/small/config.ts');
+  const { describeRealModels } = await import('../models/presets.ts');
   process.stdout.write(`${describePresets()}\n${describeRealModels()}\n`);
 }
 
 async function policy(argv: string[]): Promise<void> {
-  const { policyCommand } = await import('./policy/cli.ts');
+  const { policyCommand } = await import('../policy/cli.ts');
   await policyCommand(argv);
 }
 
 async function finetune(argv: string[]): Promise<void> {
-  const { finetuneCommand } = await import('./jobs/cli.ts');
+  const { finetuneCommand } = await import('../jobs/cli.ts');
   await finetuneCommand(argv);
 }
 
 async function datasets(argv: string[]): Promise<void> {
-  const { datasetsCommand } = await import('./datasets/cli.ts');
+  const { datasetsCommand } = await import('../datasets/cli.ts');
   await datasetsCommand(argv);
 }
 
 async function models(argv: string[]): Promise<void> {
-  const { modelsCommand } = await import('./models/cli.ts');
+  const { modelsCommand } = await import('../models/cli.ts');
   await modelsCommand(argv);
 }
 
@@ -139,8 +139,8 @@ async function backend(argv: string[]): Promise<void> {
   if (wantsHelp(argv)) return void process.stdout.write(BACKEND_USAGE);
   const { config, rest } = loadConfig(argv);
   if (rest.length > 0) throw new UsageError(`unexpected argument ${shown(rest[0]!)} (see vela backend --help)`);
-  const { Engine } = await import('./engine/host.ts');
-  const { threadsOf } = await import('./sessions.ts');
+  const { Engine } = await import('../engine/host.ts');
+  const { threadsOf } = await import('../sessions/sessions.ts');
   process.stdout.write((await Engine.probe(config.backend, threadsOf(config))).line + '\n');
 }
 

@@ -4,12 +4,12 @@
  * models, which a request names as `base_model` with a `base` checkpoint); a stored record's name (jobs, sessions, checkpoints written
  * before the rename) resolves silently to the small preset it meant.
  */
-import { LEGACY_BARE_NAMES, PRESET_NAMES, realModelMessage, resolvePreset, resolveStoredPreset } from '../kernels/small/config.ts';
-import { REAL_PI0, REAL_PI05 } from '../kernels/pi/config.ts';
-import { realPiParamCount } from '../kernels/pi/params.ts';
-import { DEFAULT_BASES } from './models/bases.ts';
-import { HttpError } from './http.ts';
-import { log } from './log.ts';
+import { LEGACY_BARE_NAMES, PRESET_NAMES, realModelMessage, resolvePreset, resolveStoredPreset } from '../../kernels/small/config.ts';
+import { REAL_PI0, REAL_PI05 } from '../../kernels/pi/config.ts';
+import { realPiParamCount } from '../../kernels/pi/params.ts';
+import { DEFAULT_BASES } from './bases.ts';
+import { HttpError } from '../http/http.ts';
+import { log } from '../log.ts';
 
 /**
  * The canonical preset of `value`, the request's `field` (e.g. "model_size").

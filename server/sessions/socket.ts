@@ -6,21 +6,21 @@
  * (uWS 20.30 cannot pause a websocket's reads), so memory stays bounded whatever a client sends.
  */
 import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket, us_socket_context_t } from 'uWebSockets.js';
-import { ProtocolError } from '../protocol/errors.ts';
-import { exactIntOrString, mapValueBytes, pack, RawMsgpack, unpack } from '../protocol/msgpack.ts';
-import { fromWire, toWire } from '../protocol/ndarray.ts';
-import { idProblem, parseRequest, type RequestId, type SessionRequest } from '../protocol/messages.ts';
-import { credentialOf, safeEqual } from './auth.ts';
-import { EngineError } from './engine/messages.ts';
-import { bytesText, requestHeaders, statusLine, WS_TOO_BIG, wsSettings } from './http.ts';
-import type { WsAdmission, WsTicket } from './ws-admission.ts';
-import { log } from './log.ts';
-import { redactPaths } from './redact.ts';
+import { ProtocolError } from '../../protocol/errors.ts';
+import { exactIntOrString, mapValueBytes, pack, RawMsgpack, unpack } from '../../protocol/msgpack.ts';
+import { fromWire, toWire } from '../../protocol/ndarray.ts';
+import { idProblem, parseRequest, type RequestId, type SessionRequest } from '../../protocol/messages.ts';
+import { credentialOf, safeEqual } from '../http/auth.ts';
+import { EngineError } from '../engine/messages.ts';
+import { bytesText, requestHeaders, statusLine, WS_TOO_BIG, wsSettings } from '../http/http.ts';
+import type { WsAdmission, WsTicket } from '../http/ws-admission.ts';
+import { log } from '../log.ts';
+import { redactPaths } from '../http/redact.ts';
 import { runOp } from './ops.ts';
-import { recordSessionRequestRefused } from './metrics/training.ts';
+import { recordSessionRequestRefused } from '../metrics/training.ts';
 import type { LiveSession, SessionManager } from './sessions.ts';
-import type { ServerConfig } from './config.ts';
-import type { SessionRow, Store } from './store.ts';
+import type { ServerConfig } from '../config.ts';
+import type { SessionRow, Store } from '../store/store.ts';
 
 interface Entry {
   id: RawMsgpack | null; // the request's id, its msgpack bytes as sent (echoed exactly)

@@ -1,7 +1,7 @@
 /**
  * The `vela` entry point (bin/vela.js and `npm start` run this file): the commands live in
- * cli-main.ts, so that tests can run them in-process.
+ * main.ts, so that tests can run them in-process.
  */
-import { runCli } from './cli-main.ts';
+import { runCli } from './main.ts';
 
 process.exitCode = await runCli(process.argv.slice(2));

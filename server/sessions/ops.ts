@@ -5,20 +5,20 @@
  * request n + 1 overlaps the engine's work on request n.
  */
 import fs from 'node:fs';
-import { ProtocolError } from '../protocol/errors.ts';
-import { decodeFrameResized } from '../protocol/frames.ts';
-import { ndarray, type NDArray } from '../protocol/ndarray.ts';
-import type { SessionRequest, WireDatum } from '../protocol/messages.ts';
-import { batchBuffers, makeBatch, type BatchLayout, type DatumInput, type ModelBatch } from '../kernels/small/batch.ts';
-import type { ServerConfig } from './config.ts';
-import { checkStorage, storageOf } from './storage.ts';
-import { EngineError } from './engine/messages.ts';
-import { HttpError } from './http.ts';
-import { planOrRefuse } from './models/plan.ts';
-import { availableMemory, checkFits, memoryLedger } from './models/memory.ts';
-import { makeConfig } from '../kernels/small/config.ts';
-import { estimatePassMemory, estimateSampleMemory } from '../kernels/small/memory.ts';
-import { recordSessionOp, recordSessionRequestRefused } from './metrics/training.ts';
+import { ProtocolError } from '../../protocol/errors.ts';
+import { decodeFrameResized } from '../../protocol/frames.ts';
+import { ndarray, type NDArray } from '../../protocol/ndarray.ts';
+import type { SessionRequest, WireDatum } from '../../protocol/messages.ts';
+import { batchBuffers, makeBatch, type BatchLayout, type DatumInput, type ModelBatch } from '../../kernels/small/batch.ts';
+import type { ServerConfig } from '../config.ts';
+import { checkStorage, storageOf } from '../store/storage.ts';
+import { EngineError } from '../engine/messages.ts';
+import { HttpError } from '../http/http.ts';
+import { planOrRefuse } from '../models/plan.ts';
+import { availableMemory, checkFits, memoryLedger } from '../models/memory.ts';
+import { makeConfig } from '../../kernels/small/config.ts';
+import { estimatePassMemory, estimateSampleMemory } from '../../kernels/small/memory.ts';
+import { recordSessionOp, recordSessionRequestRefused } from '../metrics/training.ts';
 import type { LiveSession } from './sessions.ts';
 
 /** Numbers of any numeric ndarray as float32 (int64 via Number). */

@@ -7,11 +7,11 @@
 import fs from 'node:fs';
 import { STATUS_CODES } from 'node:http';
 import type { HttpRequest, HttpResponse } from 'uWebSockets.js';
-import { ProtocolError } from '../protocol/errors.ts';
-import { log } from './log.ts';
-import { randomId } from './store.ts';
+import { ProtocolError } from '../../protocol/errors.ts';
+import { log } from '../log.ts';
+import { randomId } from '../store/store.ts';
 import { redactPaths } from './redact.ts';
-import { isUnavailable } from './db/keep.ts';
+import { isUnavailable } from '../db/keep.ts';
 
 /** An HTTP error that the client caused or must see: `{"error": message}` with `status`. */
 export class HttpError extends Error {

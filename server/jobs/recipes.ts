@@ -9,7 +9,7 @@
  * LoRA adapters, at openpi's ranks on the real models. A training session is the one surface that
  * differs: LoRA on every base (SESSION_DEFAULTS says why).
  */
-import { OPENPI_LORA } from '../kernels/pi/policy.ts';
+import { OPENPI_LORA } from '../../kernels/pi/policy.ts';
 
 /** The preset a fine-tune (REST, CLI, sidecar) trains when the request names none. */
 export const DEFAULT_PRESET = 'flow0-tiny';

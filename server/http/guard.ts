@@ -15,10 +15,10 @@ import { createRequire } from 'node:module';
 import net from 'node:net';
 import uWS, { type HttpRequest, type HttpResponse, type TemplatedApp, type WebSocket, type WebSocketBehavior } from 'uWebSockets.js';
 import { HttpError, statusLine } from './http.ts';
-import { log } from './log.ts';
+import { log } from '../log.ts';
 import { redactPaths } from './redact.ts';
-import { randomId } from './store.ts';
-import { NO_ROUTE, recordHttpStatus } from './metrics/http.ts';
+import { randomId } from '../store/store.ts';
+import { NO_ROUTE, recordHttpStatus } from '../metrics/http.ts';
 
 type HttpHandler = (res: HttpResponse, req: HttpRequest) => void | Promise<void>;
 
