@@ -115,3 +115,28 @@ export class WriteKeeper {
     for (const wake of this.waiters) wake();
   }
 }
+
+/**
+ * The part of `Db` a WriteKeeper answers (keep, bufferedRecords, errorCount, room: their meaning is
+ * in types.ts), for both databases to extend: each makes its keeper, PostgreSQL's waiting out an
+ * outage and SQLite's trying once.
+ */
+export abstract class KeptDb {
+  protected abstract readonly keeper: WriteKeeper;
+
+  keep<T>(write: (attempt: number) => Promise<T>, after?: Promise<unknown>): Promise<T> {
+    return this.keeper.keep(write, after);
+  }
+
+  bufferedRecords(): number {
+    return this.keeper.bufferedRecords();
+  }
+
+  errorCount(): number {
+    return this.keeper.errorCount();
+  }
+
+  room(limit: number, stop?: () => boolean): Promise<boolean> {
+    return this.keeper.room(limit, stop);
+  }
+}

@@ -6,7 +6,7 @@
  */
 import pg from 'pg';
 import { log } from '../log.ts';
-import { WriteKeeper } from './keep.ts';
+import { KeptDb, WriteKeeper } from './keep.ts';
 import { isUniqueViolation, type Db, type Migration } from './types.ts';
 
 /** A fixed advisory-lock key: the nodes that start together migrate one at a time. */
@@ -31,7 +31,7 @@ export function redactUrl(url: string): string {
   }
 }
 
-export class PostgresDb implements Db {
+export class PostgresDb extends KeptDb implements Db {
   readonly dialect = 'postgres';
   readonly where: string;
   readonly pool: pg.Pool;
@@ -41,9 +41,10 @@ export class PostgresDb implements Db {
   private listeners = new Map<string, Set<(payload: string) => void>>();
   private closed = false;
   private reconnectTimer: NodeJS.Timeout | null = null;
-  private keeper: WriteKeeper;
+  protected readonly keeper: WriteKeeper;
 
   constructor(readonly url: string, poolSize = 10) {
+    super();
     this.where = redactUrl(url);
     this.pool = new pg.Pool({ connectionString: url, max: poolSize, types: TYPES });
     this.keeper = new WriteKeeper(this.where, true);
@@ -83,22 +84,6 @@ export class PostgresDb implements Db {
 
   async run(sql: string, params: unknown[] = []): Promise<number> {
     return (await this.query(sql, params)).rowCount ?? 0;
-  }
-
-  keep<T>(write: (attempt: number) => Promise<T>, after?: Promise<unknown>): Promise<T> {
-    return this.keeper.keep(write, after);
-  }
-
-  bufferedRecords(): number {
-    return this.keeper.bufferedRecords();
-  }
-
-  errorCount(): number {
-    return this.keeper.errorCount();
-  }
-
-  room(limit: number, stop?: () => boolean): Promise<boolean> {
-    return this.keeper.room(limit, stop);
   }
 
   async migrate(migrations: Migration[]): Promise<number> {

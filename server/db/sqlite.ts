@@ -8,13 +8,13 @@ import Database from 'better-sqlite3';
 import { EventEmitter } from 'node:events';
 import fs from 'node:fs';
 import path from 'node:path';
-import { WriteKeeper } from './keep.ts';
+import { KeptDb, WriteKeeper } from './keep.ts';
 import { isUniqueViolation, type Db, type Migration } from './types.ts';
 
 /** One notification bus per database file in this process. */
 const buses = new Map<string, EventEmitter>();
 
-export class SqliteDb implements Db {
+export class SqliteDb extends KeptDb implements Db {
   readonly dialect = 'sqlite';
   readonly where: string;
   readonly raw: Database.Database;
@@ -22,10 +22,11 @@ export class SqliteDb implements Db {
   private statements = new Map<string, Database.Statement>();
   private bus: EventEmitter;
   /** Counts only: a local file has no outage to wait out, so a held write is tried once. */
-  private keeper: WriteKeeper;
+  protected readonly keeper: WriteKeeper;
 
   /** Open (creating if needed) `<dataDir>/vela.sqlite`. */
   constructor(dataDir: string) {
+    super();
     fs.mkdirSync(dataDir, { recursive: true });
     this.where = path.join(dataDir, 'vela.sqlite');
     this.raw = new Database(this.where);
@@ -67,22 +68,6 @@ export class SqliteDb implements Db {
       const s = this.prepare(sql);
       return s.reader ? s.all(...params).length : s.run(...params).changes;
     });
-  }
-
-  keep<T>(write: (attempt: number) => Promise<T>, after?: Promise<unknown>): Promise<T> {
-    return this.keeper.keep(write, after);
-  }
-
-  bufferedRecords(): number {
-    return this.keeper.bufferedRecords();
-  }
-
-  errorCount(): number {
-    return this.keeper.errorCount();
-  }
-
-  room(limit: number, stop?: () => boolean): Promise<boolean> {
-    return this.keeper.room(limit, stop);
   }
 
   async migrate(migrations: Migration[]): Promise<number> {
