@@ -92,6 +92,13 @@ describe('imports', () => {
     expect(wrong).toEqual([]);
   });
 
+  it("leave only the wiring at server/'s root (app, config, log); the rest is in rooms", () => {
+    const loose = fs.readdirSync(path.join(ROOT, 'server'), { withFileTypes: true }).filter((e) => e.isFile()).map((e) => e.name).sort();
+    expect(loose).toEqual(['app.ts', 'config.ts', 'log.ts']);
+    const rooms = fs.readdirSync(path.join(ROOT, 'server'), { withFileTypes: true }).filter((e) => e.isDirectory()).map((e) => e.name);
+    expect(rooms.filter((r) => !fs.existsSync(path.join(ROOT, 'server', r, 'README.md')))).toEqual([]);
+  });
+
   it('make no cycle', () => {
     // Tarjan's strongly connected components over the relative imports.
     const graph = new Map([...files].map(([f, specs]) => [f, specs.filter((s) => s.startsWith('.')).map((s) => resolved(f, s)).filter((t) => files.has(t))]));
