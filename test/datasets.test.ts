@@ -348,6 +348,20 @@ describe('v3.0 fixture (many episodes per file, h264)', () => {
     expect(missing.message).toBe(`video file ${rel} (episode 2) is missing`);
   });
 
+  it('names the file when info.json gives a camera size that cannot be decoded into (no bare RangeError)', async () => {
+    const rel = 'videos/observation.images.front/chunk-000/file-000.mp4';
+    for (const [shape, size] of [[[1e6, 1e6, 3], 16], [[1e6, 1e6, 3], null], [[24.5, 33, 3], 16]] as const) {
+      const dir = copyDataset(V30);
+      const infoFile = path.join(dir, 'meta/info.json');
+      const info = JSON.parse(fs.readFileSync(infoFile, 'utf8'));
+      info.features['observation.images.front'].shape = shape;
+      fs.writeFileSync(infoFile, JSON.stringify(info));
+      const err = await datasetError((await openDataset(dir)).frames(1, 'front', size));
+      expect(err.code, `${shape} at ${size}`).toBe('bad_metadata');
+      expect(err.message).toContain(`video file ${rel}: info.json's shape gives ${shape[1]}x${shape[0]} frames`);
+    }
+  });
+
   it('rejects a v3.0 data file whose rows disagree with the episodes metadata', async () => {
     const dir = copyDataset(V30);
     // file-001 (episode 2, 4 frames) replaced by file-000 (12 rows).

@@ -77,7 +77,8 @@ export class Dataset {
    * Every frame of one episode and camera: [l, h, w, 3] uint8, h = w = size for a square size
    * (MODEL.md D12 padding), or the source size when size is null. Decoded once, then cached.
    * @throws DatasetError `unknown_episode`, `unknown_camera`, `bad_argument` (size), `bad_video`
-   *   (ffmpeg failed or the frame count differs from the episode length), `corrupt_file`.
+   *   (ffmpeg failed or the frame count differs from the episode length), `corrupt_file`,
+   *   `bad_metadata` (an info.json camera shape that is not whole pixels or too large to hold).
    */
   async frames(episodeIndex: number, camera: string, size: number | null): Promise<EpisodeFrames> {
     const ep = this.episode(episodeIndex);

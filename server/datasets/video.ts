@@ -75,7 +75,8 @@ export function videoSize(root: string, file: string, ffmpeg?: string): Promise<
  * @returns [frames, h, w, 3] uint8 (h = w = size when size is given).
  * @throws DatasetError `bad_video` naming the file with ffmpeg's stderr tail when ffmpeg fails,
  *   its frames are not the source size, or the frame count differs from the episode length;
- *   `bad_argument` for a full-size decode of a camera whose size the metadata does not give.
+ *   `bad_argument` for a full-size decode of a camera whose size the metadata does not give;
+ *   `bad_metadata` for an info.json shape that is not whole pixels or too large to hold.
  */
 export async function decodeVideo(req: DecodeRequest): Promise<EpisodeFrames> {
   let source = { width: req.sourceWidth, height: req.sourceHeight };
@@ -85,10 +86,26 @@ export async function decodeVideo(req: DecodeRequest): Promise<EpisodeFrames> {
     }
     source = await videoSize(req.root, req.file, req.ffmpeg);
   }
+  const said = req.sourceWidth > 0 && req.sourceHeight > 0 ? "info.json's shape gives" : 'ffmpeg reports';
+  if (!(Number.isInteger(source.width) && Number.isInteger(source.height))) {
+    throw new DatasetError('bad_metadata', `video file ${req.file}: ${said} ${source.width}x${source.height} frames; a size is whole pixels`);
+  }
   const width = req.size ?? source.width;
   const height = req.size ?? source.height;
   const sourceBytes = source.width * source.height * 3;
   const frameBytes = width * height * 3;
+  // Allocated before ffmpeg starts: a size past what a typed array holds would otherwise throw a
+  // bare RangeError and leave the child blocked on its full stdout pipe for good.
+  let data: Uint8Array;
+  let current: Uint8Array | null;
+  try {
+    data = new Uint8Array(req.frames * frameBytes);
+    // One source frame at a time when resizing: a whole episode at full size is ~0.9 MB a frame.
+    current = req.size === null ? null : new Uint8Array(sourceBytes);
+  } catch (err) {
+    throw new DatasetError(req.sourceWidth > 0 && req.sourceHeight > 0 ? 'bad_metadata' : 'bad_video',
+      `video file ${req.file}: ${said} ${source.width}x${source.height} frames; ${req.size === null ? `${req.frames} of them` : 'one'} cannot be held in memory (${(err as Error).message})`);
+  }
   const args = ['-nostdin', '-hide_banner', '-nostats', '-loglevel', 'info'];
   // Half a frame before the start, so a timestamp rounded a hair late still keeps its frame.
   if (req.fromS > 0) args.push('-ss', Math.max(0, req.fromS - 0.5 / req.fps).toFixed(6));
@@ -98,9 +115,6 @@ export async function decodeVideo(req: DecodeRequest): Promise<EpisodeFrames> {
 
   return new Promise((resolve, reject) => {
     const child = spawn(ffmpegPath(req.ffmpeg), args, { stdio: ['ignore', 'pipe', 'pipe'] });
-    const data = new Uint8Array(req.frames * frameBytes);
-    // One source frame at a time when resizing: a whole episode at full size is ~0.9 MB a frame.
-    const current = req.size === null ? null : new Uint8Array(sourceBytes);
     let received = 0; // source bytes
     let stderr = '';
     child.stdout.on('data', (chunk: Buffer) => {
