@@ -318,6 +318,40 @@ def test_policy_observations_compressed_with_the_servers_dictionary(monkeypatch)
         vela.WebsocketClientPolicy("ws://127.0.0.1:1", zstd=True)
 
 
+def test_every_raw_layout_the_server_reads_is_shrunk_to_its_picture(session):
+    # The server reads [3, H, W], [H, W] and [H, W, 4] too (gray replicated, alpha dropped): each is shrunk to the
+    # picture the server would make of it, so the answer is the whole frame's; an empty frame is the server's to refuse.
+    url = os.environ["VELA_POLICY_URL"].rstrip("/") + "/?seed=12"
+    rng = np.random.default_rng(12)
+    frames = [rng.integers(0, 256, shape, dtype=np.uint8) for shape in ((3, 480, 640), (480, 640), (480, 640, 4))]
+    state = np.full(26, 0.05, np.float32)
+    answers = {}
+    for resize in (True, False):
+        with vela.WebsocketClientPolicy(url, resize=resize) as p:
+            size = p.get_server_metadata()["image_size"]
+            for i, frame in enumerate(frames):
+                obs = {"observation/cam_high": frame, "observation/state": state, "prompt": "pick"}
+                if resize:
+                    assert len(p.encode(obs)) < size * size * 3 + 4096, frame.shape
+                answers[resize, i] = p.infer(obs)["actions"]
+            with pytest.raises(vela.VelaError) as e:
+                p.infer({"observation/cam_high": np.zeros((0, 640, 3), np.uint8), "observation/state": state})
+            answers[resize, "empty"] = (e.value.code, e.value.message)
+    for key in [0, 1, 2, "empty"]:
+        np.testing.assert_array_equal(answers[True, key], answers[False, key], err_msg=str(key))
+    assert "observation/cam_high: RAW frame is 640x0: an empty image" in answers[True, "empty"][1]
+    # The session's ops take the same layouts: a [3, H, W] camera sampled shrunk and whole gives the same actions.
+    d = datum(6, actions=False)
+    d["observation"]["image"]["cam_high"] = frames[0]
+    shrunk = session.sample([d], seed=4).result(timeout=120)["actions"]
+    session.resize = False
+    try:
+        whole = session.sample([d], seed=4).result(timeout=120)["actions"]
+    finally:
+        session.resize = True
+    np.testing.assert_array_equal(shrunk, whole)
+
+
 def settled(futures):
     """Each future's outcome: its result, or the exception it failed with."""
     out = []

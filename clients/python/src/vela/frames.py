@@ -49,6 +49,41 @@ def _plan(h: int, w: int, size: int):
     return rh, rw, int((size - rh) / 2), int((size - rw) / 2), index, (per_x(wx0), per_x(wx1), per_y(wy0), per_y(wy1))
 
 
+def as_rgb(frame: Any) -> Optional[np.ndarray]:
+    """``frame`` read as the server reads a RAW ndarray (protocol/frames.ts ``decodeRaw``), or None.
+
+    The server takes uint8 ``[H, W, C]`` or ``[C, H, W]`` with C in 1, 3, 4 (channels-last wins
+    when both readings fit) or ``[H, W]``, replicates gray to RGB and drops alpha; a frame shrunk
+    here must be that picture, or the model would see another one than for the whole frame.
+
+    Args:
+        frame: a numpy array (any layout the server takes).
+    Returns:
+        uint8 ``[H, W, 3]``, a view where it can be (gray is broadcast, not copied); None for
+        another dtype or shape (the server answers those with ``bad_frame``).
+    """
+    arr = np.asarray(frame)
+    if arr.dtype != np.uint8:
+        return None
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    elif arr.ndim != 3:
+        return None
+    elif arr.shape[2] not in (1, 3, 4):
+        if arr.shape[0] not in (1, 3, 4):
+            return None
+        arr = np.moveaxis(arr, 0, -1)
+    if arr.shape[2] == 1:
+        return np.broadcast_to(arr, arr.shape[:2] + (3,))
+    return arr[:, :, :3]
+
+
+def _shrinks(rgb: np.ndarray, size: Optional[int]) -> bool:
+    """Whether a frame goes through :func:`resize_with_pad` before sending: larger than ``size``
+    and not empty (an empty one is sent whole, for the server to refuse as it would anyway)."""
+    return size is not None and min(rgb.shape[0], rgb.shape[1]) >= 1 and max(rgb.shape[0], rgb.shape[1]) > size
+
+
 def resize_with_pad(frame: Any, size: int) -> np.ndarray:
     """``frame`` resized to fit ``size`` x ``size`` with its aspect kept, padded with black, centred.
 
@@ -83,21 +118,26 @@ def resize_with_pad(frame: Any, size: int) -> np.ndarray:
 
 
 def encode_frame(frame: Any, codec: str, image_size: Optional[int] = None) -> Any:
-    """``frame`` (uint8 ``[H, W, 3]``, or bytes already encoded) as the wire value for ``codec``,
-    first shrunk with :func:`resize_with_pad` when ``image_size`` is given and the frame is larger.
+    """``frame`` (uint8 ``[H, W, 3]``, ``[3, H, W]``, ``[H, W]`` or any layout :func:`as_rgb`
+    reads, or bytes already encoded) as the wire value for ``codec``, first shrunk with
+    :func:`resize_with_pad` when ``image_size`` is given and the frame is larger.
 
-    @raises ValueError: a frame that is not uint8 ``[H, W, 3]``, or an unknown codec.
+    With PNG or JPEG the frame is shrunk and then encoded: PNG gives the server the shrunk frame's
+    bytes, JPEG those through its loss (which differ from a whole frame's JPEG, resized there).
+
+    @raises ValueError: a frame that is not a uint8 layout the server reads, or an unknown codec.
     @raises ImportError: PNG / JPEG without Pillow.
     """
     if isinstance(frame, (bytes, bytearray, memoryview)):
         return bytes(frame)
     arr = np.asarray(frame)
-    if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] != 3:
-        raise ValueError(f"a frame is uint8 [H, W, 3] (RGB); got {arr.dtype} {list(arr.shape)}")
-    if image_size is not None and max(arr.shape[0], arr.shape[1]) > image_size:
-        arr = resize_with_pad(arr, image_size)  # a smaller frame is sent whole: fewer bytes, and the server's resize is this one
+    rgb = as_rgb(arr)
+    if rgb is None:
+        raise ValueError(f"a frame is uint8 [H, W, 3] (RGB), [3, H, W] or [H, W]; got {arr.dtype} {list(arr.shape)}")
+    if _shrinks(rgb, image_size):
+        arr = rgb = resize_with_pad(rgb, image_size)  # a smaller frame is sent whole: fewer bytes, and the server's resize is this one
     if codec == "RAW":
-        return arr
+        return arr  # the server reads any layout as `rgb`
     quality = 95
     m = re.fullmatch(r"CODEC_JPEG_Q(\d{1,3})", codec)
     if m:
@@ -112,7 +152,7 @@ def encode_frame(frame: Any, codec: str, image_size: Optional[int] = None) -> An
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(f"codec {codec} encodes frames with Pillow: pip install Pillow (or send codec RAW)") from e
     out = io.BytesIO()
-    img = Image.fromarray(np.ascontiguousarray(arr), "RGB")
+    img = Image.fromarray(np.ascontiguousarray(rgb), "RGB")
     if codec == "JPEG":
         img.save(out, format="JPEG", quality=quality)
     else:

@@ -12,7 +12,7 @@ server then closes the connection and the next ``infer`` reconnects). ``wait_rea
 ``/healthz`` so a robot starts when the policy's graphs are traced (its first answer then as fast
 as its later ones).
 
-Camera frames given as uint8 ``[H, W, 3]`` arrays larger than the metadata's ``image_size`` are
+Camera frames given as uint8 arrays (``[H, W, 3]``, ``[3, H, W]``, ``[H, W]``) larger than the metadata's ``image_size`` are
 shrunk to it before sending (:func:`~vela.frames.resize_with_pad`, the server's own resize to the byte, so the
 answer is the same as for the whole frame; ``resize=False`` sends them whole).
 
@@ -34,7 +34,7 @@ import numpy as np
 from websockets.exceptions import ConnectionClosed
 
 from .errors import ConnectionClosedError, VelaError
-from .frames import resize_with_pad
+from .frames import _shrinks, as_rgb, resize_with_pad
 from .wire import open_websocket, packb, unpackb
 
 
@@ -50,8 +50,8 @@ class WebsocketClientPolicy:
         open_timeout: seconds to wait for the server on connect (openpi waits forever; a robot
             script should rather learn it).
         zstd: compress each observation with the server's zstd dictionary (needs ``zstandard``).
-        resize: shrink ``observation/...`` frames (uint8 ``[H, W, 3]``, sent RAW) larger than the
-            metadata's ``image_size`` to it before sending, as the server would.
+        resize: shrink ``observation/...`` frames (uint8 ``[H, W, 3]``, ``[3, H, W]`` or ``[H, W]``,
+            sent RAW) larger than the metadata's ``image_size`` to it before sending, as the server would.
 
     Attributes:
         zstd_dictionary_id: the id of the dictionary the observations are compressed with (None without ``zstd``).
@@ -110,17 +110,18 @@ class WebsocketClientPolicy:
         return self._compressor.compress(body) if self._compressor is not None else body
 
     def _resized(self, obs: Dict[str, Any]) -> Dict[str, Any]:
-        """``obs`` with its RAW ``[H, W, 3]`` camera frames larger than the metadata's ``image_size`` shrunk to it (a new dict when any is)."""
+        """``obs`` with its RAW camera frames (any layout the server reads: ``[H, W, 3]``, ``[3, H, W]``, ``[H, W]``, ...)
+        larger than the metadata's ``image_size`` shrunk to it (a new dict when any is)."""
         size = self._metadata.get("image_size")
         if not self.resize or not isinstance(size, int) or isinstance(size, bool) or size < 1 or str(obs.get("image_codec", "RAW")).upper() != "RAW":
             return obs
         out = obs
         for key, value in obs.items():
-            if (key.startswith("observation/") and key != "observation/state" and isinstance(value, np.ndarray) and value.dtype == np.uint8
-                    and value.ndim == 3 and value.shape[2] == 3 and max(value.shape[0], value.shape[1]) > size):
+            rgb = as_rgb(value) if key.startswith("observation/") and key != "observation/state" and isinstance(value, np.ndarray) else None
+            if rgb is not None and _shrinks(rgb, size):
                 if out is obs:
                     out = dict(obs)
-                out[key] = resize_with_pad(value, size)
+                out[key] = resize_with_pad(rgb, size)
         return out
 
     def _connect(self) -> None:

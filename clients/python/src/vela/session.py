@@ -66,8 +66,9 @@ class TrainingSession:
             the old connection's requests to run.
         resize: shrink numpy frames larger than the greeting's ``image_size`` with
             :func:`~vela.frames.resize_with_pad` before encoding them, as the server would (the same
-            bytes, docs/MODEL.md D12): a 480x640 frame crosses as image_size x image_size. False
-            sends frames whole, for the server to resize.
+            bytes, docs/MODEL.md D12, in any RAW layout the server reads; with codec JPEG the
+            shrunk frame is then encoded, so JPEG's loss differs): a 480x640 frame crosses as
+            image_size x image_size. False sends frames whole, for the server to resize.
 
     Attributes:
         id: the session id.
