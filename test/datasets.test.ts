@@ -4,6 +4,7 @@
  * closed-form (see test/fixtures/make_lerobot_fixtures.py). Broken datasets are copies in a temp
  * folder (videos symlinked, so nothing big is copied).
  */
+import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -25,6 +26,7 @@ import {
   splitEpisodes,
 } from '../server/datasets/index.ts';
 import type { Dataset } from '../server/datasets/index.ts';
+import { ffmpegPath } from '../server/datasets/video.ts';
 import { G1_DIR } from '../bench/harness/g1.ts';
 
 const G1 = G1_DIR; // the shipped 3-episode sample (290, 421, 372 frames)
@@ -359,6 +361,21 @@ describe('v3.0 fixture (many episodes per file, h264)', () => {
       const err = await datasetError((await openDataset(dir)).frames(1, 'front', size));
       expect(err.code, `${shape} at ${size}`).toBe('bad_metadata');
       expect(err.message).toContain(`video file ${rel}: info.json's shape gives ${shape[1]}x${shape[0]} frames`);
+    }
+  });
+
+  it('decodes a video tagged with a rotation at its coded size, the size info.json gives', async () => {
+    const dir = copyDataset(V30);
+    const rel = 'videos/observation.images.front/chunk-000/file-000.mp4';
+    fs.rmSync(path.join(dir, rel));
+    // The same stream, only tagged: a phone-recorded camera; LeRobot writes the coded size in info.json and PyAV ignores the tag.
+    execFileSync(ffmpegPath(), ['-nostdin', '-loglevel', 'error', '-i', path.join(V30, rel), '-c', 'copy', '-metadata:s:v:0', 'rotate=90', path.join(dir, rel)]);
+    const copy = await openDataset(dir);
+    const plain = await openDataset(V30);
+    for (const size of [16, null]) {
+      const [got, want] = [await copy.frames(1, 'front', size), await plain.frames(1, 'front', size)];
+      expect([got.width, got.height]).toEqual([want.width, want.height]);
+      expect(Buffer.from(got.data).equals(Buffer.from(want.data)), `size ${size}`).toBe(true);
     }
   });
 

@@ -109,7 +109,9 @@ export async function decodeVideo(req: DecodeRequest): Promise<EpisodeFrames> {
   const args = ['-nostdin', '-hide_banner', '-nostats', '-loglevel', 'info'];
   // Half a frame before the start, so a timestamp rounded a hair late still keeps its frame.
   if (req.fromS > 0) args.push('-ss', Math.max(0, req.fromS - 0.5 / req.fps).toFixed(6));
-  args.push('-i', path.join(req.root, req.file), '-map', '0:v:0', '-an', '-sn', '-vsync', 'passthrough');
+  // The coded size, as info.json and videoSize() give it (and LeRobot's PyAV decode): ffmpeg
+  // would otherwise turn a rotation-tagged stream and refuse its frames as the wrong size.
+  args.push('-noautorotate', '-i', path.join(req.root, req.file), '-map', '0:v:0', '-an', '-sn', '-vsync', 'passthrough');
   args.push('-frames:v', String(req.wholeFile ? req.frames + 1 : req.frames));
   args.push('-pix_fmt', 'rgb24', '-f', 'rawvideo', 'pipe:1');
 
