@@ -1,7 +1,8 @@
 /**
  * protocol/resize.ts, the one resize every frame goes through (MODEL.md D12): against LeRobot's
  * pre-processing as PyTorch computes it (scripts/make_resize_vectors.py), and against the Python
- * package's `vela.frames.resize_with_pad` byte for byte on real G1 frames, so that a frame the
+ * package's `vela.frames.resize_with_pad` byte for byte on real G1 frames and odd shapes (and its
+ * `as_rgb` against the server's reading of every RAW layout), so that a frame the
  * package resized before sending and one the server resized give the model the same pixels.
  */
 import { execFile } from 'node:child_process';
@@ -120,6 +121,46 @@ describe.skipIf(missing("the Python package's resize", env.reason))("the Python 
         const theirs = fs.readFileSync(path.join(dir, `${i}_${size}.out`));
         expect(theirs.length, `${i} -> ${size}`).toBe(size * size * 3);
         expect(theirs.equals(ours), `frame ${i} -> ${size}: the package's bytes differ from the server's`).toBe(true);
+      }
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('equals the server on odd shapes, upscaling and numpy views, and reads every RAW layout as the server does', async () => {
+    // [h, w, size]: a line each way, a 1x1 blown up, 9 -> 7 (int(9 / (9 / 7)) is 6: a black column, as LeRobot's),
+    // upscaling, and sizes 1 and 2.
+    const odd: [number, number, number][] = [[1, 4000, 224], [4000, 1, 96], [1, 1, 7], [5, 9, 7], [13, 17, 500], [3, 5, 1], [2, 3, 2]];
+    // RAW layouts the server reads (protocol/frames.ts decodeRaw), shrunk by the package through vela.frames.as_rgb.
+    const layouts = [[120, 160], [3, 120, 160], [1, 120, 160], [4, 120, 160], [120, 160, 1], [120, 160, 4], [3, 120, 4], [4, 120, 3]];
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vela-resize-'));
+    try {
+      const script = [
+        'import numpy as np',
+        'from vela.frames import as_rgb, resize_with_pad',
+        'rng = np.random.default_rng(7)',
+        `for k, (h, w, size) in enumerate(${JSON.stringify(odd)}):`,
+        '    img = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)',
+        '    img.tofile(f"odd{k}.raw")',
+        '    # A negative-stride, Fortran-order, read-only view of the same pixels.',
+        '    view = np.asfortranarray(img[:, ::-1])[:, ::-1]',
+        '    view.setflags(write=False)',
+        '    resize_with_pad(view, size).tofile(f"odd{k}.out")',
+        `for k, shape in enumerate(${JSON.stringify(layouts)}):`,
+        '    img = rng.integers(0, 256, shape, dtype=np.uint8)',
+        '    img.tofile(f"lay{k}.raw")',
+        '    resize_with_pad(as_rgb(img), 32).tofile(f"lay{k}.out")',
+      ].join('\n');
+      fs.writeFileSync(path.join(dir, 'odd.py'), script);
+      await promisify(execFile)(env.python!, ['odd.py'], { cwd: dir, env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients/python/src') }, timeout: 120_000 });
+      for (const [k, [h, w, size]] of odd.entries()) {
+        const ours = Buffer.from(resizeWithPadSync({ data: new Uint8Array(fs.readFileSync(path.join(dir, `odd${k}.raw`))), height: h, width: w }, size).data);
+        expect(fs.readFileSync(path.join(dir, `odd${k}.out`)).equals(ours), `${h}x${w} -> ${size}`).toBe(true);
+      }
+      for (const [k, shape] of layouts.entries()) {
+        const data = new Uint8Array(fs.readFileSync(path.join(dir, `lay${k}.raw`)));
+        const ours = Buffer.from((await decodeFrameResized('RAW', { dtype: '|u1', shape, data }, 32)).data);
+        expect(fs.readFileSync(path.join(dir, `lay${k}.out`)).equals(ours), `[${shape}]`).toBe(true);
       }
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
