@@ -379,6 +379,27 @@ describe('v3.0 fixture (many episodes per file, h264)', () => {
     }
   });
 
+  it('decodes square frames at the real size when info.json\'s shape is stale, and never misreads a swapped one', async () => {
+    // A chatty ffmpeg (20 kB of warnings after its header, as a damaged stream gives): the header with the output size
+    // must still be read, or a shape of the same byte count (h and w swapped) is cut into frames of the wrong width.
+    const dir = copyDataset(V30);
+    const chatty = path.join(dir, 'chatty-ffmpeg.sh');
+    fs.writeFileSync(chatty, `#!/bin/sh\n"${ffmpegPath()}" "$@"\nrc=$?\nfor i in $(seq 400); do echo "[h264 @ 0x1] warning $i: concealing errors in a damaged stream, ok" >&2; done\nexit $rc\n`, { mode: 0o755 });
+    const plain = await openDataset(V30);
+    const infoFile = path.join(dir, 'meta/info.json');
+    const info = JSON.parse(fs.readFileSync(infoFile, 'utf8'));
+    for (const shape of [[24, 32, 3], [32, 24, 3], [48, 64, 3]]) {
+      info.features['observation.images.front'].shape = shape;
+      fs.writeFileSync(infoFile, JSON.stringify(info));
+      const copy = await openDataset(dir, { ffmpeg: chatty });
+      const [got, want] = [await copy.frames(1, 'front', 16), await plain.frames(1, 'front', 16)];
+      expect(Buffer.from(got.data).equals(Buffer.from(want.data)), `info.json shape ${shape} at 16`).toBe(true);
+      if (shape[0] === 24) continue;
+      const err = await datasetError(copy.frames(1, 'front', null));
+      expect(err.message).toBe(`video file videos/observation.images.front/chunk-000/file-000.mp4: ffmpeg produced 32x24 frames; info.json's shape gives ${shape[1]}x${shape[0]}`);
+    }
+  });
+
   it('rejects a v3.0 data file whose rows disagree with the episodes metadata', async () => {
     const dir = copyDataset(V30);
     // file-001 (episode 2, 4 frames) replaced by file-000 (12 rows).

@@ -41,11 +41,22 @@ export interface DecodeRequest {
   ffmpeg?: string;
 }
 
-/** The output stream size that ffmpeg reports ("Stream #0:0: Video: rawvideo ..., 640x480"). */
+/**
+ * The output stream size that ffmpeg reports ("Stream #0:0: Video: rawvideo ..., 640x480"), once
+ * the line has come whole (a character after the height, so "640x4" of a cut chunk is not read).
+ */
 function outputSize(stderr: string): { width: number; height: number } | null {
-  const out = stderr.slice(stderr.indexOf('Output #0'));
-  const m = /Video: rawvideo[^\n]*?, (\d+)x(\d+)/.exec(out);
+  const at = stderr.indexOf('Output #0');
+  if (at < 0) return null;
+  const m = /Video: rawvideo[^\n]*?, (\d+)x(\d+)(?=\D)/.exec(stderr.slice(at));
   return m ? { width: Number(m[1]), height: Number(m[2]) } : null;
+}
+
+/** ffmpeg's frames are not the size they were read at; `reported` is theirs. */
+class SizeMismatch extends DatasetError {
+  constructor(message: string, readonly reported: { width: number; height: number }) {
+    super('bad_video', message);
+  }
 }
 
 /**
@@ -73,20 +84,30 @@ export function videoSize(root: string, file: string, ffmpeg?: string): Promise<
 /**
  * Decodes `frames` frames starting at `fromS` to RGB, resized to `size` (MODEL.md D12) when given.
  * @returns [frames, h, w, 3] uint8 (h = w = size when size is given).
+ * A square size decodes at the size ffmpeg reports when info.json's shape turns out stale.
  * @throws DatasetError `bad_video` naming the file with ffmpeg's stderr tail when ffmpeg fails,
- *   its frames are not the source size, or the frame count differs from the episode length;
+ *   its frames are not the source size (full size), or the frame count differs from the episode length;
  *   `bad_argument` for a full-size decode of a camera whose size the metadata does not give;
  *   `bad_metadata` for an info.json shape that is not whole pixels or too large to hold.
  */
 export async function decodeVideo(req: DecodeRequest): Promise<EpisodeFrames> {
-  let source = { width: req.sourceWidth, height: req.sourceHeight };
-  if (!(source.width > 0 && source.height > 0)) {
-    if (req.size === null) {
-      throw new DatasetError('bad_argument', `video ${req.file}: the source size is unknown (info.json has no shape); ask for a square size`);
-    }
-    source = await videoSize(req.root, req.file, req.ffmpeg);
+  const fromInfo = req.sourceWidth > 0 && req.sourceHeight > 0;
+  if (!fromInfo && req.size === null) {
+    throw new DatasetError('bad_argument', `video ${req.file}: the source size is unknown (info.json has no shape); ask for a square size`);
   }
-  const said = req.sourceWidth > 0 && req.sourceHeight > 0 ? "info.json's shape gives" : 'ffmpeg reports';
+  const source = fromInfo ? { width: req.sourceWidth, height: req.sourceHeight } : await videoSize(req.root, req.file, req.ffmpeg);
+  try {
+    return await decodeAt(req, source, fromInfo ? "info.json's shape gives" : 'ffmpeg reports');
+  } catch (err) {
+    // A square size needs no size from info.json (ffmpeg's scale filter, before the resize moved
+    // here, never read it): a stale shape, a video re-encoded at another size, decodes again at
+    // the size ffmpeg reports rather than failing a dataset that trained before.
+    if (err instanceof SizeMismatch && fromInfo && req.size !== null) return decodeAt(req, err.reported, 'ffmpeg reports');
+    throw err;
+  }
+}
+
+async function decodeAt(req: DecodeRequest, source: { width: number; height: number }, said: string): Promise<EpisodeFrames> {
   if (!(Number.isInteger(source.width) && Number.isInteger(source.height))) {
     throw new DatasetError('bad_metadata', `video file ${req.file}: ${said} ${source.width}x${source.height} frames; a size is whole pixels`);
   }
@@ -103,7 +124,7 @@ export async function decodeVideo(req: DecodeRequest): Promise<EpisodeFrames> {
     // One source frame at a time when resizing: a whole episode at full size is ~0.9 MB a frame.
     current = req.size === null ? null : new Uint8Array(sourceBytes);
   } catch (err) {
-    throw new DatasetError(req.sourceWidth > 0 && req.sourceHeight > 0 ? 'bad_metadata' : 'bad_video',
+    throw new DatasetError(said.startsWith('info.json') ? 'bad_metadata' : 'bad_video',
       `video file ${req.file}: ${said} ${source.width}x${source.height} frames; ${req.size === null ? `${req.frames} of them` : 'one'} cannot be held in memory (${(err as Error).message})`);
   }
   const args = ['-nostdin', '-hide_banner', '-nostats', '-loglevel', 'info'];
@@ -119,6 +140,9 @@ export async function decodeVideo(req: DecodeRequest): Promise<EpisodeFrames> {
     const child = spawn(ffmpegPath(req.ffmpeg), args, { stdio: ['ignore', 'pipe', 'pipe'] });
     let received = 0; // source bytes
     let stderr = '';
+    // Read as it comes: the tail kept below loses ffmpeg's header on a chatty decode, and with it
+    // the one check that a shape of the right byte count (h and w swapped) is not misread.
+    let reported: { width: number; height: number } | null = null;
     child.stdout.on('data', (chunk: Buffer) => {
       for (let at = 0; at < chunk.length;) {
         const frame = Math.floor(received / sourceBytes);
@@ -137,6 +161,7 @@ export async function decodeVideo(req: DecodeRequest): Promise<EpisodeFrames> {
     });
     child.stderr.on('data', (chunk: Buffer) => {
       stderr += chunk.toString('utf8');
+      reported ??= outputSize(stderr);
       if (stderr.length > 4 * STDERR_TAIL_BYTES) stderr = stderr.slice(-2 * STDERR_TAIL_BYTES);
     });
     const fail = (msg: string, withTail = true) => {
@@ -146,9 +171,8 @@ export async function decodeVideo(req: DecodeRequest): Promise<EpisodeFrames> {
     child.on('error', (err) => fail(`could not run ffmpeg (${err.message})`));
     child.on('close', (code, signal) => {
       if (code !== 0) return fail(`ffmpeg exited with ${code ?? signal}`);
-      const reported = outputSize(stderr);
       if (reported && (reported.width !== source.width || reported.height !== source.height)) {
-        return fail(`ffmpeg produced ${reported.width}x${reported.height} frames; expected ${source.width}x${source.height}`, false);
+        return reject(new SizeMismatch(`video file ${req.file}: ffmpeg produced ${reported.width}x${reported.height} frames; ${said} ${source.width}x${source.height}`, reported));
       }
       const expected = req.frames * sourceBytes;
       if (received !== expected) {
