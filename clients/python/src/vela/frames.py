@@ -33,7 +33,12 @@ def _taps(n_in: int, n_out: int):
     return i0, i1, 1.0 - w1, w1
 
 
-@functools.lru_cache(maxsize=8)
+# A plan holds 64 bytes per output value (8 arrays): 9.6 MB at 224. Past 256 x 256 (12.6 MB) one
+# is made for the call and dropped, so resizing to a large size cannot keep gigabytes cached
+# (eight plans of 2048 were 6.4 GB).
+_PLAN_CACHE_MAX_VALUES = 256 * 256 * 3
+
+
 def _plan(h: int, w: int, size: int):
     """For an ``[h, w, 3]`` frame: the geometry, and per output value (``rh * rw * 3``, C order) the flat
     indices of its four source values and their weights, so a resize is four 1-D gathers (a camera's
@@ -47,6 +52,9 @@ def _plan(h: int, w: int, size: int):
     per_x = lambda wx: np.broadcast_to(wx[None, :, None], (rh, rw, 3)).ravel()
     per_y = lambda wy: np.broadcast_to(wy[:, None, None], (rh, rw, 3)).ravel()
     return rh, rw, int((size - rh) / 2), int((size - rw) / 2), index, (per_x(wx0), per_x(wx1), per_y(wy0), per_y(wy1))
+
+
+_cached_plan = functools.lru_cache(maxsize=8)(_plan)  # a camera's frames all share one
 
 
 def as_rgb(frame: Any) -> Optional[np.ndarray]:
@@ -108,7 +116,9 @@ def resize_with_pad(frame: Any, size: int) -> np.ndarray:
     h, w = arr.shape[:2]
     if h == size and w == size:
         return arr
-    rh, rw, top, left, (i00, i01, i10, i11), (wx0, wx1, wy0, wy1) = _plan(h, w, int(size))
+    size = int(size)
+    plan = _cached_plan if size * size * 3 <= _PLAN_CACHE_MAX_VALUES else _plan
+    rh, rw, top, left, (i00, i01, i10, i11), (wx0, wx1, wy0, wy1) = plan(h, w, size)
     flat = np.ascontiguousarray(arr).reshape(-1)
     # w0y * (w0x * p00 + w1x * p01) + w1y * (w0x * p10 + w1x * p11): protocol/resize.ts's order (uint8 times float64 is exact).
     values = wy0 * (wx0 * flat[i00] + wx1 * flat[i01]) + wy1 * (wx0 * flat[i10] + wx1 * flat[i11])
