@@ -113,6 +113,13 @@ describe.skipIf(missing("the Python package's resize", env.reason))("the Python 
         `for i, size in ${JSON.stringify(cases)}:`,
         '    img = np.fromfile(f"{i}.raw", dtype=np.uint8).reshape(shapes[i])',
         '    resize_with_pad(img, size).tofile(f"{i}_{size}.out")',
+        '# The sessions shrink a batch\'s frames of one shape together (encode_data): the same bytes as one by one.',
+        'from vela.frames import encode_data',
+        'imgs = [np.fromfile(f"{i}.raw", dtype=np.uint8).reshape(shapes[i]) for i in range(len(shapes))]',
+        'data = [{"observation": {"image": {"a": imgs[k % 2], "b": imgs[(k + 1) % 2]}}} for k in range(3)]',
+        'for d, e in zip(data, encode_data(data, "RAW", 96)):',
+        '    for cam in ("a", "b"):',
+        '        assert np.array_equal(e["observation"]["image"][cam], resize_with_pad(d["observation"]["image"][cam], 96)), cam',
       ].join('\n');
       fs.writeFileSync(path.join(dir, 'resize.py'), script);
       await promisify(execFile)(env.python!, ['resize.py'], { cwd: dir, env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients/python/src') }, timeout: 120_000 });

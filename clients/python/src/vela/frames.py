@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import io
 import re
-from typing import Any, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -116,15 +116,36 @@ def resize_with_pad(frame: Any, size: int) -> np.ndarray:
     h, w = arr.shape[:2]
     if h == size and w == size:
         return arr
-    size = int(size)
+    return _resize_alike([arr], int(size))[0]
+
+
+def _resize_alike(frames: List[np.ndarray], size: int) -> List[np.ndarray]:
+    """:func:`resize_with_pad` of frames of one shape (uint8 ``[H, W, 3]``, checked by the caller),
+    with the arithmetic done once for all of them: the same bytes per frame, about a third of the
+    time of one call each (a batch's camera frames share a shape)."""
+    h, w = frames[0].shape[:2]
     plan = _cached_plan if size * size * 3 <= _PLAN_CACHE_MAX_VALUES else _plan
-    rh, rw, top, left, (i00, i01, i10, i11), (wx0, wx1, wy0, wy1) = plan(h, w, size)
-    flat = np.ascontiguousarray(arr).reshape(-1)
+    rh, rw, top, left, index, (wx0, wx1, wy0, wy1) = plan(h, w, size)
+    taps = [np.empty((len(frames), index[0].size), dtype=np.uint8) for _ in index]
+    for k, frame in enumerate(frames):
+        flat = np.ascontiguousarray(frame).reshape(-1)
+        for tap, i in zip(taps, index):
+            np.take(flat, i, out=tap[k])
+    p00, p01, p10, p11 = taps
     # w0y * (w0x * p00 + w1x * p01) + w1y * (w0x * p10 + w1x * p11): protocol/resize.ts's order (uint8 times float64 is exact).
-    values = wy0 * (wx0 * flat[i00] + wx1 * flat[i01]) + wy1 * (wx0 * flat[i10] + wx1 * flat[i11])
-    out = np.zeros((size, size, 3), dtype=np.uint8)
-    out[top:top + rh, left:left + rw] = np.rint(values).reshape(rh, rw, 3)  # half to even, as torch.round; never past 255
-    return out
+    values = wy0 * (wx0 * p00 + wx1 * p01) + wy1 * (wx0 * p10 + wx1 * p11)
+    out = np.zeros((len(frames), size, size, 3), dtype=np.uint8)
+    out[:, top:top + rh, left:left + rw] = np.rint(values).reshape(len(frames), rh, rw, 3)  # half to even, as torch.round; never past 255
+    return list(out)
+
+
+def _readable(frame: Any) -> np.ndarray:
+    """``frame`` as :func:`as_rgb` reads it. @raises ValueError: a layout the server does not read."""
+    arr = np.asarray(frame)
+    rgb = as_rgb(arr)
+    if rgb is None:
+        raise ValueError(f"a frame is uint8 [H, W, 3] (RGB), [3, H, W] or [H, W]; got {arr.dtype} {list(arr.shape)}")
+    return rgb
 
 
 def encode_frame(frame: Any, codec: str, image_size: Optional[int] = None) -> Any:
@@ -140,14 +161,17 @@ def encode_frame(frame: Any, codec: str, image_size: Optional[int] = None) -> An
     """
     if isinstance(frame, (bytes, bytearray, memoryview)):
         return bytes(frame)
-    arr = np.asarray(frame)
-    rgb = as_rgb(arr)
-    if rgb is None:
-        raise ValueError(f"a frame is uint8 [H, W, 3] (RGB), [3, H, W] or [H, W]; got {arr.dtype} {list(arr.shape)}")
+    rgb = _readable(frame)
     if _shrinks(rgb, image_size):
-        arr = rgb = resize_with_pad(rgb, image_size)  # a smaller frame is sent whole: fewer bytes, and the server's resize is this one
+        return _encode(rgb, rgb, codec)
+    return _encode(np.asarray(frame), rgb, codec)
+
+
+def _encode(arr: np.ndarray, rgb: np.ndarray, codec: str) -> Any:
+    """The wire value of a frame for ``codec``: ``arr`` itself for RAW (the server reads any layout
+    as ``rgb``), else ``rgb`` encoded by Pillow."""
     if codec == "RAW":
-        return arr  # the server reads any layout as `rgb`
+        return arr
     quality = 95
     m = re.fullmatch(r"CODEC_JPEG_Q(\d{1,3})", codec)
     if m:
@@ -172,16 +196,37 @@ def encode_frame(frame: Any, codec: str, image_size: Optional[int] = None) -> An
 
 def encode_data(data: list, codec: str, image_size: Optional[int] = None) -> list:
     """A list of datums with every ``observation.image`` frame shrunk to ``image_size`` (when
-    given and larger) and encoded for ``codec`` (a new list; the input is not changed)."""
-    out = []
+    given and larger) and encoded for ``codec`` (a new list; the input is not changed). Frames of
+    one shape are shrunk together (:func:`_resize_alike`).
+
+    @raises ValueError: a datum that is not a dict, or a frame as :func:`encode_frame` says.
+    """
+    images: List[Optional[Dict[str, Any]]] = []
+    alike: Dict[tuple, List[tuple]] = {}  # frame shape -> (datum, camera, rgb) to shrink
     for i, datum in enumerate(data):
         if not isinstance(datum, dict):
             raise ValueError(f"data[{i}] is a {type(datum).__name__}; a datum is a dict with \"observation\" (and \"actions\" to train)")
+        obs = datum.get("observation")
+        frames = obs.get("image") if isinstance(obs, dict) else None
+        images.append(dict(frames) if isinstance(frames, dict) else None)
+        for cam, f in (frames or {}).items() if isinstance(frames, dict) else ():
+            if isinstance(f, (bytes, bytearray, memoryview)):
+                continue
+            rgb = _readable(f)
+            if _shrinks(rgb, image_size):
+                alike.setdefault(rgb.shape, []).append((i, cam, rgb))
+    shrunk: Dict[tuple, np.ndarray] = {}
+    for group in alike.values():
+        for (i, cam, _), small in zip(group, _resize_alike([rgb for _, _, rgb in group], int(image_size))):  # type: ignore[arg-type]
+            shrunk[(i, cam)] = small
+    out = []
+    for i, datum in enumerate(data):
         d = dict(datum)
-        obs = d.get("observation")
-        if isinstance(obs, dict) and isinstance(obs.get("image"), dict):
-            obs = dict(obs)
-            obs["image"] = {cam: encode_frame(f, codec, image_size) for cam, f in obs["image"].items()}
+        frames = images[i]
+        if frames is not None:
+            obs = dict(d["observation"])
+            obs["image"] = {cam: (_encode(shrunk[(i, cam)], shrunk[(i, cam)], codec) if (i, cam) in shrunk else encode_frame(f, codec))
+                            for cam, f in frames.items()}
             d["observation"] = obs
         out.append(d)
     return out
