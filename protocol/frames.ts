@@ -201,7 +201,9 @@ export function headerSize(kind: 'PNG' | 'JPEG', b: Uint8Array): { width: number
  * @throws ProtocolError as `decodeFrame`.
  */
 export async function decodeFrameResized(codec: string, input: Uint8Array | NDArrayLike, size: number, limits: FrameLimits = {}): Promise<Frame> {
-  return resizeWithPad(await decodeFrame(codec, input, limits), size);
+  const frame = await decodeFrame(codec, input, limits);
+  // Already the model's size (a client that resized, as the Python package does): decodeFrame's buffer is fresh, so no copy and no turn of the loop.
+  return frame.width === size && frame.height === size ? frame : resizeWithPad(frame, size);
 }
 
 // ---- encoding and resizing ----
