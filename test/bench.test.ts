@@ -113,7 +113,7 @@ describe('result schema', () => {
     const py = (overheadPaired: number) => ({ ...r, step: { ...r.step!, python: { codec: 'RAW', summary: summarize([12, 13, 14]), overheadPaired, requestBytes: 7 * 2 ** 20, samplesMs: [12, 13, 14] } } });
     expect(targets(py(0.1)).find((t) => t.name.startsWith('Python package overhead'))).toMatchObject({ value: 0.1, limit: 0.1, pass: true });
     expect(targets(py(0.45)).find((t) => t.name.startsWith('Python package overhead'))).toMatchObject({ value: 0.45, pass: false });
-    expect(markdown(py(0.45))).toContain('| Python package, numpy frames as RAW (request 7.0 MiB) | 13.0 | ');
+    expect(markdown(py(0.45))).toContain('| Python package, numpy frames shrunk to image_size, RAW (request 7.0 MiB) | 13.0 | ');
     expect(markdown(py(0.45))).toContain('; through the Python package, awaited: **45.0%** (median of paired steps)');
     expect(md).toContain('; Python package: not measured');
   });
