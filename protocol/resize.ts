@@ -12,12 +12,7 @@
  * from these by float32 rounding only (see test/frames.test.ts for the bound).
  */
 
-/** A uint8 RGB frame, C order `[height, width, 3]`. */
-export interface RgbFrame {
-  data: Uint8Array;
-  height: number;
-  width: number;
-}
+import type { Frame } from './pixels.ts';
 
 /**
  * The geometry of `resizeWithPad`: ratio = max(W / size, H / size), the picture resized to
@@ -62,7 +57,7 @@ function roundHalfEven(v: number): number {
  * @param frame uint8 `[height, width, 3]`.
  * @throws RangeError when `frame.data` does not hold H x W x 3 bytes or a size is not a positive integer.
  */
-export function bilinearValues(frame: RgbFrame, rh: number, rw: number): Float64Array {
+export function bilinearValues(frame: Frame, rh: number, rw: number): Float64Array {
   const { width: W, height: H, data: src } = frame;
   if (!(W >= 1 && H >= 1) || src.byteLength !== W * H * 3) {
     throw new RangeError(`frame data is ${src.byteLength} bytes; ${W}x${H}x3 needs ${W * H * 3}`);
@@ -92,7 +87,7 @@ export function bilinearValues(frame: RgbFrame, rh: number, rw: number): Float64
  * @returns uint8 `[size, size, 3]`, a fresh buffer.
  * @throws RangeError when `size` is not a positive integer or `frame.data` does not hold H x W x 3 bytes.
  */
-export function resizeWithPadSync(frame: RgbFrame, size: number): RgbFrame {
+export function resizeWithPadSync(frame: Frame, size: number): Frame {
   if (!(Number.isInteger(size) && size >= 1)) throw new RangeError(`resize size ${size} is not a positive integer`);
   const { width: W, height: H } = frame;
   if (W === size && H === size && frame.data.byteLength === W * H * 3) return { data: frame.data.slice(), height: size, width: size };

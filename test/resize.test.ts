@@ -13,7 +13,8 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
 import { decodeFrame, decodeFrameResized, encodeFrame } from '../protocol/frames.ts';
-import { bilinearValues, padGeometry, resizeWithPadSync, type RgbFrame } from '../protocol/resize.ts';
+import type { Frame } from '../protocol/frames.ts';
+import { bilinearValues, padGeometry, resizeWithPadSync } from '../protocol/resize.ts';
 import { decodeVideo } from '../server/datasets/video.ts';
 import { U32 } from './helpers/float32.ts';
 import { missing, pythonEnv } from './helpers/requires.ts';
@@ -28,7 +29,7 @@ const input = (name: string) => new Uint8Array(fs.readFileSync(path.join(VEC, `$
 describe('resizeWithPad (protocol/resize.ts)', () => {
   it("equals LeRobot's resize_with_pad_torch (PyTorch, float32) to float32 rounding, with its geometry", () => {
     for (const c of manifest.cases) {
-      const frame: RgbFrame = { data: input(c.name), height: c.height, width: c.width };
+      const frame: Frame = { data: input(c.name), height: c.height, width: c.width };
       expect(padGeometry(c.width, c.height, c.size), c.name).toEqual({ rw: c.rw, rh: c.rh, left: c.left, top: c.top });
       const buf = fs.readFileSync(path.join(VEC, `${c.name}.out.f32`));
       const ref = new Float32Array(buf.buffer.slice(buf.byteOffset, buf.byteOffset + buf.byteLength));
@@ -97,7 +98,7 @@ describe.skipIf(missing("the Python package's resize", env.reason))("the Python 
       root: g1, file: 'videos/chunk-000/observation.images.cam_high/episode_000001.mp4', fromS: 0, fps: 30, frames: 2,
       wholeFile: false, size: null, sourceWidth: 640, sourceHeight: 480,
     });
-    const frames: RgbFrame[] = [0, 1].map((t) => ({ data: video.data.subarray(t * 640 * 480 * 3, (t + 1) * 640 * 480 * 3), height: 480, width: 640 }));
+    const frames: Frame[] = [0, 1].map((t) => ({ data: video.data.subarray(t * 640 * 480 * 3, (t + 1) * 640 * 480 * 3), height: 480, width: 640 }));
     // The second frame turned on its side: a portrait camera, bands left and right.
     const tall = new Uint8Array(640 * 480 * 3);
     for (let y = 0; y < 480; y++) for (let x = 0; x < 640; x++) tall.set(frames[1]!.data.subarray((y * 640 + x) * 3, (y * 640 + x) * 3 + 3), (x * 480 + y) * 3);
