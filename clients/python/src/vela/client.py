@@ -18,6 +18,7 @@ from typing import Any, Iterator, Optional
 
 import httpx
 
+from .closing import Closing
 from .errors import ConnectionClosedError, VelaError, http_error
 from .datasets import Datasets, download_job_files
 from .session import TrainingSession
@@ -25,7 +26,7 @@ from .session import TrainingSession
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
-class Vela:
+class Vela(Closing):
     """A client of one Vela server.
 
     Args:
@@ -116,11 +117,6 @@ class Vela:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> "Vela":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 class FineTunes:

@@ -202,6 +202,7 @@ def encode_data(data: list, codec: str, image_size: Optional[int] = None) -> lis
     @raises ValueError: a datum that is not a dict, or a frame as :func:`encode_frame` says.
     """
     images: List[Optional[Dict[str, Any]]] = []
+    readable: Dict[tuple, np.ndarray] = {}  # (datum, camera) -> the frame as the server reads it
     alike: Dict[tuple, List[tuple]] = {}  # frame shape -> (datum, camera, rgb) to shrink
     for i, datum in enumerate(data):
         if not isinstance(datum, dict):
@@ -212,21 +213,28 @@ def encode_data(data: list, codec: str, image_size: Optional[int] = None) -> lis
         for cam, f in (frames or {}).items() if isinstance(frames, dict) else ():
             if isinstance(f, (bytes, bytearray, memoryview)):
                 continue
-            rgb = _readable(f)
+            rgb = readable[(i, cam)] = _readable(f)
             if _shrinks(rgb, image_size):
                 alike.setdefault(rgb.shape, []).append((i, cam, rgb))
     shrunk: Dict[tuple, np.ndarray] = {}
     for group in alike.values():
         for (i, cam, _), small in zip(group, _resize_alike([rgb for _, _, rgb in group], int(image_size))):  # type: ignore[arg-type]
             shrunk[(i, cam)] = small
+
+    def _wire(i: int, cam: str, f: Any) -> Any:
+        if (i, cam) in shrunk:
+            return _encode(shrunk[(i, cam)], shrunk[(i, cam)], codec)
+        if (i, cam) in readable:
+            return _encode(np.asarray(f), readable[(i, cam)], codec)
+        return bytes(f)  # already encoded with the request's codec
+
     out = []
     for i, datum in enumerate(data):
         d = dict(datum)
         frames = images[i]
         if frames is not None:
             obs = dict(d["observation"])
-            obs["image"] = {cam: (_encode(shrunk[(i, cam)], shrunk[(i, cam)], codec) if (i, cam) in shrunk else encode_frame(f, codec))
-                            for cam, f in frames.items()}
+            obs["image"] = {cam: _wire(i, cam, f) for cam, f in frames.items()}
             d["observation"] = obs
         out.append(d)
     return out

@@ -36,6 +36,7 @@ from typing import Any, Optional, Union
 
 import httpx
 
+from .closing import Closing
 from .errors import ConnectionClosedError, VelaError, future_error, http_error
 from .frames import encode_data
 from .wire import packb, unpackb
@@ -105,7 +106,7 @@ class APIFuture(Future):
         return f"<APIFuture {self.route} {self.request_id or '(not sent)'} seq_id={self.seq_id} {state}>"
 
 
-class ServiceClient:
+class ServiceClient(Closing):
     """A client of one Vela server's futures API (Tinker's ``ServiceClient``, xorl's client).
 
     Args:
@@ -358,14 +359,9 @@ class ServiceClient:
             self._heartbeat.join(timeout=10)
         self._http.close()
 
-    def __enter__(self) -> "ServiceClient":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
-class TrainingClient:
+class TrainingClient(Closing):
     """One model of the futures API; its ops return :class:`APIFuture` at once, numbered by ``seq_id``.
 
     Data are the session ops' datums (section 3): ``{"observation": {"image": {camera: uint8 [H, W, 3]},
@@ -497,8 +493,3 @@ class TrainingClient:
     def close(self) -> dict:
         return self.unload()
 
-    def __enter__(self) -> "TrainingClient":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()

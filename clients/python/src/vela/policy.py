@@ -33,12 +33,13 @@ import httpx
 import numpy as np
 from websockets.exceptions import ConnectionClosed
 
+from .closing import Closing
 from .errors import ConnectionClosedError, VelaError
 from .frames import _shrinks, as_rgb, resize_with_pad
 from .wire import open_websocket, packb, unpackb
 
 
-class WebsocketClientPolicy:
+class WebsocketClientPolicy(Closing):
     """A policy server's client: openpi_client's constructor and methods, plus ``wait_ready`` and ``close``.
 
     Args:
@@ -174,11 +175,6 @@ class WebsocketClientPolicy:
             self._ws.close()
             self._ws = None
 
-    def __enter__(self) -> "WebsocketClientPolicy":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def _import_zstandard() -> Any:
